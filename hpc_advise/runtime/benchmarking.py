@@ -1,0 +1,246 @@
+"""Shared GPU timing harness for ``benchmarks/bench_<name>.py`` and ``hpc-advise profile --bench``.
+
+- ``time_cuda(fn)``: p20/p50/p80 in microseconds of ``fn()`` on the current CUDA device, either as
+  CUDA-graph replays (default: one graph holding ``inner`` back-to-back calls, so launch gaps vanish)
+  or as event-timed eager launches. Inputs are the caller's business: rotate buffers larger than L2
+  when the working set would otherwise stay cached.
+- ``run_row(...)``: one measurement as a knowledge-base ``runs`` row (the schema of
+  ``hpc_advise.knowledge_base``: kind, subject, provider, config, metric, unit, p20/p50/p80, gpu,
+  versions, git_sha, command, created_at).
+- ``environment()``: versions of the GPU stack, recorded with every row.
+- ``write_results(rows, stem, title, columns)``: a Markdown table plus a JSONL file of the raw rows
+  under ``benchmarks/results/`` (or ``$OUT``), stamped with date, GPU, versions and command.
+
+torch is imported lazily so the module can be imported (and its pure helpers tested) without a GPU.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Microseconds per call: 20th, 50th and 80th percentile over the timed repetitions."""
+
+    p20: float
+    p50: float
+    p80: float
+    reps: int
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float, float]:
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("no samples")
+
+    def q(p: float) -> float:
+        idx = p * (len(xs) - 1)
+        lo = int(idx)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (idx - lo)
+
+    return q(0.2), q(0.5), q(0.8)
+
+
+def time_cuda(
+    fn: Callable[[], object],
+    *,
+    graph: bool = True,
+    inner: int = 10,
+    reps: int = 30,
+    warmup: int = 3,
+) -> Timing:
+    """Time ``fn`` on the GPU; returns microseconds per call.
+
+    graph=True: capture ``inner`` calls of ``fn`` in one CUDA graph, replay it ``reps`` times, each
+    replay timed with CUDA events and divided by ``inner``. graph=False: ``inner`` back-to-back eager
+    launches per event pair. ``fn`` must be capturable when graph=True (no host syncs, no allocation
+    that changes between calls).
+    """
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # warm-up on the capture stream (allocator, lazy init)
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                fn()
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        body = g.replay
+    else:
+
+        def body() -> None:
+            for _ in range(inner):
+                fn()
+
+    samples: list[float] = []
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        start.record()
+        body()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / inner)
+    p20, p50, p80 = _percentiles(samples)
+    return Timing(p20, p50, p80, reps)
+
+
+def git_sha() -> str | None:
+    """Commit of the working tree, or None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def environment() -> dict[str, str]:
+    """Versions of the stack a measurement ran on (missing packages are left out)."""
+    env: dict[str, str] = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["cuda"] = str(torch.version.cuda)
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+            env["sm_count"] = str(torch.cuda.get_device_properties(0).multi_processor_count)
+    except Exception:
+        pass
+    for name in ("triton", "flashinfer", "fbgemm_gpu", "sglang"):
+        try:
+            module = __import__(name)
+            env[name] = str(getattr(module, "__version__", "unknown"))
+        except Exception:
+            continue
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        env["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:
+        pass
+    return env
+
+
+def command_line() -> str:
+    """The command that produced this process, shell-quoted."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+
+
+def run_row(
+    *,
+    kind: str,
+    subject: str,
+    provider: str,
+    config: dict,
+    metric: str,
+    unit: str,
+    timing: Timing | None = None,
+    value: float | None = None,
+    env: dict[str, str] | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """One ``runs`` row. Give a ``timing`` (metric 'latency', unit 'us') or a single ``value``."""
+    env = env or environment()
+    if timing is not None:
+        p20, p50, p80 = timing.p20, timing.p50, timing.p80
+    elif value is not None:
+        p20 = p50 = p80 = float(value)
+    else:
+        raise ValueError("run_row needs a timing or a value")
+    row = {
+        "kind": kind,
+        "subject": subject,
+        "provider": provider,
+        "config": dict(config),
+        "metric": metric,
+        "unit": unit,
+        "p20": p20,
+        "p50": p50,
+        "p80": p80,
+        "gpu": env.get("gpu"),
+        "versions": env,
+        "git_sha": git_sha(),
+        "command": command_line(),
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if extra:
+        row["config"].update(extra)
+    return row
+
+
+def results_dir() -> Path:
+    """Where tables go: ``$HPC_ADVISE_RESULTS`` if set, else ``$OUT`` on the device machine, else
+    ``benchmarks/results`` of this checkout."""
+    for var in ("HPC_ADVISE_RESULTS", "OUT"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def write_results(
+    rows: Iterable[dict],
+    table: list[list[object]],
+    headers: list[str],
+    *,
+    stem: str,
+    title: str,
+    notes: str = "",
+    env: dict[str, str] | None = None,
+) -> tuple[Path, Path]:
+    """Write ``<stem>.md`` (title, date, GPU, versions, command, table, notes) and ``<stem>.jsonl``."""
+    from tabulate import tabulate
+
+    env = env or environment()
+    out = results_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
+    md = out / f"{stem}.md"
+    jl = out / f"{stem}.jsonl"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(env.items()) if k not in ("gpu",))
+    body = [
+        f"# {title}",
+        "",
+        f"- date: {stamp}",
+        f"- GPU: {env.get('gpu', 'none')}",
+        f"- versions: {versions}",
+        f"- git: {git_sha() or 'unknown'}",
+        f"- command: `{command_line()}`",
+        "",
+        tabulate(table, headers=headers, tablefmt="github", floatfmt=".3g"),
+        "",
+    ]
+    if notes:
+        body += [notes.strip(), ""]
+    md.write_text("\n".join(body))
+    with jl.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+    return md, jl

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install the dev extras (CPU torch 2.13.0, triton 3.6.0 for interpreter-mode kernel tests) and real
+# SGLang 0.5.23 (--no-deps, plus the pure-Python packages its imports need) into ./.venv, then run
+# the whole test suite. README.md's test command and .ci/run both call this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip
+"$VPY" -m pip install -q -e '.[dev]'
+"$VPY" -m pip install -q --no-deps 'sglang==0.5.23'
+if grep -qv '^\s*#' requirements/sglang-cpu.txt 2>/dev/null; then
+  "$VPY" -m pip install -q -r requirements/sglang-cpu.txt
+fi
+export TRITON_INTERPRET=1
+exec "$VPY" -m pytest -n "${PYTEST_WORKERS:-2}" "$@"
