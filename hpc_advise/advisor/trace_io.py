@@ -1,0 +1,164 @@
+"""Low-level trace I/O: the ``Request`` record, ``TraceError``, and opening a trace source.
+
+``open_source(path)`` opens a file or ``-`` (stdin), recognises gzip / zstd / bz2 / xz compression
+from the magic bytes (not the file name), keeps the first decoded bytes as ``head`` for format
+detection, and then serves the whole decoded text again from the start, line by line, without
+reading the input twice (so stdin works).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+HEAD_BYTES = 64 * 1024
+_READ_BUFFER = 1 << 20
+
+
+class TraceError(ValueError):
+    """A trace cannot be read. ``str()`` is ``FILE:LINE: reason`` (or ``FILE: reason``)."""
+
+    def __init__(self, reason: str, path: str | None = None, line: int | None = None):
+        self.reason = reason
+        self.path = path
+        self.line = line
+        where = path or "<trace>"
+        if line is not None:
+            where = f"{where}:{line}"
+        super().__init__(f"{where}: {reason}")
+
+
+class Request(NamedTuple):
+    """One request of a trace.
+
+    ``t``: arrival time in seconds (``None`` when the format has no timestamps); ``input_len`` and
+    ``output_len`` in tokens; ``cached``: prompt tokens served from a prefix cache when the trace says
+    so; ``failed``: the request did not complete (its lengths are not used for length statistics).
+    ``hash_ids``: prefix-block hashes (Mooncake / Bailian), ``block_size`` tokens each.
+    """
+
+    t: float | None
+    input_len: int
+    output_len: int
+    cached: int | None = None
+    failed: bool = False
+    hash_ids: tuple[int, ...] | list[int] | None = None
+    block_size: int | None = None
+
+
+_MAGIC: list[tuple[bytes, str]] = [
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"BZh", "bz2"),
+    (b"\xfd7zXZ\x00", "xz"),
+]
+
+
+def _decompressor(raw: BinaryIO, kind: str) -> BinaryIO:
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if kind == "bz2":
+        return bz2.BZ2File(raw, mode="rb")  # type: ignore[return-value]
+    if kind == "xz":
+        return lzma.LZMAFile(raw, mode="rb")  # type: ignore[return-value]
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+
+
+class _Prefixed(io.RawIOBase):
+    """A raw stream that serves ``prefix`` and then the rest of ``stream``."""
+
+    def __init__(self, prefix: bytes, stream: BinaryIO):
+        self._prefix = memoryview(prefix)
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self._prefix:
+            n = min(len(buffer), len(self._prefix))
+            buffer[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        data = self._stream.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        return n
+
+
+def _read_up_to(stream: BinaryIO, n: int) -> bytes:
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+class TraceSource:
+    """An opened trace: ``name`` (for messages), ``compression``, ``head`` (decoded start of the text)
+    and ``text`` (a text stream positioned at the very start). Use as a context manager."""
+
+    def __init__(self, path: str | Path):
+        self.name = str(path)
+        self._owned: list[object] = []
+        if self.name == "-":
+            raw: BinaryIO = sys.stdin.buffer
+            self.name = "<stdin>"
+        else:
+            try:
+                raw = open(self.name, "rb")  # noqa: SIM115 - closed in close()
+            except OSError as exc:
+                raise TraceError(f"cannot open: {exc.strerror or exc}", self.name) from exc
+            self._owned.append(raw)
+        magic = _read_up_to(raw, 8)
+        self.compression = next((kind for sig, kind in _MAGIC if magic.startswith(sig)), None)
+        stream: BinaryIO = io.BufferedReader(_Prefixed(magic, raw), _READ_BUFFER)
+        if self.compression:
+            stream = _decompressor(stream, self.compression)
+            self._owned.append(stream)
+        try:
+            head = _read_up_to(stream, HEAD_BYTES)
+        except Exception as exc:  # corrupt compressed data
+            raise TraceError(f"cannot decompress ({self.compression}): {exc}", self.name) from exc
+        self.head = head.decode("utf-8", errors="ignore").lstrip("\ufeff")
+        self.text = io.TextIOWrapper(
+            io.BufferedReader(_Prefixed(head, stream), _READ_BUFFER),
+            encoding="utf-8-sig",
+            errors="replace",
+            newline=None,
+        )
+
+    def lines(self) -> Iterator[tuple[int, str]]:
+        """``(line_number, line)`` from line 1, trailing newline removed."""
+        try:
+            for number, line in enumerate(self.text, 1):
+                yield number, line.rstrip("\n")
+        except Exception as exc:  # truncated or corrupt compressed data, I/O errors
+            kind = self.compression or "plain"
+            raise TraceError(f"cannot read ({kind}): {type(exc).__name__}: {exc}", self.name) from exc
+
+    def close(self) -> None:
+        for obj in reversed(self._owned):
+            try:
+                obj.close()  # type: ignore[attr-defined]
+            except Exception:
+                pass
+        self._owned.clear()
+
+    def __enter__(self) -> TraceSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
