@@ -1,0 +1,289 @@
+"""Triton kernels of paged decode attention: the planner, the persistent attention pass, the merge.
+
+Terms (README.md has the full picture):
+- a *tile* is TILE consecutive tokens of one request's KV for one KV head; a *unit* is one tile of one
+  (request b, KV head h) pair. Units are numbered request-major, then KV head, then tile, so the units
+  of one (b, h) pair, its *segment*, are consecutive: req_start[b] + h * n_tiles(b) + t.
+- every program p of the persistent grid owns the contiguous unit range [prog_start[p], prog_start[p+1]).
+  Inside its range it walks segment by segment; a segment it covers whole is written to the output
+  directly, a segment it covers only partly (at most the first and the last of its range) becomes a
+  partial result (o normalised, lse in base 2) in workspace slot 2 * p + j, j = 0 for the first segment of
+  its range and j = 1 for the last.
+- the merge pass: for every split segment, the program that holds its last unit combines the partials of
+  all programs that touched it by log-sum-exp.
+
+Shapes: q [B, Hq, D]; k/v cache [num_pages, PAGE, Hkv, D] (any strides but the last, which is 1);
+page_table [B, max_pages] int32; seq_lens [B] int32; Hq = Hkv * GROUP. All address math is int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def plan_kernel(
+    seq_lens_in_ptr,  # [B] int32, caller's tensor
+    seq_lens_ptr,  # [max_batch] int32, plan's copy (what the attention pass reads)
+    req_start_ptr,  # [max_batch + 1] int32: first unit of each request; req_start[B] = total units
+    prog_start_ptr,  # [G + 1] int32: first unit of each program; prog_start[G] = total units
+    prog_b_ptr,  # [G] int32: request of each program's first unit
+    B,
+    G,
+    NUM_KV_HEADS: tl.constexpr,
+    TILE: tl.constexpr,
+    STATIC_SPLITS: tl.constexpr,  # 0: dynamic (even share of all units); S > 0: S programs per (b, h)
+    BLOCK_B: tl.constexpr,  # power of two >= B
+    BLOCK_G: tl.constexpr,  # programs handled per step of the loop below
+    G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
+    SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
+):
+    # One program. Step 1: per-request unit counts and their prefix sum.
+    offs_b = tl.arange(0, BLOCK_B)
+    in_batch = offs_b < B
+    lens = tl.load(seq_lens_in_ptr + offs_b, mask=in_batch, other=0)
+    tl.store(seq_lens_ptr + offs_b, lens, mask=in_batch)
+    n_tiles = tl.maximum((lens + TILE - 1) // TILE, 1)
+    units = tl.where(in_batch, n_tiles * NUM_KV_HEADS, 0)
+    ends = tl.cumsum(units, axis=0)
+    total = tl.sum(units, axis=0)
+    tl.store(req_start_ptr + offs_b + 1, ends, mask=in_batch)
+    tl.store(req_start_ptr + offs_b * 0, ends * 0, mask=offs_b == 0)
+    tl.debug_barrier()  # req_start is read back below (global memory, same CTA)
+
+    # Step 2: every program's first unit and the request that unit belongs to.
+    for step in range(G_STEPS):
+        p = step * BLOCK_G + tl.arange(0, BLOCK_G)
+        live = p <= G
+        if STATIC_SPLITS == 0:
+            u = ((p.to(tl.int64) * total) // G).to(tl.int32)
+            # largest b < B with req_start[b] <= u (binary search, vectorised over programs)
+            lo = tl.zeros([BLOCK_G], dtype=tl.int32)
+            hi = tl.zeros([BLOCK_G], dtype=tl.int32) + B
+            for _ in tl.static_range(SEARCH_STEPS):
+                mid = (lo + hi) // 2
+                start = tl.load(req_start_ptr + mid, mask=live & (hi - lo > 1), other=0)
+                go_up = (hi - lo > 1) & (start <= u)
+                go_down = (hi - lo > 1) & (start > u)
+                lo = tl.where(go_up, mid, lo)
+                hi = tl.where(go_down, mid, hi)
+            b = lo
+        else:
+            # static split-k: program p = (b, h, s); s-th of STATIC_SPLITS equal chunks of the segment
+            per_req = NUM_KV_HEADS * STATIC_SPLITS
+            b = tl.minimum(p // per_req, B - 1)
+            rem = p - b * per_req
+            h = rem // STATIC_SPLITS
+            s = rem - h * STATIC_SPLITS
+            lens_b = tl.load(seq_lens_in_ptr + b, mask=live, other=1)
+            tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
+            chunk = (tiles_b + STATIC_SPLITS - 1) // STATIC_SPLITS
+            seg_start = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b
+            u = seg_start + tl.minimum(s * chunk, tiles_b)
+            u = tl.where(p >= G, total, u)
+        tl.store(prog_start_ptr + p, u, mask=live)
+        tl.store(prog_b_ptr + p, b, mask=p < G)
+
+
+@triton.jit
+def _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE: tl.constexpr):
+    """(kv head, first tile, tiles in segment) of unit u, which belongs to request b."""
+    r_start = tl.load(req_start_ptr + b)
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
+    local = u - r_start
+    h = local // n_tiles
+    t0 = local - h * n_tiles
+    return h, t0, n_tiles, seq_len
+
+
+@triton.jit
+def decode_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
+    v_ptr,  # [P, PAGE, Hkv, D]
+    out_ptr,  # [B, Hq, D], dtype of q
+    page_table_ptr,  # [B, >= max pages] int32
+    seq_lens_ptr,  # [B] int32
+    req_start_ptr,  # [B + 1] int32
+    prog_start_ptr,  # [G + 1] int32
+    prog_b_ptr,  # [G] int32
+    ws_o_ptr,  # [2G, GROUP, D] fp32 partial outputs (normalised)
+    ws_lse_ptr,  # [2G, GROUP] fp32 partial log2-sum-exp
+    scale_ptr,  # [2] fp32 (k_scale, v_scale) when SCALES_FROM_PTR
+    qk_scale,  # sm_scale * log2(e) (* k_scale unless SCALES_FROM_PTR)
+    v_scale,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_ptb,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,  # >= 16 and a power of two (tl.dot needs 16 rows)
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    TILE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    SCALES_FROM_PTR: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    u_begin = tl.load(prog_start_ptr + pid)
+    u_end = tl.load(prog_start_ptr + pid + 1)
+    b = tl.load(prog_b_ptr + pid)
+
+    if SCALES_FROM_PTR:
+        qk_scale = qk_scale * tl.load(scale_ptr)
+        v_scale = tl.load(scale_ptr + 1)
+
+    rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, TILE)
+
+    u = u_begin
+    while u < u_end:
+        # advance to the request that holds unit u (every request owns >= 1 unit per KV head)
+        nxt = tl.load(req_start_ptr + b + 1)
+        while nxt <= u:
+            b += 1
+            nxt = tl.load(req_start_ptr + b + 1)
+        h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE)
+        seg_start = u - t0
+        t1 = tl.minimum(n_tiles, u_end - seg_start)
+
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q_rows = h64 * GROUP + rows
+        q = tl.load(
+            q_ptr + b64 * stride_qb + q_rows[:, None] * stride_qh + offs_d[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        )  # [GROUP_PAD, D]
+        m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        pt_row = page_table_ptr + b64 * stride_ptb
+        k_head = k_ptr + h64 * stride_kh
+        v_head = v_ptr + h64 * stride_vh
+
+        for t in tl.range(t0, t1, num_stages=NUM_STAGES):
+            tok = t * TILE + offs_n  # [TILE] int32 token positions
+            valid = tok < seq_len
+            page = tl.load(pt_row + tok // PAGE, mask=valid, other=0).to(tl.int64)
+            slot = (tok % PAGE).to(tl.int64)
+            k = tl.load(
+                k_head + (page * stride_kp + slot * stride_ks)[:, None] + offs_d[None, :],
+                mask=valid[:, None],
+                other=0.0,
+            )  # [TILE, D]
+            v = tl.load(
+                v_head + (page * stride_vp + slot * stride_vs)[:, None] + offs_d[None, :],
+                mask=valid[:, None],
+                other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [GROUP_PAD, TILE], log2 units
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty request: keep exp2 finite
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+            m_i = m_new
+
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        o = acc * (v_scale / l_safe)[:, None]
+        if (t0 == 0) & (t1 == n_tiles):
+            tl.store(
+                out_ptr + b64 * stride_ob + q_rows[:, None] * stride_oh + offs_d[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=row_ok[:, None],
+            )
+        else:
+            slot_id = (2 * pid + (u != u_begin).to(tl.int32)).to(tl.int64)
+            lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+            tl.store(
+                ws_o_ptr + (slot_id * GROUP + rows)[:, None] * HEAD_DIM + offs_d[None, :],
+                o,
+                mask=row_ok[:, None],
+            )
+            tl.store(ws_lse_ptr + slot_id * GROUP + rows, lse, mask=row_ok)
+        u = seg_start + t1
+
+
+@triton.jit
+def merge_kernel(
+    out_ptr,  # [B, Hq, D]
+    seq_lens_ptr,
+    req_start_ptr,
+    prog_start_ptr,  # [G + 1]
+    prog_b_ptr,  # [G]
+    ws_o_ptr,  # [2G, GROUP, D] fp32
+    ws_lse_ptr,  # [2G, GROUP] fp32
+    stride_ob,
+    stride_oh,
+    G,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # partials combined per step
+    SEARCH_STEPS: tl.constexpr,  # ceil(log2(G)) + 1
+):
+    # grid (G, GROUP): program p merges, for query row r of the group, the split segment that ends in
+    # p's unit range, if p's first segment is such a segment (it started in an earlier program).
+    p = tl.program_id(0)
+    r = tl.program_id(1)
+    u_b = tl.load(prog_start_ptr + p)
+    u_e = tl.load(prog_start_ptr + p + 1)
+    if u_b < u_e:
+        b = tl.load(prog_b_ptr + p)
+        h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u_b, TILE)
+        seg_start = u_b - t0
+        if (t0 > 0) & (seg_start + n_tiles <= u_e):
+            # first participant: largest q with prog_start[q] <= seg_start (prog_start[p] > seg_start)
+            lo = p * 0
+            hi = p
+            for _ in tl.static_range(SEARCH_STEPS):
+                if hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if tl.load(prog_start_ptr + mid) <= seg_start:
+                        lo = mid
+                    else:
+                        hi = mid
+            offs_d = tl.arange(0, HEAD_DIM)
+            m_run = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)  # kept as a vector
+            w_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+            for q0 in range(lo, p + 1, BLOCK_P):
+                qs = q0 + tl.arange(0, BLOCK_P)
+                in_range = qs <= p
+                q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
+                q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
+                ok = in_range & (q_next > q_start)
+                slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
+                lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
+                o = tl.load(
+                    ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=ok[:, None],
+                    other=0.0,
+                )  # [BLOCK_P, D]
+                m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, D] (same per column)
+                scale_old = tl.exp2(m_run - m_use)
+                acc = acc * scale_old + tl.sum(w * o, axis=0)
+                w_sum = w_sum * scale_old + tl.sum(w, axis=0)
+                m_run = m_new
+            res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
+            row = h.to(tl.int64) * GROUP + r
+            tl.store(
+                out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d,
+                res.to(out_ptr.dtype.element_ty),
+            )

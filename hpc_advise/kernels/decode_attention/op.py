@@ -1,0 +1,427 @@
+"""Launcher of paged decode attention: input checks, the plan (GPU buffers, schedule), run, convenience.
+
+``plan(seq_lens, page_table, ...)`` returns a :class:`DecodePlan` that owns fixed-size GPU buffers (sized
+from ``max_batch`` and the page-table width) and fills them with one Triton launch plus one copy of the page
+table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
+``update`` + ``run`` calls can be captured in one CUDA graph and replayed with new lengths.
+``run(plan, q, k_cache, v_cache, ...)`` launches the persistent attention pass, then the log-sum-exp merge
+grid; merge programs whose segment was not split exit at once (the merge always launches, so a captured
+graph stays valid whatever the lengths are).
+
+Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv, D]`` of q's dtype or
+float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on the device); head_dim
+64/128/256; GQA group Hq/Hkv 1-16; page size 1/16/64; batch 1-1024; lengths 1-262144. Anything else raises
+``ValueError``/``TypeError`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from . import kernel as _k
+
+HEAD_DIMS = (64, 128, 256)
+PAGE_SIZES = (1, 16, 64)
+MAX_GROUP = 16
+MAX_BATCH = 1024
+MAX_SEQ_LEN = 256 * 1024
+SCHEDULES = ("dynamic", "static")
+MAX_STATIC_SPLITS = 64
+
+# Launch configuration, chosen by measurement on an H200 (README.md, "Tuning"): tokens per tile, programs
+# per SM of the persistent grid, software-pipelining depth of the tile loop, warps per program.
+DEFAULT_TILE = 64
+DEFAULT_CTAS_PER_SM = 2
+DEFAULT_NUM_STAGES = 3
+DEFAULT_NUM_WARPS = 4
+# Programs of the grid when there is no GPU (Triton interpreter on CPU).
+CPU_NUM_SMS = 4
+
+
+def _fail(msg: str) -> None:
+    raise ValueError(f"decode_attention: {msg}")
+
+
+def _check_tensor(name: str, t: object, ndim: int, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"decode_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        _fail(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(
+            f"decode_attention: {name} dtype {t.dtype} not supported (expected one of {[str(d) for d in dtypes]})"
+        )
+    if t.numel() > 0 and t.stride(-1) != 1:
+        _fail(f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}")
+    return t
+
+
+def _same_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        _fail(f"{name} is on {t.device}, expected {device}")
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_NUM_SMS
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass
+class DecodePlan:
+    """Schedule of one decode step: fixed-size GPU buffers and the launch configuration.
+
+    Buffers (int32 unless noted): ``seq_lens[max_batch]``, ``page_table[max_batch, max_pages]``,
+    ``req_start[max_batch + 1]`` (first work unit of each request), ``prog_start[G + 1]`` (first unit of
+    each program), ``prog_b[G]`` (request of each program's first unit), ``ws_o[2G, group, D]`` and
+    ``ws_lse[2G, group]`` fp32 (partial results of split segments).
+    """
+
+    page_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    schedule: str
+    max_batch: int
+    max_pages: int
+    tile: int
+    num_programs: int  # G of the dynamic grid, or of the static grid at max_batch
+    static_splits: int  # 0 for the dynamic schedule
+    num_stages: int
+    num_warps: int
+    device: torch.device
+    batch: int = 0
+    seq_lens: torch.Tensor = field(repr=False, default=None)
+    page_table: torch.Tensor = field(repr=False, default=None)
+    req_start: torch.Tensor = field(repr=False, default=None)
+    prog_start: torch.Tensor = field(repr=False, default=None)
+    prog_b: torch.Tensor = field(repr=False, default=None)
+    ws_o: torch.Tensor = field(repr=False, default=None)
+    ws_lse: torch.Tensor = field(repr=False, default=None)
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    def grid_size(self) -> int:
+        """Programs of the attention pass for the current batch."""
+        if self.static_splits:
+            return self.batch * self.num_kv_heads * self.static_splits
+        return self.num_programs
+
+    def update(
+        self, seq_lens: torch.Tensor, page_table: torch.Tensor, *, validate: bool = True
+    ) -> DecodePlan:
+        """Re-plan in place for new lengths / page table (no host sync unless ``validate`` and not
+        capturing a CUDA graph). The batch may change up to ``max_batch``; a captured graph keeps the
+        batch it was captured with."""
+        seq_lens = _check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+        page_table = _check_tensor("page_table", page_table, 2, (torch.int32,))
+        _same_device("seq_lens", seq_lens, self.device)
+        _same_device("page_table", page_table, self.device)
+        batch = seq_lens.shape[0]
+        if not 1 <= batch <= self.max_batch:
+            _fail(f"batch {batch} outside 1..{self.max_batch} (max_batch of this plan)")
+        if page_table.shape[0] != batch:
+            _fail(f"page_table has {page_table.shape[0]} rows, seq_lens has {batch}")
+        if page_table.shape[1] > self.max_pages:
+            _fail(f"page_table has {page_table.shape[1]} columns, the plan was sized for {self.max_pages}")
+        if validate and not _capturing():
+            lo, hi = int(seq_lens.min()), int(seq_lens.max())
+            if lo < 1 or hi > MAX_SEQ_LEN:
+                _fail(f"sequence lengths must lie in 1..{MAX_SEQ_LEN}, got min {lo} max {hi}")
+            if hi > page_table.shape[1] * self.page_size:
+                _fail(
+                    f"a sequence of {hi} tokens needs {math.ceil(hi / self.page_size)} pages, "
+                    f"page_table has {page_table.shape[1]} columns"
+                )
+        self.batch = batch
+        self.page_table[:batch, : page_table.shape[1]].copy_(page_table)
+        g = self.grid_size()
+        block_b = max(16, _next_pow2(self.max_batch))
+        _k.plan_kernel[(1,)](
+            seq_lens,
+            self.seq_lens,
+            self.req_start,
+            self.prog_start,
+            self.prog_b,
+            batch,
+            g,
+            NUM_KV_HEADS=self.num_kv_heads,
+            TILE=self.tile,
+            STATIC_SPLITS=self.static_splits,
+            BLOCK_B=block_b,
+            BLOCK_G=256,
+            G_STEPS=-(-(g + 1) // 256),
+            SEARCH_STEPS=int(math.log2(block_b)) + 1,
+            num_warps=4,
+        )
+        return self
+
+
+def plan(
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    *,
+    page_size: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    schedule: str = "dynamic",
+    max_batch: int | None = None,
+    max_pages: int | None = None,
+    tile: int | None = None,
+    ctas_per_sm: int | None = None,
+    num_programs: int | None = None,
+    static_splits: int | None = None,
+    num_stages: int | None = None,
+    num_warps: int | None = None,
+    validate: bool = True,
+) -> DecodePlan:
+    """Build the schedule of a decode step on the GPU (see module docstring).
+
+    ``num_programs`` overrides the persistent grid (default: SMs x ``ctas_per_sm``); ``static_splits``
+    the splits per (request, KV head) of ``schedule='static'`` (default: enough to give the grid as many
+    programs as the dynamic one at ``max_batch``)."""
+    if schedule not in SCHEDULES:
+        _fail(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if page_size not in PAGE_SIZES:
+        _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
+    if head_dim not in HEAD_DIMS:
+        _fail(f"head_dim {head_dim} not supported (supported: {HEAD_DIMS})")
+    if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
+        _fail(f"num_q_heads {num_q_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
+    group = num_q_heads // num_kv_heads
+    if group > MAX_GROUP:
+        _fail(f"GQA group {group} (= {num_q_heads}/{num_kv_heads}) exceeds {MAX_GROUP}")
+    seq_lens = _check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+    page_table = _check_tensor("page_table", page_table, 2, (torch.int32,))
+    device = seq_lens.device
+    batch = seq_lens.shape[0]
+    max_batch = batch if max_batch is None else int(max_batch)
+    if not 1 <= max_batch <= MAX_BATCH:
+        _fail(f"max_batch {max_batch} outside 1..{MAX_BATCH}")
+    max_pages = page_table.shape[1] if max_pages is None else int(max_pages)
+    if max_pages < 1:
+        _fail(f"page_table needs at least one column, got {max_pages}")
+    tile = DEFAULT_TILE if tile is None else int(tile)
+    if tile not in (16, 32, 64, 128) or (page_size < tile and tile % page_size):
+        _fail(f"tile {tile} must be 16, 32, 64 or 128")
+    ctas = DEFAULT_CTAS_PER_SM if ctas_per_sm is None else int(ctas_per_sm)
+    g_dyn = int(num_programs) if num_programs is not None else _num_sms(device) * ctas
+    if g_dyn < 1:
+        _fail(f"num_programs must be >= 1, got {g_dyn}")
+    splits = 0
+    g = g_dyn
+    if schedule == "static":
+        splits = int(static_splits) if static_splits else max(1, -(-g_dyn // (max_batch * num_kv_heads)))
+        splits = min(splits, MAX_STATIC_SPLITS)
+        g = max_batch * num_kv_heads * splits
+    i32 = dict(dtype=torch.int32, device=device)
+    p = DecodePlan(
+        page_size=page_size,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        schedule=schedule,
+        max_batch=max_batch,
+        max_pages=max_pages,
+        tile=tile,
+        num_programs=g,
+        static_splits=splits,
+        num_stages=DEFAULT_NUM_STAGES if num_stages is None else int(num_stages),
+        num_warps=DEFAULT_NUM_WARPS if num_warps is None else int(num_warps),
+        device=device,
+        seq_lens=torch.ones(max_batch, **i32),
+        page_table=torch.zeros(max_batch, max_pages, **i32),
+        req_start=torch.zeros(max_batch + 1, **i32),
+        prog_start=torch.zeros(g + 1, **i32),
+        prog_b=torch.zeros(g, **i32),
+        ws_o=torch.empty(2 * g, group, head_dim, dtype=torch.float32, device=device),
+        ws_lse=torch.empty(2 * g, group, dtype=torch.float32, device=device),
+    )
+    return p.update(seq_lens, page_table, validate=validate)
+
+
+def _scale_arg(name: str, s: object, device: torch.device) -> float | torch.Tensor:
+    if isinstance(s, torch.Tensor):
+        if s.numel() != 1:
+            _fail(f"{name} must be a float or a 1-element tensor, got shape {tuple(s.shape)}")
+        _same_device(name, s, device)
+        return s.reshape(1).to(torch.float32)
+    try:
+        v = float(s)
+    except (TypeError, ValueError):
+        raise TypeError(f"decode_attention: {name} must be a float or a 1-element tensor") from None
+    if not math.isfinite(v) or v <= 0:
+        _fail(f"{name} must be positive and finite, got {v}")
+    return v
+
+
+def run(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of every query against its request's paged KV; returns ``out`` ``[B, Hq, D]``."""
+    if not isinstance(plan, DecodePlan):
+        raise TypeError("decode_attention: run() needs the DecodePlan returned by plan()")
+    q = _check_tensor("q", q, 3, (torch.bfloat16, torch.float16))
+    kv_dtypes = (q.dtype, torch.float8_e4m3fn)
+    k_cache = _check_tensor("k_cache", k_cache, 4, kv_dtypes)
+    v_cache = _check_tensor("v_cache", v_cache, 4, kv_dtypes)
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"decode_attention: k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _same_device(name, t, plan.device)
+    B, Hq, D = q.shape
+    want_q = (plan.batch, plan.num_q_heads, plan.head_dim)
+    if (B, Hq, D) != want_q:
+        _fail(f"q has shape {tuple(q.shape)}, the plan expects {want_q}")
+    want_kv = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if tuple(t.shape[1:]) != want_kv:
+            _fail(f"{name} has shape {tuple(t.shape)}, expected [num_pages, {', '.join(map(str, want_kv))}]")
+    if k_cache.shape[0] != v_cache.shape[0]:
+        _fail(f"k_cache has {k_cache.shape[0]} pages, v_cache {v_cache.shape[0]}")
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        _check_tensor("out", out, 3, (q.dtype,))
+        _same_device("out", out, plan.device)
+        if out.shape != q.shape:
+            _fail(f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)}")
+    sm = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    if not math.isfinite(sm) or sm <= 0:
+        _fail(f"sm_scale must be positive and finite, got {sm}")
+    ks = _scale_arg("k_scale", k_scale, plan.device)
+    vs = _scale_arg("v_scale", v_scale, plan.device)
+    from_ptr = isinstance(ks, torch.Tensor) or isinstance(vs, torch.Tensor)
+    if from_ptr:
+        scales = torch.cat(
+            [
+                ks if isinstance(ks, torch.Tensor) else torch.full((1,), ks, device=plan.device),
+                vs if isinstance(vs, torch.Tensor) else torch.full((1,), vs, device=plan.device),
+            ]
+        )
+        qk_scale, v_arg = sm * math.log2(math.e), 1.0
+    else:
+        scales = plan.ws_lse  # unused pointer
+        qk_scale, v_arg = sm * ks * math.log2(math.e), vs
+
+    g = plan.grid_size()
+    group = plan.group
+    _k.decode_kernel[(g,)](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        plan.page_table,
+        plan.seq_lens,
+        plan.req_start,
+        plan.prog_start,
+        plan.prog_b,
+        plan.ws_o,
+        plan.ws_lse,
+        scales,
+        qk_scale,
+        v_arg,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        plan.page_table.stride(0),
+        GROUP=group,
+        GROUP_PAD=max(16, _next_pow2(group)),
+        HEAD_DIM=D,
+        PAGE=plan.page_size,
+        TILE=plan.tile,
+        NUM_STAGES=plan.num_stages,
+        SCALES_FROM_PTR=from_ptr,
+        num_warps=plan.num_warps,
+    )
+    _k.merge_kernel[(g, group)](
+        out,
+        plan.seq_lens,
+        plan.req_start,
+        plan.prog_start,
+        plan.prog_b,
+        plan.ws_o,
+        plan.ws_lse,
+        out.stride(0),
+        out.stride(1),
+        g,
+        GROUP=group,
+        HEAD_DIM=D,
+        TILE=plan.tile,
+        BLOCK_P=32,
+        SEARCH_STEPS=max(1, int(math.ceil(math.log2(max(g, 2))))) + 1,
+        num_warps=4,
+    )
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    page_size: int,
+    sm_scale: float | None = None,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
+    schedule: str = "dynamic",
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """plan + run in one call. With ``validate`` (default) it also checks, with a host sync, that every
+    page id the lengths reach lies in ``[0, num_pages)``."""
+    _check_tensor("q", q, 3, (torch.bfloat16, torch.float16))
+    _check_tensor("k_cache", k_cache, 4, (q.dtype, torch.float8_e4m3fn))
+    if k_cache.shape[1] != page_size:
+        _fail(f"k_cache has page size {k_cache.shape[1]}, page_size argument is {page_size}")
+    _check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+    if q.shape[0] != seq_lens.shape[0]:
+        _fail(f"q has batch {q.shape[0]}, seq_lens has {seq_lens.shape[0]}")
+    p = plan(
+        seq_lens,
+        page_table,
+        page_size=page_size,
+        num_q_heads=q.shape[1],
+        num_kv_heads=k_cache.shape[2],
+        head_dim=q.shape[2],
+        schedule=schedule,
+        validate=validate,
+    )
+    if validate and not _capturing():
+        cols = torch.arange(page_table.shape[1], device=page_table.device)
+        used = cols[None, :] < ((seq_lens + page_size - 1) // page_size)[:, None]
+        ids = page_table[used]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= k_cache.shape[0]):
+            _fail(f"page_table holds page ids outside [0, {k_cache.shape[0]}) within the sequence lengths")
+    return run(p, q, k_cache, v_cache, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale, out=out)

@@ -1,0 +1,357 @@
+"""Tests of hpc_advise.kernels.decode_attention against the float64 reference.
+
+CPU: the Triton interpreter (tests/conftest.py), small shapes, a small persistent grid so segments are
+split and merged. GPU (``-m gpu``, H200): real sizes, fp8, long contexts, CUDA-graph replay.
+Inputs are fresh random draws; pool slots no request uses and outputs are poisoned with NaN.
+
+Tolerances (relative Frobenius error against float64 on the same, dequantised inputs), declared once:
+- bf16 / fp16 KV: 5e-3. q, K and V are exact inputs; the kernel adds two roundings to 8 mantissa bits
+  (the probabilities P before the P.V product, and the output), each about 2^-9/sqrt(3) ~ 1.1e-3 relative
+  RMS, plus fp32 accumulation (~1e-6): about 2e-3 expected, 5e-3 leaves margin for few-token rows where
+  one rounding dominates.
+- fp8 e4m3 KV: 2e-2. The KV values are exact (e4m3 embeds in bf16), so the expected error is the bf16 one;
+  the looser bound covers logit scales folded into fp32 and outliers of e4m3's coarse grid that make
+  single probabilities dominate a row (fewer terms to average the P rounding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hpc_advise.kernels.decode_attention import op
+from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter holds scalars as 1-element numpy arrays and turns them into Python ints
+    for ``range``/``tl.range`` bounds with ``int(array)``, which numpy >= 2.3 refuses for 1-d arrays
+    ("only 0-dimensional arrays can be converted"). Loop bounds computed at run time (every persistent
+    kernel has them) then fail on CPU only. Patch ``__index__`` to ``.item()`` for the test session.
+    (Belongs in tests/conftest.py beside the two bf16 patches; kept here until the lead moves it.)"""
+    if torch.cuda.is_available():
+        return
+    try:
+        from triton.runtime import interpreter as itp
+    except Exception:
+        return
+    original = getattr(itp, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_scalar_index_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._scalar_index_fixed = True
+    itp._patch_lang_tensor = patched
+
+
+_fix_interpreter_scalar_index()
+
+TOL = {torch.bfloat16: 5e-3, torch.float16: 5e-3, torch.float8_e4m3fn: 2e-2}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_case(
+    lens,
+    *,
+    hq,
+    hkv,
+    d,
+    page,
+    kv_dtype=torch.bfloat16,
+    q_dtype=torch.bfloat16,
+    extra_pages=3,
+    extra_cols=1,
+    device=DEVICE,
+    gen=None,
+):
+    """Random q, a NaN-poisoned KV pool with each request's pages scattered at random, the page table
+    (unused columns hold -1) and int32 lengths."""
+    gen = gen or torch.Generator(device="cpu").manual_seed(torch.seed() % (2**31))
+    b = len(lens)
+    need = [math.ceil(n / page) for n in lens]
+    num_pages = sum(need) + extra_pages
+    max_pages = max(need) + extra_cols
+    k = torch.full((num_pages, page, hkv, d), float("nan"), dtype=torch.float32)
+    v = torch.full_like(k, float("nan"))
+    perm = torch.randperm(num_pages, generator=gen)
+    table = torch.full((b, max_pages), -1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(lens):
+        pages = perm[used : used + need[i]]
+        used += need[i]
+        table[i, : need[i]] = pages.int()
+        for j, pg in enumerate(pages.tolist()):
+            fill = min(page, n - j * page)  # slots past the length stay NaN
+            k[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
+            v[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
+    q = torch.randn(b, hq, d, generator=gen).to(q_dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    # table entries past the sequence are never read: -1 there would fault if they were
+    return (
+        q.to(device),
+        k.to(kv_dtype).to(device),
+        v.to(kv_dtype).to(device),
+        table.to(device),
+        seq_lens.to(device),
+    )
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), "NaN in output (unwritten rows or poisoned slots read)"
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def check(
+    lens, *, hq, hkv, d, page, kv_dtype=torch.bfloat16, schedule="dynamic", scales=(1.0, 1.0), **plan_kw
+):
+    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=page,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        schedule=schedule,
+        **plan_kw,
+    )
+    out = torch.full_like(q, float("nan"))
+    op.run(p, q, k, v, k_scale=scales[0], v_scale=scales[1], out=out)
+    ref = decode_attention_reference(
+        q, k, v, table, seq_lens, page_size=page, k_scale=scales[0], v_scale=scales[1]
+    )
+    err = rel_err(out, ref)
+    assert err <= TOL[kv_dtype], f"relative error {err:.2e} > {TOL[kv_dtype]:.0e}"
+    return p, out
+
+
+# ---------------------------------------------------------------- CPU (interpreter) and GPU alike
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "static"])
+@pytest.mark.parametrize(
+    "lens,hq,hkv,page",
+    [
+        ([1, 63, 64, 65, 97], 8, 1, 16),  # edge lengths around a tile, group 8
+        ([97, 5], 5, 1, 1),  # odd group, page 1 (per-token page table)
+        ([40, 130, 2], 4, 2, 64),  # two KV heads, page larger than the tile
+        ([200], 16, 1, 16),  # group 16, one request split over every program
+    ],
+)
+def test_matches_reference(lens, hq, hkv, page, schedule):
+    check(lens, hq=hq, hkv=hkv, d=64, page=page, schedule=schedule, tile=16, num_programs=5)
+
+
+def test_head_dim_128_and_256():
+    check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
+    check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)
+
+
+@pytest.mark.parametrize("tensor_scales", [False, True])
+def test_fp8_kv_with_scales(tensor_scales):
+    scales = (0.37, 1.9)
+    if tensor_scales:
+        scales = tuple(torch.tensor([s], dtype=torch.float32, device=DEVICE) for s in scales)
+    check(
+        [50, 17, 90],
+        hq=4,
+        hkv=2,
+        d=64,
+        page=16,
+        kv_dtype=torch.float8_e4m3fn,
+        scales=scales,
+        tile=16,
+        num_programs=4,
+    )
+
+
+def test_more_programs_than_work_and_fp16():
+    # 2 units over 9 programs: most programs get empty ranges and must neither write nor merge
+    q, k, v, table, seq_lens = make_case(
+        [20], hq=2, hkv=1, d=64, page=16, kv_dtype=torch.float16, q_dtype=torch.float16
+    )
+    p = op.plan(
+        seq_lens, table, page_size=16, num_q_heads=2, num_kv_heads=1, head_dim=64, tile=16, num_programs=9
+    )
+    out = op.run(p, q, k, v)
+    assert out.dtype == torch.float16
+    assert (
+        rel_err(out, decode_attention_reference(q, k, v, table, seq_lens, page_size=16)) <= TOL[torch.float16]
+    )
+
+
+def test_plan_covers_every_unit_evenly():
+    lens = [1, 300, 17, 64, 65]
+    _, _, _, table, seq_lens = make_case(lens, hq=2, hkv=2, d=64, page=16)
+    p = op.plan(
+        seq_lens, table, page_size=16, num_q_heads=2, num_kv_heads=2, head_dim=64, tile=32, num_programs=7
+    )
+    units = [2 * max(1, math.ceil(n / 32)) for n in lens]
+    starts = p.prog_start.tolist()
+    assert starts[0] == 0 and starts[-1] == sum(units)
+    shares = [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    assert max(shares) - min(shares) <= 1, shares
+    req_start = [0]
+    for u in units:
+        req_start.append(req_start[-1] + u)
+    assert p.req_start[: len(lens) + 1].tolist() == req_start
+    for g, u in enumerate(starts[:-1]):  # prog_b = request holding the program's first unit
+        if u < starts[-1]:
+            b = p.prog_b[g].item()
+            assert req_start[b] <= u < req_start[b + 1]
+
+
+def test_update_replans_in_place():
+    q, k, v, table, seq_lens = make_case([70, 9, 33], hq=4, hkv=1, d=64, page=16)
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=16,
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        tile=16,
+        num_programs=4,
+        max_batch=4,
+    )
+    buffers = [p.prog_start.data_ptr(), p.seq_lens.data_ptr(), p.page_table.data_ptr()]
+    new_lens = torch.tensor([12, 40], dtype=torch.int32, device=DEVICE)
+    new_table = table[[2, 0], :3].contiguous()
+    p.update(new_lens, new_table)
+    assert [p.prog_start.data_ptr(), p.seq_lens.data_ptr(), p.page_table.data_ptr()] == buffers
+    q2 = q[:2].clone()
+    out = op.run(p, q2, k, v)
+    ref = decode_attention_reference(q2, k, v, new_table, new_lens, page_size=16)
+    assert rel_err(out, ref) <= TOL[torch.bfloat16]
+
+
+def test_token_pool_viewed_as_pages():
+    # SGLang's pool is [num_tokens, Hkv, D]; with page size 1 it is used as [num_tokens, 1, Hkv, D] (a view)
+    gen = torch.Generator().manual_seed(1)
+    pool_k = torch.randn(300, 2, 64, generator=gen).bfloat16().to(DEVICE)
+    pool_v = torch.randn(300, 2, 64, generator=gen).bfloat16().to(DEVICE)
+    lens = [37, 5]
+    table = torch.stack([torch.randperm(300, generator=gen)[:40] for _ in lens]).int().to(DEVICE)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(2, 4, 64, generator=gen).bfloat16().to(DEVICE)
+    k, v = pool_k.unsqueeze(1), pool_v.unsqueeze(1)
+    out = op.decode_attention(q, k, v, table, seq_lens, page_size=1)
+    ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=1)
+    assert rel_err(out, ref) <= TOL[torch.bfloat16]
+
+
+def _valid_args():
+    q, k, v, table, seq_lens = make_case([20, 3], hq=4, hkv=2, d=64, page=16)
+    return dict(q=q, k=k, v=v, table=table, seq_lens=seq_lens)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,msg",
+    [
+        (lambda a: a.update(q=a["q"].float()), TypeError, "q dtype"),
+        (lambda a: a.update(k=a["k"].float()), TypeError, "k_cache dtype"),
+        (lambda a: a.update(seq_lens=a["seq_lens"].long()), TypeError, "seq_lens dtype"),
+        (lambda a: a.update(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "contiguous"),
+        (lambda a: a.update(q=a["q"][:, :3]), ValueError, "GQA|multiple|shape"),
+        (lambda a: a.update(seq_lens=a["seq_lens"] * 0), ValueError, "lengths must lie"),
+        (lambda a: a.update(seq_lens=a["seq_lens"] + 100), ValueError, "pages"),
+        (lambda a: a.update(table=a["table"] * 0 + 999), ValueError, "page ids"),
+        (lambda a: a.update(q=a["q"][:1]), ValueError, "batch"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(mutate, exc, msg):
+    a = _valid_args()
+    mutate(a)
+    with pytest.raises(exc, match=msg):
+        op.decode_attention(a["q"], a["k"], a["v"], a["table"], a["seq_lens"], page_size=16)
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(head_dim=96), "head_dim 96"),
+        (dict(page_size=32), "page_size 32"),
+        (dict(num_q_heads=34, num_kv_heads=2), "group 17"),
+        (dict(num_q_heads=5, num_kv_heads=2), "multiple"),
+        (dict(schedule="greedy"), "schedule"),
+        (dict(max_batch=2000), "max_batch"),
+    ],
+)
+def test_plan_rejects_unsupported_shapes(kw, msg):
+    _, _, _, table, seq_lens = make_case([5], hq=2, hkv=1, d=64, page=16)
+    args = dict(page_size=16, num_q_heads=2, num_kv_heads=1, head_dim=64) | kw
+    with pytest.raises(ValueError, match=msg):
+        op.plan(seq_lens, table, **args)
+
+
+def test_run_rejects_mismatched_cache():
+    a = _valid_args()
+    p = op.plan(a["seq_lens"], a["table"], page_size=16, num_q_heads=4, num_kv_heads=2, head_dim=64)
+    with pytest.raises(ValueError, match="k_cache has shape"):
+        op.run(p, a["q"], a["k"][:, :, :1].contiguous(), a["v"][:, :, :1].contiguous())
+    with pytest.raises(TypeError, match="v_cache is"):
+        op.run(p, a["q"], a["k"], a["v"].to(torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="k_scale"):
+        op.run(p, a["q"], a["k"], a["v"], k_scale=-1.0)
+
+
+# ---------------------------------------------------------------- GPU, real sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("schedule", ["dynamic", "static"])
+@pytest.mark.parametrize(
+    "lens,hq,hkv,d,page",
+    [
+        ([1, 63, 64, 65, 97] + [4096] * 11, 8, 1, 128, 64),
+        ([128] * 8 + [3000] * 8 + [70000], 64, 8, 128, 64),
+        ([5, 1000, 20000], 16, 1, 256, 16),
+        ([777, 33, 2500], 12, 12, 64, 1),
+    ],
+)
+def test_gpu_real_sizes(lens, hq, hkv, d, page, kv_dtype, schedule):
+    scales = (0.8, 1.3) if kv_dtype == torch.float8_e4m3fn else (1.0, 1.0)
+    check(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, schedule=schedule, scales=scales)
+
+
+@pytest.mark.gpu
+def test_gpu_longest_context_and_largest_batch():
+    check([256 * 1024], hq=8, hkv=1, d=128, page=64)
+    gen = torch.Generator().manual_seed(3)
+    lens = torch.randint(1, 600, (1024,), generator=gen).tolist()
+    check(lens, hq=4, hkv=1, d=128, page=16)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_matches_eager():
+    hq, hkv, d, page = 8, 1, 128, 64
+    q, k, v, table, seq_lens = make_case(
+        [4000, 100, 9000, 64], hq=hq, hkv=hkv, d=d, page=page, extra_cols=200
+    )
+    p = op.plan(seq_lens, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+    lens_buf, table_buf, out = seq_lens.clone(), table.clone(), torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        p.update(lens_buf, table_buf)
+        op.run(p, q, k, v, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        p.update(lens_buf, table_buf)
+        op.run(p, q, k, v, out=out)
+    for new in ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 7, 300, 5000]):
+        lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = op.decode_attention(q, k, v, table_buf, lens_buf, page_size=page)
+        assert torch.equal(out, eager), new
+        ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
+        assert rel_err(out, ref) <= TOL[torch.bfloat16]
