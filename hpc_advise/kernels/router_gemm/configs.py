@@ -1,0 +1,107 @@
+"""Launch configurations of the router GEMM: a data table (``configs.json``) plus the fallback rule.
+
+``configs.json`` holds measured configs per (N, K) and M bucket: ``{"entries": [{"n", "k", "m_max",
+"block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"}, ...]}``. For M the entry with
+the smallest ``m_max >= M`` of that (N, K) is used (the largest one above the last bucket). Shapes not
+in the table get ``heuristic_config``: tile sizes by M, and for small M a K split that puts about two
+CTAs on every SM. Every config is checked by ``Config.validate`` before use.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CONFIG_FILE = Path(__file__).with_name("configs.json")
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+    def validate(self, K: int) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"router_gemm config: {name}={v} must be a power of two >= 16")
+        k_blocks = -(-K // self.block_k)
+        if not 1 <= self.split_k <= k_blocks:
+            raise ValueError(f"router_gemm config: split_k={self.split_k} outside 1..{k_blocks} for K={K}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(
+                f"router_gemm config: bad num_warps/num_stages {self.num_warps}/{self.num_stages}"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(1, v).bit_length() - 1)
+
+
+def heuristic_config(M: int, N: int, K: int, num_sms: int) -> Config:
+    """Fallback for shapes without a measured entry."""
+    if M <= 16:
+        bm, bn, bk, warps, stages = 16, 64, 256, 4, 3
+    elif M <= 32:
+        bm, bn, bk, warps, stages = 32, 64, 256, 4, 3
+    elif M <= 128:
+        bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
+    elif M <= 1024:
+        bm, bn, bk, warps, stages = 64, 128, 64, 4, 4
+    else:
+        bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
+    k_blocks = -(-K // bk)
+    tiles = -(-M // bm) * -(-N // bn)
+    split = 1
+    if M <= 512 and 2 * tiles <= num_sms:
+        # ~2 CTAs per SM, a power of two that divides the K steps evenly where possible
+        split = min(k_blocks, _pow2_floor(max(1, (2 * num_sms) // tiles)))
+        while split > 1 and k_blocks % split:
+            split //= 2
+    return Config(bm, bn, bk, split, warps, stages)
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> dict[tuple[int, int], list[tuple[int, Config]]]:
+    if not CONFIG_FILE.exists():
+        return {}
+    data = json.loads(CONFIG_FILE.read_text())
+    table: dict[tuple[int, int], list[tuple[int, Config]]] = {}
+    for i, e in enumerate(data.get("entries", [])):
+        try:
+            cfg = Config(
+                int(e["block_m"]),
+                int(e["block_n"]),
+                int(e["block_k"]),
+                int(e["split_k"]),
+                int(e["num_warps"]),
+                int(e["num_stages"]),
+            )
+            key = (int(e["n"]), int(e["k"]))
+            cfg.validate(key[1])
+            table.setdefault(key, []).append((int(e["m_max"]), cfg))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{CONFIG_FILE}: entry {i}: {exc}") from exc
+    for entries in table.values():
+        entries.sort(key=lambda t: t[0])
+    return table
+
+
+def pick_config(M: int, N: int, K: int, num_sms: int) -> Config:
+    """The measured config for (M bucket, N, K), else ``heuristic_config``."""
+    entries = _table().get((N, K))
+    if not entries:
+        return heuristic_config(M, N, K, num_sms)
+    for m_max, cfg in entries:
+        if M <= m_max:
+            return cfg
+    return entries[-1][1]
