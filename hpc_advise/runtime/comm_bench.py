@@ -1,0 +1,293 @@
+"""Collective-communication benchmark: all-reduce, all-gather, reduce-scatter and all-to-all through
+``torch.distributed``, one process per GPU (NCCL) or per CPU rank (gloo), message sizes 4 KB to 1 GB.
+
+Every process this module starts gets ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``
+(NVLink multicast off: on the shared H200 hosts a program using it can take the host's GPUs down).
+
+Sizes, algorithm bandwidth and bus bandwidth follow nccl-tests (github.com/NVIDIA/nccl-tests,
+doc/PERFORMANCE.md): ``bytes`` is the per-rank buffer of all-reduce and all-to-all, the gathered output
+of all-gather and the reduced input of reduce-scatter; algbw = bytes / time; busbw = algbw x factor
+with factor 2(n-1)/n for all-reduce and (n-1)/n for all-gather, reduce-scatter and all-to-all, so busbw
+compares with the per-direction link bandwidth whatever n is. At one rank the factor is 0.
+
+Each timed iteration is timed on every rank (CUDA events on GPU, ``perf_counter`` on CPU); the slowest
+rank's time per iteration is kept (an element-wise MAX all-reduce of the samples), and the row holds
+its p20/p50/p80 in microseconds. Before timing, each op's result is checked on rank-dependent data.
+Rows: kind ``comm``, subject = op, provider ``torch.distributed.<backend>``, config {op, bytes,
+world_size, backend, device, dtype, iters, algbw_gbps, busbw_gbps (both at p50), busbw_factor}.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterable
+
+from hpc_advise.runtime.benchmarking import Timing, _percentiles, environment, run_row
+
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+DTYPE_BYTES = 4  # float32 buffers
+DEFAULT_SIZES = tuple(1 << p for p in range(12, 31))  # 4 KiB .. 1 GiB
+
+
+def sizes_between(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two from ``lo`` to ``hi`` bytes inclusive."""
+    if lo <= 0 or hi < lo:
+        raise ValueError(f"bad size range {lo}..{hi}")
+    out, s = [], 1 << (lo - 1).bit_length()
+    while s <= hi:
+        out.append(s)
+        s <<= 1
+    return tuple(out)
+
+
+def bus_bandwidth_gbps(op: str, nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (10**9 bytes/s) as nccl-tests defines them."""
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * BUSBW_FACTOR[op](world_size)
+
+
+def world_sizes(n_devices: int) -> list[int]:
+    """GPU counts to measure on a host with ``n_devices``: powers of two up to n, and n (1 only if n == 1)."""
+    if n_devices <= 1:
+        return [1]
+    sizes = {1 << p for p in range(1, n_devices.bit_length()) if 1 << p <= n_devices}
+    return sorted(sizes | {n_devices})
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _iters_for(nbytes: int, base: int) -> int:
+    return max(5, min(base, int(base * (1 << 24) / max(nbytes, 1)))) if nbytes > (1 << 24) else base
+
+
+def _gather_fn(dist):
+    """torch >= 2.13 renames all_gather_into_tensor / reduce_scatter_tensor to *_single."""
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _scatter_fn(dist):
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _make_op(op: str, nbytes: int, rank: int, ws: int, device):
+    """Buffers and a closure running the collective once (out of place where torch allows)."""
+    import torch
+    import torch.distributed as dist
+
+    n = nbytes // DTYPE_BYTES
+    if op == "all_reduce":
+        buf = torch.empty(n, device=device).uniform_()
+        return (lambda: dist.all_reduce(buf)), buf
+    chunk = n // ws
+    if op == "all_gather":
+        src, dst = torch.empty(chunk, device=device).uniform_(), torch.empty(chunk * ws, device=device)
+        gather = _gather_fn(dist)
+        return (lambda: gather(dst, src)), dst
+    if op == "reduce_scatter":
+        src, dst = torch.empty(chunk * ws, device=device).uniform_(), torch.empty(chunk, device=device)
+        scatter = _scatter_fn(dist)
+        return (lambda: scatter(dst, src)), dst
+    src, dst = torch.empty(chunk * ws, device=device).uniform_(), torch.empty(chunk * ws, device=device)
+    return (lambda: dist.all_to_all_single(dst, src)), dst
+
+
+def _check_op(op: str, rank: int, ws: int, device) -> None:
+    """Run ``op`` once on rank-dependent data and compare with the answer computed by hand."""
+    import torch
+    import torch.distributed as dist
+
+    chunk = 4
+    if op == "all_reduce":
+        x = torch.full((chunk,), float(rank + 1), device=device)
+        dist.all_reduce(x)
+        want = torch.full((chunk,), ws * (ws + 1) / 2, device=device)
+    elif op == "all_gather":
+        src = torch.full((chunk,), float(rank), device=device)
+        x = torch.empty(chunk * ws, device=device)
+        _gather_fn(dist)(x, src)
+        want = torch.arange(ws, device=device, dtype=torch.float32).repeat_interleave(chunk)
+    elif op == "reduce_scatter":
+        src = torch.arange(chunk * ws, device=device, dtype=torch.float32) + rank
+        x = torch.empty(chunk, device=device)
+        _scatter_fn(dist)(x, src)
+        want = (
+            ws * (torch.arange(chunk, device=device, dtype=torch.float32) + rank * chunk) + ws * (ws - 1) / 2
+        )
+    else:  # all_to_all: block j of rank i goes to block i of rank j
+        src = 100.0 * rank + torch.arange(ws, device=device, dtype=torch.float32).repeat_interleave(chunk)
+        x = torch.empty(chunk * ws, device=device)
+        dist.all_to_all_single(x, src)
+        want = 100.0 * torch.arange(ws, device=device, dtype=torch.float32).repeat_interleave(chunk) + rank
+    if not torch.equal(x, want):
+        raise RuntimeError(f"{op} gave a wrong result on rank {rank}: {x.tolist()} != {want.tolist()}")
+
+
+def _time_op(fn, iters: int, warmup: int, device) -> list[float]:
+    """Microseconds of each of ``iters`` calls on this rank."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        pairs = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)
+        ]
+        for start, end in pairs:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(device)
+        return [s.elapsed_time(e) * 1000.0 for s, e in pairs]
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+def _worker(
+    rank: int, ws: int, port: int, device_kind: str, ops, sizes, iters: int, warmup: int, queue
+) -> None:
+    os.environ.update(MULTICAST_OFF)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+        device, backend = torch.device("cuda", rank), "nccl"
+    else:
+        torch.set_num_threads(1)
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=ws)
+    results: list[tuple[str, int, int, list[float]]] = []
+    try:
+        for op in ops:
+            _check_op(op, rank, ws, device)
+            for nbytes in sizes:
+                fn, _ = _make_op(op, nbytes, rank, ws, device)
+                n_iter = _iters_for(nbytes, iters)
+                samples = torch.tensor(
+                    _time_op(fn, n_iter, warmup, device), dtype=torch.float64, device=device
+                )
+                dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+                if rank == 0:
+                    results.append((op, nbytes, n_iter, samples.cpu().tolist()))
+                del fn
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        seen_env = {k: os.environ.get(k) for k in MULTICAST_OFF}  # as this process saw them
+        queue.put((seen_env, results))
+
+
+def measure(
+    world_size: int,
+    *,
+    device: str = "cuda",
+    ops: Iterable[str] = OPS,
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    iters: int = 20,
+    warmup: int = 5,
+    timeout_s: float = 600.0,
+    env: dict[str, str] | None = None,
+) -> list[dict]:
+    """Spawn ``world_size`` processes, measure every op at every size, return ``runs`` rows."""
+    import torch.multiprocessing as mp
+
+    ops = tuple(ops)
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise ValueError(f"unknown ops {bad}; known: {list(OPS)}")
+    if device not in ("cuda", "cpu"):
+        raise ValueError("device must be 'cuda' or 'cpu'")
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < world_size:
+            raise RuntimeError(
+                f"world size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible"
+            )
+    unit = DTYPE_BYTES * world_size
+    sizes = tuple(sorted({max(unit, s - s % unit) for s in sizes}))
+    saved = {k: os.environ.get(k) for k in MULTICAST_OFF}
+    os.environ.update(MULTICAST_OFF)  # inherited by the spawned processes
+    try:
+        ctx = mp.get_context("spawn")
+        queue = ctx.SimpleQueue()
+        args = (world_size, _free_port(), device, ops, sizes, iters, warmup, queue)
+        procs = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        while not procs.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in procs.processes:
+                    p.terminate()
+                raise TimeoutError(f"communication benchmark did not finish within {timeout_s:.0f} s")
+        seen_env, results = queue.get()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    env = env or environment()
+    backend = "nccl" if device == "cuda" else "gloo"
+    rows = []
+    for op, nbytes, n_iter, samples in results:
+        p20, p50, p80 = _percentiles(samples)
+        algbw, busbw = bus_bandwidth_gbps(op, nbytes, p50 * 1e-6, world_size)
+        config = {
+            "op": op, "bytes": nbytes, "world_size": world_size, "backend": backend, "device": device,
+            "dtype": "float32", "iters": n_iter, "algbw_gbps": algbw, "busbw_gbps": busbw,
+            "busbw_factor": BUSBW_FACTOR[op](world_size), "env": seen_env,
+        }  # fmt: skip
+        rows.append(
+            run_row(
+                kind="comm",
+                subject=op,
+                provider=f"torch.distributed.{backend}",
+                config=config,
+                metric="latency",
+                unit="us",
+                timing=Timing(p20, p50, p80, len(samples)),
+                env=env,
+            )  # fmt: skip
+        )
+    return rows
+
+
+def measured_figures(rows: list[dict]) -> dict[str, float]:
+    """Peak bus bandwidth per op at the largest world size measured (none at one rank: busbw is 0)."""
+    comm = [r for r in rows if r.get("kind") == "comm" and r["config"]["world_size"] > 1]
+    if not comm:
+        return {}
+    top = max(r["config"]["world_size"] for r in comm)
+    out: dict[str, float] = {}
+    names = {
+        "all_reduce": "allreduce",
+        "all_gather": "allgather",
+        "reduce_scatter": "reducescatter",
+        "all_to_all": "alltoall",
+    }
+    for r in comm:
+        if r["config"]["world_size"] == top:
+            key = f"{names[r['subject']]}_busbw_gbps"
+            out[key] = max(out.get(key, 0.0), float(r["config"]["busbw_gbps"]))
+    out["comm_world_size"] = float(top)
+    return out
