@@ -1,0 +1,378 @@
+"""Benchmark and tuner of the router GEMM (``hpc_advise.kernels.router_gemm``) against cuBLAS.
+
+``bench(grid, peers)`` times, per (N, K, M), with CUDA-graph replay (``time_cuda``):
+- ``ours``: ``router_gemm`` on bf16 x (2 bf16 tensor-core products, fp32 out);
+- ``ours_x32``: ``router_gemm`` on fp32 x split in registers (3 products), full grid only;
+- ``cublas_fp32``: ``x.float() @ W.t()`` with TF32 off, the x→fp32 cast included (how a framework
+  runs an fp32 gate); ``cublas_tf32``: the same with TF32 on; ``cublas_bf16``: ``x @ bf16(W).t()``
+  with bf16 output (reference only: it fails the accuracy bar).
+Inputs rotate: every timed call reads its own x and its own weight copy, and one graph replay walks
+through enough sets that their bytes exceed 2× the L2 size, so neither x nor W is served from L2
+(in serving, each layer's router weight is evicted by the rest of the forward pass between uses).
+``accuracy(...)`` adds relative errors vs float64 and top-8 set changes vs cuBLAS FP32.
+``tune(...)`` sweeps launch configs (compiled in parallel processes first) and returns the best per
+(N, K, M) in the ``configs.json`` format.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from hpc_advise.runtime.benchmarking import environment, run_row, time_cuda
+
+SHAPES_FULL = [(192, 4096), (128, 4096), (256, 7168)]  # Hy3, Qwen3-235B, DeepSeek-V3 (N experts, K hidden)
+M_FULL = [1, 8, 32, 64, 128, 512, 2048, 8192]
+SHAPES_SMALL = [(192, 4096)]
+M_SMALL = [1, 64, 2048]
+
+HEADERS = [
+    "N",
+    "K",
+    "M",
+    "ours µs",
+    "ours fp32-x µs",
+    "cuBLAS FP32 µs",
+    "cuBLAS TF32 µs",
+    "cuBLAS BF16 µs",
+    "floor µs",
+    "ours % floor",
+    "ours GB/s",
+    "ours TFLOP/s",
+    "× FP32",
+    "× TF32",
+]
+
+
+def _ceilings() -> tuple[float, float, float]:
+    """(copy bytes/s, bf16 FLOP/s, L2 bytes) of this GPU: measured profile values where known."""
+    import torch
+
+    name = torch.cuda.get_device_name()
+    l2 = float(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20))
+    try:
+        from hpc_advise.profiles import get_gpu
+
+        gpu = get_gpu(name)
+        return gpu.rate("copy_bw_tbps") * 1e12, gpu.rate("bf16_tflops") * 1e12, l2
+    except Exception:
+        return 4.12e12, 758e12, l2  # H200 measured (shared/DESIGN.md §7)
+
+
+def _sets(N: int, K: int, M: int, l2_bytes: float, x32: bool):
+    """Rotating input sets; a replay of ``n`` calls touches > 2× L2 bytes."""
+    import torch
+
+    from hpc_advise.kernels.router_gemm import op
+
+    per_call = 4 * N * K + 2 * M * K + 4 * M * N
+    n = max(2, min(64, math.ceil(2 * l2_bytes / per_call)))
+    sets = []
+    for _ in range(n):
+        w = torch.randn(N, K, device="cuda") * 0.02
+        hi, lo = op.prepare(w)
+        xf = torch.randn(M, K, device="cuda")
+        x = xf.to(torch.bfloat16)
+        sets.append(
+            {"w": w, "hi": hi, "lo": lo, "wb": hi, "x": x, "xf": xf if x32 else None},
+        )
+    return sets
+
+
+def _rotating(sets, body):
+    state = {"i": 0}
+
+    def fn():
+        s = sets[state["i"] % len(sets)]
+        state["i"] += 1
+        return body(s)
+
+    return fn
+
+
+def _time(sets, body):
+    n = len(sets)
+    inner = n * max(1, math.ceil(10 / n))
+    return time_cuda(_rotating(sets, body), inner=inner, reps=20, warmup=2)
+
+
+def _providers(peers: bool, x32: bool):
+    import torch
+
+    from hpc_advise.kernels.router_gemm import op
+
+    def mm(tf32: bool):
+        def body(s):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            return torch.matmul(s["x"].float(), s["w"].t())
+
+        return body
+
+    prov = {"ours": lambda s: op.router_gemm(s["x"], s["hi"], s["lo"])}
+    if x32:
+        prov["ours_x32"] = lambda s: op.router_gemm(s["xf"], s["hi"], s["lo"])
+    if peers:
+        prov["cublas_fp32"] = mm(False)
+        prov["cublas_tf32"] = mm(True)
+        prov["cublas_bf16"] = lambda s: torch.matmul(s["x"], s["wb"].t())
+    return prov
+
+
+def bench(grid: str = "full", peers: bool = True):
+    """(rows, table, headers): latency rows for every (shape, M, provider) and the summary table."""
+    import torch
+
+    if grid not in ("full", "small"):
+        raise ValueError(f"grid must be 'full' or 'small', got {grid!r}")
+    shapes, ms = (SHAPES_FULL, M_FULL) if grid == "full" else (SHAPES_SMALL, M_SMALL)
+    x32 = grid == "full"
+    env = environment()
+    bw, flops_rate, l2 = _ceilings()
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    rows, table = [], []
+    _precompile_grid(shapes, ms, x32)
+    try:
+        for N, K in shapes:
+            for M in ms:
+                sets = _sets(N, K, M, l2, x32)
+                t = {}
+                for name, body in _providers(peers, x32).items():
+                    t[name] = _time(sets, body)
+                    cfg = {"N": N, "K": K, "M": M, "rotating_sets": len(sets), "graph": True}
+                    rows.append(
+                        run_row(
+                            kind="kernel",
+                            subject="router_gemm",
+                            provider=name,
+                            config=cfg,
+                            metric="latency",
+                            unit="us",
+                            timing=t[name],
+                            env=env,
+                        )
+                    )
+                del sets
+                nbytes = 4 * N * K + 2 * M * K + 4 * M * N
+                flops = 2 * 2 * M * N * K
+                floor = max(nbytes / bw, flops / flops_rate) * 1e6
+                ours = t["ours"].p50
+                p50 = {k: v.p50 for k, v in t.items()}
+                table.append(
+                    [N, K, M, ours]
+                    + [p50.get(k) for k in ("ours_x32", "cublas_fp32", "cublas_tf32", "cublas_bf16")]
+                    + [floor, 100 * floor / ours, nbytes / ours / 1e3, flops / ours / 1e6]
+                    + [p50[k] / ours if k in p50 else None for k in ("cublas_fp32", "cublas_tf32")]
+                )
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_before
+        torch.cuda.empty_cache()
+    return rows, table, list(HEADERS)
+
+
+def _precompile_grid(shapes, ms, x32: bool) -> None:
+    import torch
+
+    from hpc_advise.kernels.router_gemm.configs import pick_config
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    jobs = [
+        (N, K, pick_config(M, N, K, sms).to_dict(), xf)
+        for N, K in shapes
+        for M in ms
+        for xf in ((False, True) if x32 else (False,))
+    ]
+    precompile(jobs)
+
+
+def accuracy(shapes=SHAPES_FULL, M: int = 2048, top_k: int = 8):
+    """(rows, lines): relative error vs float64 and top-k set changes vs cuBLAS FP32, per provider."""
+    import torch
+
+    from hpc_advise.kernels.router_gemm import op, reference
+
+    env = environment()
+    rows, lines = [], []
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for N, K in shapes:
+            w = torch.randn(N, K, device="cuda") * 0.02
+            hi, lo = op.prepare(w)
+            xf = torch.randn(M, K, device="cuda")
+            x = xf.to(torch.bfloat16)
+            exact = reference.router_gemm_reference(x, w)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            fp32 = x.float() @ w.t()
+            torch.backends.cuda.matmul.allow_tf32 = True
+            tf32 = x.float() @ w.t()
+            outs = {
+                "ours": op.router_gemm(x, hi, lo),
+                "cublas_fp32": fp32,
+                "cublas_tf32": tf32,
+                "cublas_bf16": (x @ hi.t()).float(),
+            }
+            ref_set = fp32.topk(top_k, -1).indices.sort(-1).values
+            top = exact.topk(top_k + 1, -1).values
+            norm = torch.sqrt((x.double() ** 2) @ (w.double() ** 2).t()).amax(-1)
+            near_tie = (top[:, top_k - 1] - top[:, top_k]) < 2.0**-12 * norm
+            parts = []
+            for name, y in outs.items():
+                rel = ((y.double() - exact).norm() / exact.norm()).item()
+                changed = (y.topk(top_k, -1).indices.sort(-1).values != ref_set).any(-1)
+                frac = changed.float().mean().item()
+                base = {"N": N, "K": K, "M": M, "near_ties": int(near_tie.sum())}
+                for metric, value in (("rel_error", rel), ("top8_changed_frac", frac)):
+                    rows.append(
+                        run_row(
+                            kind="kernel",
+                            subject="router_gemm",
+                            provider=name,
+                            config=base,
+                            metric=metric,
+                            unit="ratio",
+                            value=value,
+                            env=env,
+                        )
+                    )
+                parts.append(f"{name} rel err {rel:.2e}, top-{top_k} changed {100 * frac:.2f}%")
+            # ours_x32 against the fp32-x float64 product
+            exact32 = reference.router_gemm_reference(xf, w)
+            y32 = op.router_gemm(xf, hi, lo)
+            rel32 = ((y32.double() - exact32).norm() / exact32.norm()).item()
+            rows.append(
+                run_row(
+                    kind="kernel",
+                    subject="router_gemm",
+                    provider="ours_x32",
+                    config={"N": N, "K": K, "M": M},
+                    metric="rel_error",
+                    unit="ratio",
+                    value=rel32,
+                    env=env,
+                )
+            )
+            parts.append(f"ours_x32 rel err {rel32:.2e} (vs fp64 of fp32 x)")
+            lines.append(f"- N={N} K={K} M={M} ({int(near_tie.sum())} near ties): " + "; ".join(parts))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32_before
+    return rows, lines
+
+
+# ---------------------------------------------------------------- tuning
+
+
+def _smem_bytes(c, x32: bool) -> int:
+    xb = 4 if x32 else 2
+    return c["num_stages"] * (c["block_m"] * c["block_k"] * xb + 2 * c["block_k"] * c["block_n"] * 2)
+
+
+def candidates(M: int, N: int, K: int, num_sms: int) -> list[dict]:
+    """Launch configs worth timing for one (M, N, K)."""
+    out = []
+
+    def add(bm, bn, bk, split, warps, stages):
+        k_blocks = -(-K // bk)
+        if split > k_blocks or bn > max(64, 1 << (N - 1).bit_length()):
+            return
+        c = dict(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages)
+        if _smem_bytes(c, False) <= 200 * 1024 and c not in out:
+            out.append(c)
+
+    if M <= 64:
+        bms = [16] if M <= 16 else ([32] if M <= 32 else [32, 64])
+        for bm in bms:
+            for bn in (32, 64):
+                for bk in (64, 128, 256):
+                    tiles = -(-M // bm) * -(-N // bn)
+                    k_blocks = -(-K // bk)
+                    for mult in (1, 2, 4):
+                        s = max(1, min(k_blocks, (mult * num_sms) // tiles))
+                        while s > 1 and k_blocks % s:
+                            s -= 1
+                        add(bm, bn, bk, s, 4, 3)
+    elif M <= 512:
+        for bm, bn in ((64, 64), (64, 128), (128, 64)):
+            for bk in (64, 128):
+                tiles = -(-M // bm) * -(-N // bn)
+                k_blocks = -(-K // bk)
+                for s in (1, 2, 4):
+                    if s == 1 or tiles * s <= 2 * num_sms:
+                        while s > 1 and k_blocks % s:
+                            s -= 1
+                        add(bm, bn, bk, s, 4, 3)
+    else:
+        for bm, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 128, 8), (64, 128, 4), (128, 256, 8)):
+            for bk in (64, 128):
+                for stages in (3, 4):
+                    add(bm, bn, bk, 1, warps, stages)
+    return out
+
+
+def _compile_jobs(jobs: list[tuple]) -> int:
+    """Worker: launch each (N, K, config, x_fp32) once at M=1 so Triton compiles it into its disk cache
+    (M is not a specialization key, so the kernel found there serves every M)."""
+    import torch
+
+    from hpc_advise.kernels.router_gemm import op
+    from hpc_advise.kernels.router_gemm.configs import Config
+
+    done = 0
+    for N, K, cfg, x32 in jobs:
+        w = torch.randn(N, K, device="cuda") * 0.02
+        hi, lo = op.prepare(w)
+        x = torch.randn(2, K, device="cuda", dtype=torch.float32 if x32 else torch.bfloat16)
+        try:
+            op.router_gemm(x, hi, lo, config=Config(**cfg))
+            done += 1
+        except Exception as exc:  # out of resources etc.: the timing pass skips it too
+            print(f"compile failed N={N} K={K} {cfg}: {type(exc).__name__}: {exc}", flush=True)
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(jobs: list[tuple], workers: int | None = None) -> int:
+    """Compile (N, K, config dict, x_fp32) jobs in parallel processes (Triton's disk cache is shared)."""
+    import multiprocessing as mp
+
+    uniq = list({repr(j): j for j in jobs}.values())
+    workers = workers or max(1, min(14, (os.cpu_count() or 2) - 2, len(uniq)))
+    chunks = [uniq[i::workers] for i in range(workers)]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        return sum(pool.map(_compile_jobs, chunks))
+
+
+def tune(shapes=SHAPES_FULL, ms=M_FULL, log=print, path=None) -> dict:
+    """Time every candidate config; returns ``{"entries": [...]}`` (best per (N, K, M)) plus timings."""
+    import torch
+
+    from hpc_advise.kernels.router_gemm import op
+    from hpc_advise.kernels.router_gemm.configs import Config
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _, _, l2 = _ceilings()
+    plan = {(N, K, M): candidates(M, N, K, num_sms) for N, K in shapes for M in ms}
+    jobs = [(N, K, c, False) for (N, K, _), cs in plan.items() for c in cs]
+    log(f"tune: {len(jobs)} candidate timings, compiling in parallel ...")
+    log(f"tune: compiled {precompile(jobs)}")
+    entries, trials = [], []
+    for (N, K, M), cs in plan.items():
+        sets = _sets(N, K, M, l2, False)
+        best = None
+        for c in cs:
+            cfg = Config(**c)
+            try:
+                t = _time(sets, lambda s, cfg=cfg: op.router_gemm(s["x"], s["hi"], s["lo"], config=cfg))
+            except Exception as exc:
+                log(f"  skip {c}: {type(exc).__name__}")
+                continue
+            trials.append({"n": N, "k": K, "m": M, **c, "us": t.p50})
+            if best is None or t.p50 < best[0]:
+                best = (t.p50, c)
+        del sets
+        if best is not None:
+            entries.append({"n": N, "k": K, "m_max": M, **best[1], "us": round(best[0], 2)})
+            log(f"tune N={N} K={K} M={M}: {best[0]:.2f} us {best[1]}")
+        if path is not None:  # progress survives a time limit
+            path.write_text(json.dumps({"entries": entries, "trials": trials}, indent=1) + "\n")
+    return {"entries": entries, "trials": trials}
