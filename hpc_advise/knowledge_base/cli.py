@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from tabulate import tabulate
 
 from hpc_advise import paths
 from hpc_advise.knowledge_base.compare import compare, flatten
-from hpc_advise.knowledge_base.store import KnowledgeBase, SchemaError
+from hpc_advise.knowledge_base.store import KnowledgeBase, KnowledgeBaseError, locked_message
 
 db_option = click.option(
     "--db",
@@ -42,12 +43,16 @@ def open_kb(db_path: Path | None) -> Iterator[KnowledgeBase]:
     """Open the knowledge base, turning expected failures into one-line click errors."""
     try:
         kb = KnowledgeBase(db_path)
-    except SchemaError as exc:
+    except KnowledgeBaseError as exc:
         raise click.ClickException(str(exc)) from None
     try:
         yield kb
     except (KeyError, ValueError) as exc:
         raise click.ClickException(str(exc.args[0]) if exc.args else repr(exc)) from None
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise click.ClickException(locked_message(kb.path)) from None
+        raise
     finally:
         kb.close()
 
@@ -389,7 +394,8 @@ def runs_compare(run_ids, db_path, as_json) -> None:
     "--provider", help="Configuration label to store (default: the run's tag/label, else its backend)."
 )
 @db_option
-def runs_import(files, gpu, subject, provider, db_path) -> None:
+@click.option("--json", "as_json", is_flag=True, help='Print {"ids": [...], "new": N} instead of a sentence.')
+def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
     """Import SGLang bench_serving JSONL / vLLM bench serve JSON (all files or nothing)."""
     from hpc_advise.knowledge_base.importers import ImportFailed, parse_files
 
@@ -403,6 +409,9 @@ def runs_import(files, gpu, subject, provider, db_path) -> None:
         ) from None
     with open_kb(db_path) as store:
         ids, new = store.import_runs(rows)
+    if as_json:
+        _echo_json({"ids": ids, "new": new})
+        return
     dup = len(ids) - new
     click.echo(f"imported {new} run(s) from {len(files)} file(s)" + (f", {dup} already present" if dup else "")
                + (f": ids {', '.join(str(i) for i in ids)}" if ids else ""))  # fmt: skip

@@ -22,7 +22,11 @@ import sqlite_utils
 MIGRATIONS_TABLE = "_migrations"
 
 
-class SchemaError(RuntimeError):
+class KnowledgeBaseError(RuntimeError):
+    """The knowledge-base file cannot be used (base of the errors the CLI turns into one line)."""
+
+
+class SchemaError(KnowledgeBaseError):
     """The file is not a knowledge base this version of hpc-advise can use."""
 
 

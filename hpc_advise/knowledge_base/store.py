@@ -31,7 +31,7 @@ from pathlib import Path
 import sqlite_utils
 
 from hpc_advise import paths
-from hpc_advise.knowledge_base.migrations import MIGRATIONS, SchemaError, applied, migrate
+from hpc_advise.knowledge_base.migrations import MIGRATIONS, KnowledgeBaseError, SchemaError, applied, migrate
 from hpc_advise.knowledge_base.search import match_expression, parse_when
 
 BUSY_TIMEOUT_S = 30.0
@@ -48,12 +48,16 @@ RUN_KEYS = set(RUN_TEXT_KEYS) | {
     "metrics", "source", "fingerprint",
 }  # fmt: skip
 
-__all__ = ["KnowledgeBase", "SchemaError"]
+__all__ = ["KnowledgeBase", "KnowledgeBaseError", "SchemaError"]
 
 
 def now_iso() -> str:
     """Current UTC time as the ISO string stored in ``created_at`` columns."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def locked_message(path: Path) -> str:
+    return f"{path}: database is locked: another process kept writing for more than {BUSY_TIMEOUT_S:.0f} s"
 
 
 def _dumps(value: object, what: str, sort: bool = True) -> str:
@@ -94,6 +98,11 @@ class KnowledgeBase:
             self.conn.execute("PRAGMA synchronous = NORMAL")
             self.db = sqlite_utils.Database(self.conn)
             migrate(self.db)
+        except sqlite3.OperationalError as exc:
+            self.conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise KnowledgeBaseError(locked_message(self.path)) from None
+            raise SchemaError(f"{self.path}: cannot use this file as a knowledge base ({exc})") from None
         except sqlite3.DatabaseError as exc:
             self.conn.close()
             raise SchemaError(f"{self.path}: cannot use this file as a knowledge base ({exc})") from None
@@ -417,7 +426,8 @@ class KnowledgeBase:
     # -- whole file -----------------------------------------------------------------------
     def stats(self) -> dict:
         """Where the file is, its size, schema, and row counts."""
-        size = sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file())
+        files = [self.path, self.path.with_name(self.path.name + "-wal")]
+        size = sum(p.stat().st_size for p in files if p.exists())
         counts = {t: self.conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
         kinds = dict(
             self.conn.execute("SELECT kind, count(*) FROM runs GROUP BY kind ORDER BY kind").fetchall()

@@ -72,6 +72,8 @@ def test_note_links_to_imported_run(db_path):
 def test_import_then_list_show_compare(db_path):
     out = run(db_path, "runs", "import", str(SGLANG_JSONL), str(VLLM_JSON), "--gpu", "NVIDIA H200").output
     assert out.startswith("imported 5 run(s) from 2 file(s)")
+    again = json.loads(run(db_path, "runs", "import", str(VLLM_JSON), "--json").output)
+    assert again == {"ids": [5], "new": 0}
     assert "4 already present" in run(db_path, "runs", "import", str(SGLANG_JSONL)).output
 
     table = run(db_path, "runs", "list", "--kind", "serving").output

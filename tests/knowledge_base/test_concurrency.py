@@ -78,3 +78,25 @@ def test_writer_waits_for_a_held_lock(tmp_path):
         assert {n["body"] for n in kb.notes()} == {"held", "waited for the lock"}
     assert holder.wait(timeout=30) == 0
     assert waited > 0.5  # it really blocked on the other process's write lock, then succeeded
+
+
+def test_lock_held_past_the_busy_timeout_is_a_clear_error(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from hpc_advise.cli import main
+    from hpc_advise.knowledge_base import store
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    db = tmp_path / "kb.db"
+    KnowledgeBase(db).close()
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        result = CliRunner().invoke(main, ["notes", "add", "blocked", "--db", str(db)])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result.exit_code == 1
+    assert "database is locked: another process kept writing" in result.output
+    assert KnowledgeBase(db).notes() == []

@@ -115,3 +115,23 @@ def test_default_path_honours_hpc_advise_home(tmp_path, monkeypatch):
     assert sqlite3.connect(tmp_path / "elsewhere" / "kb.db").execute(
         "SELECT count(*) FROM runs"
     ).fetchone() == (0,)
+
+
+def test_compare_kernel_runs_and_mismatch_warning(kb):
+    from hpc_advise.knowledge_base.compare import compare
+
+    ids = kb.add_runs([
+        kernel_row(),
+        kernel_row(provider="flashinfer", p20=120.0, p50=131.0, p80=140.0),
+        kernel_row(metric="bandwidth", unit="TB/s", p20=3.0, p50=3.5, p80=3.9),
+    ])  # fmt: skip
+    result = compare([kb.run(i) for i in ids[:2]])
+    rows = {r["name"]: r for r in result.rows}
+    assert rows["provider"]["values"] == ["hpc_advise", "flashinfer"]
+    assert rows["latency p50 [us]"]["ratios"] == [pytest.approx(131.0 / 113.0)]
+    assert rows["config"]["values"] == ["(same)", "(same)"]
+    assert result.warnings == []
+    mixed = compare([kb.run(i) for i in ids])
+    assert mixed.warnings and "bandwidth [TB/s]" in mixed.warnings[0]
+    with pytest.raises(ValueError, match="at least two"):
+        compare([kb.run(ids[0])])
