@@ -147,3 +147,22 @@ def measured_figures(rows: list[dict]) -> dict[str, float]:
     from hpc_advise.runtime import comm_bench, microbench
 
     return {**microbench.measured_figures(rows), **comm_bench.measured_figures(rows)}
+
+
+RESULT_HEADERS = ["kind", "subject", "provider", "config", "metric", "p20", "p50", "p80", "unit"]
+_SKIP_CONFIG = {"env", "latency_us_p50", "flops", "bytes_moved", "busbw_factor", "NCCL_NVLS_ENABLE",
+                "TORCH_SYMM_MEM_DISABLE_MULTICAST", "iters"}  # fmt: skip
+
+
+def results_table(rows: list[dict]) -> list[list]:
+    """One line per row for ``write_results``: the config's defining keys, the three percentiles."""
+
+    def short(cfg: dict) -> str:
+        return " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in cfg.items()
+            if k not in _SKIP_CONFIG
+        )
+
+    return [[r["kind"], r["subject"], r["provider"], short(r.get("config", {})), r["metric"], r["p20"], r["p50"],
+             r["p80"], r["unit"]] for r in rows]  # fmt: skip

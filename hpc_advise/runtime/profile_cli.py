@@ -149,10 +149,18 @@ def _print_bench(report, measured: dict[str, float], profile_key: str | None) ->
 @click.option(
     "--model", default=None, help="Model (name or config.json) for kernel benchmarks that take one."
 )
+@click.option("--write-results", "results_stem", default=None, metavar="STEM",
+              help="Also write the bench rows as STEM.md + STEM.jsonl (benchmarks/results, or $OUT / $HPC_ADVISE_RESULTS).")  # fmt: skip
 @click.option("--gpu", "offline_gpu", default=None,
               help="Read no NVML, write nothing: show this GPU profile with this machine's stored measurements.")  # fmt: skip
 def profile(
-    as_json: bool, db: Path | None, bench: str | None, grid: str, model: str | None, offline_gpu: str | None
+    as_json: bool,
+    db: Path | None,
+    bench: str | None,
+    grid: str,
+    model: str | None,
+    results_stem: str | None,
+    offline_gpu: str | None,
 ) -> None:
     """Read the local GPUs (NVML), optionally benchmark them, store the facts in the knowledge base."""
     if offline_gpu is not None:
@@ -186,6 +194,8 @@ def profile(
         profile_bench.run_steps(steps, report, kb.add_runs)
         measured = profile_bench.measured_figures(report.rows)
         source = _measured_source(host, report.rows)
+        if results_stem and report.rows:
+            _write_results(results_stem, report, measured, source)
     else:
         kb = _open_kb(db)
     try:
@@ -211,6 +221,22 @@ def profile(
         click.echo(f"\nstored {len(gpu_ids)} gpus row(s) in {kb_path}")
     if report is not None and report.failed:
         sys.exit(1)
+
+
+def _write_results(stem: str, report, measured: dict[str, float], source: str) -> None:
+    from hpc_advise.runtime.benchmarking import write_results
+    from hpc_advise.runtime.profile_bench import RESULT_HEADERS, results_table
+
+    notes = [
+        f"Measured figures ({source}): " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(measured.items()))
+    ]
+    notes += [f"Skipped {name}: {why}." for name, why in report.skipped]
+    notes += [f"FAILED {name}: {why}." for name, why in report.failed]
+    md, jl = write_results(
+        report.rows, results_table(report.rows), RESULT_HEADERS, stem=stem,
+        title="hpc-advise profile --bench", notes="\n\n".join(notes),
+    )  # fmt: skip
+    click.echo(f"results: {md}, {jl}", err=True)
 
 
 def _offline(name: str, db: Path | None, as_json: bool) -> None:

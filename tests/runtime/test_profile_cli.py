@@ -154,6 +154,17 @@ def test_measured_figures_from_rows():
     }  # fmt: skip
 
 
+def test_results_table_keeps_defining_config():
+    row = {
+        "kind": "comm", "subject": "all_reduce", "provider": "torch.distributed.nccl", "metric": "latency",
+        "unit": "us", "p20": 1.0, "p50": 2.0, "p80": 3.0,
+        "config": {"op": "all_reduce", "bytes": 4096, "world_size": 2, "busbw_gbps": 12.3456, "env": {"X": "1"}},
+    }  # fmt: skip
+    (line,) = profile_bench.results_table([row])
+    assert line[3] == "op=all_reduce bytes=4096 world_size=2 busbw_gbps=12.35"
+    assert line[5:8] == [1.0, 2.0, 3.0] and len(line) == len(profile_bench.RESULT_HEADERS)
+
+
 def test_help_does_not_import_torch():
     import subprocess
 
@@ -167,11 +178,14 @@ def test_help_does_not_import_torch():
 
 
 @pytest.mark.gpu
-def test_profile_bench_micro_and_comm_on_gpu(tmp_path):
+def test_profile_bench_micro_and_comm_on_gpu(tmp_path, monkeypatch):
     """Real NVML, real GPU: microbenchmarks + comm at world size 1, rows and measured figures stored."""
     db = tmp_path / "kb.db"
-    res = _runner().invoke(main, ["profile", "--bench", "micro,comm", "--json", "--db", str(db)])
+    monkeypatch.setenv("HPC_ADVISE_RESULTS", str(tmp_path / "results"))
+    args = ["profile", "--bench", "micro,comm", "--json", "--db", str(db), "--write-results", "t"]
+    res = _runner().invoke(main, args)
     assert res.exit_code == 0, res.output
+    assert (tmp_path / "results" / "t.md").is_file() and (tmp_path / "results" / "t.jsonl").is_file()
     out = json.loads(res.stdout)
     measured = out["bench"]["measured"]
     assert {"copy_bw_tbps", "bf16_tflops", "fp8_tflops", "tf32_tflops", "fp32_tflops"} <= set(measured)
