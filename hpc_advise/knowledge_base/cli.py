@@ -223,8 +223,7 @@ def notes_search(query, tags, since, until, limit, db_path, as_json) -> None:
         return
     for hit in hits:
         tags_txt = f"  [{', '.join(hit['tags'])}]" if hit["tags"] else ""
-        click.echo(f"#{hit['id']}  {hit['title'] or '(untitled)'}{tags_txt}  {_when(hit['created_at'])}  "
-                   f"score {hit['score']:.2f}")  # fmt: skip
+        click.echo(f"#{hit['id']}  {hit['title'] or '(untitled)'}{tags_txt}  {_when(hit['created_at'])}")
         click.echo("    " + " ".join(hit["snippet"].split()))
 
 

@@ -18,13 +18,16 @@ def notes(kb):
                             "after many unrelated words about scheduling, radix cache and routing.", tags=["sglang"]),
         "none": kb.add_note("FP8 fused MoE reached 4.1 TB/s at T=64.", title="moe", tags=["kernels"]),
     }  # fmt: skip
+    for filler in ("NVLink all-reduce bus bandwidth on eight GPUs.", "Mooncake arrivals are bursty.",
+                   "Weights load from local disk in under a minute."):  # fmt: skip
+        kb.add_note(filler)  # realistic corpus: bm25's IDF stays positive for the terms searched
     return ids
 
 
 def test_ranking_prefers_title_then_frequency(kb, notes):
     hits = kb.search_notes("decode")
     assert [h["id"] for h in hits] == [notes["title"], notes["many"], notes["once"]]
-    assert hits[0]["score"] > hits[1]["score"] > hits[2]["score"]
+    assert hits[0]["score"] > hits[1]["score"] > hits[2]["score"] > 0.01
 
 
 def test_snippets_highlight_matched_terms(kb, notes):
