@@ -14,7 +14,8 @@ Each timed iteration is timed on every rank (CUDA events on GPU, ``perf_counter`
 rank's time per iteration is kept (an element-wise MAX all-reduce of the samples), and the row holds
 its p20/p50/p80 in microseconds. Before timing, each op's result is checked on rank-dependent data.
 Rows: kind ``comm``, subject = op, provider ``torch.distributed.<backend>``, config {op, bytes,
-world_size, backend, device, dtype, iters, algbw_gbps, busbw_gbps (both at p50), busbw_factor}.
+world_size, backend, device, dtype, iters, algbw_gbps, busbw_gbps (both at p50), busbw_factor, env (the
+two multicast variables as the rank-0 process saw them)}: what a communication-time model fits on.
 """
 
 from __future__ import annotations

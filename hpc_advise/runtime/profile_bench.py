@@ -136,7 +136,13 @@ def run_steps(
                 report.failed.append((step.label, f"{type(exc).__name__}: {exc}"))
                 continue
             if rows:
-                report.run_ids += store(rows)
+                try:
+                    report.run_ids += store(rows)
+                except Exception as exc:  # e.g. the knowledge base rejects a malformed row: keep going
+                    report.failed.append(
+                        (step.label, f"storing its rows failed: {type(exc).__name__}: {exc}")
+                    )
+                    continue
                 report.rows += rows
             report.done.append(step.label)
     return report

@@ -136,6 +136,27 @@ def test_kernel_bench_discovery_and_failures(monkeypatch):
     assert report.failed == [("kernel fake_bad", "RuntimeError: kernel exploded")]
 
 
+def test_rows_the_knowledge_base_rejects_are_reported(tmp_path):
+    """A step whose rows the real knowledge base refuses is a failed step; nothing half-stored."""
+    good = {"kind": "kernel", "subject": "k", "provider": "p", "config": {}, "metric": "latency", "unit": "us",
+            "p20": 1.0, "p50": 2.0, "p80": 3.0, "gpu": None, "versions": {}, "git_sha": None, "command": "x",
+            "created_at": "2026-11-29T00:00:00+00:00"}  # fmt: skip
+    bad = dict(good, p50=float("nan"))
+    steps = [
+        profile_bench.Step("kernels", "bad", lambda: [good, bad]),
+        profile_bench.Step("kernels", "ok", lambda: [good]),
+    ]
+    report = profile_bench.BenchReport()
+    with KnowledgeBase(tmp_path / "kb.db") as kb:
+        profile_bench.run_steps(steps, report, kb.add_runs)
+        assert len(kb.runs()) == 1
+    assert (
+        report.done == ["ok"]
+        and report.failed[0][0] == "bad"
+        and "storing its rows failed" in report.failed[0][1]
+    )
+
+
 def test_measured_figures_from_rows():
     rows = [
         {"kind": "microbench", "config": {"op": "copy"}, "p50": 4.0},
