@@ -288,19 +288,20 @@ def runs() -> None:
 
 def _summary(config: dict, width: int = 48) -> str:
     """A short 'key=value' digest of a run's config for one table cell (workload keys first)."""
-    short = {"model": "model", "random_input_len": "isl", "random_output_len": "osl",
-             "max_concurrency": "conc", "request_rate": "rate"}  # fmt: skip
+    short = {"model": "model", "isl": "isl", "random_input_len": "isl", "osl": "osl",
+             "random_output_len": "osl", "max_concurrency": "conc", "request_rate": "rate"}  # fmt: skip
     skip = {"tool", "backend", "label", "dataset_name", "random_range_ratio"}
     keys = [k for k in short if k in config] + [k for k in config if k not in short and k not in skip]
-    parts = []
+    parts: dict[str, str] = {}
     for key in keys:
         value = config[key]
-        if isinstance(value, (dict, list)) or value is None:
+        label = short.get(key, key)
+        if isinstance(value, (dict, list)) or value is None or label in parts:
             continue
         if key == "model":
             value = str(value).rsplit("/", 1)[-1]
-        parts.append(f"{short.get(key, key)}={_fmt(value)}")
-    text = " ".join(parts)
+        parts[label] = f"{label}={_fmt(value)}"
+    text = " ".join(parts.values())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

@@ -16,9 +16,10 @@ and vLLM ``vllm/benchmarks/serve.py``):
 
 Each record becomes one ``kind='serving'`` row: subject = engine, provider = the run's tag/label
 (else the client backend), metric = output throughput (tok/s) in p20/p50/p80, every other figure in
-``metrics`` under tool-neutral names (``ttft_median_ms``, ``tpot_p99_ms``, ``e2e_p90_ms``, …), the
-workload and server settings in ``config``, and for SGLang the launch command rebuilt from
-server_info. Files are parsed completely before anything is written; every bad record is reported
+``metrics`` under SGLang's names for both tools (``median_ttft_ms``, ``p99_tpot_ms``,
+``p90_e2e_latency_ms``, ``total_throughput``, …; vLLM's ``*_e2el_ms`` and ``total_token_throughput``
+are renamed), the workload and the server settings (``tp_size``, ``attention_backend``, …) flat in
+``config``, and for SGLang the launch command rebuilt from server_info. Files are parsed completely before anything is written; every bad record is reported
 as ``FILE:LINE: reason`` (``ImportFailed``) and the caller writes nothing.
 """
 
@@ -36,30 +37,15 @@ from pathlib import Path
 SGLANG = "sglang.bench_serving"
 VLLM = "vllm bench serve"
 
-# tool-neutral metric name -> (SGLang key, vLLM key); None where the tool does not write it.
-# Stored in this order: headline throughputs, then latencies (below), then counts.
-_THROUGHPUTS = {
-    "output_throughput": ("output_throughput", "output_throughput"),
-    "request_throughput": ("request_throughput", "request_throughput"),
-    "input_throughput": ("input_throughput", None),
-    "total_throughput": ("total_throughput", "total_token_throughput"),
-    "request_goodput": (None, "request_goodput"),
-    "max_output_tokens_per_s": ("max_output_tokens_per_s", "max_output_tokens_per_s"),
-}
-_COUNTS = {
-    "concurrency": ("concurrency", None),
-    "max_concurrent_requests": ("max_concurrent_requests", "max_concurrent_requests"),
-    "accept_length": ("accept_length", None),
-    "completed": ("completed", "completed"),
-    "failed": (None, "failed"),
-    "duration_s": ("duration", "duration"),
-    "total_input_tokens": ("total_input_tokens", "total_input_tokens"),
-    "total_output_tokens": ("total_output_tokens", "total_output_tokens"),
-}
-# latency families: neutral prefix -> (SGLang infix, vLLM infix), keys look like median_<infix>_ms
-_LATENCIES = {"ttft": ("ttft", "ttft"), "tpot": ("tpot", "tpot"), "itl": ("itl", "itl"),
-              "e2e": ("e2e_latency", "e2el")}  # fmt: skip
-_STATS = ("mean", "median", "std", "p90", "p95", "p99", "max")
+# metrics keep SGLang bench_serving's names; vLLM's differing names are renamed on import
+_THROUGHPUTS = ("output_throughput", "request_throughput", "input_throughput", "total_throughput",
+                "request_goodput", "max_output_tokens_per_s")  # fmt: skip
+_COUNTS = ("concurrency", "max_concurrent_requests", "accept_length", "completed", "failed", "duration",
+           "total_input_tokens", "total_output_tokens")  # fmt: skip
+_VLLM_NAMES = {"total_token_throughput": "total_throughput"}
+# latency families (SGLang name, vLLM name); keys look like median_<name>_ms, p99_<name>_ms
+_LATENCIES = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2e_latency", "e2el"))
+_STAT_ORDER = {"mean": 0, "median": 1, "std": 2, "max": 1e9}
 
 _REQUIRED = {
     SGLANG: ["duration", "completed", "request_throughput", "output_throughput",
@@ -67,7 +53,7 @@ _REQUIRED = {
     VLLM: ["duration", "completed", "request_throughput", "output_throughput"],
 }  # fmt: skip
 
-# server_info fields that shape performance, kept in config["server"] and the rebuilt launch command
+# server_info fields that shape performance, kept in config and in the rebuilt launch command
 _SERVER_ARGS = (
     "model_path", "served_model_name", "tp_size", "dp_size", "ep_size", "pp_size",
     "enable_dp_attention", "attention_backend", "prefill_attention_backend",
@@ -159,38 +145,40 @@ def _rate(value: object) -> object:
     raise _Bad(f"'request_rate' must be a number, 'inf' or 'trace', got {value!r}")
 
 
-def _pick(record: dict, table: dict, col: int, out: dict) -> None:
-    for name, keys in table.items():
-        if keys[col] is not None:
-            value = _num(record, keys[col])
-            if value is not None:
-                out[name] = value
+def _latencies(record: dict, name: str, source: str) -> dict[str, float]:
+    """mean/median/std/pNN/max of one latency family, statistics in that order."""
+    found = []
+    for key in record:
+        m = re.fullmatch(rf"(mean|median|std|max|p\d+(?:\.\d+)?)_{source}_ms", key)
+        if m and record[key] is not None:
+            stat = m.group(1)
+            order = _STAT_ORDER.get(stat) if stat in _STAT_ORDER else 3 + float(stat[1:])
+            found.append((order, f"{stat}_{name}_ms", _num(record, key)))
+    return {key: value for _, key, value in sorted(found)}
 
 
 def _metrics(record: dict, tool: str) -> dict[str, float]:
-    col = 0 if tool == SGLANG else 1
+    names = {v: k for k, v in _VLLM_NAMES.items()} if tool == VLLM else {}
     out: dict[str, float] = {}
-    _pick(record, _THROUGHPUTS, col, out)
+    for name in _THROUGHPUTS:
+        value = _num(record, names.get(name, name))
+        if value is not None:
+            out[name] = value
     duration = _num(record, "duration")
     if "input_throughput" not in out and duration and record.get("total_input_tokens") is not None:
         out["input_throughput"] = _num(record, "total_input_tokens") / duration  # vLLM omits it
-    for neutral, infixes in _LATENCIES.items():
-        infix = infixes[col]
-        for stat in _STATS:
-            value = _num(record, f"{stat}_{infix}_ms")
-            if value is not None:
-                out[f"{neutral}_{stat}_ms"] = value
-        if tool == VLLM:  # vLLM writes any --metric-percentiles, e.g. p99.9_ttft_ms
-            for key in record:
-                m = re.fullmatch(rf"p([\d.]+)_{infix}_ms", key)
-                if m and f"{neutral}_p{m.group(1)}_ms" not in out:
-                    out[f"{neutral}_p{m.group(1)}_ms"] = _num(record, key)
-    _pick(record, _COUNTS, col, out)
+    for name, vllm_name in _LATENCIES:
+        out.update(_latencies(record, name, vllm_name if tool == VLLM else name))
+    for name in _COUNTS:
+        value = _num(record, name)
+        if value is not None:
+            out[name] = value
     return out
 
 
 def _lengths(record: dict) -> dict:
-    """Mean/max request lengths from per-request details, when the record carries them."""
+    """Measured request lengths from per-request details, when the record carries them: ``isl`` /
+    ``osl`` are the means (``random_input_len`` is only the upper bound when the range ratio < 1)."""
     out = {}
     for key, name in (("input_lens", "isl"), ("output_lens", "osl")):
         lens = record.get(key)
@@ -199,7 +187,7 @@ def _lengths(record: dict) -> dict:
             and lens
             and all(isinstance(x, int) and not isinstance(x, bool) for x in lens)
         ):
-            out[f"{name}_mean"] = round(sum(lens) / len(lens), 1)
+            out[name] = round(sum(lens) / len(lens), 1)
             out[f"{name}_max"] = max(lens)
     return out
 
@@ -257,8 +245,9 @@ def to_row(record: object, *, path: Path, lineno: int, mtime: str, gpu: str | No
     if label:
         config["label"] = label
     config.update(_lengths(record))
-    if server:
-        config["server"] = server
+    for key, value in server.items():  # flat, so the advisor reads tp_size etc. like any config key
+        if key not in ("version", "served_model_name") and not (key == "model_path" and value == model):
+            config[key] = value
     created = mtime
     if tool == VLLM and isinstance(record.get("date"), str):
         try:  # vLLM's "%Y%m%d-%H%M%S", local time of the benchmark host (taken as UTC)

@@ -83,17 +83,17 @@ def test_import_then_list_show_compare(db_path):
     assert json.loads(run(db_path, "runs", "list", "--provider", "vllm", "--json").output)[0]["id"] == 5
 
     show = run(db_path, "runs", "show", "3").output
-    assert "ttft_median_ms" in show and "command: python -m sglang.launch_server" in show
+    assert "median_ttft_ms" in show and "command: python -m sglang.launch_server" in show
 
     cmp = json.loads(run(db_path, "runs", "compare", "1", "3", "5", "--json").output)
     by_name = {r["name"]: r for r in cmp["rows"]}
     raw = [json.loads(line) for line in SGLANG_JSONL.read_text().splitlines()]
-    tpot = by_name["tpot_median_ms"]
+    tpot = by_name["median_tpot_ms"]
     assert tpot["values"][:2] == [raw[0]["median_tpot_ms"], raw[2]["median_tpot_ms"]]
     assert tpot["ratios"][0] == pytest.approx(raw[2]["median_tpot_ms"] / raw[0]["median_tpot_ms"])
-    assert by_name["config.server.page_size"]["values"][:2] == [1, 64]
+    assert by_name["config.page_size"]["values"][:2] == [1, 64]
     text = run(db_path, "runs", "compare", "1", "2").output
-    assert "÷#1" in text and "ttft_p99_ms" in text and "4.000" in text  # 64 vs 16 concurrency
+    assert "÷#1" in text and "p99_ttft_ms" in text and "4.000" in text  # 64 vs 16 concurrency
 
 
 def test_import_is_all_or_nothing_across_files(db_path):
@@ -123,7 +123,7 @@ def test_kb_path_stats_export(db_path, tmp_path):
 
     dump = json.loads(run(db_path, "kb", "export").output)
     assert dump["schema"] == ["m001_initial", "m002_notes_fts"]
-    assert len(dump["runs"]) == 4 and dump["runs"][0]["metrics"]["ttft_median_ms"] > 0
+    assert len(dump["runs"]) == 4 and dump["runs"][0]["metrics"]["median_ttft_ms"] > 0
     assert dump["notes"][0]["body"] == "hello"
     out = tmp_path / "runs.csv"
     run(db_path, "kb", "export", "--format", "csv", "-o", str(out))
@@ -160,6 +160,6 @@ def test_real_subprocess_import_list_compare(tmp_path):
         "smoke-details",
     ]
     cmp = _cli("runs", "compare", "1", "2", home=tmp_path)
-    assert cmp.returncode == 0 and "ttft_median_ms" in cmp.stdout
+    assert cmp.returncode == 0 and "median_ttft_ms" in cmp.stdout
     broken = _cli("runs", "import", str(SGLANG_BROKEN), home=tmp_path)
     assert broken.returncode == 1 and f"{SGLANG_BROKEN}:2:" in broken.stderr

@@ -23,12 +23,12 @@ def test_sglang_lines_map_to_serving_rows():
         assert row["metric"] == "output_throughput" and row["unit"] == "tok/s"
         assert row["p50"] == rec["output_throughput"]
         m = row["metrics"]
-        assert m["ttft_median_ms"] == rec["median_ttft_ms"] and m["ttft_p99_ms"] == rec["p99_ttft_ms"]
-        assert m["tpot_median_ms"] == rec["median_tpot_ms"] and m["tpot_p99_ms"] == rec["p99_tpot_ms"]
-        assert m["itl_median_ms"] == rec["median_itl_ms"] and m["itl_p95_ms"] == rec["p95_itl_ms"]
+        assert m["median_ttft_ms"] == rec["median_ttft_ms"] and m["p99_ttft_ms"] == rec["p99_ttft_ms"]
+        assert m["median_tpot_ms"] == rec["median_tpot_ms"] and m["p99_tpot_ms"] == rec["p99_tpot_ms"]
+        assert m["median_itl_ms"] == rec["median_itl_ms"] and m["p95_itl_ms"] == rec["p95_itl_ms"]
         assert (
-            m["e2e_median_ms"] == rec["median_e2e_latency_ms"]
-            and m["e2e_p90_ms"] == rec["p90_e2e_latency_ms"]
+            m["median_e2e_latency_ms"] == rec["median_e2e_latency_ms"]
+            and m["p90_e2e_latency_ms"] == rec["p90_e2e_latency_ms"]
         )
         assert m["request_throughput"] == rec["request_throughput"]
         assert m["total_throughput"] == rec["total_throughput"]
@@ -36,15 +36,15 @@ def test_sglang_lines_map_to_serving_rows():
         assert row["config"]["max_concurrency"] == rec["max_concurrency"]
         assert row["config"]["request_rate"] == "inf"  # Infinity in the file
         assert row["config"]["model"] == "Qwen/Qwen3-30B-A3B-Instruct-2507"
-        assert row["config"]["server"]["tp_size"] == 1
+        assert row["config"]["tp_size"] == 1 and "model_path" not in row["config"]
         assert row["versions"] == {"sglang": "0.5.23"}
         assert row["source"] == f"{SGLANG_JSONL}:{i}"
         assert row["gpu"] == "NVIDIA H200"
         json.dumps(row, allow_nan=False)  # storable as strict JSON
     assert [r["provider"] for r in rows] == ["sglang", "sglang", "hpc_advise-decode", "smoke-details"]
-    assert rows[2]["config"]["server"]["page_size"] == 64
+    assert rows[2]["config"]["page_size"] == 64
     assert "--page-size 64" in rows[2]["command"]
-    assert rows[3]["config"]["isl_mean"] == 256 and rows[3]["config"]["osl_max"] == 128
+    assert rows[3]["config"]["isl"] == 256 and rows[3]["config"]["osl_max"] == 128
     assert len({r["fingerprint"] for r in rows}) == 4
 
 
@@ -63,7 +63,7 @@ def test_vllm_result_maps_to_a_row():
     assert row["subject"] == "vllm" and row["provider"] == "vllm"
     assert row["created_at"] == "2026-11-28T21:45:03+00:00"  # from "date": "20261128-214503"
     m = row["metrics"]
-    assert m["ttft_median_ms"] == raw["median_ttft_ms"] and m["itl_p99_ms"] == raw["p99_itl_ms"]
+    assert m["median_ttft_ms"] == raw["median_ttft_ms"] and m["p99_itl_ms"] == raw["p99_itl_ms"]
     assert m["total_throughput"] == raw["total_token_throughput"]
     assert m["input_throughput"] == pytest.approx(raw["total_input_tokens"] / raw["duration"])
     assert m["failed"] == 0
@@ -74,9 +74,15 @@ def test_vllm_result_maps_to_a_row():
 def test_vllm_pretty_printed_and_appended(tmp_path):
     raw = json.loads(VLLM_JSON.read_text())
     pretty = tmp_path / "pretty.json"
-    pretty.write_text(json.dumps(raw | {"p99.9_ttft_ms": 250.0, "label": "tp1"}, indent=4))
+    pretty.write_text(
+        json.dumps(raw | {"p99.9_ttft_ms": 250.0, "median_e2el_ms": 900.0, "label": "tp1"}, indent=4)
+    )
     [row] = parse_files([pretty])
-    assert row["metrics"]["ttft_p99.9_ms"] == 250.0 and row["provider"] == "tp1"
+    assert (
+        row["metrics"]["p99.9_ttft_ms"] == 250.0
+        and row["metrics"]["median_e2e_latency_ms"] == 900.0
+        and row["provider"] == "tp1"
+    )
     appended = tmp_path / "appended.json"  # vllm bench serve --append-result
     appended.write_text(json.dumps(raw) + "\n" + json.dumps(raw | {"max_concurrency": 32}))
     assert [r["config"]["max_concurrency"] for r in parse_files([appended])] == [16, 32]
