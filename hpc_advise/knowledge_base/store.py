@@ -98,13 +98,10 @@ class KnowledgeBase:
             self.conn.execute("PRAGMA synchronous = NORMAL")
             self.db = sqlite_utils.Database(self.conn)
             migrate(self.db)
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:  # includes OperationalError ("database is locked")
             self.conn.close()
             if "locked" in str(exc) or "busy" in str(exc):
                 raise KnowledgeBaseError(locked_message(self.path)) from None
-            raise SchemaError(f"{self.path}: cannot use this file as a knowledge base ({exc})") from None
-        except sqlite3.DatabaseError as exc:
-            self.conn.close()
             raise SchemaError(f"{self.path}: cannot use this file as a knowledge base ({exc})") from None
         except SchemaError as exc:
             self.conn.close()
