@@ -147,6 +147,13 @@ def test_matches_reference(lens, hq, hkv, page, schedule):
     check(lens, hq=hq, hkv=hkv, d=64, page=page, schedule=schedule, tile=16, num_programs=5)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_loop_variants_and_tiles_spanning_pages(prefetch):
+    # tile 32 over pages of 16 (page ids per token) and over pages of 64 (one page id per tile)
+    check([45, 100, 3], hq=4, hkv=1, d=64, page=16, tile=32, num_programs=3, prefetch=prefetch)
+    check([130, 64], hq=3, hkv=1, d=64, page=64, tile=32, num_programs=4, prefetch=prefetch)
+
+
 def test_head_dim_128_and_256():
     check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
     check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)

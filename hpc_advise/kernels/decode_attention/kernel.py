@@ -31,9 +31,10 @@ def plan_kernel(
     prog_b_ptr,  # [G] int32: request of each program's first unit
     B,
     G,
+    splits,  # static schedule: programs per (request, KV head)
     NUM_KV_HEADS: tl.constexpr,
     TILE: tl.constexpr,
-    STATIC_SPLITS: tl.constexpr,  # 0: dynamic (even share of all units); S > 0: S programs per (b, h)
+    STATIC: tl.constexpr,  # False: dynamic (even share of all units); True: `splits` programs per (b, h)
     BLOCK_B: tl.constexpr,  # power of two >= B
     BLOCK_G: tl.constexpr,  # programs handled per step of the loop below
     G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
@@ -56,7 +57,7 @@ def plan_kernel(
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p <= G
-        if STATIC_SPLITS == 0:
+        if not STATIC:
             u = ((p.to(tl.int64) * total) // G).to(tl.int32)
             # largest b < B with req_start[b] <= u (binary search, vectorised over programs)
             lo = tl.zeros([BLOCK_G], dtype=tl.int32)
@@ -70,15 +71,15 @@ def plan_kernel(
                 hi = tl.where(go_down, mid, hi)
             b = lo
         else:
-            # static split-k: program p = (b, h, s); s-th of STATIC_SPLITS equal chunks of the segment
-            per_req = NUM_KV_HEADS * STATIC_SPLITS
+            # static split-k: program p = (b, h, s); s-th of `splits` equal chunks of the segment
+            per_req = NUM_KV_HEADS * splits
             b = tl.minimum(p // per_req, B - 1)
             rem = p - b * per_req
-            h = rem // STATIC_SPLITS
-            s = rem - h * STATIC_SPLITS
+            h = rem // splits
+            s = rem - h * splits
             lens_b = tl.load(seq_lens_in_ptr + b, mask=live, other=1)
             tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
-            chunk = (tiles_b + STATIC_SPLITS - 1) // STATIC_SPLITS
+            chunk = (tiles_b + splits - 1) // splits
             seg_start = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b
             u = seg_start + tl.minimum(s * chunk, tiles_b)
             u = tl.where(p >= G, total, u)
@@ -96,6 +97,40 @@ def _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE: tl.constexpr):
     h = local // n_tiles
     t0 = local - h * n_tiles
     return h, t0, n_tiles, seq_len
+
+
+@triton.jit
+def _tile_pages(pt_row, t, t_end, seq_len, TILE: tl.constexpr, PAGE: tl.constexpr):
+    """Page ids of tile t (0 for tiles >= t_end and tokens >= seq_len): a scalar when a tile lies inside
+    one page (PAGE a multiple of TILE), else one per token [TILE]."""
+    if PAGE >= TILE:
+        return tl.load(pt_row + (t * TILE) // PAGE, mask=t < t_end, other=0)
+    else:
+        tok = t * TILE + tl.arange(0, TILE)
+        return tl.load(pt_row + tok // PAGE, mask=(t < t_end) & (tok < seq_len), other=0)
+
+
+@triton.jit
+def _tile_rows(pages, t, stride_p, stride_s, TILE: tl.constexpr, PAGE: tl.constexpr):
+    """int64 element offsets [TILE] of the tile's token rows (head offset excluded)."""
+    tok = t * TILE + tl.arange(0, TILE)
+    slot = (tok % PAGE).to(tl.int64)
+    return pages.to(tl.int64) * stride_p + slot * stride_s
+
+
+@triton.jit
+def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
+    """One online-softmax step over a tile: q [R, D], k/v [TILE, D] (any dtype, cast to q's), valid
+    [TILE]; m_i/l_i [R] running max / sum (log2 domain), acc [R, D] fp32."""
+    s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [R, TILE], log2 units
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty request: keep exp2 finite
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -132,6 +167,7 @@ def decode_kernel(
     TILE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     SCALES_FROM_PTR: tl.constexpr,
+    PREFETCH: tl.constexpr,  # True: carry the next tile's K/V in registers (and page ids 2 tiles ahead)
 ):
     pid = tl.program_id(0)
     u_begin = tl.load(prog_start_ptr + pid)
@@ -173,30 +209,36 @@ def decode_kernel(
         k_head = k_ptr + h64 * stride_kh
         v_head = v_ptr + h64 * stride_vh
 
-        for t in tl.range(t0, t1, num_stages=NUM_STAGES):
-            tok = t * TILE + offs_n  # [TILE] int32 token positions
-            valid = tok < seq_len
-            page = tl.load(pt_row + tok // PAGE, mask=valid, other=0).to(tl.int64)
-            slot = (tok % PAGE).to(tl.int64)
-            k = tl.load(
-                k_head + (page * stride_kp + slot * stride_ks)[:, None] + offs_d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )  # [TILE, D]
-            v = tl.load(
-                v_head + (page * stride_vp + slot * stride_vs)[:, None] + offs_d[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )
-            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [GROUP_PAD, TILE], log2 units
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # empty request: keep exp2 finite
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-            m_i = m_new
+        if PREFETCH:
+            # software pipeline by hand: tile t+1's K/V loads are in flight while tile t is computed,
+            # and tile t+2's page ids while tile t+1's rows are addressed.
+            pg = _tile_pages(pt_row, t0, t1, seq_len, TILE, PAGE)
+            rows_n = _tile_rows(pg, t0, stride_kp, stride_ks, TILE, PAGE)
+            ok_n = (t0 * TILE + offs_n) < seq_len
+            k_n = tl.load(k_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
+            rows_n = _tile_rows(pg, t0, stride_vp, stride_vs, TILE, PAGE)
+            v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
+            pg_n = _tile_pages(pt_row, t0 + 1, t1, seq_len, TILE, PAGE)
+            for t in tl.range(t0, t1, num_stages=1):
+                k = k_n
+                v = v_n
+                valid = ok_n
+                ok_n = ((t + 1) * TILE + offs_n < seq_len) & (t + 1 < t1)
+                rows_n = _tile_rows(pg_n, t + 1, stride_kp, stride_ks, TILE, PAGE)
+                k_n = tl.load(k_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
+                rows_n = _tile_rows(pg_n, t + 1, stride_vp, stride_vs, TILE, PAGE)
+                v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
+                pg_n = _tile_pages(pt_row, t + 2, t1, seq_len, TILE, PAGE)
+                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        else:
+            for t in tl.range(t0, t1, num_stages=NUM_STAGES):
+                valid = (t * TILE + offs_n) < seq_len
+                pg = _tile_pages(pt_row, t, t1, seq_len, TILE, PAGE)
+                rows_k = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
+                rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
+                k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
 
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         o = acc * (v_scale / l_safe)[:, None]
@@ -261,7 +303,7 @@ def merge_kernel(
             m_run = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)  # kept as a vector
             w_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
             acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            for q0 in range(lo, p + 1, BLOCK_P):
+            for q0 in tl.range(lo, p + 1, BLOCK_P, num_stages=2):
                 qs = q0 + tl.arange(0, BLOCK_P)
                 in_range = qs <= p
                 q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)

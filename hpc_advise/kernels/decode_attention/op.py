@@ -37,6 +37,7 @@ DEFAULT_TILE = 64
 DEFAULT_CTAS_PER_SM = 2
 DEFAULT_NUM_STAGES = 3
 DEFAULT_NUM_WARPS = 4
+DEFAULT_PREFETCH = True
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
@@ -100,6 +101,7 @@ class DecodePlan:
     static_splits: int  # 0 for the dynamic schedule
     num_stages: int
     num_warps: int
+    prefetch: bool
     device: torch.device
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
@@ -158,9 +160,10 @@ class DecodePlan:
             self.prog_b,
             batch,
             g,
+            max(1, self.static_splits),
             NUM_KV_HEADS=self.num_kv_heads,
             TILE=self.tile,
-            STATIC_SPLITS=self.static_splits,
+            STATIC=self.static_splits > 0,
             BLOCK_B=block_b,
             BLOCK_G=256,
             G_STEPS=-(-(g + 1) // 256),
@@ -187,6 +190,7 @@ def plan(
     static_splits: int | None = None,
     num_stages: int | None = None,
     num_warps: int | None = None,
+    prefetch: bool | None = None,
     validate: bool = True,
 ) -> DecodePlan:
     """Build the schedule of a decode step on the GPU (see module docstring).
@@ -242,6 +246,7 @@ def plan(
         static_splits=splits,
         num_stages=DEFAULT_NUM_STAGES if num_stages is None else int(num_stages),
         num_warps=DEFAULT_NUM_WARPS if num_warps is None else int(num_warps),
+        prefetch=DEFAULT_PREFETCH if prefetch is None else bool(prefetch),
         device=device,
         seq_lens=torch.ones(max_batch, **i32),
         page_table=torch.zeros(max_batch, max_pages, **i32),
@@ -361,6 +366,7 @@ def run(
         TILE=plan.tile,
         NUM_STAGES=plan.num_stages,
         SCALES_FROM_PTR=from_ptr,
+        PREFETCH=plan.prefetch,
         num_warps=plan.num_warps,
     )
     _k.merge_kernel[(g, group)](
@@ -377,7 +383,7 @@ def run(
         GROUP=group,
         HEAD_DIM=D,
         TILE=plan.tile,
-        BLOCK_P=32,
+        BLOCK_P=64,
         SEARCH_STEPS=max(1, int(math.ceil(math.log2(max(g, 2))))) + 1,
         num_warps=4,
     )
