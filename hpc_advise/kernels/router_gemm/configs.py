@@ -48,26 +48,23 @@ def _pow2_floor(v: int) -> int:
 
 
 def heuristic_config(M: int, N: int, K: int, num_sms: int) -> Config:
-    """Fallback for shapes without a measured entry."""
-    if M <= 16:
-        bm, bn, bk, warps, stages = 16, 64, 256, 4, 3
-    elif M <= 32:
-        bm, bn, bk, warps, stages = 32, 64, 256, 4, 3
-    elif M <= 128:
-        bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
-    elif M <= 1024:
-        bm, bn, bk, warps, stages = 64, 128, 64, 4, 4
+    """Fallback for shapes without a measured entry, shaped after the H200 sweep's winners: thin
+    tiles and a K split to about one CTA per SM for decode-size M; 64×64 tiles split ~2 CTAs per SM up
+    to M = 512; 64×64×128 tiles, 4 stages, no split above."""
+    if M <= 64:
+        bm, bn, bk, stages, target = (16 if M <= 16 else 32), 32, 128, 3, num_sms
+    elif M <= 512:
+        bm, bn, bk, stages, target = 64, 64, 128, 3, 2 * num_sms
     else:
-        bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
+        bm, bn, bk, stages, target = 64, 64, 128, 4, 0
     k_blocks = -(-K // bk)
     tiles = -(-M // bm) * -(-N // bn)
     split = 1
-    if M <= 512 and 2 * tiles <= num_sms:
-        # ~2 CTAs per SM, a power of two that divides the K steps evenly where possible
-        split = min(k_blocks, _pow2_floor(max(1, (2 * num_sms) // tiles)))
+    if target >= 2 * tiles:
+        split = min(k_blocks, _pow2_floor(target // tiles))
         while split > 1 and k_blocks % split:
             split //= 2
-    return Config(bm, bn, bk, split, warps, stages)
+    return Config(bm, bn, bk, split, 4, stages)
 
 
 @functools.lru_cache(maxsize=1)

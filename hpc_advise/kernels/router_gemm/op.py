@@ -24,9 +24,11 @@ __all__ = ["prepare", "router_gemm", "route_topk", "Config", "N_RANGE", "K_RANGE
 N_RANGE = (64, 512)
 K_RANGE = (1024, 8192)
 M_RANGE = (1, 16384)
-_MAX_TILES = 1 << 16  # arrival counters per (device, stream); split-K is only used at small M
+_COUNTER_SLICE = 4096  # arrival counters per stream = most output tiles of a split-K launch
+_COUNTER_SLICES = 64  # streams per device
 
-_counters: dict[tuple, torch.Tensor] = {}
+_counter_buffers: dict[tuple[str, int], torch.Tensor] = {}
+_counter_slices: dict[tuple[str, int], dict[int, int]] = {}
 _num_sms: dict[int, int] = {}
 
 
@@ -42,6 +44,7 @@ def prepare(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"prepare: weight must be float32, got {weight.dtype}")
     _check_nk(*weight.shape, where="prepare")
     w = weight.contiguous()
+    _counter_buffer(w.device)  # zero-filled here, at load time, never inside a graph capture
     hi = w.to(torch.bfloat16)
     lo = ((w - hi.to(torch.float32)) * 256.0).to(torch.bfloat16)
     return hi, lo
@@ -65,27 +68,45 @@ def _sm_count(device: torch.device) -> int:
     return _num_sms[idx]
 
 
-def _arrival_counters(device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters for split-K tiles, one buffer per (device, stream).
-
-    Every launch leaves them at zero again, so they are allocated (and zeroed) once. They must exist
-    before a CUDA graph is captured: a zero-fill recorded into a graph would not run eagerly.
-    """
+def _device_key(device: torch.device) -> tuple[str, int]:
     if device.type == "cuda":
-        stream = torch.cuda.current_stream(device)
-        key = (device.type, device.index, stream.cuda_stream)
-    else:
-        key = (device.type, device.index, 0)
-    buf = _counters.get(key)
+        return ("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    return (device.type, 0)
+
+
+def _counter_buffer(device: torch.device) -> torch.Tensor:
+    """The device's zeroed int32 arrival-counter buffer, created on first use (``prepare`` creates it)."""
+    key = _device_key(device)
+    buf = _counter_buffers.get(key)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                "router_gemm: call it once on this stream before CUDA-graph capture "
-                "(its split-K counters are zero-filled on first use)"
+                "router_gemm: run prepare() or one router_gemm call on this device before CUDA-graph "
+                "capture (its split-K counters are zero-filled once, outside any graph)"
             )
-        buf = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-        _counters[key] = buf
+        buf = torch.zeros(_COUNTER_SLICE * _COUNTER_SLICES, dtype=torch.int32, device=device)
+        _counter_buffers[key] = buf
     return buf
+
+
+def _arrival_counters(device: torch.device) -> torch.Tensor:
+    """This stream's slice of the device's counter buffer.
+
+    Every launch leaves its counters at zero, so the buffer is zeroed once; each stream gets its own
+    slice, so launches on different streams never share counters (no allocation or fill happens when a
+    new stream, e.g. a graph-capture stream, shows up).
+    """
+    buf = _counter_buffer(device)
+    dkey = _device_key(device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    slices = _counter_slices.setdefault(dkey, {})
+    idx = slices.get(stream)
+    if idx is None:
+        idx = len(slices)
+        if idx >= _COUNTER_SLICES:
+            raise RuntimeError(f"router_gemm: more than {_COUNTER_SLICES} streams used on {device}")
+        slices[stream] = idx
+    return buf[idx * _COUNTER_SLICE : (idx + 1) * _COUNTER_SLICE]
 
 
 def _check_inputs(x, hi, lo, bias, out) -> tuple[int, int, int]:
@@ -153,8 +174,8 @@ def router_gemm(
         out = torch.empty((M, N), dtype=torch.float32, device=x.device)
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     if cfg.split_k > 1:
-        if tiles > _MAX_TILES:
-            raise ValueError(f"router_gemm config: {tiles} tiles with split_k>1 exceed {_MAX_TILES}")
+        if tiles > _COUNTER_SLICE:
+            raise ValueError(f"router_gemm config: {tiles} tiles with split_k>1 exceed {_COUNTER_SLICE}")
         ws = torch.empty((cfg.split_k, M, N), dtype=torch.float32, device=x.device)
         counters = _arrival_counters(x.device)
     else:
