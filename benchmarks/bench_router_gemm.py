@@ -25,7 +25,8 @@ reads its own x and its own weight copy; one replay walks through enough copies 
 layer's router weight between uses). cuBLAS FP32/TF32 include the x bf16->fp32 cast. floor = max(bytes
 / copy bandwidth, 2 products x 2MNK / bf16 rate), bytes = hi+lo (4NK) + x (2MK) + logits (4MN), with the
 GPU profile's measured ceilings. ours fp32-x = fp32 x split in registers, 3 products. x FP32 / x TF32 =
-their time / ours.
+their time / ours. hot-W (M <= 64 only): the same calls with one shared weight (L2-resident after the
+first call, x still rotating), the optimistic case in which nothing evicts the router weight.
 """
 
 
