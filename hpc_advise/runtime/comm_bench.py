@@ -190,7 +190,7 @@ def _worker(
                 if rank == 0:
                     results.append((op, nbytes, n_iter, samples.cpu().tolist()))
                 del fn
-        dist.barrier()
+        dist.barrier(device_ids=[rank] if device_kind == "cuda" else None)
     finally:
         dist.destroy_process_group()
     if rank == 0:

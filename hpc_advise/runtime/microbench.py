@@ -1,8 +1,11 @@
 """Microbenchmarks of one CUDA GPU: device-to-device copy bandwidth and dense GEMM rates (bf16, fp8,
 tf32, fp32), each as a knowledge-base ``runs`` row (kind ``microbench``).
 
-- copy: ``dst.copy_(src)`` over buffers far larger than L2; bytes counted = bytes read + bytes written
-  (2 x buffer), the convention of the device notes and of ``shared/DESIGN.md`` section 7;
+- copy: buffers far larger than L2, three ways: ``dst.copy_(src)`` launched eagerly, the same captured
+  in a CUDA graph (a graph memcpy node: on one H200, 2026-11-29, this path gave 2.70 TB/s against
+  about 4.2 for eager copies, so it is kept as its own row), and an elementwise kernel
+  (``torch.mul(src, 1, out=dst)``) in a graph; bytes counted = bytes read + bytes written (2 x buffer),
+  the convention of the device notes and of ``shared/DESIGN.md`` section 7; the figure is the best;
 - GEMM: ``torch.matmul`` (bf16; fp32 with TF32 allowed; fp32 with TF32 forbidden) and
   ``torch._scaled_mm`` (fp8 e4m3 x e4m3 -> bf16, per-tensor scales, with and without fast
   accumulation), M = N = K, random inputs (never zeros), FLOPs = 2 M N K.
@@ -28,6 +31,12 @@ GEMM_DTYPES = ("bf16", "fp8", "tf32", "fp32")
 # relative error of a 64x64 corner against float64 that a correct GEMM stays under
 GEMM_TOLERANCE = {"bf16": 1e-2, "fp8": 2e-2, "tf32": 2e-3, "fp32": 1e-5}
 # the measured-figure name each case feeds (GpuProfile.measured keys)
+# copy method -> (provider, captured in a CUDA graph)
+COPY_METHODS = {
+    "eager": ("torch.Tensor.copy_", False),
+    "graph": ("torch.Tensor.copy_", True),
+    "kernel": ("torch.mul(x, 1, out=)", True),
+}
 FIGURE = {
     "copy": "copy_bw_tbps",
     "bf16": "bf16_tflops",
@@ -45,11 +54,12 @@ class Case:
     dtype: str
     size: int
     fast_accum: bool = False
+    method: str = ""  # copy: a key of COPY_METHODS
 
     @property
     def label(self) -> str:
         if self.kind == "copy":
-            return f"copy {self.size / 2**30:g} GiB"
+            return f"copy {self.size / 2**30:g} GiB ({self.method})"
         extra = " fast-accum" if self.fast_accum else ""
         return f"gemm {self.dtype} {self.size}^3{extra}"
 
@@ -58,7 +68,7 @@ def cases(grid: str = "small") -> list[Case]:
     if grid not in GRIDS:
         raise ValueError(f"unknown grid {grid!r}; choose from {sorted(GRIDS)}")
     g = GRIDS[grid]
-    out = [Case("copy", "bf16", n) for n in g["copy_bytes"]]
+    out = [Case("copy", "bf16", n, method=m) for n in g["copy_bytes"] for m in COPY_METHODS]
     for n in g["gemm_sizes"]:
         for dtype in GEMM_DTYPES:
             out.append(Case("gemm", dtype, n))
@@ -122,6 +132,19 @@ def _gemm_fn(case: Case, device) -> tuple[Callable[[], object], Callable[[], Non
     return fn, check
 
 
+def _spin_up(fn: Callable[[], object], seconds: float = 0.1) -> None:
+    """Run ``fn`` untimed for about ``seconds`` so an idle GPU's clocks are up before timing starts."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+        torch.cuda.synchronize()
+
+
 def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
     """Run one case on the current CUDA device; returns its ``runs`` row."""
     import torch
@@ -130,17 +153,26 @@ def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
         raise RuntimeError("microbenchmarks need a CUDA GPU (torch.cuda.is_available() is False)")
     device = torch.device("cuda")
     if case.kind == "copy":
+        provider, graph = COPY_METHODS[case.method]
         src = torch.rand(case.size // 2, device=device, dtype=torch.bfloat16)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
+        dst = torch.full_like(src, float("nan"))
+
+        def fn():
+            if case.method == "kernel":
+                return torch.mul(src, 1, out=dst)
+            return dst.copy_(src)
+
+        fn()
         if not torch.equal(dst, src):
             raise RuntimeError(f"{case.label}: copy result differs")
-        t = time_cuda(lambda: dst.copy_(src), graph=True, inner=10, reps=20)
+        _spin_up(fn)
+        t = time_cuda(fn, graph=graph, inner=10, reps=20)
         moved = 2 * case.size
         rate = _rate_timing(t, moved, 1e12)
-        config = {"op": "copy", "bytes": case.size, "bytes_moved": moved, "latency_us_p50": t.p50}
+        config = {"op": "copy", "method": case.method, "cuda_graph": graph, "bytes": case.size,
+                  "bytes_moved": moved, "latency_us_p50": t.p50}  # fmt: skip
         row = run_row(
-            kind="microbench", subject="copy", provider="torch.Tensor.copy_", config=config,
+            kind="microbench", subject="copy", provider=provider, config=config,
             metric="bandwidth", unit="TB/s", timing=rate, env=env,
         )  # fmt: skip
         del src, dst
@@ -150,6 +182,7 @@ def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
     try:
         fn, check = _gemm_fn(case, device)
         check()
+        _spin_up(fn)
         flops = 2.0 * case.size**3
         est_ms = flops / 50e12 * 1e3 if case.dtype == "fp32" else flops / 500e12 * 1e3
         inner = max(1, min(10, int(20 / max(est_ms, 1e-3))))

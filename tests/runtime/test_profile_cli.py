@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from hpc_advise.cli import main
 from hpc_advise.knowledge_base.store import KnowledgeBase
-from hpc_advise.runtime import profile_bench
+from hpc_advise.runtime import microbench, profile_bench
 from tests.advisor.nvml_fake import FakeGpu, FakeNvml
 
 
@@ -211,6 +211,9 @@ def test_profile_bench_micro_and_comm_on_gpu(tmp_path, monkeypatch):
     measured = out["bench"]["measured"]
     assert {"copy_bw_tbps", "bf16_tflops", "fp8_tflops", "tf32_tflops", "fp32_tflops"} <= set(measured)
     with KnowledgeBase(db) as kb:
-        assert len(kb.runs(kind="microbench")) == 6 and len(kb.runs(kind="comm")) == 4 * 19
+        assert (
+            len(kb.runs(kind="microbench")) == len(microbench.cases("small")) == 8
+            and len(kb.runs(kind="comm")) == 4 * 19
+        )
         facts = kb.gpus()[-1]["facts"]
     assert facts["measured"] == measured
