@@ -1,0 +1,448 @@
+"""Triton kernels of the FP8 fused MoE (jit functions only; launched by ``op.py``).
+
+Notation: T tokens, k = top_k, n = T·k (token, slot) entries, E local experts, H hidden size,
+I intermediate size (a TP shard), P padded row count (a multiple of BLOCK_M), G = 128 quantization
+group. All address math is done in int64 where a product can pass 2^31.
+
+Launches, in order:
+  1. ``_prep_kernel``     program 0 routes (per-expert counts, padded offsets, sorted entry ids,
+                          expert of each BLOCK_M block); programs 1.. quantize the hidden rows to fp8
+                          (per 1×G group, dynamic, or per tensor with a static scale).
+  2. ``_gate_up_kernel``  gate and up tiles of one expert in one program, A rows read through the
+                          sorted entry ids (no gathered copy); epilogue SiLU(gate)·up + fp8 quant of
+                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1).
+  3. ``_act_quant_kernel`` only for split-K: sums the partials, SiLU·up, fp8 quant.
+  4. ``_down_kernel``     down GEMM over the padded intermediate; epilogue multiplies by the routing
+                          weight (and routed scaling factor) and writes one bf16 row per (token, slot).
+  5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+SCALE_EPS = 1e-10  # group scale floor, so an all-zero group quantizes to zeros, not NaN
+
+
+@triton.jit
+def _route(
+    topk_ids_ptr,  # int32 [n]
+    n_entries,
+    expert_offset,
+    num_experts,
+    sorted_ids_ptr,  # int32 [P]: entry id t*k+j, or n_entries for padding
+    block_expert_ptr,  # int32 [P / BLOCK_M]: local expert of the block, -1 past the end
+    num_padded_ptr,  # int32 [1]: used rows (sum of per-expert counts rounded up to BLOCK_M)
+    cursor_ptr,  # int32 [E_PAD] scratch
+    max_padded,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROUTE_BLK: tl.constexpr,
+):
+    offs0 = tl.arange(0, ROUTE_BLK)
+    bins = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for start in range(0, n_entries, ROUTE_BLK):
+        offs = start + offs0
+        inb = offs < n_entries
+        e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
+        valid = inb & (e >= 0) & (e < num_experts)
+        counts += tl.histogram(tl.where(valid, e, 0), E_PAD, mask=valid)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    total = tl.sum(padded, 0)
+    tl.store(num_padded_ptr, total)
+    # cursors live in L2 (atomic exchange), so the atomics below see them without relying on L1
+    tl.atomic_xchg(cursor_ptr + bins, starts)
+    # expert of each block = number of experts whose padded range ends at or before the block start
+    max_blocks = max_padded // BLOCK_M
+    offs_b0 = tl.arange(0, 32)
+    for b0 in range(0, max_blocks, 32):
+        b = b0 + offs_b0
+        bstart = b * BLOCK_M
+        eb = tl.sum((ends[None, :] <= bstart[:, None]).to(tl.int32), axis=1)
+        eb = tl.where(bstart < total, eb, -1)
+        tl.store(block_expert_ptr + b, eb, mask=b < max_blocks)
+    for p0 in range(0, max_padded, ROUTE_BLK):
+        p = p0 + offs0
+        tl.store(sorted_ids_ptr + p, tl.zeros([ROUTE_BLK], dtype=tl.int32) + n_entries, mask=p < max_padded)
+    tl.debug_barrier()
+    for start in range(0, n_entries, ROUTE_BLK):
+        offs = start + offs0
+        inb = offs < n_entries
+        e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
+        valid = inb & (e >= 0) & (e < num_experts)
+        pos = tl.atomic_add(cursor_ptr + tl.where(valid, e, 0), 1, mask=valid)
+        tl.store(sorted_ids_ptr + pos, offs, mask=valid)
+
+
+@triton.jit
+def _quant_rows(
+    x_ptr,  # bf16 [T, H], row stride stride_x
+    xq_ptr,  # fp8 [T, H]
+    xs_ptr,  # fp32 [T, cdiv(H, G)] (group mode)
+    a_scale_ptr,  # fp32 [1] (static mode)
+    q,
+    T,
+    H,
+    stride_x,
+    QROWS: tl.constexpr,
+    GROUP: tl.constexpr,
+    A_GROUP: tl.constexpr,
+):
+    rows = q * QROWS + tl.arange(0, QROWS)
+    row_ok = rows < T
+    rows64 = rows.to(tl.int64)
+    cols0 = tl.arange(0, GROUP)
+    num_groups = tl.cdiv(H, GROUP)
+    if not A_GROUP:
+        a_scale = tl.load(a_scale_ptr)
+    for g in range(0, num_groups):
+        cols = g * GROUP + cols0
+        m = row_ok[:, None] & (cols < H)[None, :]
+        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        if A_GROUP:
+            amax = tl.max(tl.abs(x), axis=1)
+            s = tl.maximum(amax, SCALE_EPS) / FP8_MAX
+            xq = tl.math.div_rn(x, s[:, None])
+            tl.store(xs_ptr + rows64 * num_groups + g, s, mask=row_ok)
+        else:
+            xq = tl.math.div_rn(x, a_scale)
+        xq = tl.minimum(tl.maximum(xq, -FP8_MAX), FP8_MAX)
+        tl.store(xq_ptr + rows64[:, None] * H + cols[None, :], xq.to(xq_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _prep_kernel(
+    topk_ids_ptr,
+    n_entries,
+    expert_offset,
+    num_experts,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    cursor_ptr,
+    max_padded,
+    x_ptr,
+    xq_ptr,
+    xs_ptr,
+    a_scale_ptr,
+    T,
+    H,
+    stride_x,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROUTE_BLK: tl.constexpr,
+    QROWS: tl.constexpr,
+    GROUP: tl.constexpr,
+    A_GROUP: tl.constexpr,
+):
+    """Grid (1 + cdiv(T, QROWS),): program 0 routes, the others quantize QROWS hidden rows each."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        _route(topk_ids_ptr, n_entries, expert_offset, num_experts, sorted_ids_ptr, block_expert_ptr,
+               num_padded_ptr, cursor_ptr, max_padded, BLOCK_M, E_PAD, ROUTE_BLK)
+    else:
+        _quant_rows(x_ptr, xq_ptr, xs_ptr, a_scale_ptr, pid - 1, T, H, stride_x, QROWS, GROUP, A_GROUP)
+
+
+@triton.jit
+def _tile_ids(num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
+    """Grouped ordering of a 1-D grid: GROUP_M row blocks share each column sweep (L2 reuse of B)."""
+    pid = tl.program_id(0)
+    width = GROUP_M * num_n_blocks
+    group = pid // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _silu_mul_quant_store(
+    g,  # fp32 [BLOCK_M, BLOCK_N] gate
+    u,  # fp32 [BLOCK_M, BLOCK_N] up
+    offs_m,  # [BLOCK_M] padded rows
+    offs_n,  # [BLOCK_N] columns of I
+    inter_ptr,  # fp8 [P, I]
+    inter_s_ptr,  # fp32 [P, cdiv(I, G)]
+    a2_scale_ptr,
+    I,
+    col_group,  # index of the G-column group this tile covers (A2_GROUP)
+    BLOCK_N: tl.constexpr,
+    A2_GROUP: tl.constexpr,
+):
+    h = g * tl.sigmoid(g) * u
+    n_ok = offs_n < I
+    h = tl.where(n_ok[None, :], h, 0.0)
+    rows64 = offs_m.to(tl.int64)
+    if A2_GROUP:
+        # BLOCK_N == G and the tile starts on a group boundary: one group per row
+        amax = tl.max(tl.abs(h), axis=1)
+        s = tl.maximum(amax, SCALE_EPS) / FP8_MAX
+        hq = tl.math.div_rn(h, s[:, None])
+        num_groups = tl.cdiv(I, BLOCK_N)
+        tl.store(inter_s_ptr + rows64 * num_groups + col_group, s)
+    else:
+        hq = tl.math.div_rn(h, tl.load(a2_scale_ptr))
+    hq = tl.minimum(tl.maximum(hq, -FP8_MAX), FP8_MAX)
+    tl.store(inter_ptr + rows64[:, None] * I + offs_n[None, :], hq.to(inter_ptr.dtype.element_ty),
+             mask=n_ok[None, :])
+
+
+@triton.jit
+def _gate_up_kernel(
+    xq_ptr,  # fp8 [T, H]
+    xs_ptr,  # fp32 [T, cdiv(H, G)] (A_GROUP)
+    a_scale_ptr,  # fp32 [1] (static)
+    w_ptr,  # fp8 [E, 2I, H]
+    ws_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    out_ptr,  # OUT_MODE 0: fp8 [P, I]; 1: fp32 [SPLIT_K, P, 2I]
+    outs_ptr,  # OUT_MODE 0: fp32 [P, cdiv(I, G)]
+    a2_scale_ptr,
+    H,
+    I,
+    top_k,
+    n_entries,
+    max_padded,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    A_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr,
+    A2_GROUP: tl.constexpr,
+    OUT_MODE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K)."""
+    num_m_blocks = max_padded // BLOCK_M
+    pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    pid_k = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    entry = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = entry < n_entries
+    tok = (entry // top_k).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < I
+    offs_k = tl.arange(0, BLOCK_K)
+    num_kg = tl.cdiv(H, 128)
+
+    a_ptrs = xq_ptr + tok[:, None] * H + offs_k[None, :]
+    wg_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    wu_ptrs = wg_ptrs + I * stride_wn
+    if W_BLOCK:
+        sg_ptrs = ws_ptr + e * stride_wse + (offs_n // 128) * stride_wsn
+        su_ptrs = ws_ptr + e * stride_wse + ((offs_n + I) // 128) * stride_wsn
+
+    k_span = tl.cdiv(tl.cdiv(H, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = pid_k * k_span
+    k_hi = tl.minimum(k_lo + k_span, H)
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+            bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :], other=0.0)
+            bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 + offs_k) < H
+            a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if A_GROUP or W_BLOCK:
+            dg = tl.dot(a, bg)
+            du = tl.dot(a, bu)
+            if A_GROUP:
+                sa = tl.load(xs_ptr + tok * num_kg + k0 // 128, mask=row_ok, other=0.0)
+                dg = dg * sa[:, None]
+                du = du * sa[:, None]
+            if W_BLOCK:
+                sg = tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)
+                su = tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)
+                dg = dg * sg[None, :]
+                du = du * su[None, :]
+            acc_g += dg
+            acc_u += du
+        else:
+            # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K (sm_90 otherwise keeps
+            # the whole K in its reduced-precision fp8 accumulator)
+            acc_g = tl.dot(a, bg, acc_g, max_num_imprecise_acc=BLOCK_K)
+            acc_u = tl.dot(a, bu, acc_u, max_num_imprecise_acc=BLOCK_K)
+    if not A_GROUP:
+        sa_t = tl.load(a_scale_ptr)
+        acc_g = acc_g * sa_t
+        acc_u = acc_u * sa_t
+    if not W_BLOCK:
+        sw_t = tl.load(ws_ptr + e)
+        acc_g = acc_g * sw_t
+        acc_u = acc_u * sw_t
+
+    if OUT_MODE == 0:
+        _silu_mul_quant_store(acc_g, acc_u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n,
+                              BLOCK_N, A2_GROUP)
+    else:
+        base = out_ptr + (pid_k * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
+        tl.store(base, acc_g, mask=n_ok[None, :])
+        tl.store(base + I, acc_u, mask=n_ok[None, :])
+
+
+@triton.jit
+def _act_quant_kernel(
+    part_ptr,  # fp32 [SPLIT_K, P, 2I]
+    block_expert_ptr,
+    num_padded_ptr,
+    inter_ptr,
+    inter_s_ptr,
+    a2_scale_ptr,
+    I,
+    max_padded,
+    BLOCK_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    A2_GROUP: tl.constexpr,
+):
+    """Grid (P/BLOCK_M, cdiv(I, 128)): sum split-K partials, SiLU(gate)·up, fp8 quantization."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * 128 + tl.arange(0, 128)
+    n_ok = offs_n < I
+    g = tl.zeros([BLOCK_M, 128], dtype=tl.float32)
+    u = tl.zeros([BLOCK_M, 128], dtype=tl.float32)
+    for s in range(0, SPLIT_K):
+        base = part_ptr + (s * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
+        g += tl.load(base, mask=n_ok[None, :], other=0.0)
+        u += tl.load(base + I, mask=n_ok[None, :], other=0.0)
+    _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128,
+                          A2_GROUP)
+
+
+@triton.jit
+def _down_kernel(
+    inter_ptr,  # fp8 [P, I]
+    inter_s_ptr,  # fp32 [P, cdiv(I, G)] (A_GROUP)
+    a2_scale_ptr,  # fp32 [1] (static)
+    w_ptr,  # fp8 [E, H, I]
+    ws_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    topk_w_ptr,  # fp32 [n]
+    y_ptr,  # bf16 [n, H]
+    H,
+    I,
+    n_entries,
+    max_padded,
+    routed_scaling,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    A_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
+    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ)."""
+    num_m_blocks = max_padded // BLOCK_M
+    pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows64 = offs_m.to(tl.int64)
+    entry = tl.load(sorted_ids_ptr + offs_m)
+    row_ok = entry < n_entries
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_k = tl.arange(0, BLOCK_K)
+    num_kg = tl.cdiv(I, 128)
+
+    a_ptrs = inter_ptr + rows64[:, None] * I + offs_k[None, :]
+    w_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    if W_BLOCK:
+        sw_ptrs = ws_ptr + e * stride_wse + (offs_n // 128) * stride_wsn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs + k0)
+            b = tl.load(w_ptrs + k0, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 + offs_k) < I
+            a = tl.load(a_ptrs + k0, mask=k_ok[None, :], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if A_GROUP or W_BLOCK:
+            d = tl.dot(a, b)
+            if A_GROUP:
+                sa = tl.load(inter_s_ptr + rows64 * num_kg + k0 // 128)
+                d = d * sa[:, None]
+            if W_BLOCK:
+                sw = tl.load(sw_ptrs + k0 // 128, mask=n_ok, other=0.0)
+                d = d * sw[None, :]
+            acc += d
+        else:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+    scale = tl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling
+    if not A_GROUP:
+        scale = scale * tl.load(a2_scale_ptr)
+    if not W_BLOCK:
+        scale = scale * tl.load(ws_ptr + e)
+    acc = acc * scale[:, None]
+    y_ptrs = y_ptr + entry.to(tl.int64)[:, None] * H + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _reduce_kernel(
+    y_ptr,  # bf16 [n, H]
+    topk_ids_ptr,  # int32 [T, k]
+    out_ptr,  # bf16 [T, H], row stride stride_out
+    H,
+    top_k,
+    expert_offset,
+    num_experts,
+    stride_out,
+    BLOCK_H: tl.constexpr,
+):
+    """Grid (T, cdiv(H, BLOCK_H)): out[t] = Σ_j y[t·k + j] over this rank's slots (0 if none)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in range(0, top_k):
+        e = tl.load(topk_ids_ptr + t * top_k + j) - expert_offset
+        valid = (e >= 0) & (e < num_experts)
+        acc += tl.load(y_ptr + (t * top_k + j) * H + offs, mask=h_ok & valid, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
+
+
+__all__ = [
+    "FP8_MAX",
+    "SCALE_EPS",
+    "_act_quant_kernel",
+    "_down_kernel",
+    "_gate_up_kernel",
+    "_prep_kernel",
+    "_reduce_kernel",
+]

@@ -1,0 +1,385 @@
+"""Launcher of the FP8 fused MoE: validation, launch-config choice, workspace, the launches.
+
+``fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, w13_scale, w2_scale, ...)`` → bf16 [T, H].
+Every step runs on the GPU with shapes fixed by (T, k, E, H, I, config), so a call can be captured in
+a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks/tune_fused_moe.py``)
+keyed by (E, H, I, scale mode) and a T bucket, else from ``default_config``.
+
+``moe_unfused`` is the benchmark's unfused baseline built from the same GEMM kernels: torch routing,
+a gathered copy of the token rows, gate/up GEMM writing fp32 gate and up, torch SiLU·mul and
+quantization, down GEMM, torch weighted sum.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import torch
+import triton
+
+from . import kernel as K
+from .reference import FP8, moe_align_reference, quantize_group, quantize_static
+
+GROUP = 128
+NUM_SMS_H200 = 132
+T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+CONFIG_PATH = Path(__file__).with_name("configs.json")
+CONFIG_KEYS = (
+    "BLOCK_M", "GU_N", "GU_K", "SPLIT_K", "GU_GROUP_M", "GU_WARPS", "GU_STAGES",
+    "DN_N", "DN_K", "DN_GROUP_M", "DN_WARPS", "DN_STAGES",
+)
+
+
+class FusedMoEError(ValueError):
+    """Inputs the fused MoE kernels do not support (with the reason)."""
+
+
+def scale_mode(w_block: bool, a_static: bool) -> str:
+    """Key of the scale mode in configs.json: weights 'tensor'|'block', activations 'static'|'dynamic'."""
+    return f"{'block' if w_block else 'tensor'}-{'static' if a_static else 'dynamic'}"
+
+
+def t_bucket(t: int) -> int:
+    for b in T_BUCKETS:
+        if t <= b:
+            return b
+    return T_BUCKETS[-1]
+
+
+def max_padded_rows(n_entries: int, num_experts: int, block_m: int) -> int:
+    """Upper bound of the padded sorted rows: every non-empty expert wastes < block_m rows."""
+    rows = n_entries + min(num_experts, n_entries) * (block_m - 1)
+    return max(block_m, -(-rows // block_m) * block_m)
+
+
+def default_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int, a2_group: bool,
+                   num_sms: int = NUM_SMS_H200) -> dict:
+    """Heuristic launch config (used when configs.json has no entry for the shape)."""
+    n = t * top_k
+    active = max(1, min(num_experts, n))
+    if n <= 256:  # decode: stream weights, spread them over every SM
+        block_m = 16
+        gu_n = 128 if a2_group else (32 if inter <= 256 else 64)
+        tiles = active * -(-inter // gu_n)
+        split = 1
+        if tiles < 2 * num_sms:
+            split = min(8, max(1, -(-2 * num_sms // tiles)), max(1, hidden // 512))
+        if a2_group and split == 1 and tiles < num_sms:
+            split = 2
+        return dict(BLOCK_M=block_m, GU_N=gu_n, GU_K=128, SPLIT_K=split, GU_GROUP_M=1, GU_WARPS=4,
+                    GU_STAGES=4, DN_N=64, DN_K=128, DN_GROUP_M=1, DN_WARPS=4, DN_STAGES=4)
+    if n <= 2048:
+        return dict(BLOCK_M=32 if n <= 1024 else 64, GU_N=128, GU_K=128, SPLIT_K=1, GU_GROUP_M=4,
+                    GU_WARPS=4, GU_STAGES=4, DN_N=128, DN_K=128, DN_GROUP_M=4, DN_WARPS=4, DN_STAGES=4)
+    return dict(BLOCK_M=128, GU_N=128, GU_K=128, SPLIT_K=1, GU_GROUP_M=8, GU_WARPS=8, GU_STAGES=3,
+                DN_N=128, DN_K=128, DN_GROUP_M=8, DN_WARPS=8, DN_STAGES=4)
+
+
+@functools.lru_cache(maxsize=1)
+def _config_table() -> dict:
+    if not CONFIG_PATH.exists():
+        return {}
+    data = json.loads(CONFIG_PATH.read_text())
+    table: dict = {}
+    for entry in data.get("entries", []):
+        key = (entry["E"], entry["H"], entry["I"], entry["top_k"], entry["mode"])
+        table.setdefault(key, {})[int(entry["T"])] = entry["config"]
+    return table
+
+
+def get_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int, mode: str,
+               a2_group: bool) -> dict:
+    """Tuned config of the nearest T bucket at or above t (else below), else ``default_config``."""
+    per_t = _config_table().get((num_experts, hidden, inter, top_k, mode))
+    if per_t:
+        above = [b for b in per_t if b >= t]
+        b = min(above) if above else max(per_t)
+        cfg = dict(per_t[b])
+    else:
+        cfg = default_config(t, top_k, num_experts, hidden, inter, a2_group)
+    return check_config(cfg, a2_group)
+
+
+def check_config(cfg: dict, a2_group: bool) -> dict:
+    missing = [k for k in CONFIG_KEYS if k not in cfg]
+    if missing:
+        raise FusedMoEError(f"launch config lacks {missing}")
+    for key in ("BLOCK_M", "GU_N", "GU_K", "DN_N", "DN_K"):
+        v = cfg[key]
+        if v < 16 or v & (v - 1):
+            raise FusedMoEError(f"{key}={v} must be a power of two >= 16")
+    if cfg["GU_K"] > GROUP or cfg["DN_K"] > GROUP:
+        raise FusedMoEError("BLOCK_K must divide the 128-wide scale groups (<= 128)")
+    if a2_group and cfg["SPLIT_K"] == 1 and cfg["GU_N"] != GROUP:
+        raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
+    return cfg
+
+
+def _scale_tensor(value, name: str, device) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.float32, device=device).reshape(-1)
+    if t.numel() != 1:
+        raise FusedMoEError(f"{name} must be a single per-tensor scale, got {tuple(t.shape)}")
+    return t
+
+
+def _check_inputs(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape):
+    if hidden.dim() != 2 or hidden.dtype != torch.bfloat16:
+        raise FusedMoEError(f"hidden must be bf16 [T, H], got {hidden.dtype} {tuple(hidden.shape)}")
+    if hidden.stride(1) != 1:
+        raise FusedMoEError("hidden rows must be contiguous (stride(1) == 1)")
+    if w13.dtype != FP8 or w2.dtype != FP8 or w13.dim() != 3 or w2.dim() != 3:
+        raise FusedMoEError("w13 [E, 2I, H] and w2 [E, H, I] must be float8_e4m3fn")
+    num_experts, two_i, h = w13.shape
+    if h != hidden.shape[1] or two_i % 2 or tuple(w2.shape) != (num_experts, h, two_i // 2):
+        raise FusedMoEError(
+            f"shape mismatch: hidden {tuple(hidden.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
+        )
+    if w13.stride(2) != 1 or w2.stride(2) != 1 or w13.stride(1) != h or w2.stride(1) != two_i // 2:
+        raise FusedMoEError("w13 and w2 rows must be contiguous ([E, N, K] with stride(2) == 1)")
+    if topk_ids.dim() != 2 or topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != hidden.shape[0]:
+        raise FusedMoEError("topk_ids and topk_weights must both be [T, k]")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise FusedMoEError(f"topk_ids must be int32, got {topk_ids.dtype}")
+    devices = {t.device for t in (hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)}
+    if len(devices) != 1:
+        raise FusedMoEError(f"all tensors must be on one device, got {devices}")
+    if block_shape is not None and tuple(block_shape) != (GROUP, GROUP):
+        raise FusedMoEError(f"only 128x128 weight blocks are supported, got {block_shape}")
+    inter = two_i // 2
+    if w13_scale.dim() == 1 and w2_scale.dim() == 1:
+        if w13_scale.numel() != num_experts or w2_scale.numel() != num_experts:
+            raise FusedMoEError("per-tensor weight scales must be [E]")
+        return False
+    want13 = (num_experts, -(-two_i // GROUP), -(-h // GROUP))
+    want2 = (num_experts, -(-h // GROUP), -(-inter // GROUP))
+    if tuple(w13_scale.shape) != want13 or tuple(w2_scale.shape) != want2:
+        raise FusedMoEError(
+            f"block scales must be w13 {want13} and w2 {want2}, got {tuple(w13_scale.shape)} "
+            f"and {tuple(w2_scale.shape)}"
+        )
+    return True
+
+
+class _Launch:
+    """Validated inputs + config + workspace of one call."""
+
+    def __init__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale,
+                 a2_scale, block_shape, expert_offset, config):
+        self.w_block = _check_inputs(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
+                                     block_shape)
+        dev = hidden.device
+        self.T, self.H = hidden.shape
+        self.E, two_i, _ = w13.shape
+        self.I = two_i // 2
+        self.k = topk_ids.shape[1]
+        self.n = self.T * self.k
+        self.a1_group = a13_scale is None
+        self.a2_group = a2_scale is None
+        if self.w_block and (w13_scale.dtype != torch.float32 or w2_scale.dtype != torch.float32):
+            raise FusedMoEError("weight scales must be float32")
+        self.w13_scale = w13_scale.float().contiguous()
+        self.w2_scale = w2_scale.float().contiguous()
+        one = torch.ones(1, dtype=torch.float32, device=dev)
+        self.a13 = one if self.a1_group else _scale_tensor(a13_scale, "a13_scale", dev)
+        self.a2 = one if self.a2_group else _scale_tensor(a2_scale, "a2_scale", dev)
+        mode = scale_mode(self.w_block, not self.a1_group)
+        if config is None:
+            config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group)
+        self.cfg = check_config(dict(config), self.a2_group)
+        self.ids = topk_ids.to(torch.int32).contiguous()
+        self.weights = topk_weights.float().contiguous()
+        self.offset = int(expert_offset)
+        bm = self.cfg["BLOCK_M"]
+        self.P = max_padded_rows(self.n, self.E, bm)
+        self.sorted_ids = torch.empty(self.P, dtype=torch.int32, device=dev)
+        self.block_expert = torch.empty(self.P // bm, dtype=torch.int32, device=dev)
+        self.num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+        self.e_pad = max(16, triton.next_power_of_2(self.E))
+        self.cursor = torch.empty(self.e_pad, dtype=torch.int32, device=dev)
+        self.xq = torch.empty(self.T, self.H, dtype=FP8, device=dev)
+        self.xs = torch.empty(self.T, -(-self.H // GROUP), dtype=torch.float32, device=dev)
+        self.inter = torch.empty(self.P, self.I, dtype=FP8, device=dev)
+        self.inter_s = torch.empty(self.P, -(-self.I // GROUP), dtype=torch.float32, device=dev)
+        self.y = torch.empty(self.n, self.H, dtype=torch.bfloat16, device=dev)
+
+    def scale_strides(self, scale):
+        return (scale.stride(0), scale.stride(1)) if self.w_block else (0, 0)
+
+    def prep(self, hidden, qrows: int = 16):
+        grid = (1 + triton.cdiv(self.T, qrows),)
+        K._prep_kernel[grid](
+            self.ids, self.n, self.offset, self.E, self.sorted_ids, self.block_expert, self.num_padded,
+            self.cursor, self.P, hidden, self.xq, self.xs, self.a13, self.T, self.H, hidden.stride(0),
+            BLOCK_M=self.cfg["BLOCK_M"], E_PAD=self.e_pad, ROUTE_BLK=256, QROWS=qrows, GROUP=GROUP,
+            A_GROUP=self.a1_group, num_warps=4,
+        )
+
+    def gate_up(self, w13, out, outs, out_mode: int, split_k: int, xq=None, xs=None, sorted_ids=None,
+                top_k=None, n_entries=None):
+        c = self.cfg
+        grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.I, c["GU_N"]), split_k)
+        K._gate_up_kernel[grid](
+            self.xq if xq is None else xq, self.xs if xs is None else xs, self.a13, w13, self.w13_scale,
+            self.sorted_ids if sorted_ids is None else sorted_ids, self.block_expert, self.num_padded,
+            out, outs, self.a2, self.H, self.I, self.k if top_k is None else top_k,
+            self.n if n_entries is None else n_entries, self.P, w13.stride(0), w13.stride(1),
+            *self.scale_strides(self.w13_scale),
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["GU_N"], BLOCK_K=c["GU_K"], GROUP_M=c["GU_GROUP_M"],
+            SPLIT_K=split_k, A_GROUP=self.a1_group, W_BLOCK=self.w_block, A2_GROUP=self.a2_group,
+            OUT_MODE=out_mode, EVEN_K=self.H % c["GU_K"] == 0,
+            num_warps=c["GU_WARPS"], num_stages=c["GU_STAGES"],
+        )
+
+    def act_quant(self, part, split_k: int):
+        grid = (self.P // self.cfg["BLOCK_M"], triton.cdiv(self.I, GROUP))
+        K._act_quant_kernel[grid](
+            part, self.block_expert, self.num_padded, self.inter, self.inter_s, self.a2, self.I, self.P,
+            BLOCK_M=self.cfg["BLOCK_M"], SPLIT_K=split_k, A2_GROUP=self.a2_group, num_warps=4,
+        )
+
+    def down(self, w2, routed_scaling: float):
+        c = self.cfg
+        grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.H, c["DN_N"]),)
+        K._down_kernel[grid](
+            self.inter, self.inter_s, self.a2, w2, self.w2_scale, self.sorted_ids, self.block_expert,
+            self.num_padded, self.weights, self.y, self.H, self.I, self.n, self.P, float(routed_scaling),
+            w2.stride(0), w2.stride(1), *self.scale_strides(self.w2_scale),
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["DN_N"], BLOCK_K=c["DN_K"], GROUP_M=c["DN_GROUP_M"],
+            A_GROUP=self.a2_group, W_BLOCK=self.w_block, EVEN_K=self.I % c["DN_K"] == 0,
+            num_warps=c["DN_WARPS"], num_stages=c["DN_STAGES"],
+        )
+
+    def reduce(self, out):
+        block_h = min(1024, triton.next_power_of_2(self.H))
+        K._reduce_kernel[(self.T, triton.cdiv(self.H, block_h))](
+            self.y, self.ids, out, self.H, self.k, self.offset, self.E, out.stride(0), BLOCK_H=block_h,
+            num_warps=4,
+        )
+
+
+def _output(out, t, h, device):
+    if out is None:
+        return torch.empty(t, h, dtype=torch.bfloat16, device=device)
+    if out.shape != (t, h) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise FusedMoEError(f"out must be bf16 [{t}, {h}] with contiguous rows")
+    return out
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    a13_scale=None,
+    a2_scale=None,
+    block_shape=None,
+    expert_offset: int = 0,
+    routed_scaling_factor: float = 1.0,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """FP8 MoE layer: out[t] = Σ_j w_tj · s · W2_e(q(SiLU(W1_e q(x_t)) ⊙ W3_e q(x_t))), bf16 [T, H].
+
+    w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up) and w2 [E, H, I] fp8 e4m3 with per-tensor scales
+    [E] or 128×128 block scales. a13_scale / a2_scale: static per-tensor activation scales of the
+    hidden / intermediate; None = dynamic per-1×128 group. EP: ids are global, ``expert_offset`` is
+    the first local expert; ids outside [offset, offset + E) (or −1) are skipped, and a token with no
+    local slot gets zeros. TP: I is the local shard; the output is this rank's partial sum.
+    """
+    launch = _Launch(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale,
+                     a2_scale, block_shape, expert_offset, config)
+    result = _output(out, launch.T, launch.H, hidden.device)
+    if launch.T == 0:
+        return result
+    launch.prep(hidden)
+    split = launch.cfg["SPLIT_K"]
+    if split == 1:
+        launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1)
+    else:
+        part = torch.empty(split, launch.P, 2 * launch.I, dtype=torch.float32, device=hidden.device)
+        launch.gate_up(w13, part, part, 1, split)
+        launch.act_quant(part, split)
+    launch.down(w2, routed_scaling_factor)
+    launch.reduce(result)
+    return result
+
+
+def moe_unfused(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    a13_scale=None,
+    a2_scale=None,
+    block_shape=None,
+    expert_offset: int = 0,
+    routed_scaling_factor: float = 1.0,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Same math as ``fused_moe`` with every stage a separate pass (the benchmark's unfused baseline):
+    torch routing and input quantization, a gathered copy of the rows, gate/up GEMM → fp32, torch
+    SiLU·mul and quantization, down GEMM, torch weighted sum."""
+    launch = _Launch(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale,
+                     a2_scale, block_shape, expert_offset, config)
+    result = _output(out, launch.T, launch.H, hidden.device)
+    if launch.T == 0:
+        return result
+    dev = hidden.device
+    sorted_ids, block_expert, num_padded = moe_align_reference(
+        launch.ids, launch.E, launch.offset, launch.cfg["BLOCK_M"], launch.P)
+    launch.sorted_ids.copy_(sorted_ids)
+    launch.block_expert.copy_(block_expert)
+    launch.num_padded.copy_(num_padded)
+    # gathered copy of the token rows (padding rows read token 0; their results are never used)
+    tok = torch.where(sorted_ids < launch.n, sorted_ids // launch.k, 0).long()
+    if launch.a1_group:
+        xq, xs = quantize_group(hidden)
+        gxq, gxs = xq[tok], xs[tok].contiguous()
+    else:
+        gxq, gxs = quantize_static(hidden, launch.a13)[tok], launch.xs
+    identity = torch.arange(launch.P, dtype=torch.int32, device=dev)
+    part = torch.empty(1, launch.P, 2 * launch.I, dtype=torch.float32, device=dev)
+    launch.gate_up(w13, part, part, 1, 1, xq=gxq.contiguous(), xs=gxs, sorted_ids=identity, top_k=1,
+                   n_entries=launch.P)
+    gate, up = part[0, :, : launch.I], part[0, :, launch.I :]
+    h = torch.nn.functional.silu(gate) * up
+    if launch.a2_group:
+        hq, hs = quantize_group(h)
+        launch.inter.copy_(hq)
+        launch.inter_s.copy_(hs)
+    else:
+        launch.inter.copy_(quantize_static(h, launch.a2))
+    launch.down(w2, routed_scaling_factor)
+    local = launch.ids.long() - launch.offset
+    valid = ((local >= 0) & (local < launch.E)).reshape(-1, 1)
+    y = torch.where(valid, launch.y.float(), 0.0).view(launch.T, launch.k, launch.H)
+    result.copy_(y.sum(dim=1))
+    return result
+
+
+def flops_and_bytes(topk_ids: torch.Tensor, num_experts: int, hidden: int, inter: int,
+                    expert_offset: int = 0, w_block: bool = False) -> tuple[float, float]:
+    """(FLOPs of the local (token, slot) rows, bytes of the activated experts' weights + scales)."""
+    local = topk_ids.long().reshape(-1) - expert_offset
+    local = local[(local >= 0) & (local < num_experts)]
+    rows = local.numel()
+    active = int(torch.unique(local).numel())
+    w_bytes = 3 * hidden * inter  # w13 (2I·H) + w2 (H·I), one byte each
+    if w_block:
+        w_bytes += 4 * (math.ceil(2 * inter / GROUP) * math.ceil(hidden / GROUP)
+                        + math.ceil(hidden / GROUP) * math.ceil(inter / GROUP))
+    else:
+        w_bytes += 8
+    return 2.0 * rows * 3 * hidden * inter, float(active * w_bytes)

@@ -1,0 +1,329 @@
+"""Tests of the FP8 fused MoE (hpc_advise.kernels.fused_moe).
+
+On CPU the Triton kernels run under TRITON_INTERPRET=1 at small sizes; ``gpu``-marked tests run the
+real model shapes on the H200. Every test draws fresh random inputs (the seed is in the failure
+message), poisons the output with NaN before the call, and compares with the fp32 torch reference
+that dequantizes the weights and applies the same activation quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from hpc_advise.kernels.fused_moe import op  # noqa: E402
+from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe, moe_unfused  # noqa: E402
+from hpc_advise.kernels.fused_moe.reference import (  # noqa: E402
+    fused_moe_reference,
+    moe_align_reference,
+    moe_float_reference,
+    quantize_weight,
+)
+
+# Tolerances, declared once (README.md, "Tolerances", says why).
+REL_TOL_QUANT_REF = 2e-2  # vs the reference with the same fp8 quantization, fp32 math
+REL_TOL_FLOAT_REF = 1.2e-1  # vs unquantized fp32 math (reported; bound only catches gross errors)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter passes int arguments as 1-element arrays and converts them with
+    ``int(array)``, which NumPy >= 2.4 rejects for ndim > 0: every ``range(0, n, B)`` over a runtime
+    ``n`` fails. Re-define ``__index__`` on the element (idempotent; belongs in tests/conftest.py)."""
+    from triton.runtime import interpreter as itp
+
+    original = itp._patch_lang_tensor
+    if getattr(original, "_hpc_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._hpc_index_fix = True
+    itp._patch_lang_tensor = patched
+
+
+def _fix_interpreter_fp8_cast() -> None:
+    """Triton 3.6's interpreter rounds fp32 → float8e4nv wrongly when rounding carries into the
+    exponent (31.2 → 16 instead of 32, seen 2026-11-29). The GPU's cvt instruction rounds to nearest
+    even; do the same through torch for the test session (idempotent; belongs in tests/conftest.py)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as itp
+
+    builder = itp.InterpreterBuilder
+    if getattr(builder, "_hpc_fp8_fix", False):
+        return
+    original = builder.create_fp_to_fp
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar == tl.float32:
+            q = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.float8_e4m3fn)
+            return itp.TensorHandle(q.view(torch.uint8).numpy(), dst_type.scalar)
+        return original(self, src, dst_type, rounding_mode)
+
+    builder.create_fp_to_fp = create_fp_to_fp
+    builder._hpc_fp8_fix = True
+
+
+if DEVICE == "cpu":
+    _fix_interpreter_scalar_index()
+    _fix_interpreter_fp8_cast()
+CPU_CFG = dict(BLOCK_M=16, GU_N=32, GU_K=128, SPLIT_K=1, GU_GROUP_M=2, GU_WARPS=4, GU_STAGES=2,
+               DN_N=64, DN_K=128, DN_GROUP_M=2, DN_WARPS=4, DN_STAGES=2)
+MODES = {  # name -> (weight scales, static activation scales?)
+    "tensor-static": ("tensor", True),
+    "block-dynamic": ("block", False),
+    "tensor-dynamic": ("tensor", False),
+    "block-static": ("block", True),
+}
+
+
+def _seed() -> int:
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    return seed
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.double(), ref.double()
+    return float((out64 - ref64).norm() / ref64.norm().clamp(min=1e-30))
+
+
+def make_problem(t, num_experts, hidden, inter, top_k, mode, *, device=DEVICE, global_experts=None,
+                 expert_offset=0, ids=None):
+    """Random MoE problem; float weights kept for the unquantized comparison."""
+    wq_mode, static = MODES[mode]
+    ge = global_experts or num_experts
+    x = torch.randn(t, hidden, device=device).to(torch.bfloat16)
+    w13f = torch.randn(num_experts, 2 * inter, hidden, device=device) / hidden**0.5
+    w2f = torch.randn(num_experts, hidden, inter, device=device) / inter**0.5
+    w13, s13 = quantize_weight(w13f, wq_mode)
+    w2, s2 = quantize_weight(w2f, wq_mode)
+    if ids is None:
+        ids = torch.rand(t, ge, device=device).topk(top_k, dim=1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(t, top_k, device=device), dim=1)
+    kw = dict(w13_scale=s13, w2_scale=s2, expert_offset=expert_offset)
+    if static:
+        kw["a13_scale"] = float(x.float().abs().max()) / 448.0 if t else 1.0
+        kw["a2_scale"] = 6.0 / 448.0
+    if wq_mode == "block":
+        kw["block_shape"] = (128, 128)
+    return dict(x=x, w13=w13, w2=w2, w13f=w13f, w2f=w2f, ids=ids, weights=weights, kw=kw)
+
+
+def run_and_check(p, *, config=None, scaling=1.0, fn=fused_moe, tol=REL_TOL_QUANT_REF, seed=None):
+    out = torch.full_like(p["x"], float("nan"))
+    got = fn(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], routed_scaling_factor=scaling,
+             out=out, config=config, **p["kw"])
+    assert got.data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any(), f"unwritten/NaN outputs (seed {seed})"
+    ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"],
+                              routed_scaling_factor=scaling, **p["kw"])
+    if ref.abs().max() == 0:
+        assert (out == 0).all(), f"expected zeros (seed {seed})"
+        return out, ref, 0.0
+    err = rel_err(out, ref)
+    assert err <= tol, f"rel err {err:.3e} > {tol} (seed {seed})"
+    return out, ref, err
+
+
+# ---------------------------------------------------------------------------------------------
+# routing preprocessing
+
+
+@pytest.mark.parametrize("t,num_experts,top_k,offset,global_experts", [
+    (1, 8, 2, 0, 8), (7, 6, 3, 0, 6), (33, 16, 4, 4, 24), (5, 4, 2, 0, 4)])
+def test_router_matches_torch_reference(t, num_experts, top_k, offset, global_experts):
+    seed = _seed()
+    ids = torch.randint(-1, global_experts, (t, top_k), dtype=torch.int32)
+    p = make_problem(t, num_experts, 128, 64, top_k, "tensor-static", ids=ids, expert_offset=offset,
+                     device="cpu")
+    launch = op._Launch(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], p["kw"]["w13_scale"],
+                        p["kw"]["w2_scale"], p["kw"]["a13_scale"], p["kw"]["a2_scale"], None, offset,
+                        CPU_CFG)
+    launch.sorted_ids.fill_(-7)
+    launch.block_expert.fill_(-7)
+    launch.prep(p["x"])
+    s_ref, b_ref, n_ref = moe_align_reference(ids, num_experts, offset, 16, launch.P)
+    assert launch.num_padded.tolist() == n_ref.tolist(), seed
+    assert launch.block_expert.tolist() == b_ref.tolist(), seed
+    # same entries per block (the Triton router's order inside an expert is not fixed)
+    got = launch.sorted_ids.view(-1, 16).sort(dim=1).values
+    want = s_ref.view(-1, 16).sort(dim=1).values
+    assert torch.equal(got, want), seed
+    # every local entry appears exactly once
+    local = (ids.reshape(-1).long() - offset)
+    n_local = int(((local >= 0) & (local < num_experts)).sum())
+    assert int((launch.sorted_ids < t * top_k).sum()) == n_local
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer vs the reference (CPU interpreter, small shapes)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("t", [1, 3, 20])
+def test_fused_moe_matches_reference(mode, t):
+    seed = _seed()
+    p = make_problem(t, 6, 256, 128, 2, mode, device="cpu")
+    cfg = dict(CPU_CFG, GU_N=128) if not MODES[mode][1] else CPU_CFG
+    run_and_check(p, config=cfg, scaling=1.0 if t != 3 else 2.5, seed=seed)
+
+
+@pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
+def test_split_k_and_odd_intermediate(mode):
+    """I = 192 (a TP shard that is not a multiple of 128: partial scale groups), H = 384 with a 64-wide
+    K step (two steps per scale group), split-K 3 through the act-quant kernel."""
+    seed = _seed()
+    p = make_problem(5, 4, 384, 192, 3, mode, device="cpu")
+    cfg = dict(CPU_CFG, SPLIT_K=3, GU_K=64, DN_K=64)
+    run_and_check(p, config=cfg, seed=seed)
+
+
+def test_routing_edge_cases():
+    """Empty experts, an expert with one token, one expert taking every token, -1 ids."""
+    seed = _seed()
+    t, k = 9, 2
+    ids = torch.full((t, k), 5, dtype=torch.int32)  # expert 5 takes every token
+    ids[:, 1] = -1  # slot of another EP rank
+    ids[0, 1] = 2  # expert 2 gets exactly one token
+    p = make_problem(t, 8, 128, 64, k, "block-dynamic", ids=ids, device="cpu")
+    run_and_check(p, config=dict(CPU_CFG, GU_N=128), seed=seed)
+
+
+def test_expert_parallel_rank_without_local_tokens():
+    seed = _seed()
+    ids = torch.randint(0, 8, (4, 2), dtype=torch.int32)  # all on experts 0..7, this rank has 8..11
+    p = make_problem(4, 4, 128, 64, 2, "tensor-static", ids=ids, expert_offset=8, device="cpu")
+    out, _, _ = run_and_check(p, config=CPU_CFG, seed=seed)
+    assert (out == 0).all()
+
+
+def test_expert_parallel_offset_and_tokens_without_local_slots():
+    seed = _seed()
+    p = make_problem(12, 4, 128, 64, 3, "block-dynamic", global_experts=16, expert_offset=4,
+                     device="cpu")
+    p["ids"][0] = torch.tensor([0, 1, 15], dtype=torch.int32)  # token 0: no local slot → zeros
+    out, _, _ = run_and_check(p, config=dict(CPU_CFG, GU_N=128), seed=seed)
+    assert (out[0] == 0).all()
+
+
+def test_unfused_variant_matches_reference():
+    seed = _seed()
+    p = make_problem(6, 4, 256, 128, 2, "block-dynamic", device="cpu")
+    run_and_check(p, config=dict(CPU_CFG, GU_N=128), fn=moe_unfused, seed=seed)
+    p = make_problem(6, 4, 256, 128, 2, "tensor-static", device="cpu")
+    run_and_check(p, config=CPU_CFG, fn=moe_unfused, seed=seed)
+
+
+def test_error_against_unquantized_math_is_reported():
+    seed = _seed()
+    p = make_problem(8, 4, 256, 128, 2, "block-dynamic", device="cpu")
+    out, ref, err_q = run_and_check(p, config=dict(CPU_CFG, GU_N=128), seed=seed)
+    ref_f = moe_float_reference(p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"])
+    err_f = rel_err(out, ref_f)
+    print(f"rel err vs quantized reference {err_q:.2e}, vs unquantized fp32 {err_f:.2e}")
+    assert err_f <= REL_TOL_FLOAT_REF, seed
+
+
+def test_empty_batch():
+    p = make_problem(0, 4, 128, 64, 2, "tensor-static", device="cpu")
+    out = fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], config=CPU_CFG, **p["kw"])
+    assert out.shape == (0, 128)
+
+
+def test_bad_inputs_raise_clear_errors():
+    p = make_problem(2, 4, 128, 64, 2, "block-dynamic", device="cpu")
+    args = (p["x"], p["w13"], p["w2"], p["weights"], p["ids"])
+    with pytest.raises(FusedMoEError, match="bf16"):
+        fused_moe(p["x"].float(), *args[1:], **p["kw"])
+    bad = dict(p["kw"], w13_scale=p["kw"]["w13_scale"][1:])
+    with pytest.raises(FusedMoEError, match="block scales"):
+        fused_moe(*args, **bad)
+    with pytest.raises(FusedMoEError, match="128x128"):
+        fused_moe(*args, **dict(p["kw"], block_shape=(64, 64)))
+    with pytest.raises(FusedMoEError, match="GU_N == 128"):
+        fused_moe(*args, config=dict(CPU_CFG, GU_N=32), **p["kw"])
+    with pytest.raises(FusedMoEError, match="float8_e4m3fn"):
+        fused_moe(p["x"], p["w13"].float(), *args[2:], **p["kw"])
+
+
+def test_configs_json_entries_are_valid():
+    data = json.loads(op.CONFIG_PATH.read_text())
+    for entry in data["entries"]:
+        assert {"E", "H", "I", "top_k", "mode", "T", "config"} <= set(entry)
+        op.check_config(dict(entry["config"]), entry["mode"].endswith("dynamic"))
+
+
+def test_default_config_spreads_decode_over_the_sms():
+    cfg = op.default_config(1, 8, 192, 4096, 192, a2_group=False)  # Hy3 TP8 shard, T = 1
+    tiles = 8 * -(-192 // cfg["GU_N"]) * cfg["SPLIT_K"]
+    assert tiles >= op.NUM_SMS_H200
+    cfg = op.default_config(4096, 8, 192, 4096, 1536, a2_group=True)
+    assert cfg["BLOCK_M"] >= 64 and cfg["SPLIT_K"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# real shapes on the GPU
+
+GPU_SHAPES = {  # name -> (E local, H, I, top_k, global experts, expert offset)
+    "hy3": (192, 4096, 1536, 8, 192, 0),
+    "hy3-tp8": (192, 4096, 192, 8, 192, 0),
+    "deepseek-v3-ep8": (32, 7168, 2048, 8, 256, 64),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+@pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
+@pytest.mark.parametrize("t", [1, 3, 1000])
+def test_gpu_real_shapes(shape, mode, t):
+    seed = _seed()
+    e, h, i, k, ge, off = GPU_SHAPES[shape]
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    out, ref, err = run_and_check(p, scaling=2.5, seed=seed)
+    ref_f = moe_float_reference(p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"],
+                                expert_offset=off, routed_scaling_factor=2.5)
+    err_f = rel_err(out, ref_f) if ref_f.abs().max() > 0 else 0.0
+    print(f"{shape} {mode} T={t}: rel err vs quantized ref {err:.2e}, vs unquantized {err_f:.2e}")
+    assert err_f <= REL_TOL_FLOAT_REF
+
+
+@pytest.mark.gpu
+def test_gpu_one_expert_takes_every_token_and_graph_capture():
+    seed = _seed()
+    t, k = 1000, 8
+    ids = torch.full((t, k), -1, dtype=torch.int32, device="cuda")
+    ids[:, 0] = 7
+    ids[:3, 1] = 11  # expert with few tokens
+    p = make_problem(t, 192, 4096, 1536, k, "block-dynamic", device="cuda", ids=ids)
+    out, _, _ = run_and_check(p, seed=seed)
+    # the whole call replays from a CUDA graph with fresh routing written into the same buffers
+    static_out = torch.empty_like(out)
+    call = lambda: fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=static_out,
+                             **p["kw"])
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    p["ids"].copy_(torch.rand(t, 192, device="cuda").topk(k, dim=1).indices.to(torch.int32))
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **p["kw"])
+    assert rel_err(static_out, ref) <= REL_TOL_QUANT_REF, seed
+
+
+@pytest.mark.gpu
+def test_gpu_unfused_variant_matches_reference():
+    seed = _seed()
+    p = make_problem(64, 128, 2048, 768, 8, "block-dynamic", device="cuda")
+    run_and_check(p, fn=moe_unfused, seed=seed)
