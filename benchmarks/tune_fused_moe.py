@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
     ap.add_argument("--ts", default=",".join(str(t) for t in fb.TUNE_TS))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--budget", type=float, default=None, help="seconds; later points are skipped")
     args = ap.parse_args()
     import torch
 
@@ -32,7 +33,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(fb.SHAPES)}")
     ts = tuple(int(t) for t in args.ts.split(","))
-    entries = fb.tune(shapes, ts)
+    entries = fb.tune(shapes, ts, budget_s=args.budget)
     if args.out:
         out = Path(args.out)
     elif os.environ.get("OUT"):

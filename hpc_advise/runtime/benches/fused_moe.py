@@ -93,9 +93,12 @@ def make_routings(t: int, k: int, e_global: int, h: int, count: int, seed: int =
 
 
 def _kwargs(wts: dict, mode: str, offset: int) -> dict:
+    import torch
+
     kw = dict(w13_scale=wts["s13"], w2_scale=wts["s2"], expert_offset=offset)
-    if mode.endswith("static"):
-        kw.update(a13_scale=4.5 / 448.0, a2_scale=0.05)
+    if mode.endswith("static"):  # device tensors: a host scalar would be copied inside graph capture
+        kw.update(a13_scale=torch.full((1,), 4.5 / 448.0, device="cuda"),
+                  a2_scale=torch.full((1,), 0.05, device="cuda"))
     if wts["block"]:
         kw["block_shape"] = (128, 128)
     return kw
@@ -473,9 +476,14 @@ def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
     return lambda s: op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **kw)
 
 
-def tune(shapes=None, ts=TUNE_TS, log=print) -> list[dict]:
-    """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50)."""
+def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> list[dict]:
+    """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
+    With ``budget_s``, stops starting new points once that many seconds have passed."""
+    import time
+
     import torch
+
+    t0 = time.monotonic()
 
     from hpc_advise.kernels.fused_moe import op
 
@@ -494,6 +502,9 @@ def tune(shapes=None, ts=TUNE_TS, log=print) -> list[dict]:
             wts = make_weights(e, h, i, mode)
             kw = _kwargs(wts, mode, off)
             for t in ts:
+                if budget_s is not None and time.monotonic() - t0 > budget_s:
+                    log(f"  tune: budget of {budget_s:.0f} s spent, skipping {shape} {mode} T={t}")
+                    continue
                 sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1)
                 best = None
                 for c in candidates(t, k, mode.endswith("dynamic")):
