@@ -40,7 +40,10 @@ def _fail(reason: str, hint: str | None = None) -> None:
 def _open_kb(db: Path | None):
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
-    return KnowledgeBase(db)
+    try:
+        return KnowledgeBase(db)
+    except Exception as exc:  # unusable file, newer schema, locked: say which and stop
+        raise click.ClickException(f"knowledge base: {exc}") from None
 
 
 def _gpu_rows(host: HostFacts, measured: dict[str, float], source: str, run_ids: list[int]) -> list[dict]:
@@ -189,9 +192,13 @@ def profile(
         if problem:
             _fail(problem, "run `hpc-advise profile` without --bench to store the NVML facts only")
         kb = _open_kb(db)
-        report = profile_bench.BenchReport()
-        steps = profile_bench.build_steps(stages, grid=grid, model=model_profile, report=report)
-        profile_bench.run_steps(steps, report, kb.add_runs)
+        try:
+            report = profile_bench.BenchReport()
+            steps = profile_bench.build_steps(stages, grid=grid, model=model_profile, report=report)
+            profile_bench.run_steps(steps, report, kb.add_runs)
+        except BaseException:
+            kb.close()
+            raise
         measured = profile_bench.measured_figures(report.rows)
         source = _measured_source(host, report.rows)
         if results_stem and report.rows:

@@ -78,6 +78,14 @@ def test_profile_stores_facts_fake_nvml(home, tmp_path, monkeypatch):
     assert res.exit_code == 0 and "NVIDIA L40S" in res.stdout and "topology" in res.stdout
 
 
+def test_unusable_knowledge_base_is_a_clear_error_fake_nvml(tmp_path, home, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus=[FakeGpu()]))
+    bad = tmp_path / "not_a_db"
+    bad.write_text("this is not sqlite\n" * 100)
+    res = _runner().invoke(main, ["profile", "--db", str(bad)])
+    assert res.exit_code == 1 and "knowledge base:" in res.stderr and "Traceback" not in res.output
+
+
 def test_bench_without_cuda_fails_before_writing_fake_nvml(home, tmp_path, monkeypatch):
     pytest.importorskip("torch")
     if profile_bench.torch_cuda_problem() is None:
