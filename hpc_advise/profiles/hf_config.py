@@ -123,7 +123,7 @@ def from_hf_config(
     n_shared = int(_first(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0)
     if shared_width and not n_shared:
         n_shared = 1
-    if n_shared and shared_width is None and model_type.startswith("hunyuan"):
+    if n_shared and shared_width is None and (model_type.startswith("hunyuan") or model_type == "hy_v3"):
         shared_width = int(moe_inter or 0) * n_shared
 
     scoring = str(_first(cfg, "scoring_func", "moe_router_activation_func", default="softmax")).lower()
@@ -133,6 +133,12 @@ def from_hf_config(
         or cfg.get("moe_router_enable_expert_bias")
         or model_type == "gpt_oss"
     )
+    router_dtype = "fp32" if str(cfg.get("router_dtype", "")).lower() in ("fp32", "float32") else "bf16"
+    hy_v3 = model_type in ("hy_v3", "hunyuan_v3") or "HYV3ForCausalLM" in (cfg.get("architectures") or ())
+    if hy_v3:
+        # SGLang 0.5.23 sglang/srt/models/hunyuan_v3.py builds every Hy3 router this way whatever the config
+        # says: fp32 gate weight, sigmoid scores, fp32 per-expert correction bias.
+        scoring, router_bias, router_dtype = "sigmoid", True, "fp32"
     if model_type == "gpt_oss":
         qk_norm = "none"
     elif cfg.get("qk_norm_type") == "per_layer":
@@ -176,7 +182,7 @@ def from_hf_config(
         shared_expert_intermediate_size=int(shared_width) if shared_width else None,
         first_k_dense=first_k_dense,
         moe_layer_freq=int(_first(cfg, "moe_layer_freq", "decoder_sparse_step", default=1) or 1),
-        router_dtype="fp32" if str(cfg.get("router_dtype", "")).lower() in ("fp32", "float32") else "bf16",
+        router_dtype=router_dtype,
         router_scoring="sigmoid" if scoring == "sigmoid" else "softmax",
         router_bias=router_bias,
         quantization=quantization_scheme(cfg.get("quantization_config")),

@@ -318,3 +318,22 @@ def test_profiles_import_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_hy3_config_json_router_follows_sglang(tmp_path):
+    """A Hy3 config.json says nothing about the router dtype; SGLang always builds it fp32 + sigmoid + bias."""
+    shipped = get_model("hy3")
+    cfg = dict(
+        architectures=["HYV3ForCausalLM"], model_type="hy_v3", num_hidden_layers=80, hidden_size=4096,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128, intermediate_size=13312, num_experts=192,
+        num_experts_per_tok=8, num_shared_experts=1, moe_intermediate_size=1536, first_k_dense_replace=1,
+        vocab_size=120832, use_qk_norm=True, route_norm=True, _name_or_path="tencent/Hy3-preview",
+    )  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = get_model(str(path))
+    assert (m.router_dtype, m.router_scoring, m.router_bias) == ("fp32", "sigmoid", True)
+    assert m.quantization == "bf16"  # the preview checkpoint is bf16; the shipped profile says fp8
+    assert (
+        m.total_params() == shipped.total_params() and m.kv_bytes_per_token() == shipped.kv_bytes_per_token()
+    )
