@@ -229,6 +229,25 @@ def test_config_table_and_heuristic():
     assert heuristic_config(8192, 192, 4096, 132).split_k == 1
 
 
+def test_tuner_candidates_are_valid_configs():
+    from hpc_advise.runtime.benches.router_gemm import _smem_bytes, candidates
+
+    for n, k in ((192, 4096), (128, 4096), (256, 7168), (64, 1024)):
+        for m in (1, 8, 32, 64, 128, 512, 2048, 8192):
+            cands = candidates(m, n, k, 132)
+            assert cands, (n, k, m)
+            for c in cands:
+                Config(**c).validate(k)
+                assert _smem_bytes(c, False) <= 200 * 1024
+
+
+def test_bench_rejects_unknown_grid():
+    from hpc_advise.runtime.benches.router_gemm import bench
+
+    with pytest.raises(ValueError, match="grid"):
+        bench(grid="huge")
+
+
 # ---------------------------------------------------------------- routing
 
 
