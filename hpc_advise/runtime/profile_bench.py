@@ -10,6 +10,7 @@ that raises is recorded as failed and the others still run. torch is imported on
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import sys
@@ -131,7 +132,9 @@ def run_steps(
     with click.progressbar(steps, label="benchmarking", file=sys.stderr, item_show_func=show) as bar:
         for step in bar:
             try:
-                rows = step.run()
+                # benchmarks may print progress: keep stdout for the command's own output (--json)
+                with contextlib.redirect_stdout(sys.stderr):
+                    rows = step.run()
             except Exception as exc:
                 report.failed.append((step.label, f"{type(exc).__name__}: {exc}"))
                 continue

@@ -118,13 +118,18 @@ def test_parse_stages():
     assert profile_bench.parse_stages("comm,micro") == ("micro", "comm")
 
 
-def test_kernel_bench_discovery_and_failures(monkeypatch):
+def test_kernel_bench_discovery_and_failures(monkeypatch, capsys):
     """Missing bench modules are skipped with the reason; a bench that exists runs; a failing step is
     recorded while the others still run and store their rows."""
     import types
 
     good = types.ModuleType("hpc_advise.runtime.benches.fake_ok")
-    good.bench = lambda grid="full", peers=True: ([{"kind": "kernel", "grid": grid}], [], [])
+
+    def good_bench(grid="full", peers=True):
+        print("bench chatter")  # must not reach stdout (it would break --json)
+        return [{"kind": "kernel", "grid": grid}], [], []
+
+    good.bench = good_bench
     bad = types.ModuleType("hpc_advise.runtime.benches.fake_bad")
 
     def boom(grid="full", peers=True):
@@ -141,6 +146,8 @@ def test_kernel_bench_discovery_and_failures(monkeypatch):
     stored = []
     profile_bench.run_steps(steps, report, lambda rows: stored.extend(rows) or [len(stored)])
     assert stored == [{"kind": "kernel", "grid": "small"}] and report.run_ids == [1]
+    captured = capsys.readouterr()
+    assert "bench chatter" not in captured.out and "bench chatter" in captured.err
     assert report.failed == [("kernel fake_bad", "RuntimeError: kernel exploded")]
 
 
