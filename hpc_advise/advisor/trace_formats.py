@@ -51,9 +51,11 @@ Item = tuple[int, "Request | str"]
 
 @dataclass
 class ReadOptions:
-    """Reader options: ``count_tokens`` turns text into a token count (ShareGPT)."""
+    """Reader options: ``count_tokens`` turns text into a token count (ShareGPT); ``block_size``
+    overrides the tokens per ``hash_ids`` block of Mooncake (512) / Bailian (16) traces."""
 
     count_tokens: Callable[[str], int] | None = None
+    block_size: int | None = None
 
 
 def _missing(exc: KeyError) -> str:
@@ -89,22 +91,38 @@ def read_canonical(source: TraceSource, options: ReadOptions, meta: dict) -> Ite
 
 def _hashed_jsonl(time_scale: float, block_size: int):
     def reader(source: TraceSource, options: ReadOptions, meta: dict) -> Iterator[Item]:
+        block = options.block_size or block_size
         for line, obj in json_lines(source):
             if type(obj) is str:
                 yield line, obj
                 continue
             try:
+                # Inline fast paths for the common case (ints, a list of ints); the helpers give
+                # the error messages.
+                t = obj["timestamp"]
+                if type(t) is not int and type(t) is not float:
+                    t = number(t, "timestamp")
+                elif t != t or t in (_INF, -_INF):
+                    t = number(t, "timestamp")
+                n_in = obj["input_length"]
+                if type(n_in) is not int:
+                    n_in = tokens(n_in, "input_length")
+                n_out = obj["output_length"]
+                if type(n_out) is not int:
+                    n_out = tokens(n_out, "output_length")
                 hash_ids = obj.get("hash_ids")
+                if hash_ids is not None:
+                    int_list(hash_ids, "hash_ids")
                 yield (
                     line,
                     Request(
-                        number(obj["timestamp"], "timestamp") * time_scale,
-                        tokens(obj["input_length"], "input_length"),
-                        tokens(obj["output_length"], "output_length"),
+                        t * time_scale,
+                        n_in,
+                        n_out,
                         None,
                         False,
-                        None if hash_ids is None else int_list(hash_ids, "hash_ids"),
-                        None if hash_ids is None else block_size,
+                        hash_ids,
+                        None if hash_ids is None else block,
                     ),
                 )
             except KeyError as exc:
@@ -115,6 +133,7 @@ def _hashed_jsonl(time_scale: float, block_size: int):
     return reader
 
 
+_INF = float("inf")
 read_mooncake = _hashed_jsonl(1e-3, 512)
 read_bailian = _hashed_jsonl(1.0, 16)
 

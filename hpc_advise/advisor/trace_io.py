@@ -73,11 +73,13 @@ def _decompressor(raw: BinaryIO, kind: str) -> BinaryIO:
 
 
 class _Prefixed(io.RawIOBase):
-    """A raw stream that serves ``prefix`` and then the rest of ``stream``."""
+    """A raw stream that serves ``prefix`` and then the rest of ``stream``; read errors of ``stream``
+    (truncated or corrupt compressed data, I/O errors) become ``TraceError`` naming ``where``."""
 
-    def __init__(self, prefix: bytes, stream: BinaryIO):
+    def __init__(self, prefix: bytes, stream: BinaryIO, where: tuple[str, str] = ("<trace>", "plain")):
         self._prefix = memoryview(prefix)
         self._stream = stream
+        self._where = where
 
     def readable(self) -> bool:
         return True
@@ -88,7 +90,11 @@ class _Prefixed(io.RawIOBase):
             buffer[:n] = self._prefix[:n]
             self._prefix = self._prefix[n:]
             return n
-        data = self._stream.read(len(buffer))
+        try:
+            data = self._stream.read(len(buffer))
+        except Exception as exc:
+            name, kind = self._where
+            raise TraceError(f"cannot read ({kind}): {type(exc).__name__}: {exc}", name) from exc
         n = len(data)
         buffer[:n] = data
         return n
@@ -124,30 +130,42 @@ class TraceSource:
             self._owned.append(raw)
         magic = _read_up_to(raw, 8)
         self.compression = next((kind for sig, kind in _MAGIC if magic.startswith(sig)), None)
-        stream: BinaryIO = io.BufferedReader(_Prefixed(magic, raw), _READ_BUFFER)
+        stream: BinaryIO = io.BufferedReader(_Prefixed(magic, raw, (self.name, "plain")), _READ_BUFFER)
         if self.compression:
             stream = _decompressor(stream, self.compression)
             self._owned.append(stream)
         try:
             head = _read_up_to(stream, HEAD_BYTES)
+        except TraceError:
+            raise
         except Exception as exc:  # corrupt compressed data
-            raise TraceError(f"cannot decompress ({self.compression}): {exc}", self.name) from exc
+            raise TraceError(
+                f"cannot read ({self.compression}): {type(exc).__name__}: {exc}", self.name
+            ) from exc
         self.head = head.decode("utf-8", errors="ignore").lstrip("\ufeff")
-        self.text = io.TextIOWrapper(
-            io.BufferedReader(_Prefixed(head, stream), _READ_BUFFER),
-            encoding="utf-8-sig",
-            errors="replace",
-            newline=None,
+        self.first_line = 1
+        # ``binary`` and ``text`` read the same bytes: use one or the other.
+        self.binary = io.BufferedReader(
+            _Prefixed(head, stream, (self.name, self.compression or "plain")), _READ_BUFFER
         )
+        self.text = io.TextIOWrapper(self.binary, encoding="utf-8-sig", errors="replace", newline=None)
+
+    @classmethod
+    def from_text(cls, text: str, name: str, first_line: int = 1) -> TraceSource:
+        """A source over text already in memory whose first line is line ``first_line`` of ``name``."""
+        self = cls.__new__(cls)
+        self.name = name
+        self._owned = []
+        self.compression = None
+        self.head = text[:HEAD_BYTES]
+        self.first_line = first_line
+        self.binary = None
+        self.text = io.StringIO(text, newline=None)
+        return self
 
     def lines(self) -> Iterator[tuple[int, str]]:
-        """``(line_number, line)`` from line 1, trailing newline removed."""
-        try:
-            for number, line in enumerate(self.text, 1):
-                yield number, line.rstrip("\n")
-        except Exception as exc:  # truncated or corrupt compressed data, I/O errors
-            kind = self.compression or "plain"
-            raise TraceError(f"cannot read ({kind}): {type(exc).__name__}: {exc}", self.name) from exc
+        """``(line_number, line)``; lines keep their newline. Read errors raise ``TraceError``."""
+        return enumerate(self.text, self.first_line)
 
     def close(self) -> None:
         for obj in reversed(self._owned):

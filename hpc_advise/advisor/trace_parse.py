@@ -61,11 +61,16 @@ def number(value: object, name: str) -> float:
 
 
 def int_list(value: object, name: str) -> list[int]:
-    if not isinstance(value, list):
+    """A list of integers (checked at C speed: ``sum`` of ints is an int, anything else is not)."""
+    if type(value) is not list:
         raise BadField(f"{name} is not a list")
-    for v in value:
-        if type(v) is not int:
-            raise BadField(f"{name} holds a non-integer: {v!r}")
+    try:
+        total = sum(value)
+    except TypeError:
+        total = None
+    if type(total) is not int or any(type(v) is bool for v in value):
+        bad = next((v for v in value if type(v) is not int), None)
+        raise BadField(f"{name} holds a non-integer: {bad!r}")
     return value
 
 
@@ -116,22 +121,39 @@ def datetime_seconds(value: str, name: str = "timestamp") -> float:
     return base + hh * 3600 + mm * 60 + ss + frac - offset
 
 
-def json_lines(source: TraceSource) -> Iterator[tuple[int, object]]:
-    """Objects of a JSON Lines file; blank lines are skipped; a bad line yields its reason."""
-    loads = json.loads
-    for number_, line in source.lines():
-        if not line or line.isspace():
-            continue
+try:  # orjson parses JSON Lines about 5x faster; the standard library gives the same results
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    _fast_loads = json.loads
+
+
+def parse_json_line(line: str) -> object:
+    """The JSON value of one line; ``BadField`` with the reason when it is not valid JSON. Values
+    orjson refuses (integers beyond 64 bits) are retried with the standard library."""
+    try:
+        return _fast_loads(line)
+    except ValueError:
         try:
-            obj = loads(line)
+            return json.loads(line)
         except ValueError as exc:
             msg = getattr(exc, "msg", str(exc))
             col = getattr(exc, "colno", None)
-            yield number_, f"invalid JSON ({msg}{f' at column {col}' if col else ''})"
+            raise BadField(f"invalid JSON ({msg}{f' at column {col}' if col else ''})") from None
+
+
+def json_lines(source: TraceSource) -> Iterator[tuple[int, object]]:
+    """Objects of a JSON Lines file; blank lines are skipped; a bad line yields its reason."""
+    parse = parse_json_line
+    for number_, line in source.lines():
+        if line.isspace() or not line:
+            continue
+        try:
+            obj = parse(line)
+        except BadField as exc:
+            yield number_, str(exc)
             continue
         if type(obj) is not dict:
-            yield number_, f"expected a JSON object, got {type(obj).__name__}"
-            continue
+            obj = f"expected a JSON object, got {type(obj).__name__}"
         yield number_, obj
 
 
@@ -247,8 +269,7 @@ def csv_rows(source: TraceSource, required: dict[str, tuple[str, ...]]) -> Itera
     ``required`` maps our name to the accepted header spellings (compared case-insensitively, spaces
     and underscores ignored). The header row must contain every one of them.
     """
-    lines = source.lines()
-    reader = csv.reader(line for _, line in lines)
+    reader = csv.reader(source.text)
     try:
         header = next(reader)
     except StopIteration:
@@ -263,12 +284,15 @@ def csv_rows(source: TraceSource, required: dict[str, tuple[str, ...]]) -> Itera
                 break
         else:
             raise TraceError(
-                f"CSV header lacks a column {spellings[0]!r} (header: {', '.join(header)})", source.name, 1
+                f"CSV header lacks a column {spellings[0]!r} (header: {', '.join(header)})",
+                source.name,
+                source.first_line,
             )
     width = len(header)
     items = list(index.items())
+    offset = source.first_line - 1
     for row in reader:
-        number_ = reader.line_num
+        number_ = reader.line_num + offset
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
         if len(row) != width:

@@ -23,8 +23,8 @@ Definitions (all documented in ``docs``-style in ``examples/traces/README.md`` t
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
+from itertools import chain, islice
 
 import numpy as np
 
@@ -132,6 +132,81 @@ def _percentiles_ms(values: list[float]) -> dict | None:
     }
 
 
+@dataclass
+class Columns:
+    """A chunk of requests as arrays: ``t`` and ``cached`` are float64 with NaN for "none";
+    ``hashes`` holds every request's ``hash_ids`` one after the other, ``hash_counts`` how many each;
+    ``lines`` (when known) the line each request came from."""
+
+    t: np.ndarray
+    n_in: np.ndarray
+    n_out: np.ndarray
+    cached: np.ndarray
+    failed: np.ndarray
+    hash_counts: np.ndarray
+    hashes: np.ndarray
+    block_sizes: set
+    lines: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.t.size)
+
+    def select(self, keep: np.ndarray) -> Columns:
+        hashes = self.hashes[np.repeat(keep, self.hash_counts)] if self.hashes.size else self.hashes
+        return Columns(
+            self.t[keep],
+            self.n_in[keep],
+            self.n_out[keep],
+            self.cached[keep],
+            self.failed[keep],
+            self.hash_counts[keep],
+            hashes,
+            self.block_sizes,
+            None if self.lines is None else self.lines[keep],
+        )
+
+
+def to_columns(chunk: list, lines: list[int] | None = None) -> Columns:
+    """``Columns`` of a list of ``Request`` records."""
+    n = len(chunk)
+    if n == 0:
+        empty_f, empty_i = np.empty(0), np.empty(0, dtype=np.int64)
+        return Columns(
+            empty_f,
+            empty_i,
+            empty_i,
+            empty_f,
+            np.empty(0, dtype=bool),
+            empty_i,
+            np.empty(0, dtype=np.uint64),
+            set(),
+        )
+    columns = list(zip(*chunk, strict=True))
+    hash_lists = columns[5]
+    n_none = hash_lists.count(None)
+    block_sizes: set = set()
+    if n_none == n:
+        hash_counts = np.zeros(n, dtype=np.int64)
+        hashes = np.empty(0, dtype=np.uint64)
+    else:
+        if n_none:
+            hash_lists = [h or () for h in hash_lists]
+        hash_counts = np.fromiter(map(len, hash_lists), dtype=np.int64, count=n)
+        hashes = _as_uint64(chain.from_iterable(hash_lists), int(hash_counts.sum()))
+        block_sizes = set(columns[6]) - {None}
+    return Columns(
+        np.array(columns[0], dtype=np.float64),  # None -> NaN
+        np.array(columns[1], dtype=np.int64),
+        np.array(columns[2], dtype=np.int64),
+        np.array(columns[3], dtype=np.float64),
+        np.array(columns[4], dtype=bool),
+        hash_counts,
+        hashes,
+        block_sizes,
+        None if lines is None else np.array(lines, dtype=np.int64),
+    )
+
+
 class Summarizer:
     """Accumulates requests chunk-wise. ``sample``: keep each request with this probability (by a
     hash of its position, so repeatable); ``time_range``: keep only arrivals in ``[start, end)``."""
@@ -157,59 +232,34 @@ class Summarizer:
         self.n_untimed = 0
         self.cached = 0
         self.cached_of = 0
-        self._reset()
-
-    def _reset(self) -> None:
-        self._t: list[float] = []
-        self._in: list[int] = []
-        self._out: list[int] = []
-        self._failed: list[bool] = []
-        self._cached: list[int] = []
-        self._hash_counts: list[int] = []
-        self._hashes: list[int] = []
 
     def consume(self, requests) -> None:
-        """Add every request of an iterable."""
-        t_add, in_add, out_add = self._t.append, self._in.append, self._out.append
-        f_add, c_add, hc_add = self._failed.append, self._cached.append, self._hash_counts.append
-        nan = math.nan
-        pending = len(self._t)
-        for r in requests:
-            t, n_in, n_out, cached, failed, hash_ids, block = r
-            t_add(nan if t is None else t)
-            in_add(n_in)
-            out_add(n_out)
-            f_add(failed)
-            c_add(-1 if cached is None else cached)
-            if hash_ids:
-                hc_add(len(hash_ids))
-                self._hashes.extend(hash_ids)
-                self.block_sizes.add(block)
-            else:
-                hc_add(0)
-            pending += 1
-            if pending >= CHUNK:
-                self.flush()
-                t_add, in_add, out_add = self._t.append, self._in.append, self._out.append
-                f_add, c_add, hc_add = self._failed.append, self._cached.append, self._hash_counts.append
-                pending = 0
+        """Add every request of an iterable (pulled ``CHUNK`` at a time)."""
+        it = iter(requests)
+        while True:
+            chunk = list(islice(it, CHUNK))
+            if not chunk:
+                return
+            self.add_columns(to_columns(chunk))
 
     def add(self, request: Request) -> None:
-        self.consume((request,))
+        self.add_columns(to_columns([request]))
 
     def flush(self) -> None:
-        if not self._t:
-            return
-        t = np.asarray(self._t, dtype=np.float64)
-        n_in = np.asarray(self._in, dtype=np.int64)
-        n_out = np.asarray(self._out, dtype=np.int64)
-        failed = np.asarray(self._failed, dtype=bool)
-        cached = np.asarray(self._cached, dtype=np.int64)
-        hash_counts = np.asarray(self._hash_counts, dtype=np.int64)
-        hashes = _as_uint64(self._hashes)
+        """Nothing is buffered between chunks (kept for callers that add one request at a time)."""
+
+    def add_columns(self, cols: Columns) -> None:
+        t, n_in, n_out, cached, failed, hashes = (
+            cols.t,
+            cols.n_in,
+            cols.n_out,
+            cols.cached,
+            cols.failed,
+            cols.hashes,
+        )
+        self.block_sizes |= cols.block_sizes
         first_index = self.n_read
         self.n_read += t.size
-        self._reset()
 
         keep = np.ones(t.size, dtype=bool)
         if self.sample is not None and self.sample < 1.0:
@@ -219,9 +269,15 @@ class Summarizer:
             start, end = self.time_range
             keep &= (t >= start) & (t < end)  # NaN (untimed) compares False: dropped
         if not keep.all():
-            if hashes.size:
-                hashes = hashes[np.repeat(keep, hash_counts)]
-            t, n_in, n_out, failed, cached = t[keep], n_in[keep], n_out[keep], failed[keep], cached[keep]
+            cols = cols.select(keep)
+            t, n_in, n_out, cached, failed, hashes = (
+                cols.t,
+                cols.n_in,
+                cols.n_out,
+                cols.cached,
+                cols.failed,
+                cols.hashes,
+            )
         if t.size == 0:
             return
 
@@ -234,7 +290,7 @@ class Summarizer:
         self.isl.add(n_in[ok])
         self.osl.add(n_out[ok])
         self.reservoir.add(n_in[ok], n_out[ok])
-        known = ok & (cached >= 0)
+        known = ok & ~np.isnan(cached)
         self.cached += int(cached[known].sum())
         self.cached_of += int(n_in[known].sum())
         self.prefix.add(hashes)
@@ -307,10 +363,10 @@ class Summarizer:
         )
 
 
-def _as_uint64(values: list[int]) -> np.ndarray:
-    if not values:
-        return np.empty(0, dtype=np.uint64)
+def _as_uint64(values, count: int) -> np.ndarray:
+    """``count`` integers as uint64 (ids beyond 64 bits keep their low 64 bits)."""
+    values = list(values)
     try:
-        return np.asarray(values, dtype=np.int64).astype(np.uint64)
-    except OverflowError:  # ids beyond int64: keep their low 64 bits
-        return np.asarray([v & 0xFFFFFFFFFFFFFFFF for v in values], dtype=np.uint64)
+        return np.fromiter(values, dtype=np.int64, count=count).astype(np.uint64)
+    except OverflowError:
+        return np.array([v & 0xFFFFFFFFFFFFFFFF for v in values], dtype=np.uint64)

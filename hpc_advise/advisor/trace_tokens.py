@@ -3,9 +3,10 @@
 Default estimator: ``ceil(utf8_bytes / 4)``, the usual "about four characters per token" rule for
 English BPE vocabularies; it is an estimate (code, CJK text and other languages tokenize
 differently), which is why ``--tokenizer NAME`` exists: it loads a real tokenizer through
-``transformers`` (``AutoTokenizer``), else ``tokenizers`` (a ``tokenizer.json`` path or hub name),
-else ``tiktoken`` (an encoding name such as ``cl100k_base``), whichever is installed. None of them is
-a dependency of hpc-advise.
+``transformers`` (``AutoTokenizer``, local files only: a model directory or a hub id already in the
+Hugging Face cache -- nothing is downloaded), else ``tokenizers`` (a ``tokenizer.json`` file or a
+directory holding one), else ``tiktoken`` (an encoding name such as ``cl100k_base``), whichever is
+installed. None of them is a dependency of hpc-advise.
 """
 
 from __future__ import annotations
@@ -33,23 +34,27 @@ def load_tokenizer(name: str) -> Callable[[str], int]:
     """A function counting the tokens of a text with the tokenizer ``name``; ``TraceError`` with the
     way out when no tokenizer library is installed or the name cannot be loaded."""
     errors: list[str] = []
-    if _installed("transformers"):
+    if _installed("transformers") and not Path(name).is_file():
         try:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(name)
+            # Local files only (a path, or a hub id already in the Hugging Face cache): no download.
+            tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
             count = lambda text: len(tok.encode(text, add_special_tokens=False))
             count.description = f"transformers:{name}"
             return count
         except Exception as exc:
-            errors.append(f"transformers: {exc}")
-    if _installed("tokenizers"):
+            errors.append(
+                f"transformers: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+    file = Path(name) / "tokenizer.json" if Path(name).is_dir() else Path(name)
+    if _installed("tokenizers") and file.is_file():
         try:
             from tokenizers import Tokenizer
 
-            tok = Tokenizer.from_file(name) if Path(name).is_file() else Tokenizer.from_pretrained(name)
+            tok = Tokenizer.from_file(str(file))
             count = lambda text: len(tok.encode(text, add_special_tokens=False).ids)
-            count.description = f"tokenizers:{name}"
+            count.description = f"tokenizers:{file}"
             return count
         except Exception as exc:
             errors.append(f"tokenizers: {exc}")
@@ -63,9 +68,12 @@ def load_tokenizer(name: str) -> Callable[[str], int]:
             return count
         except Exception as exc:
             errors.append(f"tiktoken: {exc}")
-    if not errors:
+    if not any(_installed(m) for m in ("transformers", "tokenizers", "tiktoken")):
         raise TraceError(
             f"--tokenizer {name}: none of transformers, tokenizers, tiktoken is installed "
             "(pip install transformers), or leave --tokenizer out to use the bytes/4 estimate"
         )
-    raise TraceError(f"--tokenizer {name}: cannot load it ({'; '.join(errors)})")
+    raise TraceError(
+        f"--tokenizer {name}: cannot load it from local files ({'; '.join(errors) or 'not a tokenizer.json'}); "
+        f"download it first (huggingface-cli download {name}) or give a local path"
+    )

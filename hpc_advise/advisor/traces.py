@@ -1,15 +1,8 @@
 """Public API for traffic traces: ``read_trace`` (stream ``Request`` records from any supported
 format) and ``summarize`` (a ``TraceSummary`` in constant memory).
 
-Checks applied to every record, whatever the format (a failing record is ``FILE:LINE: reason``: it
-stops the read, or is counted in ``n_bad`` and skipped with ``skip_bad=True``):
-
-- lengths are whole numbers in ``[0, MAX_TOKENS]`` (10 M tokens: anything longer is a unit or
-  parsing mistake, not a request); ``cached`` in ``[0, input_len]``;
-- timestamps are finite and not negative;
-- timestamps may be out of order by at most ``REORDER_S`` (10 s) -- logs written by several workers
-  interleave a little, and those requests are re-sorted in a bounded buffer; a request more than 10 s
-  earlier than one already read is an error (sort the file first, e.g. ``sort -n`` on the time field).
+Every record is checked (``trace_check``); a failing record is ``FILE:LINE: reason``: it stops
+the read, or is counted in ``n_bad`` and skipped with ``skip_bad=True``.
 
 Formats and detection: ``trace_formats``; files: ``trace_io`` (gzip / zstd / bz2 / xz, ``-`` = stdin).
 """
@@ -23,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from hpc_advise.advisor.trace_blocks import LINE_FORMATS, OrderCheck, parsed_blocks
+from hpc_advise.advisor.trace_check import MAX_TOKENS, REORDER_S, order_problem, request_problem
 from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions, detect
 from hpc_advise.advisor.trace_io import Request, TraceError, TraceSource
 from hpc_advise.advisor.trace_summary import Summarizer, TraceSummary
@@ -39,8 +34,6 @@ __all__ = [
     "summarize",
 ]
 
-MAX_TOKENS = 10_000_000
-REORDER_S = 10.0
 BAD_EXAMPLES = 5
 
 
@@ -97,25 +90,19 @@ class TraceReader:
                     bad(line, item)
                     continue
                 t, n_in, n_out, cached = item[0], item[1], item[2], item[3]
-                if n_in < 0 or n_out < 0:
-                    bad(line, f"negative length (input {n_in}, output {n_out})")
-                    continue
-                if n_in > limit or n_out > limit:
-                    bad(line, f"absurd length (input {n_in}, output {n_out}; limit {limit:,} tokens)")
-                    continue
-                if cached is not None and not 0 <= cached <= n_in:
-                    bad(line, f"cached tokens {cached} outside [0, input {n_in}]")
-                    continue
-                if t is not None:
-                    if t < 0:
-                        bad(line, f"negative timestamp {t}")
+                # Fast path for the usual record; request_problem() words the reason.
+                if (
+                    not (0 <= n_in <= limit and 0 <= n_out <= limit)
+                    or cached is not None
+                    or (t is not None and t < 0)
+                ):
+                    problem = request_problem(t, n_in, n_out, cached)
+                    if problem:
+                        bad(line, problem)
                         continue
+                if t is not None:
                     if t < max_t - REORDER_S:
-                        bad(
-                            line,
-                            f"timestamp {t:.3f} s is {max_t - t:.3f} s before the one on line {max_line} "
-                            f"(requests may be out of order by at most {REORDER_S:g} s; sort the trace first)",
-                        )
+                        bad(line, order_problem(t, max_t, max_line))
                         continue
                     if t > max_t:
                         max_t, max_line = t, line
@@ -141,9 +128,32 @@ def read_trace(
     return TraceReader(path, fmt, skip_bad, options=options)
 
 
+def _consume_blocks(reader: TraceReader, summarizer: Summarizer) -> None:
+    """Feed a line-based trace to ``summarizer`` through the block-parallel parser."""
+    source, reader._source = reader._source, None
+    try:
+        order = OrderCheck()
+        for parsed in parsed_blocks(source, reader.format, reader.options, reader.skip_bad):
+            cols = parsed.columns
+            keep, n_late, late = order.apply(cols)
+            problems = sorted(parsed.bad + late)
+            if problems and not reader.skip_bad:
+                line, reason = problems[0]
+                raise TraceError(reason, reader.name, line)
+            reader.n_bad += parsed.n_bad + n_late
+            for line, reason in problems[: max(0, BAD_EXAMPLES - len(reader.bad_examples))]:
+                reader.bad_examples.append(f"{reader.name}:{line}: {reason}")
+            summarizer.add_columns(cols if keep is None else cols.select(keep))
+    finally:
+        source.close()
+
+
 def _summarize_once(reader: TraceReader, concurrency, sample, time_range) -> tuple[TraceSummary, Summarizer]:
     summarizer = Summarizer(reorder_s=REORDER_S, sample=sample, time_range=time_range)
-    summarizer.consume(reader)
+    if reader.format in LINE_FORMATS:
+        _consume_blocks(reader, summarizer)
+    else:
+        summarizer.consume(reader)
     summary = summarizer.result(
         source=reader.name, fmt=reader.format, n_bad=reader.n_bad, concurrency=concurrency, meta=reader.meta
     )
