@@ -3,7 +3,9 @@
 Triton's interpreter (``TRITON_INTERPRET=1``, used for kernel tests on CPU) has two bf16 defects in
 triton 3.5–3.7, checked here on 2026-11-29: ``tl.dot`` on bf16 operands multiplies the raw uint16
 bit patterns (bf16 is stored as uint16 there), and fp32 -> bf16 casts truncate instead of rounding to
-nearest even. The GPU compiler has neither defect. We patch the interpreter's builder for the test
+nearest even. With numpy >= 2.4 a third one: a tensor used as a Python index (``range(0, n)`` with a
+runtime ``n``) fails, since numpy no longer converts a 1-element array to a scalar. The GPU compiler
+has none of these defects. We patch the interpreter's builder for the test
 session only, so kernel tests on CPU check our kernels and not the interpreter.
 """
 
@@ -69,6 +71,14 @@ def _patch_triton_interpreter() -> None:
 
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
+
+    original_patch_tensor = itp._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    itp._patch_lang_tensor = patch_lang_tensor
     builder._hpc_advise_patched = True
 
 
