@@ -17,6 +17,7 @@ torch is imported lazily so the module can be imported (and its pure helpers tes
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import shlex
@@ -120,7 +121,12 @@ def git_sha() -> str | None:
 
 
 def environment() -> dict[str, str]:
-    """Versions of the stack a measurement ran on (missing packages are left out)."""
+    """Versions of the stack a measurement ran on (missing packages are left out); read once."""
+    return dict(_environment())
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> dict[str, str]:
     env: dict[str, str] = {"python": sys.version.split()[0]}
     try:
         import torch
@@ -139,10 +145,9 @@ def environment() -> dict[str, str]:
         except Exception:
             continue
     try:
-        import pynvml
+        from hpc_advise.advisor.gpu_probe import probe  # the one NVML user
 
-        pynvml.nvmlInit()
-        env["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+        env["driver"] = probe().driver_version
     except Exception:
         pass
     return env
