@@ -143,8 +143,13 @@ _tokenizer_option = click.option(
 def _store(summary, source: str, db: str | None) -> None:
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
-    kb = KnowledgeBase(db)
-    trace_id = kb.add_trace(summary.to_dict(), source)
+    try:
+        kb = KnowledgeBase(db)
+        trace_id = kb.add_trace(summary.to_dict(), source)
+    except Exception as exc:  # the summary is printed already; say why it was not kept
+        raise click.ClickException(
+            f"summary not stored in the knowledge base: {exc} (--no-store skips it)"
+        ) from None
     where = getattr(kb, "path", db)
     click.echo(f"stored as trace #{trace_id} in {where}", err=True)
 

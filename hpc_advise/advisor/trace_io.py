@@ -116,7 +116,7 @@ class TraceSource:
     """An opened trace: ``name`` (for messages), ``compression``, ``head`` (decoded start of the text)
     and ``text`` (a text stream positioned at the very start). Use as a context manager."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, name: str | None = None):
         self.name = str(path)
         self._owned: list[object] = []
         if self.name == "-":
@@ -128,6 +128,8 @@ class TraceSource:
             except OSError as exc:
                 raise TraceError(f"cannot open: {exc.strerror or exc}", self.name) from exc
             self._owned.append(raw)
+        if name is not None:
+            self.name = name
         magic = _read_up_to(raw, 8)
         self.compression = next((kind for sig, kind in _MAGIC if magic.startswith(sig)), None)
         stream: BinaryIO = io.BufferedReader(_Prefixed(magic, raw, (self.name, "plain")), _READ_BUFFER)

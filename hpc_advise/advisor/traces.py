@@ -49,6 +49,7 @@ class TraceReader:
         skip_bad: bool = False,
         *,
         options: ReadOptions | None = None,
+        name: str | None = None,
     ) -> None:
         self.path = str(path)
         self.skip_bad = skip_bad
@@ -56,7 +57,7 @@ class TraceReader:
         self.n_bad = 0
         self.bad_examples: list[str] = []
         self.meta: dict = {}
-        self._source: TraceSource | None = TraceSource(self.path)
+        self._source: TraceSource | None = TraceSource(self.path, name)
         self.name = self._source.name
         try:
             if fmt is None:
@@ -117,15 +118,17 @@ def read_trace(
     skip_bad: bool = False,
     *,
     tokenizer: str | None = None,
+    name: str | None = None,
 ) -> TraceReader:
     """Stream the requests of a trace file (``-`` = stdin). ``fmt`` forces a format (see
-    ``FORMATS``); ``tokenizer`` names a tokenizer for text formats (ShareGPT)."""
+    ``FORMATS``); ``tokenizer`` names a tokenizer for text formats (ShareGPT); ``name`` is what
+    messages call the file (default: the path)."""
     options = ReadOptions()
     if tokenizer:
         from hpc_advise.advisor.trace_tokens import load_tokenizer
 
         options.count_tokens = load_tokenizer(tokenizer)
-    return TraceReader(path, fmt, skip_bad, options=options)
+    return TraceReader(path, fmt, skip_bad, options=options, name=name)
 
 
 def _consume_blocks(reader: TraceReader, summarizer: Summarizer) -> None:
@@ -200,14 +203,14 @@ def summarize(
             with os.fdopen(fd, "wb") as fh:
                 shutil.copyfileobj(sys.stdin.buffer, fh, 1 << 20)
             path = spool
-        reader = read_trace(path, fmt, skip_bad, tokenizer=tokenizer)
+        name = "<stdin>" if spool else None
+        reader = read_trace(path, fmt, skip_bad, tokenizer=tokenizer, name=name)
         whole, first_pass = _summarize_once(reader, concurrency, sample, None)
         if first_pass.arrivals.n == 0:
             raise TraceError("--window needs arrival timestamps; this trace has none", reader.name)
         start, end, _ = first_pass.arrivals.busiest(window_minutes * 60.0)
-        reader = read_trace(path, fmt, skip_bad, tokenizer=tokenizer)
+        reader = read_trace(path, fmt, skip_bad, tokenizer=tokenizer, name=name)
         part, _ = _summarize_once(reader, concurrency, sample, (start, end))
-        part.source = whole.source if spool is None else "<stdin>"
         part.selection.update(
             {
                 "window_minutes": window_minutes,

@@ -287,3 +287,34 @@ def test_cli_convert_failure_leaves_no_file(tmp_path):
     res = CliRunner().invoke(trace, ["convert", str(path), "-o", str(out)])
     assert res.exit_code != 0 and "bad.jsonl:2" in res.output
     assert not out.exists() and list(tmp_path.iterdir()) == [path]
+
+
+def test_cli_stores_summary_in_a_real_knowledge_base(tmp_path, mooncake):
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    path = mooncake[0]
+    db = tmp_path / "kb.db"
+    for _ in range(2):
+        res = CliRunner().invoke(trace, ["summarize", str(path), "--db", str(db), "--json"])
+        assert res.exit_code == 0, res.output
+        assert f"in {db}" in res.stderr
+    rows = KnowledgeBase(db).traces()
+    assert [r["source"] for r in rows] == [str(path.resolve())] * 2
+    assert rows[0]["summary"] == json.loads(res.stdout)
+    assert TraceSummary.from_dict(rows[0]["summary"]).n_requests == len(mooncake[1])
+    res = CliRunner().invoke(trace, ["summarize", str(path), "--db", str(db), "--no-store"])
+    assert res.exit_code == 0 and len(KnowledgeBase(db).traces()) == 2
+
+
+def test_cli_stdin_window_and_formats(tmp_path):
+    ts = list(range(300)) + [300 + k * 0.1 for k in range(600)] + [360 + k for k in range(300)]
+    lines = "".join(json.dumps({"t": round(t, 3), "in": 5, "out": 1}) + "\n" for t in ts)
+    res = CliRunner().invoke(
+        trace, ["summarize", "-", "--window", "0.5", "--json", "--no-store"], input=lines
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["source"] == "<stdin>" and data["selection"]["window_minutes"] == 0.5
+    assert data["rate_rps"] == pytest.approx(10, rel=0.05)
+    res = CliRunner().invoke(trace, ["formats"])
+    assert res.exit_code == 0 and "mooncake" in res.output and "sglang-bench" in res.output
