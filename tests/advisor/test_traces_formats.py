@@ -300,3 +300,27 @@ def test_sharegpt_with_a_real_local_tokenizer(tmp_path):
     (req,) = list(read_trace(path, tokenizer=str(tok_path)))
     assert (req.input_len, req.output_len) == (3, 5)  # whitespace words, unknown ones as [UNK]
     assert any(f"tokenizers:{tok_path}" in n for n in summarize(path, tokenizer=str(tok_path)).notes)
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("[1]", "expected a JSON object, got list"),
+        ("{bad", "invalid JSON"),
+        (
+            '{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": ["a"]}',
+            "hash_ids holds a non-integer: 'a'",
+        ),
+        ('{"timestamp": 1, "input_length": 3, "output_length": 1, "hash_ids": 7}', "hash_ids is not a list"),
+        ('{"timestamp": NaN, "input_length": 3, "output_length": 1}', "timestamp is not finite"),
+        ('{"timestamp": 1, "input_length": "3x", "output_length": 1}', "input_length is not a number"),
+        ('{"timestamp": 1, "output_length": 1}', "missing field 'input_length'"),
+    ],
+)
+def test_mooncake_bad_lines(tmp_path, line, reason):
+    good = '{"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": [1]}'
+    path = write(tmp_path, "m.jsonl", f"{good}\n   \n{line}\n{good}\n")
+    with pytest.raises(TraceError) as err:
+        summarize(path)
+    assert str(err.value).startswith(f"{path}:3: {reason}")
+    assert summarize(path, skip_bad=True).n_requests == 2
