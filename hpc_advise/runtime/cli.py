@@ -1,0 +1,95 @@
+"""``hpc-advise runtime``: the dispatch table for a model on a GPU, and the environment report.
+
+``hpc-advise runtime check [--model NAME|config.json] [--gpu NAME] [--tp N] [--kv-dtype D] [--page-size P]
+[--json]`` prints, per op, whether our kernel or SGLang's runs and why (``dispatch.py``), then the
+versions of the GPU stack (``env_report.py``). Without ``--gpu`` the local GPU (NVML) is used; without
+a GPU the table says so. torch is not imported unless it is installed and the report asks it for CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from hpc_advise.runtime import dispatch, env_report
+
+
+def _resolve_gpu(name: str | None, rep: dict[str, str]):
+    from hpc_advise.profiles import find_gpu, get_gpu
+
+    if name:
+        return get_gpu(name)
+    local = env_report.local_gpu_name(rep)
+    if local is None:
+        return None
+    prof = find_gpu(local)
+    if prof is None:
+        raise click.ClickException(
+            f"local GPU {local!r} has no profile; pass --gpu NAME (see `hpc-advise profiles list`)"
+        )
+    return prof
+
+
+@click.group("runtime")
+def runtime() -> None:
+    """Runtime: dispatch table (our kernel or SGLang's, and why) and environment report."""
+
+
+@runtime.command("check")
+@click.option(
+    "--model", "model_name", default=None, help="Model profile name, HF id, or path to a config.json."
+)
+@click.option("--gpu", "gpu_name", default=None, help="GPU profile name (default: the local GPU via NVML).")
+@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallelism.")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8_e4m3"]), default="bf16", show_default=True)
+@click.option(
+    "--page-size", type=click.IntRange(1, 1024), default=dispatch.REQUIRED_PAGE_SIZE, show_default=True
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
+    """Print the dispatch table for MODEL on GPU, and the environment report."""
+    from hpc_advise.profiles import ModelConfigError, ProfileNotFound, get_model
+
+    rep = env_report.report()
+    try:
+        gpu = _resolve_gpu(gpu_name, rep)
+        model = get_model(model_name) if model_name else None
+    except (ProfileNotFound, ModelConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    rows = []
+    cond = None
+    if model is not None:
+        cond = dispatch.conditions(model, gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size)
+        rows = dispatch.table(cond)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "model": model.key if model else None,
+                    "gpu": gpu.key if gpu else None,
+                    "tp": tp,
+                    "kv_dtype": kv_dtype,
+                    "page_size": page_size,
+                    "dispatch": [d.to_dict() for d in rows],
+                    "environment": rep,
+                },
+                indent=2,
+            )
+        )
+        return
+    if model is not None:
+        where = gpu.name if gpu is not None else "no GPU"
+        click.echo(f"Dispatch for {model.key} on {where} (TP {tp}, {kv_dtype} KV, page {page_size}):")
+        click.echo(
+            tabulate(
+                [[d.op, d.outcome, d.provider, d.reason] for d in rows],
+                headers=["op", "runs", "provider", "reason"],
+            )
+        )
+        click.echo("")
+    else:
+        click.echo("(no --model: dispatch table skipped)\n")
+    click.echo("Environment:")
+    click.echo(tabulate([[k, v] for k, v in rep.items()], headers=["component", "version"]))

@@ -1,0 +1,86 @@
+"""Import real SGLang 0.5.23 on a CPU-only machine, for the runtime tests.
+
+SGLang is installed with ``--no-deps`` plus ``requirements/sglang-cpu.txt``. One dependency cannot be
+installed there: torchvision. Its PyPI wheels are CUDA builds whose ``_C.so`` links
+``libtorch_cuda.so`` and fails to load against the CPU torch (checked 2026-11-29 with torchvision
+0.28.0 and torch 2.13.0+cpu), and ``import sglang.srt.configs`` imports it at module level for two
+image-preprocessing configs (deepseek_ocr, nano_nemotron_vl) our code never touches. So, only when the
+real torchvision cannot be imported, ``import_sglang()`` installs a stand-in that provides the names
+imported at module level (``InterpolationMode`` and the module tree) and nothing else: any real use
+of it raises AttributeError. transformers is asked first whether torchvision is available (it caches the answer
+False), so transformers never routes image processing through the stand-in. This is a packaging
+boundary of CPU-only CI (the same reason there is no GPU), not a mock of anything we test.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+_STAND_IN_MODULES = (
+    "torchvision",
+    "torchvision.transforms",
+    "torchvision.transforms.functional",
+    "torchvision.transforms.v2",
+    "torchvision.transforms.v2.functional",
+    "torchvision.io",
+    "torchvision.ops",
+)
+
+
+class _InterpolationMode(enum.Enum):
+    NEAREST = "nearest"
+    NEAREST_EXACT = "nearest-exact"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    BOX = "box"
+    HAMMING = "hamming"
+    LANCZOS = "lanczos"
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{self.__name__}.{name}: torchvision is a CPU-CI stand-in here (tests/runtime/sglang_cpu.py)"
+        )
+
+
+def _install_torchvision_stand_in() -> None:
+    try:
+        import torchvision  # noqa: F401
+
+        return
+    except Exception:
+        pass
+    for name in _STAND_IN_MODULES:
+        sys.modules.pop(name, None)
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()  # cached False before the stand-in exists
+    for name in _STAND_IN_MODULES:
+        mod = _StandInModule(name)
+        mod.__path__ = []
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        sys.modules[name] = mod
+    for name in _STAND_IN_MODULES[1:]:
+        parent, _, child = name.rpartition(".")
+        setattr(sys.modules[parent], child, sys.modules[name])
+    sys.modules["torchvision.transforms"].InterpolationMode = _InterpolationMode
+    sys.modules["torchvision.transforms.functional"].InterpolationMode = _InterpolationMode
+
+
+def import_sglang(*modules: str):
+    """Import ``modules`` of real SGLang (skip the test when SGLang is not installed); returns the last."""
+    pytest.importorskip("sglang", reason="real SGLang 0.5.23 is installed by scripts/test.sh")
+    _install_torchvision_stand_in()
+    mod = None
+    for name in modules:
+        mod = importlib.import_module(name)
+    return mod

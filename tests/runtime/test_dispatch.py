@@ -1,0 +1,126 @@
+"""The dispatch table: documented answers for four models on H200 vs A100, rule order, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hpc_advise.profiles import get_gpu, get_model
+from hpc_advise.runtime import dispatch
+from hpc_advise.runtime.cli import runtime
+
+
+def _table(model, gpu, **kw):
+    c = dispatch.conditions(get_model(model), get_gpu(gpu) if gpu else None, **kw)
+    return {d.op: d for d in dispatch.table(c)}
+
+
+# (model, gpu) -> expected outcome per op, with a fragment of the reason
+EXPECTED = {
+    ("hy3", "h200"): {"decode_attention": ("ours", "GQA 64/8"), "fused_moe": ("ours", "fp8-per-tensor"),
+                      "router_gemm": ("fallback", "HPC_ADVISE_ROUTER_GEMM=1")},
+    ("hy3", "a100"): {"decode_attention": ("fallback", "sm80"), "fused_moe": ("fallback", "no FP8 tensor cores"),
+                      "router_gemm": ("fallback", "sm80")},
+    ("qwen3-235b-a22b", "h200"): {"decode_attention": ("ours", "GQA 64/4"),
+                                  "fused_moe": ("fallback", "experts are bf16"),
+                                  "router_gemm": ("fallback", "opt-in")},
+    ("qwen3-235b-a22b", "a100"): {"decode_attention": ("fallback", "sm80"),
+                                  "fused_moe": ("fallback", "experts are bf16"),
+                                  "router_gemm": ("fallback", "sm80")},
+    ("qwen3-30b-a3b", "h200"): {"decode_attention": ("ours", "GQA 32/4"),
+                                "fused_moe": ("fallback", "experts are bf16"),
+                                "router_gemm": ("fallback", "opt-in")},
+    ("qwen3-30b-a3b", "a100"): {"decode_attention": ("fallback", "sm80"),
+                                "fused_moe": ("fallback", "experts are bf16"),
+                                "router_gemm": ("fallback", "sm80")},
+    ("deepseek-v3", "h200"): {"decode_attention": ("fallback", "MLA"), "fused_moe": ("ours", "fp8-block128"),
+                              "router_gemm": ("fallback", "bf16 MoEGate")},
+    ("deepseek-v3", "a100"): {"decode_attention": ("fallback", "MLA"),
+                              "fused_moe": ("fallback", "no FP8 tensor cores"),
+                              "router_gemm": ("fallback", "bf16 MoEGate")},
+}
+
+
+@pytest.mark.parametrize("model,gpu", sorted(EXPECTED))
+def test_documented_answers(model, gpu):
+    got = _table(model, gpu, router_opt_in=False)
+    for op, (outcome, fragment) in EXPECTED[(model, gpu)].items():
+        assert got[op].outcome == outcome, (op, got[op])
+        assert got[op].use_ours == (outcome == "ours")
+        assert fragment in got[op].reason, (op, got[op].reason)
+
+
+def test_fallback_names_the_sglang_path():
+    h200 = _table("qwen3-30b-a3b", "h200", router_opt_in=False, page_size=1)
+    assert h200["decode_attention"].provider == "fa3"
+    assert "--page-size 64" in h200["decode_attention"].reason
+    a100 = _table("qwen3-30b-a3b", "a100", router_opt_in=False)
+    assert a100["decode_attention"].provider == "flashinfer"
+    assert a100["fused_moe"].provider == "triton"
+
+
+def test_router_opt_in_and_tp():
+    on = _table("hy3", "h200", router_opt_in=True, tp=8)
+    assert on["router_gemm"].use_ours and "fp32 gate" in on["router_gemm"].reason
+    # Hy3 at TP8: 8 query heads and 1 KV head per rank, MoE width 1536/8 = 192 per rank
+    assert "GQA 8/1" in on["decode_attention"].reason
+    assert "width 192" in on["fused_moe"].reason
+    qwen = _table("qwen3-30b-a3b", "h200", router_opt_in=True)
+    assert qwen["router_gemm"].use_ours  # bf16 ReplicatedLinear gate: fp32 logits instead of bf16 ones
+
+
+def test_first_rule_wins_and_no_gpu():
+    # MLA on no GPU: the MLA reason comes first (more basic than "no CUDA GPU")
+    none = _table("deepseek-v3", None, router_opt_in=False)
+    assert "MLA" in none["decode_attention"].reason
+    assert none["fused_moe"].reason == "no CUDA GPU"
+    dense = _table("qwen3-32b", "h200", router_opt_in=False)
+    assert dense["fused_moe"].outcome == "n/a" and dense["router_gemm"].outcome == "n/a"
+
+
+def test_fp8_kv_and_bad_inputs():
+    fp8 = _table("hy3", "h200", kv_dtype="fp8_e4m3", router_opt_in=False)
+    assert fp8["decode_attention"].use_ours and "fp8_e4m3 KV" in fp8["decode_attention"].reason
+    with pytest.raises(ValueError, match="kv_dtype"):
+        _table("hy3", "h200", kv_dtype="int4")
+    with pytest.raises(ValueError, match="unknown op"):
+        dispatch.decide("rmsnorm", dispatch.conditions(get_model("hy3"), get_gpu("h200")))
+
+
+def test_router_env_parsing():
+    assert dispatch.router_env_enabled({"HPC_ADVISE_ROUTER_GEMM": "1"})
+    assert not dispatch.router_env_enabled({"HPC_ADVISE_ROUTER_GEMM": "0"})
+    assert not dispatch.router_env_enabled({})
+
+
+def test_cli_check_json_and_text_fake_nvml(monkeypatch):
+    """NVML is a hardware boundary: the report is faked to a machine without a GPU."""
+    from hpc_advise.runtime import env_report
+
+    monkeypatch.setattr(env_report, "_nvml", lambda: {"gpu": "missing (NVML: no driver)"})
+    res = CliRunner().invoke(runtime, ["check", "--model", "hy3", "--gpu", "h200", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert [d["op"] for d in data["dispatch"]] == list(dispatch.OPS)
+    assert data["environment"]["gpu"].startswith("missing")
+    assert data["environment"]["driver"] == "missing"
+    assert "torch" in data["environment"] and "flashinfer" in data["environment"]
+    text = CliRunner().invoke(runtime, ["check", "--model", "deepseek-v3", "--gpu", "a100"])
+    assert text.exit_code == 0, text.output
+    assert "MLA attention" in text.output and "Environment:" in text.output
+    bad = CliRunner().invoke(runtime, ["check", "--model", "no-such-model", "--gpu", "h200"])
+    assert bad.exit_code != 0 and "no-such-model" in bad.output
+
+
+def test_cli_local_gpu_without_profile_fake_nvml(monkeypatch):
+    from hpc_advise.runtime import env_report
+
+    monkeypatch.setattr(env_report, "_nvml", lambda: {"gpu": "NVIDIA Imaginary X1", "driver": "999.1"})
+    res = CliRunner().invoke(runtime, ["check", "--model", "hy3"])
+    assert res.exit_code != 0 and "--gpu" in res.output
+    known = {"gpu": "NVIDIA H200", "driver": "570.1", "cuda_driver": "12.8", "compute_capability": "9.0"}
+    monkeypatch.setattr(env_report, "_nvml", lambda: dict(known))
+    ok = CliRunner().invoke(runtime, ["check", "--model", "hy3"])
+    assert ok.exit_code == 0 and "H200" in ok.output and "570.1" in ok.output

@@ -1,0 +1,211 @@
+"""The ``hpc_advise`` attention backend against SGLang's own ``torch_native`` backend.
+
+Both backends run on the same real SGLang objects: ``MHATokenToKVPool`` (bf16, and fp8 stored as
+uint8 the way SGLang stores it), ``ReqToTokenPool`` with scattered pages, ``RadixAttention`` layers
+and a DECODE ``ForwardBatch``. A ``ModelRunner`` cannot be built on CPU (it loads a model and
+initialises CUDA/NCCL), so the runner passed to both backends is a namespace holding exactly what
+their constructors read: the two real pools, device, page size, KV dtype and a model-config namespace
+(heads, head_dim, context length). The attention-TP width is set with SGLang's own
+``get_parallel().override``. Our kernel runs under the Triton interpreter on CPU (small shapes).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+from tests.runtime.sglang_cpu import import_sglang
+
+PAGE = 64
+HEAD_DIM = 64
+# bf16 inputs, fp32 accumulation in both backends; output rounded to bf16 (2^-8 relative)
+ATOL, RTOL = 2e-2, 2e-2
+
+
+def _sglang():
+    mp = import_sglang("sglang.srt.mem_cache.memory_pool")
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return types.SimpleNamespace(
+        mp=mp, TorchNative=TorchNativeAttnBackend, RadixAttention=RadixAttention, ForwardBatch=ForwardBatch,
+        ForwardMode=ForwardMode, get_parallel=get_parallel, Spec=SpeculativeAlgorithm,
+    )
+
+
+def _runner(sg, *, q_heads, kv_heads, kv_dtype, pages, reqs, context, page_size=PAGE, prefill=None):
+    kv_pool = sg.mp.MHATokenToKVPool(
+        size=pages * page_size, page_size=page_size, dtype=kv_dtype, head_num=kv_heads, head_dim=HEAD_DIM,
+        layer_num=2, device="cpu", enable_memory_saver=False,
+    )
+    req_pool = sg.mp.ReqToTokenPool(size=reqs, max_context_len=context, device="cpu", enable_memory_saver=False)
+    cfg = types.SimpleNamespace(
+        num_attention_heads=q_heads, head_dim=HEAD_DIM, context_len=context, model_path="test",
+        get_num_kv_heads=lambda tp: max(1, kv_heads // tp),
+    )
+    return types.SimpleNamespace(
+        device="cpu", page_size=page_size, kv_cache_dtype=kv_dtype, token_to_kv_pool=kv_pool,
+        req_to_token_pool=req_pool, model_config=cfg, use_mla_backend=False, spec_algorithm=sg.Spec.NONE,
+        prefill_attention_backend_str=prefill,
+    )
+
+
+def _fill(sg, runner, layers, seq_lens, gen):
+    """Scatter every request's pages over the pool, write random K/V for all but the last token through
+    SGLang's set_kv_buffer, and return (req_pool_indices, out_cache_loc of the new tokens)."""
+    pool, req = runner.token_to_kv_pool, runner.req_to_token_pool
+    num_pages = pool.size // PAGE
+    perm = torch.randperm(num_pages - 1, generator=gen) + 1  # page 0 holds the padding slot
+    next_page = 0
+    rows = []
+    for b, n in enumerate(seq_lens):
+        row = b + 1
+        npages = math.ceil(n / PAGE)
+        pages = perm[next_page:next_page + npages]
+        next_page += npages
+        slots = (pages[:, None] * PAGE + torch.arange(PAGE)[None, :]).reshape(-1)[:n]
+        req.req_to_token[row, :n] = slots.to(torch.int32)
+        rows.append(row)
+        for layer in layers:
+            k = torch.randn(n - 1, layer.tp_k_head_num, HEAD_DIM, generator=gen).to(torch.bfloat16)
+            v = torch.randn(n - 1, layer.tp_k_head_num, HEAD_DIM, generator=gen).to(torch.bfloat16)
+            pool.set_kv_buffer(layer, slots[: n - 1].to(torch.int64), k, v)
+    idx = torch.tensor(rows, dtype=torch.int64)
+    last = torch.tensor([req.req_to_token[r, n - 1] for r, n in zip(rows, seq_lens, strict=True)], dtype=torch.int64)
+    return idx, last
+
+
+def _batch(sg, idx, seq_lens, out_loc):
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    return sg.ForwardBatch(
+        forward_mode=sg.ForwardMode.DECODE, batch_size=len(seq_lens),
+        input_ids=torch.zeros(len(seq_lens), dtype=torch.int64), req_pool_indices=idx, seq_lens=lens,
+        out_cache_loc=out_loc, seq_lens_sum=int(lens.sum()), seq_lens_cpu=lens,
+    )
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_decode_matches_torch_native_on_real_pool(kv_dtype):
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    gen = torch.Generator().manual_seed(7)
+    q_heads, kv_heads = 8, 2
+    seq_lens = [1, 70, 129, 5]
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=q_heads, kv_heads=kv_heads, kv_dtype=kv_dtype, pages=12, reqs=6,
+                         context=512)
+        layers = [sg.RadixAttention(q_heads, HEAD_DIM, HEAD_DIM ** -0.5, kv_heads, layer_id=i) for i in range(2)]
+        idx, out_loc = _fill(sg, runner, layers, seq_lens, gen)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        ours = HpcAdviseAttnBackend(runner)
+        ref = sg.TorchNative(runner)
+        ours.init_forward_metadata(fb)
+        ref.init_forward_metadata(fb)
+        for layer in layers:
+            q = torch.randn(len(seq_lens), q_heads * HEAD_DIM, generator=gen).to(torch.bfloat16)
+            k = torch.randn(len(seq_lens), kv_heads, HEAD_DIM, generator=gen).to(torch.bfloat16)
+            v = torch.randn(len(seq_lens), kv_heads, HEAD_DIM, generator=gen).to(torch.bfloat16)
+            want = ref.forward_decode(q, k.clone(), v.clone(), layer, fb).float()
+            got = ours.forward_decode(q, k.clone(), v.clone(), layer, fb).float()
+            assert got.shape == want.shape == (len(seq_lens), q_heads * HEAD_DIM)
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def test_fp8_kv_scale_is_applied():
+    """torch_native ignores fp8 KV scales, so a layer scale != 1 is checked against our reference."""
+    sg = _sglang()
+    from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    gen = torch.Generator().manual_seed(11)
+    seq_lens = [65, 3]
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=4, kv_heads=1, kv_dtype=torch.float8_e4m3fn, pages=5, reqs=3, context=256)
+        layer = sg.RadixAttention(4, HEAD_DIM, HEAD_DIM ** -0.5, 1, layer_id=0)
+        layer.k_scale = torch.tensor(0.5)
+        layer.v_scale = torch.tensor(2.0)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        ours = HpcAdviseAttnBackend(runner)
+        ours.init_forward_metadata(fb)
+        q = torch.randn(2, 4 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        got = ours.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+        k_buf, v_buf = runner.token_to_kv_pool.get_kv_buffer(0)
+        plan = ours.forward_metadata
+        want = decode_attention_reference(
+            q.view(2, 4, HEAD_DIM), k_buf.view(-1, PAGE, 1, HEAD_DIM), v_buf.view(-1, PAGE, 1, HEAD_DIM),
+            plan.page_table[:2], plan.seq_lens[:2], page_size=PAGE, k_scale=0.5, v_scale=2.0,
+        ).float().reshape(2, -1)
+        torch.testing.assert_close(got, want, atol=4e-2, rtol=2e-2)
+
+
+def test_wrong_page_size_fails_clearly():
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128,
+                         page_size=16)
+        with pytest.raises(HpcAdviseBackendError, match="--page-size 64"):
+            HpcAdviseAttnBackend(runner)
+
+
+def test_decode_only_backend_refuses_prefill_role():
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128,
+                         prefill="hpc_advise")
+        with pytest.raises(HpcAdviseBackendError, match="decode-only"):
+            HpcAdviseAttnBackend(runner)
+
+
+def test_unsupported_group_fails_with_dispatch_reason():
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=64, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128)
+        with pytest.raises(HpcAdviseBackendError, match="GQA group 64/2"):
+            HpcAdviseAttnBackend(runner)
+
+
+@pytest.mark.gpu
+def test_decode_matches_triton_backend_on_h200():
+    """Real sizes on the GPU against SGLang's triton backend needs a full ModelRunner; here: our
+    backend on a real CUDA pool against torch_native at a Hy3 TP8 shape (8 q heads / 1 KV head)."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    gen = torch.Generator().manual_seed(3)
+    seq_lens = [4096, 17, 1000, 64 * 30 + 1]
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=1, kv_dtype=torch.bfloat16, pages=200, reqs=8, context=8192)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 1, layer_id=0)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        ref = sg.TorchNative(runner)
+        ref.init_forward_metadata(fb)
+        q = torch.randn(4, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        want = ref.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+        # move the same pools to the GPU
+        pool = runner.token_to_kv_pool
+        pool.k_buffer = [t.cuda() for t in pool.k_buffer]
+        pool.v_buffer = [t.cuda() for t in pool.v_buffer]
+        runner.req_to_token_pool.req_to_token = runner.req_to_token_pool.req_to_token.cuda()
+        runner.device = "cuda"
+        ours = HpcAdviseAttnBackend(runner)
+        fb_gpu = _batch(sg, idx.cuda(), seq_lens, out_loc.cuda())
+        fb_gpu.seq_lens = fb_gpu.seq_lens.cuda()
+        ours.init_forward_metadata(fb_gpu)
+        got = ours.forward_decode(q.cuda(), None, None, layer, fb_gpu, save_kv_cache=False).float().cpu()
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
