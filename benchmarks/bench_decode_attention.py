@@ -34,10 +34,10 @@ def main() -> None:
     if args.warm_flashinfer:
         print(json.dumps(da.warm_flashinfer(), indent=1))
         return
-    best = {}
+    best, best_fp8 = {}, None
     if args.sweep or args.tune:
         rows, table, headers = da.sweep()
-        best = da.best_config(rows)
+        best, best_fp8 = da.best_config(rows, "bf16"), da.best_config(rows, "fp8")
         md, _ = write_results(
             rows,
             table,
@@ -45,7 +45,7 @@ def main() -> None:
             stem="decode_attention_sweep",
             title="Decode attention: launch-configuration sweep (dynamic schedule, bf16 KV, page 64, D 128)",
             notes="CUDA-graph replay over rotated page tables (pool >> L2); p50 µs per call. "
-            f"Best (geometric mean over the cases): {best}.",
+            f"Best (geometric mean over the cases): bf16 {best}; fp8 {best_fp8}.",
         )
         print(md.read_text(), flush=True)
         if args.sweep:
@@ -58,33 +58,38 @@ def main() -> None:
         ).items()
         if v is not None
     }
-    peers = [p for p in args.peers.split(",") if p]
+    asked = {p for p in args.peers.split(",") if p}
+    peers = [p for p in da.PEERS if p in asked]  # table columns in the canonical order
+
+    def emit(rows, table, headers, final=False):
+        notes = [
+            f"Copy ceiling measured in the same process: {da.bench.copy_tbps:.2f} TB/s (device-to-device "
+            "copy, bytes read + written). floor = KV bytes / ceiling; TB/s = KV bytes read (K and V, every "
+            "token once) / our p50. 'vs X' = X's time / ours (> 1: we are faster).",
+            "Timing: CUDA-graph replay (events around each replay of a graph of rotated calls over distinct "
+            "page tables; pool >> L2); rows in the .jsonl say 'graph' or 'eager' per provider. Plan excluded "
+            "everywhere; 'plan µs' is our plan.update replayed in a graph (eager figure in the jsonl).",
+            f"Launch configuration of ours (dynamic and static): {cfg or 'op.py defaults'}"
+            + (f"; fp8 KV: {best_fp8}" if best_fp8 else "")
+            + ".",
+        ]
+        notes += [f"{da.PEER_TITLES[p]} did not run: {why}" for p, why in da.bench.failures.items()]
+        if not final:
+            notes.append(f"PARTIAL: {len(table)} cases so far.")
+        print(table[-1] if table else "", flush=True)
+        return write_results(
+            rows,
+            table,
+            headers,
+            stem="decode_attention",
+            title="Paged decode attention (head_dim 128, page 64): ours vs peers",
+            notes="\n\n".join(notes),
+        )
+
     rows, table, headers = da.bench(
-        args.grid,
-        peers=not args.no_peers,
-        peer_list=peers,
-        progress=lambda line: print(line, flush=True),
-        **cfg,
+        args.grid, peers=not args.no_peers, peer_list=peers, progress=emit, fp8_cfg=best_fp8, **cfg
     )
-    notes = [
-        f"Copy ceiling measured in the same process: {da.bench.copy_tbps:.2f} TB/s (device-to-device copy, "
-        "bytes read + written). floor = KV bytes / ceiling; TB/s = KV bytes read (K and V, every token once) / "
-        "our p50. 'vs X' = X's time / ours (> 1: we are faster).",
-        "Timing: CUDA-graph replay (events around each replay of a graph of rotated calls over distinct "
-        "page tables; pool >> L2); rows in the .jsonl say 'graph' or 'eager' per provider. Plan excluded "
-        "everywhere; 'plan µs' is our plan.update replayed in a graph (eager figure in the jsonl).",
-    ]
-    notes.append(f"Launch configuration of ours (dynamic and static): {cfg or 'op.py defaults'}.")
-    for peer, why in getattr(da.bench, "failures", {}).items():
-        notes.append(f"{da.PEER_TITLES[peer]} did not run: {why}")
-    md, _ = write_results(
-        rows,
-        table,
-        headers,
-        stem="decode_attention",
-        title="Paged decode attention (head_dim 128, page 64): ours vs peers",
-        notes="\n\n".join(notes),
-    )
+    md, _ = emit(rows, table, headers, final=True)
     print(md.read_text())
 
 

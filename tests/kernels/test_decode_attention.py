@@ -147,11 +147,12 @@ def test_matches_reference(lens, hq, hkv, page, schedule):
     check(lens, hq=hq, hkv=hkv, d=64, page=page, schedule=schedule, tile=16, num_programs=5)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_loop_variants_and_tiles_spanning_pages(prefetch):
+@pytest.mark.parametrize("loop,prefetch", [("flat", None), ("nested", False), ("nested", True)])
+def test_loop_variants_and_tiles_spanning_pages(loop, prefetch):
     # tile 32 over pages of 16 (page ids per token) and over pages of 64 (one page id per tile)
-    check([45, 100, 3], hq=4, hkv=1, d=64, page=16, tile=32, num_programs=3, prefetch=prefetch)
-    check([130, 64], hq=3, hkv=1, d=64, page=64, tile=32, num_programs=4, prefetch=prefetch)
+    kw = dict(loop=loop, prefetch=prefetch)
+    check([45, 100, 3], hq=4, hkv=1, d=64, page=16, tile=32, num_programs=3, **kw)
+    check([130, 64], hq=3, hkv=1, d=64, page=64, tile=32, num_programs=4, schedule="static", **kw)
 
 
 def test_head_dim_128_and_256():
@@ -310,16 +311,21 @@ def test_run_rejects_mismatched_cache():
 # ---------------------------------------------------------------- GPU, real sizes
 
 
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+EDGE = [1, 63, 64, 65, 97] + [4096] * 11  # lengths around a tile/page, next to full ones
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-@pytest.mark.parametrize("schedule", ["dynamic", "static"])
 @pytest.mark.parametrize(
-    "lens,hq,hkv,d,page",
+    "lens,hq,hkv,d,page,kv_dtype,schedule",
     [
-        ([1, 63, 64, 65, 97] + [4096] * 11, 8, 1, 128, 64),
-        ([128] * 8 + [3000] * 8 + [70000], 64, 8, 128, 64),
-        ([5, 1000, 20000], 16, 1, 256, 16),
-        ([777, 33, 2500], 12, 12, 64, 1),
+        (EDGE, 8, 1, 128, 64, BF16, "dynamic"),
+        (EDGE, 8, 1, 128, 64, FP8, "dynamic"),
+        (EDGE, 8, 1, 128, 64, BF16, "static"),
+        ([128] * 8 + [3000] * 8 + [70000], 64, 8, 128, 64, BF16, "dynamic"),
+        ([128] * 8 + [3000] * 8 + [70000], 64, 8, 128, 64, FP8, "static"),
+        ([5, 1000, 20000], 16, 1, 256, 16, BF16, "dynamic"),
+        ([777, 33, 2500], 12, 12, 64, 1, FP8, "dynamic"),
     ],
 )
 def test_gpu_real_sizes(lens, hq, hkv, d, page, kv_dtype, schedule):
@@ -338,11 +344,11 @@ def test_gpu_longest_context_and_largest_batch():
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_matches_eager():
     hq, hkv, d, page = 8, 1, 128, 64
-    q, k, v, table, seq_lens = make_case(
-        [4000, 100, 9000, 64], hq=hq, hkv=hkv, d=d, page=page, extra_cols=200
-    )
-    p = op.plan(seq_lens, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
-    lens_buf, table_buf, out = seq_lens.clone(), table.clone(), torch.empty_like(q)
+    # pages for the longest lengths of any replay; the captured step starts shorter
+    q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page)
+    lens_buf = torch.tensor([4000, 100, 9000, 64], dtype=torch.int32, device="cuda")
+    p = op.plan(lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+    table_buf, out = table.clone(), torch.empty_like(q)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -353,7 +359,7 @@ def test_gpu_cuda_graph_replay_matches_eager():
     with torch.cuda.graph(graph):
         p.update(lens_buf, table_buf)
         op.run(p, q, k, v, out=out)
-    for new in ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 7, 300, 5000]):
+    for new in ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 100, 300, 5000]):
         lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()

@@ -134,6 +134,48 @@ def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
 
 
 @triton.jit
+def _finish(
+    out_ptr,
+    ws_o_ptr,
+    ws_lse_ptr,
+    b64,
+    q_rows,
+    rows,
+    row_ok,
+    offs_d,
+    m_i,
+    l_i,
+    acc,
+    v_scale,
+    complete,
+    slot,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """Write a finished segment: the output rows if the program covered it whole, else a partial
+    (o normalised, lse in base 2) into workspace slot ``slot``."""
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc * (v_scale / l_safe)[:, None]
+    if complete:
+        tl.store(
+            out_ptr + b64 * stride_ob + q_rows[:, None] * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+    else:
+        slot_id = slot.to(tl.int64)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(
+            ws_o_ptr + (slot_id * GROUP + rows)[:, None] * HEAD_DIM + offs_d[None, :],
+            o,
+            mask=row_ok[:, None],
+        )
+        tl.store(ws_lse_ptr + slot_id * GROUP + rows, lse, mask=row_ok)
+
+
+@triton.jit
 def decode_kernel(
     q_ptr,  # [B, Hq, D]
     k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
@@ -240,24 +282,162 @@ def decode_kernel(
                 v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
                 m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
 
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        o = acc * (v_scale / l_safe)[:, None]
-        if (t0 == 0) & (t1 == n_tiles):
-            tl.store(
-                out_ptr + b64 * stride_ob + q_rows[:, None] * stride_oh + offs_d[None, :],
-                o.to(out_ptr.dtype.element_ty),
-                mask=row_ok[:, None],
-            )
-        else:
-            slot_id = (2 * pid + (u != u_begin).to(tl.int32)).to(tl.int64)
-            lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-            tl.store(
-                ws_o_ptr + (slot_id * GROUP + rows)[:, None] * HEAD_DIM + offs_d[None, :],
-                o,
-                mask=row_ok[:, None],
-            )
-            tl.store(ws_lse_ptr + slot_id * GROUP + rows, lse, mask=row_ok)
+        _finish(
+            out_ptr,
+            ws_o_ptr,
+            ws_lse_ptr,
+            b64,
+            q_rows,
+            rows,
+            row_ok,
+            offs_d,
+            m_i,
+            l_i,
+            acc,
+            v_scale,
+            (t0 == 0) & (t1 == n_tiles),
+            2 * pid + (u != u_begin).to(tl.int32),
+            stride_ob,
+            stride_oh,
+            GROUP,
+            HEAD_DIM,
+        )
         u = seg_start + t1
+
+
+@triton.jit
+def fill_units_kernel(
+    seq_lens_ptr,  # [B] int32 (plan's copy)
+    req_start_ptr,  # [B + 1] int32
+    unit_bh_ptr,  # [U_max] int32 out: b * Hkv + h of each unit
+    unit_t_ptr,  # [U_max] int32 out: tile index of each unit inside its segment
+    NUM_KV_HEADS: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # grid (B,): request b writes the descriptors of its units [req_start[b], req_start[b + 1])
+    b = tl.program_id(0)
+    base = tl.load(req_start_ptr + b)
+    count = tl.load(req_start_ptr + b + 1) - base
+    n_tiles = tl.maximum((tl.load(seq_lens_ptr + b) + TILE - 1) // TILE, 1)
+    for i in range(0, count, BLOCK):
+        idx = i + tl.arange(0, BLOCK)
+        ok = idx < count
+        h = idx // n_tiles
+        tl.store(unit_bh_ptr + base + idx, b * NUM_KV_HEADS + h, mask=ok)
+        tl.store(unit_t_ptr + base + idx, idx - h * n_tiles, mask=ok)
+
+
+@triton.jit
+def decode_flat_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
+    v_ptr,  # [P, PAGE, Hkv, D]
+    out_ptr,  # [B, Hq, D], dtype of q
+    page_table_ptr,  # [B, >= max pages] int32
+    seq_lens_ptr,  # [B] int32
+    unit_bh_ptr,  # [U] int32: b * Hkv + h
+    unit_t_ptr,  # [U] int32: tile index in the segment
+    prog_start_ptr,  # [G + 1] int32
+    ws_o_ptr,  # [2G, GROUP, D] fp32 partial outputs (normalised)
+    ws_lse_ptr,  # [2G, GROUP] fp32 partial log2-sum-exp
+    scale_ptr,  # [2] fp32 (k_scale, v_scale) when SCALES_FROM_PTR
+    qk_scale,
+    v_scale,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_ptb,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    TILE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    SCALES_FROM_PTR: tl.constexpr,
+):
+    """One flat loop over the program's units, each located through its descriptor (no dependence on
+    the previous iteration), so Triton's pipeliner keeps K/V copies in flight across segment ends;
+    the online-softmax state is reset where a segment starts and written where one ends."""
+    pid = tl.program_id(0)
+    u_begin = tl.load(prog_start_ptr + pid)
+    u_end = tl.load(prog_start_ptr + pid + 1)
+    if SCALES_FROM_PTR:
+        qk_scale = qk_scale * tl.load(scale_ptr)
+        v_scale = tl.load(scale_ptr + 1)
+    rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, TILE)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    seg_t0 = u_begin * 0  # first tile of the current segment inside this program
+    seg_u0 = u_begin  # first unit of the current segment inside this program
+    for u in tl.range(u_begin, u_end, num_stages=NUM_STAGES):
+        bh = tl.load(unit_bh_ptr + u)
+        t = tl.load(unit_t_ptr + u)
+        b = bh // NUM_KV_HEADS
+        h = bh - b * NUM_KV_HEADS
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        seq_len = tl.load(seq_lens_ptr + b)
+        n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
+        q_rows = h64 * GROUP + rows
+        q = tl.load(
+            q_ptr + b64 * stride_qb + q_rows[:, None] * stride_qh + offs_d[None, :],
+            mask=row_ok[:, None],
+            other=0.0,
+        )
+        pt_row = page_table_ptr + b64 * stride_ptb
+        valid = (t * TILE + offs_n) < seq_len
+        pg = _tile_pages(pt_row, t, n_tiles, seq_len, TILE, PAGE)
+        rows_k = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
+        rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
+        k = tl.load(
+            k_ptr + h64 * stride_kh + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0
+        )
+        v = tl.load(
+            v_ptr + h64 * stride_vh + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0
+        )
+
+        fresh = (u == u_begin) | (t == 0)  # a segment starts here for this program
+        seg_t0 = tl.where(fresh, t, seg_t0)
+        seg_u0 = tl.where(fresh, u, seg_u0)
+        m_i = tl.where(fresh, float("-inf"), m_i)
+        l_i = tl.where(fresh, 0.0, l_i)
+        acc = tl.where(fresh, 0.0, acc)
+        m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        if (u == u_end - 1) | (t == n_tiles - 1):  # the segment ends here for this program
+            _finish(
+                out_ptr,
+                ws_o_ptr,
+                ws_lse_ptr,
+                b64,
+                q_rows,
+                rows,
+                row_ok,
+                offs_d,
+                m_i,
+                l_i,
+                acc,
+                v_scale,
+                (seg_t0 == 0) & (t == n_tiles - 1),
+                2 * pid + (seg_u0 != u_begin).to(tl.int32),
+                stride_ob,
+                stride_oh,
+                GROUP,
+                HEAD_DIM,
+            )
 
 
 @triton.jit
@@ -272,11 +452,13 @@ def merge_kernel(
     stride_ob,
     stride_oh,
     G,
+    splits,  # static schedule: programs per (request, KV head)
+    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     TILE: tl.constexpr,
+    STATIC: tl.constexpr,
     BLOCK_P: tl.constexpr,  # partials combined per step
-    SEARCH_STEPS: tl.constexpr,  # ceil(log2(G)) + 1
 ):
     # grid (G, GROUP): program p merges, for query row r of the group, the split segment that ends in
     # p's unit range, if p's first segment is such a segment (it started in an earlier program).
@@ -289,16 +471,14 @@ def merge_kernel(
         h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u_b, TILE)
         seg_start = u_b - t0
         if (t0 > 0) & (seg_start + n_tiles <= u_e):
-            # first participant: largest q with prog_start[q] <= seg_start (prog_start[p] > seg_start)
-            lo = p * 0
-            hi = p
-            for _ in tl.static_range(SEARCH_STEPS):
-                if hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if tl.load(prog_start_ptr + mid) <= seg_start:
-                        lo = mid
-                    else:
-                        hi = mid
+            # first participant: the program whose range holds seg_start, in O(1)
+            if STATIC:
+                lo = (b * NUM_KV_HEADS + h) * splits
+            else:
+                # dynamic shares: prog_start[q] = q * U // G, so the largest q with prog_start[q] <= u
+                # is ((u + 1) * G - 1) // U
+                total = tl.load(prog_start_ptr + G).to(tl.int64)
+                lo = (((seg_start.to(tl.int64) + 1) * G - 1) // total).to(tl.int32)
             offs_d = tl.arange(0, HEAD_DIM)
             m_run = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)  # kept as a vector
             w_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)

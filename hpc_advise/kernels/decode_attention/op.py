@@ -35,9 +35,11 @@ MAX_STATIC_SPLITS = 64
 # per SM of the persistent grid, software-pipelining depth of the tile loop, warps per program.
 DEFAULT_TILE = 64
 DEFAULT_CTAS_PER_SM = 2
-DEFAULT_NUM_STAGES = 3
+DEFAULT_NUM_STAGES = 5
 DEFAULT_NUM_WARPS = 4
-DEFAULT_PREFETCH = True
+DEFAULT_PREFETCH = False
+DEFAULT_LOOP = "flat"
+LOOPS = ("flat", "nested")
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
@@ -102,6 +104,7 @@ class DecodePlan:
     num_stages: int
     num_warps: int
     prefetch: bool
+    loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
@@ -111,6 +114,8 @@ class DecodePlan:
     prog_b: torch.Tensor = field(repr=False, default=None)
     ws_o: torch.Tensor = field(repr=False, default=None)
     ws_lse: torch.Tensor = field(repr=False, default=None)
+    unit_bh: torch.Tensor = field(repr=False, default=None)
+    unit_t: torch.Tensor = field(repr=False, default=None)
 
     @property
     def group(self) -> int:
@@ -170,6 +175,17 @@ class DecodePlan:
             SEARCH_STEPS=int(math.log2(block_b)) + 1,
             num_warps=4,
         )
+        if self.loop == "flat":
+            _k.fill_units_kernel[(batch,)](
+                self.seq_lens,
+                self.req_start,
+                self.unit_bh,
+                self.unit_t,
+                NUM_KV_HEADS=self.num_kv_heads,
+                TILE=self.tile,
+                BLOCK=1024,
+                num_warps=4,
+            )
         return self
 
 
@@ -191,6 +207,7 @@ def plan(
     num_stages: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
+    loop: str | None = None,
     validate: bool = True,
 ) -> DecodePlan:
     """Build the schedule of a decode step on the GPU (see module docstring).
@@ -232,7 +249,18 @@ def plan(
         splits = int(static_splits) if static_splits else max(1, -(-g_dyn // (max_batch * num_kv_heads)))
         splits = min(splits, MAX_STATIC_SPLITS)
         g = max_batch * num_kv_heads * splits
+    loop = DEFAULT_LOOP if loop is None else loop
+    if loop not in LOOPS:
+        _fail(f"loop must be one of {LOOPS}, got {loop!r}")
     i32 = dict(dtype=torch.int32, device=device)
+    # flat loop: one descriptor per unit; at most max_batch * Hkv * tiles of the longest possible request
+    max_units = (
+        max_batch * num_kv_heads * max(1, -(-(max_pages * page_size) // tile)) if loop == "flat" else 1
+    )
+    if max_units >= 2**31:
+        _fail(
+            f"max_batch x KV heads x tiles = {max_units} work units exceeds int32; lower max_batch or max_pages"
+        )
     p = DecodePlan(
         page_size=page_size,
         num_q_heads=num_q_heads,
@@ -247,6 +275,7 @@ def plan(
         num_stages=DEFAULT_NUM_STAGES if num_stages is None else int(num_stages),
         num_warps=DEFAULT_NUM_WARPS if num_warps is None else int(num_warps),
         prefetch=DEFAULT_PREFETCH if prefetch is None else bool(prefetch),
+        loop=loop,
         device=device,
         seq_lens=torch.ones(max_batch, **i32),
         page_table=torch.zeros(max_batch, max_pages, **i32),
@@ -255,6 +284,8 @@ def plan(
         prog_b=torch.zeros(g, **i32),
         ws_o=torch.empty(2 * g, group, head_dim, dtype=torch.float32, device=device),
         ws_lse=torch.empty(2 * g, group, dtype=torch.float32, device=device),
+        unit_bh=torch.zeros(max_units, **i32),
+        unit_t=torch.zeros(max_units, **i32),
     )
     return p.update(seq_lens, page_table, validate=validate)
 
@@ -333,21 +364,17 @@ def run(
 
     g = plan.grid_size()
     group = plan.group
-    _k.decode_kernel[(g,)](
-        q,
-        k_cache,
-        v_cache,
-        out,
-        plan.page_table,
-        plan.seq_lens,
-        plan.req_start,
-        plan.prog_start,
-        plan.prog_b,
-        plan.ws_o,
-        plan.ws_lse,
-        scales,
-        qk_scale,
-        v_arg,
+    common = dict(
+        GROUP=group,
+        GROUP_PAD=max(16, _next_pow2(group)),
+        HEAD_DIM=D,
+        PAGE=plan.page_size,
+        TILE=plan.tile,
+        NUM_STAGES=plan.num_stages,
+        SCALES_FROM_PTR=from_ptr,
+        num_warps=plan.num_warps,
+    )
+    strides = (
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -359,16 +386,47 @@ def run(
         out.stride(0),
         out.stride(1),
         plan.page_table.stride(0),
-        GROUP=group,
-        GROUP_PAD=max(16, _next_pow2(group)),
-        HEAD_DIM=D,
-        PAGE=plan.page_size,
-        TILE=plan.tile,
-        NUM_STAGES=plan.num_stages,
-        SCALES_FROM_PTR=from_ptr,
-        PREFETCH=plan.prefetch,
-        num_warps=plan.num_warps,
     )
+    if plan.loop == "flat":
+        _k.decode_flat_kernel[(g,)](
+            q,
+            k_cache,
+            v_cache,
+            out,
+            plan.page_table,
+            plan.seq_lens,
+            plan.unit_bh,
+            plan.unit_t,
+            plan.prog_start,
+            plan.ws_o,
+            plan.ws_lse,
+            scales,
+            qk_scale,
+            v_arg,
+            *strides,
+            NUM_KV_HEADS=plan.num_kv_heads,
+            **common,
+        )
+    else:
+        _k.decode_kernel[(g,)](
+            q,
+            k_cache,
+            v_cache,
+            out,
+            plan.page_table,
+            plan.seq_lens,
+            plan.req_start,
+            plan.prog_start,
+            plan.prog_b,
+            plan.ws_o,
+            plan.ws_lse,
+            scales,
+            qk_scale,
+            v_arg,
+            *strides,
+            PREFETCH=plan.prefetch,
+            **common,
+        )
     _k.merge_kernel[(g, group)](
         out,
         plan.seq_lens,
@@ -380,11 +438,13 @@ def run(
         out.stride(0),
         out.stride(1),
         g,
+        max(1, plan.static_splits),
+        NUM_KV_HEADS=plan.num_kv_heads,
         GROUP=group,
         HEAD_DIM=D,
         TILE=plan.tile,
+        STATIC=plan.static_splits > 0,
         BLOCK_P=64,
-        SEARCH_STEPS=max(1, int(math.ceil(math.log2(max(g, 2))))) + 1,
         num_warps=4,
     )
     return out

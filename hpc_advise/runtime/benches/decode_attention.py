@@ -48,18 +48,25 @@ PEER_TITLES = {
     "fi_decode_tc": "FI decode (TC)",
     "torch_fa2": "torch FA2 varlen",
 }
-# Launch configurations tried by sweep(): (tile, ctas_per_sm, num_stages, num_warps)
-SWEEP_CONFIGS = [(t, c, 3, 4) for t in (32, 64, 128) for c in (1, 2, 3, 4)] + [
-    (64, 2, 2, 4),
-    (64, 2, 4, 4),
-    (64, 2, 3, 8),
-    (128, 2, 3, 8),
+# Launch configurations tried by sweep(): (tile, ctas_per_sm, num_stages, num_warps, loop variant).
+# Device run 1 swept tile {32, 64, 128} x CTAs/SM {1..4} x stages {2, 3, 4} x warps {4, 8} with Triton's
+# pipeliner: stages made no difference. Compiling offline (sm_90a) showed why: up to 4 stages the
+# pipeliner keeps ONE shared-memory buffer for K and V (the page-id load takes a stage), so a tile's
+# copies start only after the previous tile is consumed; from 5 stages on it double-buffers, from 7 on
+# it triple-buffers. The flat loop (unit descriptors) keeps copies in flight across segment ends. This
+# grid sizes the flat loop (registers and shared memory bound CTAs/SM: README, "Tuning") against the
+# nested loop with hand prefetch into registers.
+SWEEP_CONFIGS = [
+    (64, 2, 5, 4, "flat"),
+    (32, 3, 7, 4, "flat"),
+    (32, 2, 7, 4, "flat"),
+    (64, 2, 1, 4, "nested-prefetch"),
 ]
 SWEEP_CASES = [
-    ("64 x 4K", 8, 1),
-    ("1 x 128K + 31 x 4K", 8, 1),
-    ("64 x 4K", 64, 8),
-    ("1 x 128K + 31 x 4K", 64, 8),
+    ("64 x 4K", 8, 1, "bf16"),
+    ("1 x 128K", 8, 1, "bf16"),
+    ("64 x 4K", 64, 8, "bf16"),
+    ("64 x 4K", 64, 8, "fp8"),
 ]
 
 
@@ -384,9 +391,10 @@ def headers(peers=PEERS) -> list[str]:
     )
 
 
-def bench(grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=None, **cfg):
+def bench(grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=None, fp8_cfg=None, **cfg):
     """Run the grid; returns (rows, table, headers). ``peers=False`` times ours only (and static);
-    ``progress(line)`` is called after each case."""
+    ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
+    instead for fp8 KV when given)."""
     import torch
 
     if grid not in ("full", "small"):
@@ -416,17 +424,17 @@ def bench(grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=N
             for n in CASES
         ]
     table, failures = [], {}
+    bench.copy_tbps, bench.failures = copy, failures
     for name, hq, hkv, dt in todo:
-        r, line, fail = bench_case(name, hq, hkv, dt, copy, peers=chosen, env=env, **cfg)
+        use = fp8_cfg if (fp8_cfg is not None and dt == torch.float8_e4m3fn) else cfg
+        r, line, fail = bench_case(name, hq, hkv, dt, copy, peers=chosen, env=env, **use)
         rows += r
         table.append(line)
         if progress:
-            progress(line)
+            progress(rows, table, headers(chosen))
         torch.cuda.empty_cache()
         for p, why in fail.items():
             failures.setdefault(p, why)
-    bench.copy_tbps = copy
-    bench.failures = failures
     return rows, table, headers(chosen)
 
 
@@ -436,10 +444,13 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES):
 
     env = environment()
     rows, table = [], []
-    for name, hq, hkv in cases:
-        w = Workload(case_lengths(name), hq, hkv, torch.bfloat16)
-        for tile, ctas, stages, warps, prefetch in configs:
-            cfg = dict(tile=tile, ctas_per_sm=ctas, num_stages=stages, num_warps=warps, prefetch=prefetch)
+    for name, hq, hkv, kv in cases:
+        w = Workload(case_lengths(name), hq, hkv, torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16)
+        for tile, ctas, stages, warps, variant in configs:
+            loop, _, pre = variant.partition("-")
+            cfg = dict(
+                tile=tile, ctas_per_sm=ctas, num_stages=stages, num_warps=warps, loop=loop, prefetch=bool(pre)
+            )
             calls, _, _ = _ours(w, "dynamic", **cfg)
             t, how = _time(calls)
             rows.append(
@@ -447,24 +458,33 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES):
                     kind="kernel",
                     subject="decode_attention.sweep",
                     provider="hpc_advise_dynamic",
-                    config={"case": name, "num_q_heads": hq, "num_kv_heads": hkv, "timing": how, **cfg},
+                    config={
+                        "case": name,
+                        "num_q_heads": hq,
+                        "num_kv_heads": hkv,
+                        "kv_dtype": kv,
+                        "timing": how,
+                        **cfg,
+                    },
                     metric="latency",
                     unit="us",
                     timing=t,
                     env=env,
                 )
             )
-            table.append([name, f"{hq}/{hkv}", tile, ctas, stages, warps, prefetch, round(t.p50, 1)])
+            table.append([name, f"{hq}/{hkv}", kv, tile, ctas, stages, warps, variant, round(t.p50, 1)])
         del w
         torch.cuda.empty_cache()
-    return rows, table, ["case", "Hq/Hkv", "tile", "CTAs/SM", "stages", "warps", "prefetch", "µs"]
+    return rows, table, ["case", "Hq/Hkv", "KV", "tile", "CTAs/SM", "stages", "warps", "loop", "µs"]
 
 
-def best_config(sweep_rows: list[dict]) -> dict:
-    """The configuration with the lowest geometric mean of p50 over the swept cases."""
-    keys = ("tile", "ctas_per_sm", "num_stages", "num_warps", "prefetch")
+def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16") -> dict:
+    """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype."""
+    keys = ("tile", "ctas_per_sm", "num_stages", "num_warps", "loop", "prefetch")
     logs: dict[tuple, list[float]] = {}
     for r in sweep_rows:
+        if r["config"].get("kv_dtype", "bf16") != kv_dtype:
+            continue
         logs.setdefault(tuple(r["config"][k] for k in keys), []).append(math.log(r["p50"]))
     full = max(len(v) for v in logs.values())
     best = min((k for k, v in logs.items() if len(v) == full), key=lambda k: sum(logs[k]))
