@@ -236,7 +236,8 @@ def plan(
     max_pages = page_table.shape[1] if max_pages is None else int(max_pages)
     if max_pages < 1:
         _fail(f"page_table needs at least one column, got {max_pages}")
-    tile = DEFAULT_TILE if tile is None else int(tile)
+    # head_dim 256 doubles every tile's bytes: halve the default tile so two programs still fit an SM
+    tile = (DEFAULT_TILE if head_dim <= 128 else max(16, DEFAULT_TILE // 2)) if tile is None else int(tile)
     if tile not in (16, 32, 64, 128) or (page_size < tile and tile % page_size):
         _fail(f"tile {tile} must be 16, 32, 64 or 128")
     ctas = DEFAULT_CTAS_PER_SM if ctas_per_sm is None else int(ctas_per_sm)
