@@ -1,0 +1,208 @@
+"""Candidate SGLang configurations for a model on N GPUs, each checked for support and memory fit.
+
+Dimensions: TP over the divisors of N (N / TP replicas behind SGLang's data-parallel router), EP in
+{1, TP} for MoE models, attention data parallelism in {1, TP} for MoE models, attention backend
+(fa3, flashinfer, triton, hpc_ops, ours = ``hpc_advise``), MoE runner (auto = SGLang's triton,
+deep_gemm, hpc_ops, ours) and KV-cache dtype (auto, fp8_e4m3). The page size follows the backend
+(64 for hpc_ops and ours, SGLang's default 1 otherwise). Every excluded candidate keeps its reason.
+
+Memory per GPU (bytes): weights per rank (non-expert weights / attention-TP + routed experts / TP) +
+KV of the requests one attention group holds (concurrency x mean context during decode, isl + osl/2,
+plus one request at the trace's p99 context) + an activation / CUDA-graph reserve, against
+``mem_fraction_static`` (0.88, SGLang's default on large GPUs) of the GPU's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton", "hpc_ops", "hpc_advise")
+MOE_RUNNERS = ("auto", "deep_gemm", "hpc_ops", "hpc_advise")
+KV_DTYPES = ("auto", "fp8_e4m3")
+MEM_FRACTION_STATIC = 0.88
+GRAPH_RESERVE_BYTES = 2 * 2**30  # CUDA graphs, NCCL buffers, allocator slack (estimate)
+CHUNKED_PREFILL_TOKENS = 8192  # SGLang's default chunk on large GPUs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One SGLang launch configuration on ``tp * replicas`` GPUs."""
+
+    tp: int
+    replicas: int = 1
+    ep: int = 1
+    attn_dp: int = 1
+    attention_backend: str = "fa3"
+    moe_runner: str | None = None  # None for dense models
+    kv_dtype: str = "auto"
+
+    @property
+    def page_size(self) -> int:
+        return 64 if self.attention_backend in ("hpc_ops", "hpc_advise") else 1
+
+    @property
+    def n_gpus(self) -> int:
+        return self.tp * self.replicas
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}"]
+        if self.replicas > 1:
+            parts.insert(0, f"{self.replicas}x")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.attn_dp > 1:
+            parts.append(f"attnDP{self.attn_dp}")
+        parts.append(f"attn={self.attention_backend}")
+        if self.moe_runner:
+            parts.append(f"moe={self.moe_runner}")
+        parts.append(f"kv={self.kv_dtype}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "tp": self.tp,
+            "replicas": self.replicas,
+            "ep": self.ep,
+            "attn_dp": self.attn_dp,
+            "attention_backend": self.attention_backend,
+            "moe_runner": self.moe_runner,
+            "kv_dtype": self.kv_dtype,
+            "page_size": self.page_size,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Candidate:
+        keys = ("tp", "replicas", "ep", "attn_dp", "attention_backend", "moe_runner", "kv_dtype")
+        return cls(**{k: d[k] for k in keys if k in d})
+
+
+@dataclass
+class Checked:
+    candidate: Candidate
+    ok: bool
+    reason: str = ""
+    memory: dict = field(default_factory=dict)  # GiB: weights, kv, reserve, usable, headroom
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def support_reason(c: Candidate, model, gpu) -> str | None:
+    """Why SGLang (or our plugin) cannot run ``c`` for this model on this GPU, or None."""
+    cc = tuple(gpu.compute_capability)
+    mla = model.attention == "mla"
+    if model.num_heads % (c.tp // c.attn_dp):
+        return f"{model.num_heads} attention heads do not split over attention-TP {c.tp // c.attn_dp}"
+    if model.is_moe:
+        if model.num_experts % c.ep:
+            return f"{model.num_experts} experts do not split over EP {c.ep}"
+    b = c.attention_backend
+    if b == "fa3" and cc != (9, 0):
+        return f"fa3 needs SM90 (this GPU is SM{cc[0]}{cc[1]})"
+    if b == "hpc_ops":
+        if cc != (9, 0):
+            return f"hpc_ops attention needs SM90 (this GPU is SM{cc[0]}{cc[1]})"
+        if mla:
+            return "hpc_ops attention supports GQA only (model uses MLA)"
+        if model.head_dim != 128:
+            return f"hpc_ops attention needs head_dim 128 (model: {model.head_dim})"
+        group = model.num_heads // max(model.num_kv_heads, 1)
+        if group not in (4, 8):
+            return f"hpc_ops attention needs GQA group 4 or 8 (model: {group})"
+    if b == "hpc_advise":
+        if cc < (9, 0):
+            return f"our decode attention targets SM90+ (this GPU is SM{cc[0]}{cc[1]})"
+        if mla:
+            return "our decode attention supports GQA/MHA only (model uses MLA)"
+        if model.head_dim not in (64, 128, 256):
+            return f"our decode attention needs head_dim 64/128/256 (model: {model.head_dim})"
+        group = model.num_heads // max(model.num_kv_heads, 1)
+        if not 1 <= group <= 16:
+            return f"our decode attention supports GQA groups 1-16 (model: {group})"
+    m = c.moe_runner
+    q = model.quantization
+    if m == "deep_gemm" and (q != "fp8-block128" or cc[0] not in (9, 10)):
+        return "deep_gemm needs an FP8 block-128 checkpoint on SM90/SM100"
+    if m == "hpc_ops" and (not q.startswith("fp8") or cc != (9, 0)):
+        return "hpc_ops MoE needs an FP8 checkpoint on SM90"
+    if m == "hpc_advise" and (q not in ("fp8-per-tensor", "fp8-block128") or cc < (9, 0)):
+        return "our fused MoE needs FP8 per-tensor or block-128 weights on SM90+"
+    return None
+
+
+def memory_check(
+    c: Candidate, model, gpu, concurrency: float, ctx_mean: float, ctx_p99: float
+) -> tuple[bool, str, dict]:
+    """Fit of ``c`` at ``concurrency`` requests per replica (see module docstring)."""
+    from hpc_advise.profiles.model import QUANT_SCHEMES
+
+    gib = 2.0**30
+    attn_tp = c.tp // c.attn_dp
+    q_bytes, scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))
+    experts = float(model.expert_params()) if model.is_moe else 0.0
+    expert_bytes = experts * (q_bytes if scope in ("linear", "experts") else 2.0)
+    other = float(model.weight_bytes()) - expert_bytes
+    weights = other / attn_tp + expert_bytes / c.tp
+    kv_elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
+    per_tok = float(model.kv_bytes_per_token(kv_elem))
+    if model.attention != "mla":
+        per_tok *= 1.0 / min(attn_tp, max(model.num_kv_heads, 1))
+    per_group = concurrency / c.attn_dp
+    kv = per_tok * (max(per_group - 1, 0) * ctx_mean + ctx_p99)
+    reserve = GRAPH_RESERVE_BYTES + CHUNKED_PREFILL_TOKENS * model.hidden_size * 2 * 16
+    usable = gpu.memory_gib * gib * MEM_FRACTION_STATIC
+    headroom = usable - weights - kv - reserve
+    mem = {
+        "weights_gib": weights / gib,
+        "kv_gib": kv / gib,
+        "reserve_gib": reserve / gib,
+        "usable_gib": usable / gib,
+        "headroom_gib": headroom / gib,
+    }
+    if weights + reserve > usable:
+        return (
+            False,
+            f"weights {weights / gib:.1f} GiB per GPU + reserve do not fit in {usable / gib:.0f} GiB",
+            mem,
+        )
+    if headroom < 0:
+        return (
+            False,
+            f"KV for {per_group:.0f} requests x {ctx_mean:.0f} tokens needs {kv / gib:.1f} GiB, "
+            f"{(usable - weights - reserve) / gib:.1f} GiB free per GPU",
+            mem,
+        )
+    return True, "", mem
+
+
+def enumerate_candidates(model, n_gpus: int) -> list[Candidate]:
+    out: list[Candidate] = []
+    for tp in _divisors(n_gpus):
+        eps = sorted({1, tp}) if model.is_moe else [1]
+        dps = sorted({1, tp}) if model.is_moe else [1]
+        runners = MOE_RUNNERS if model.is_moe else (None,)
+        for ep in eps:
+            for dp in dps:
+                for attn in ATTENTION_BACKENDS:
+                    for moe in runners:
+                        for kv in KV_DTYPES:
+                            out.append(Candidate(tp, n_gpus // tp, ep, dp, attn, moe, kv))
+    return out
+
+
+def check_all(model, gpu, n_gpus: int, concurrency_fn, ctx_mean: float, ctx_p99: float) -> list[Checked]:
+    """Every candidate with ok/reason; ``concurrency_fn(candidate)`` gives requests per replica."""
+    out = []
+    for c in enumerate_candidates(model, n_gpus):
+        why = support_reason(c, model, gpu)
+        if why:
+            out.append(Checked(c, False, why))
+            continue
+        ok, why, mem = memory_check(c, model, gpu, concurrency_fn(c), ctx_mean, ctx_p99)
+        out.append(Checked(c, ok, why, mem))
+    return out
+
+
+def with_backend(c: Candidate, attention_backend: str) -> Candidate:
+    return replace(c, attention_backend=attention_backend)

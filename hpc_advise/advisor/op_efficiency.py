@@ -1,0 +1,176 @@
+"""Per-operator kernel models fitted on kernel benchmark rows: how far each attention backend sits
+from the KV-read roofline on a given decode batch, so backends can be compared on a trace's length mix.
+
+Rows come from three places (all knowledge-base ``runs`` rows, kind 'kernel'): the seed file
+``data/kernel_seed.jsonl`` (the team's reference H200 run, shared DESIGN §7), committed benchmark
+results ``benchmarks/results/*.jsonl`` of this checkout, and the knowledge base. For decode attention,
+each provider gets a non-negative least-squares model
+
+    t_us = a + b * floor_us + c * tail_us
+
+where ``floor_us`` = the batch's KV bytes / copy bandwidth (the roofline) and ``tail_us`` = the
+longest request's bytes of one KV head / copy bandwidth: a kernel that cannot split a long request
+over many SMs pays ``c`` (static split-k schedules have a large ``c``, dynamic schedules a small
+one). ``a`` is the fixed cost (launch, planning, merge). Bandwidths come from the row's GPU profile,
+so the fit transfers to another GPU by its bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+SEED = "kernel_seed.jsonl"
+
+# SGLang attention backend -> benchmark providers that stand for it, best first.
+BACKEND_PROVIDERS: dict[str, tuple[str, ...]] = {
+    "hpc_advise": ("hpc_advise_dynamic", "hpc_advise"),
+    "hpc_ops": ("hpc_ops", "hpc_ops_dynamic"),
+    "flashinfer": ("fi_decode_tc", "flashinfer", "flashinfer_decode"),
+    "fa3": ("fa3", "flash_attn_3"),
+    "triton": ("sglang_triton", "triton"),
+}
+
+_GROUP = re.compile(r"(\d+)\s*x\s*(\d+)\s*(K?)", re.I)
+_LOGU = re.compile(r"(\d+)\s*x\s*log-uniform(?:\s*(\d+)(K?)\s*[-–]\s*(\d+)(K?))?", re.I)
+
+
+def lengths_of(config: dict) -> list[int] | None:
+    """Sequence lengths of a decode-attention benchmark case: explicit ``seq_lens``, ``groups``
+    [[count, len], ...], ``loguniform`` [n, lo, hi] (expected quantiles), or a case name such as
+    '1 x 128K + 31 x 4K' / '64 x log-uniform 1K-32K'."""
+    if config.get("seq_lens"):
+        return [int(x) for x in config["seq_lens"]]
+    if config.get("groups"):
+        return [int(n) for c, n in config["groups"] for _ in range(int(c))]
+    spec = config.get("loguniform")
+    name = str(config.get("case") or config.get("mix") or "")
+    if spec is None:
+        m = _LOGU.search(name)
+        if m:
+            lo = int(m.group(2)) * (1024 if m.group(3) else 1) if m.group(2) else 1024
+            hi = int(m.group(4)) * (1024 if m.group(5) else 1) if m.group(4) else 32768
+            spec = [int(m.group(1)), lo, hi]
+    if spec is not None:
+        n, lo, hi = int(spec[0]), float(spec[1]), float(spec[2])
+        qs = (np.arange(n) + 0.5) / n
+        return [int(round(math.exp(math.log(lo) + q * (math.log(hi) - math.log(lo))))) for q in qs]
+    groups = _GROUP.findall(name)
+    if groups:
+        return [int(n) * (1024 if k else 1) for c, n, k in groups for _ in range(int(c))]
+    return None
+
+
+def attention_terms(
+    lens, num_kv_heads: int, head_dim: int, kv_elem_bytes: float, bw_bytes_per_us: float
+) -> tuple[float, float]:
+    """(floor_us, tail_us) of one decode-attention call over ``lens`` on one rank."""
+    per_token_head = 2.0 * head_dim * kv_elem_bytes
+    total = float(np.sum(lens)) * per_token_head * num_kv_heads
+    return total / bw_bytes_per_us, float(np.max(lens)) * per_token_head / bw_bytes_per_us
+
+
+@dataclass
+class AttentionModel:
+    """Fitted (a, b, c) per provider, with the rows each fit used."""
+
+    coef: dict[str, tuple[float, float, float]]
+    n_rows: dict[str, int]
+    sources: dict[str, list[str]]
+
+    def provider_for(self, backend: str) -> str | None:
+        for p in BACKEND_PROVIDERS.get(backend, (backend,)):
+            if p in self.coef:
+                return p
+        return None
+
+    def predict_us(self, backend: str, floor_us: np.ndarray, tail_us: np.ndarray) -> np.ndarray | None:
+        """Per-call µs for ``backend`` (None when no provider of it was measured)."""
+        p = self.provider_for(backend)
+        if p is None:
+            return None
+        a, b, c = self.coef[p]
+        return a + b * np.asarray(floor_us) + c * np.asarray(tail_us)
+
+
+def seed_rows() -> list[dict]:
+    text = resources.files("hpc_advise.advisor.data").joinpath(SEED).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def checkout_rows(root: Path | None = None) -> list[dict]:
+    """Rows of committed benchmark results (benchmarks/results/*.jsonl) when running from a checkout."""
+    root = root or Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    rows: list[dict] = []
+    if root.is_dir():
+        for path in sorted(root.glob("*.jsonl")):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
+    return rows
+
+
+def kb_rows(kb_path: str | Path | None) -> list[dict]:
+    from hpc_advise.paths import kb_path as default_kb
+
+    path = Path(kb_path) if kb_path else default_kb()
+    if not path.exists():
+        return []
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    return KnowledgeBase(path).runs(kind="kernel", subject="decode_attention")
+
+
+def fit_attention(rows: list[dict]) -> AttentionModel:
+    """Fit (a, b, c) per provider on decode-attention latency rows it can interpret; rows timed
+    with CUDA graphs are preferred over eager rows of the same provider (launch gaps differ)."""
+    from scipy.optimize import nnls
+
+    from hpc_advise.advisor.perf_model import resolve_gpu
+    from hpc_advise.advisor.serving_data import RowError
+
+    by_provider: dict[str, list[tuple[float, float, float, str]]] = {}
+    for r in rows:
+        if r.get("kind") != "kernel" or r.get("subject") != "decode_attention" or r.get("unit") != "us":
+            continue
+        cfg = r.get("config") or {}
+        lens = lengths_of(cfg)
+        if not lens or not r.get("p50"):
+            continue
+        try:
+            bw = float(resolve_gpu(str(r.get("gpu") or "h200")).rate("copy_bw_tbps")) * 1e6
+        except RowError:
+            continue
+        elem = 1.0 if "fp8" in str(cfg.get("kv_dtype", "")) else 2.0
+        floor, tail = attention_terms(
+            lens, int(cfg.get("num_kv_heads", 1)), int(cfg.get("head_dim", 128)), elem, bw
+        )
+        graph = "graph" in str(cfg.get("timing", ""))
+        key = str(r.get("provider"))
+        by_provider.setdefault(key, []).append((floor, tail, float(r["p50"]), "graph" if graph else "eager"))
+    coef, counts, sources = {}, {}, {}
+    for prov, items in by_provider.items():
+        modes = {m for *_, m in items}
+        keep = [it for it in items if it[3] == "graph"] if "graph" in modes else items
+        if len(keep) < 3:
+            continue
+        A = np.array([[1.0, f, t] for f, t, _, _ in keep])
+        y = np.array([v for _, _, v, _ in keep])
+        sol, _ = nnls(A / y[:, None], np.ones(len(y)))
+        coef[prov] = (float(sol[0]), float(sol[1]), float(sol[2]))
+        counts[prov] = len(keep)
+        sources[prov] = sorted({m for *_, m in keep})
+    return AttentionModel(coef, counts, sources)
+
+
+def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
+    return fit_attention(seed_rows() + checkout_rows() + kb_rows(kb_path))

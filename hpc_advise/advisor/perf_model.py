@@ -1,0 +1,507 @@
+"""The serving-level performance model: roofline terms calibrated on measured end-to-end runs.
+
+Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge base's serving runs):
+
+1. A non-negative linear model over the roofline's terms (pooled over engines, times one factor per engine) (``features``): TPOT =
+   θ · [1 ms, per-layer overhead, collectives, KV read, weight read, MoE, communication, prefill
+   interference]; TTFT = θ · [1 ms, per-layer overhead, prefill, queueing wait, decode step,
+   collectives]. Fitted with NNLS on relative error (each row divided by its measurement), so it
+   keeps the physics' shape and extrapolates across GPUs and models. Each engine with at least
+   ``min_engine_rows`` rows gets its median ratio as a factor (per-engine NNLS fitted narrow data,
+   e.g. SGLang rows that are mostly one model, into unphysical shapes); others use the pooled fit.
+2. A small gradient-boosted correction (scikit-learn HistGradientBoosting, absolute loss) of the log
+   ratio measured / stage 1, on dimensionless features (``features.FEATURE_NAMES``), no GPU or model
+   identity.
+
+``evaluate`` runs grouped cross-validation (hold out every model, then every GPU) and reports the
+median and p90 absolute percentage error per held-out group. ``load_or_fit`` caches the fitted model
+under ``hpc_advise.paths.cache_dir()`` keyed by a hash of its training rows and settings. Predictions
+carry ``out_of_range`` notes when an input lies outside what the model was trained on.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hpc_advise.advisor import features as F
+from hpc_advise.advisor.serving_data import RowError, ServingPoint
+
+MODEL_VERSION = 1
+SETTINGS: dict = {
+    "version": MODEL_VERSION,
+    "min_engine_rows": 150,
+    "gbm": {
+        "max_iter": 100,
+        "learning_rate": 0.05,
+        "max_leaf_nodes": 15,
+        "min_samples_leaf": 60,
+        "l2_regularization": 1.0,
+        "loss": "squared_error",
+        "random_state": 0,
+    },
+    "stage1": "pooled",  # or "per_engine" (its own NNLS per engine: fits better, transfers worse)
+    "use_gbm": True,
+    "residual_clip": 1.5,  # |log ratio| the correction may apply
+}
+
+TPOT_TERMS = ("const_ms", "layers", "collectives", "attn_kv", "weights", "moe", "comm", "interference")
+TTFT_TERMS = ("const_ms", "layers", "prefill", "wait", "step", "collectives")
+
+# Checkpoints whose architecture equals a shipped profile's (same config.json shapes).
+ARCH_ALIASES = {"deepseek-v3.1": "deepseek-v3", "deepseek-v3.2": "deepseek-v3"}
+_QUANT_SUFFIX = re.compile(r"[-_](fp8|nvfp4|fp4|mxfp4|awq|gptq|int4|w4a16|instruct)$", re.I)
+
+
+@functools.lru_cache(maxsize=256)
+def resolve_model(name: str):
+    """A ModelProfile for a model name, HF id or config.json path; quantized re-uploads
+    ('nvidia/DeepSeek-R1-NVFP4', 'Qwen/Qwen3-235B-A22B-FP8') map to their base architecture."""
+    from hpc_advise.profiles import ProfileNotFound, get_model
+
+    try:
+        return get_model(name)
+    except ProfileNotFound as first:
+        base = name.rsplit("/", 1)[-1]
+        for _ in range(3):
+            base = _QUANT_SUFFIX.sub("", base)
+        for cand in (base, ARCH_ALIASES.get(base.lower(), "")):
+            if cand:
+                try:
+                    return get_model(cand)
+                except ProfileNotFound:
+                    continue
+        raise RowError(f"no model profile for {name!r} ({first})") from None
+
+
+@functools.lru_cache(maxsize=64)
+def resolve_gpu(name: str):
+    from hpc_advise.profiles import ProfileNotFound, get_gpu
+
+    try:
+        return get_gpu(name)
+    except ProfileNotFound as exc:
+        raise RowError(f"no GPU profile for {name!r} ({exc})") from None
+
+
+def model_quants(model) -> tuple[str, str]:
+    """(dense GEMM quant, MoE quant) of a model's shipped checkpoint."""
+    q = F.normalize_quant(model.quantization)
+    scope = "experts" if model.quantization in ("mxfp4",) or "int4" in model.quantization else "linear"
+    return ("bf16" if scope == "experts" else q), q
+
+
+@dataclass
+class Prepared:
+    """A ServingPoint with its profiles resolved and its roofline computed."""
+
+    point: ServingPoint
+    model_key: str
+    gpu_key: str
+    shapes: F.Shapes
+    rates: F.Rates
+    dep: F.Deployment
+    workload: F.Workload
+    rf: dict
+    feats: np.ndarray
+    x_tpot: np.ndarray
+    x_ttft: np.ndarray
+
+
+def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
+    """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot."""
+    model = resolve_model(p.model)
+    gpu = resolve_gpu(p.gpu)
+    s = F.shapes_of(model)
+    rates = F.Rates.of(gpu)
+    ep = p.moe_ep if s.is_moe else 1
+    if s.is_moe and s.experts % ep:
+        raise RowError(f"moe_ep {ep} does not divide {s.experts} experts")
+    try:
+        dep = F.Deployment(p.n_gpus, p.attn_dp, ep, p.dense_quant, p.moe_quant, p.kv_bytes)
+    except ValueError as exc:
+        raise RowError(str(exc)) from exc
+    if p.dense_quant not in F.WEIGHT_BYTES or p.moe_quant not in F.WEIGHT_BYTES:
+        raise RowError(f"unknown quantization {p.dense_quant}/{p.moe_quant}")
+    w = F.Workload(p.isl, p.osl, p.concurrency, prefix_reuse)
+    rf = F.roofline_serving(s, rates, dep, w)
+    feats = F.feature_vector(s, rates, dep, w, rf, p.engine)
+    x_tpot = np.array(
+        [
+            1000.0,
+            s.layers * 10.0,
+            rf["d_n_collectives"] * 10.0,
+            rf["d_attn_kv"],
+            rf["d_attn_proj"] + rf["d_dense_ffn"] + rf["d_lm_head"],
+            rf["d_moe"] + rf["d_router"],
+            rf["d_comm"],
+            rf["interference_us"],
+        ]
+    )
+    x_ttft = np.array(
+        [
+            1000.0,
+            s.layers * 10.0,
+            rf["prefill_us"],
+            rf["wait_us"],
+            rf["step_us"],
+            rf["p_n_collectives"] * 10.0,
+        ]
+    )
+    return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft)
+
+
+def prepare_all(points: list[ServingPoint]) -> tuple[list[Prepared], list[tuple[str, str]]]:
+    good, bad = [], []
+    for p in points:
+        try:
+            good.append(prepare(p))
+        except RowError as exc:
+            bad.append((p.where, str(exc)))
+    return good, bad
+
+
+def dedupe(points: list[ServingPoint]) -> list[ServingPoint]:
+    """Drop exact repeats (same configuration and same measurements; the CSV lists some twice)."""
+    seen, out = set(), []
+    for p in points:
+        d = p.to_dict()
+        d.pop("where")
+        d.pop("row_id")
+        key = json.dumps(d, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def _one_thread():
+    """OpenMP in HistGradientBoosting oversubscribes small, busy machines (18 s vs 0.7 s measured on
+    a loaded 2-core box for one fit); the data are small, one thread is fastest."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1)
+
+
+def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    theta, _ = nnls(X / y[:, None], np.ones(len(y)), maxiter=50 * X.shape[1])
+    return theta
+
+
+@dataclass
+class ServingModel:
+    """Fitted calibration; ``predict`` takes Prepared points."""
+
+    theta: dict  # {"tpot"|"ttft": {engine|"*": list[float]}}
+    gbm: dict  # {"tpot"|"ttft": estimator|None}
+    ranges: dict
+    n_rows: int
+    key: str
+    settings: dict
+    rows_by_engine: dict = field(default_factory=dict)
+
+    def _base(self, preps: list[Prepared], which: str) -> np.ndarray:
+        th = self.theta[which]
+        out = np.empty(len(preps))
+        for i, pr in enumerate(preps):
+            t = np.asarray(th.get(pr.point.engine, th["*"]))
+            x = pr.x_tpot if which == "tpot" else pr.x_ttft
+            out[i] = max(float(x @ t), 1.0)
+        return out
+
+    def predict(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
+        """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms'} arrays for the points."""
+        res = {}
+        for which in ("tpot", "ttft"):
+            base = self._base(preps, which)
+            est = self.gbm.get(which)
+            if est is not None and preps:
+                Z = np.column_stack([np.array([p.feats for p in preps]), np.log(base)])
+                clip = self.settings.get("residual_clip", 1.5)
+                with _one_thread():
+                    corr = np.clip(est.predict(Z), -clip, clip)
+            else:
+                corr = np.zeros(len(preps))
+            res[f"{which}_base_ms"] = base / 1e3
+            res[f"{which}_ms"] = base * np.exp(corr) / 1e3
+        return res
+
+    def ttft_split(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
+        """TTFT as ``(overhead_ms + prefill_coef * roofline_prefill_ms) * correction`` plus queueing:
+        the stage-1 terms other than prefill and queue wait form the overhead, ``prefill_coef`` is the
+        prefill term's coefficient, ``correction`` the stage-2 factor. Lets a caller put its own
+        queue (from a trace's arrivals) in place of the closed-loop one."""
+        th = self.theta["ttft"]
+        i_pf, i_wait = TTFT_TERMS.index("prefill"), TTFT_TERMS.index("wait")
+        over, coef = np.empty(len(preps)), np.empty(len(preps))
+        for i, pr in enumerate(preps):
+            t = np.asarray(th.get(pr.point.engine, th["*"]), dtype=float)
+            x = pr.x_ttft.copy()
+            coef[i] = t[i_pf]
+            x[i_pf] = x[i_wait] = 0.0
+            over[i] = float(x @ t) / 1e3
+        pred = self.predict(preps)
+        corr = pred["ttft_ms"] / pred["ttft_base_ms"]
+        return {"overhead_ms": over, "prefill_coef": coef, "correction": corr}
+
+    def out_of_range(self, pr: Prepared) -> list[str]:
+        """Human-readable notes for inputs outside the training data."""
+        notes = []
+        p = pr.point
+        vals = {
+            "isl": p.isl,
+            "osl": p.osl,
+            "concurrency": p.concurrency,
+            "batch per attention group": pr.rf["batch"],
+            "n_gpus": p.n_gpus,
+            "memory bandwidth TB/s": pr.rates.bw / 1e6,
+        }
+        for name, v in vals.items():
+            lo, hi = self.ranges.get(name, (None, None))
+            if lo is not None and not (lo <= v <= hi):
+                notes.append(f"{name} {v:g} outside training range [{lo:g}, {hi:g}]")
+        if p.engine not in self.ranges.get("engines", []):
+            notes.append(f"engine {p.engine!r} not in training data")
+        if pr.model_key not in self.ranges.get("models", []):
+            notes.append(f"model {pr.model_key} not in training data (architecture transfer)")
+        if pr.gpu_key not in self.ranges.get("gpus", []):
+            notes.append(f"GPU {pr.gpu_key} not in training data (roofline transfer)")
+        return notes
+
+    def summary(self) -> dict:
+        return {
+            "key": self.key,
+            "n_rows": self.n_rows,
+            "rows_by_engine": self.rows_by_engine,
+            "theta": {
+                which: {
+                    eng: dict(zip(TPOT_TERMS if which == "tpot" else TTFT_TERMS, map(float, t), strict=True))
+                    for eng, t in th.items()
+                }
+                for which, th in self.theta.items()
+            },
+            "ranges": self.ranges,
+            "gbm": {k: (v is not None) for k, v in self.gbm.items()},
+            "settings": self.settings,
+        }
+
+
+def _ranges(preps: list[Prepared]) -> dict:
+    def rng(vals):
+        return (float(min(vals)), float(max(vals)))
+
+    return {
+        "isl": rng([p.point.isl for p in preps]),
+        "osl": rng([p.point.osl for p in preps]),
+        "concurrency": rng([p.point.concurrency for p in preps]),
+        "batch per attention group": rng([p.rf["batch"] for p in preps]),
+        "n_gpus": rng([p.point.n_gpus for p in preps]),
+        "memory bandwidth TB/s": rng([p.rates.bw / 1e6 for p in preps]),
+        "engines": sorted({p.point.engine for p in preps}),
+        "models": sorted({p.model_key for p in preps}),
+        "gpus": sorted({p.gpu_key for p in preps}),
+    }
+
+
+def fit(preps: list[Prepared], settings: dict | None = None, key: str = "") -> ServingModel:
+    """Fit both stages on prepared points with measured TTFT and TPOT."""
+    settings = dict(settings or SETTINGS)
+    if len(preps) < 20:
+        raise ValueError(f"need at least 20 measured rows to fit, got {len(preps)}")
+    engines = np.array([p.point.engine for p in preps])
+    theta: dict = {}
+    gbm: dict = {}
+    for which in ("tpot", "ttft"):
+        X = np.array([p.x_tpot if which == "tpot" else p.x_ttft for p in preps])
+        y = np.array([(p.point.tpot_ms if which == "tpot" else p.point.ttft_ms) * 1e3 for p in preps])
+        pooled = _nnls_rel(X, y)
+        th = {"*": pooled.tolist()}
+        for eng in sorted(set(engines)):
+            idx = engines == eng
+            if idx.sum() < settings["min_engine_rows"]:
+                continue
+            if settings.get("stage1") == "per_engine":
+                th[eng] = _nnls_rel(X[idx], y[idx]).tolist()
+            else:  # pooled shape, one scale factor per engine
+                factor = float(np.exp(np.median(np.log(y[idx] / np.maximum(X[idx] @ pooled, 1.0)))))
+                th[eng] = (pooled * factor).tolist()
+        theta[which] = th
+        gbm[which] = None
+        if settings.get("use_gbm"):
+            from sklearn.ensemble import HistGradientBoostingRegressor
+
+            tmp = ServingModel(theta, {}, {}, 0, "", settings)
+            base = tmp._base(preps, which)
+            Z = np.column_stack([np.array([p.feats for p in preps]), np.log(base)])
+            with _one_thread():
+                gbm[which] = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, np.log(y / base))
+    counts: dict = {}
+    for e in engines:
+        counts[str(e)] = counts.get(str(e), 0) + 1
+    return ServingModel(theta, gbm, _ranges(preps), len(preps), key, settings, counts)
+
+
+def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred / meas - 1.0) * 100.0
+
+
+def evaluate(
+    preps: list[Prepared], settings: dict | None = None, by: tuple[str, ...] = ("model", "gpu")
+) -> list[dict]:
+    """Grouped cross-validation: for each held-out model (and each held-out GPU) fit on the rest and
+    score the held-out rows. One dict per group plus an 'all' row per grouping (every held-out
+    prediction pooled): median/p90 APE of TPOT and TTFT, and of stage 1 alone."""
+    out: list[dict] = []
+    for kind in by:
+        keys = np.array([p.model_key if kind == "model" else p.gpu_key for p in preps])
+        pooled = {"tpot": [], "ttft": [], "tpot_base": [], "ttft_base": []}
+        for g in sorted(set(keys)):
+            test = [p for p, k in zip(preps, keys, strict=True) if k == g]
+            train = [p for p, k in zip(preps, keys, strict=True) if k != g]
+            if len(train) < 20:
+                continue
+            m = fit(train, settings)
+            pred = m.predict(test)
+            row = {"held_out": kind, "group": g, "n": len(test)}
+            for which in ("tpot", "ttft"):
+                meas = np.array([(p.point.tpot_ms if which == "tpot" else p.point.ttft_ms) for p in test])
+                ape = _ape(pred[f"{which}_ms"], meas)
+                ape0 = _ape(pred[f"{which}_base_ms"], meas)
+                pooled[which].append(ape)
+                pooled[f"{which}_base"].append(ape0)
+                row[f"{which}_median_ape"] = float(np.median(ape))
+                row[f"{which}_p90_ape"] = float(np.percentile(ape, 90))
+                row[f"{which}_stage1_median_ape"] = float(np.median(ape0))
+            out.append(row)
+        if pooled["tpot"]:
+            row = {"held_out": kind, "group": "all", "n": int(sum(len(a) for a in pooled["tpot"]))}
+            for which in ("tpot", "ttft"):
+                a = np.concatenate(pooled[which])
+                row[f"{which}_median_ape"] = float(np.median(a))
+                row[f"{which}_p90_ape"] = float(np.percentile(a, 90))
+                row[f"{which}_stage1_median_ape"] = float(np.median(np.concatenate(pooled[f"{which}_base"])))
+            out.append(row)
+    return out
+
+
+# ----- training data and cache ---------------------------------------------------------------
+
+
+def kb_points(kb_path: str | Path | None) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """Measured serving runs imported into the knowledge base (none when the file does not exist)."""
+    from hpc_advise.advisor.serving_data import point_from_run
+    from hpc_advise.paths import kb_path as default_kb
+
+    path = Path(kb_path) if kb_path else default_kb()
+    if not path.exists():
+        return [], []
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    good, bad = [], []
+    for run in KnowledgeBase(path).runs(kind="serving"):
+        try:
+            good.append(point_from_run(run))
+        except (RowError, ValueError, TypeError) as exc:
+            bad.append((f"kb:runs:{run.get('id')}", str(exc)))
+    return good, bad
+
+
+def training_points(
+    kb_path: str | Path | None = None, csv_paths: tuple = ()
+) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """Seed CSV + extra CSVs + KB serving runs, deduplicated, with (where, reason) for rows left out."""
+    from hpc_advise.advisor.serving_data import points_from_csv
+
+    points, bad = points_from_csv(None, require_targets=True)
+    for path in csv_paths:
+        g, b = points_from_csv(path, require_targets=True)
+        points += g
+        bad += b
+    g, b = kb_points(kb_path)
+    return dedupe(points + g), bad + b
+
+
+def data_key(points: list[ServingPoint], settings: dict) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    import sklearn
+
+    h.update(f"sklearn={sklearn.__version__};features={F.FEATURE_NAMES}".encode())
+    for p in sorted(
+        json.dumps({k: v for k, v in p.to_dict().items() if k != "where"}, sort_keys=True) for p in points
+    ):
+        h.update(p.encode())
+    return h.hexdigest()[:16]
+
+
+def cache_path(key: str) -> Path:
+    from hpc_advise.paths import cache_dir
+
+    return cache_dir() / f"serving_model-{key}.pkl"
+
+
+def load_or_fit(
+    kb_path: str | Path | None = None, refit: bool = False, settings: dict | None = None
+) -> tuple[ServingModel, dict]:
+    """The fitted model for the current training data (from the cache when its hash matches).
+    Returns (model, info) with info = {'cached': bool, 'path', 'left_out': [(where, reason)], ...}."""
+    settings = dict(settings or SETTINGS)
+    points, bad = training_points(kb_path)
+    key = data_key(points, settings)
+    path = cache_path(key)
+    if path.exists() and not refit:
+        try:
+            with path.open("rb") as fh:
+                model = pickle.load(fh)
+            if isinstance(model, ServingModel) and model.key == key:
+                return model, {"cached": True, "path": str(path), "left_out": bad, "n_points": len(points)}
+        except Exception:  # unreadable cache: refit below
+            pass
+    preps, bad2 = prepare_all(points)
+    model = fit(preps, settings, key=key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as fh:
+        pickle.dump(model, fh)
+    tmp.replace(path)
+    return model, {"cached": False, "path": str(path), "left_out": bad + bad2, "n_points": len(points)}
+
+
+def describe_row(row: dict) -> list:
+    """A table row for ``evaluate`` output."""
+
+    def f(x):
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, 1)
+
+    return [
+        row["held_out"],
+        row["group"],
+        row["n"],
+        f(row["tpot_median_ape"]),
+        f(row["tpot_p90_ape"]),
+        f(row["ttft_median_ape"]),
+        f(row["ttft_p90_ape"]),
+        f(row["tpot_stage1_median_ape"]),
+    ]
+
+
+EVAL_HEADERS = [
+    "held out",
+    "group",
+    "rows",
+    "TPOT med %",
+    "TPOT p90 %",
+    "TTFT med %",
+    "TTFT p90 %",
+    "TPOT stage-1 med %",
+]

@@ -1,0 +1,383 @@
+"""Rank candidate configurations for a trace: predicted TPOT/TTFT percentiles, throughput per GPU,
+memory headroom, confidence flags and plain-language reasons.
+
+Per candidate (``candidates``), at the trace's mean lengths:
+
+1. the serving model (``perf_model``, engine sglang) predicts TPOT and TTFT at the candidate's
+   concurrency. With arrival times in the trace, concurrency per replica is the fixed point of
+   Little's law ``C = rate / replicas * (TTFT + osl * TPOT)`` (three iterations); without them it is
+   ``--concurrency`` (default: the trace summary's context-spread concurrency);
+2. TPOT p50/p99: 48 decode batches are drawn from the trace's (isl, osl) sample at that concurrency
+   (requests weighted by their output length, each at a uniform point of its decode, as
+   ``trace_summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
+   roofline step time over the mean batch's, plus, per layer with KV cache, the attention backend's
+   fitted kernel time (``op_efficiency``) minus the reference backend's (FlashInfer's decode kernel,
+   the one the calibration data's engines mostly ran). Backends with no kernel measurement keep the
+   reference time and are flagged;
+3. TTFT p50/p99: each sampled request's prefill is the calibrated prefill scaled by its roofline
+   prefill; with arrival times, an M/G/1 queue per attention group adds waiting (mean by
+   Pollaczek-Khinchine, zero with probability 1 - rho, exponential otherwise); rho >= 1 marks the
+   candidate as saturated.
+
+Ranking: candidates meeting the SLOs first; among them, with SLOs given, the highest output
+tokens/s per GPU, otherwise the lowest TPOT p50; measured backends win ties.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hpc_advise.advisor import features as F
+from hpc_advise.advisor.candidates import Candidate, Checked, check_all
+from hpc_advise.advisor.op_efficiency import AttentionModel, attention_terms
+from hpc_advise.advisor.perf_model import ServingModel, model_quants, prepare
+from hpc_advise.advisor.serving_data import RowError, ServingPoint
+
+REFERENCE_ATTENTION = "flashinfer"
+N_BATCHES = 48
+N_TTFT = 2000
+
+
+@dataclass
+class Workload:
+    isl_mean: float
+    osl_mean: float
+    pairs: np.ndarray  # [n, 2] (isl, osl)
+    rate_rps: float | None
+    prefix_reuse: float
+    ctx_mean: float
+    ctx_p99: float
+    default_concurrency: int
+
+    @classmethod
+    def from_summary(cls, s) -> Workload:
+        pairs = np.asarray(s.sample or [], dtype=float).reshape(-1, 2)
+        if pairs.shape[0] == 0:
+            pairs = np.array([[s.isl["mean"], s.osl["mean"]]], dtype=float)
+        isl_mean, osl_mean = float(s.isl["mean"]), float(s.osl["mean"])
+        ctx = pairs[:, 0] + pairs[:, 1] / 2.0
+        return cls(
+            isl_mean=isl_mean,
+            osl_mean=max(osl_mean, 1.0),
+            pairs=pairs,
+            rate_rps=s.rate_rps,
+            prefix_reuse=float(s.prefix_reuse or 0.0),
+            ctx_mean=float(np.average(ctx, weights=np.maximum(pairs[:, 1], 1))),
+            ctx_p99=float(np.percentile(pairs[:, 0] + pairs[:, 1], 99)),
+            default_concurrency=int(getattr(s, "ctx_concurrency", 64) or 64),
+        )
+
+
+@dataclass
+class Ranked:
+    candidate: Candidate
+    tpot_p50: float
+    tpot_p99: float
+    ttft_p50: float
+    ttft_p99: float
+    tok_s_per_gpu: float
+    concurrency: float
+    headroom_gib: float
+    meets_slo: bool
+    flags: list = field(default_factory=list)
+    reasons: list = field(default_factory=list)
+    ctx_cv: float = 0.0
+    attn_delta_ms: float = 0.0  # per decode step vs the reference attention backend (p50 batch)
+
+    def to_dict(self) -> dict:
+        return {
+            "config": self.candidate.label(),
+            "candidate": self.candidate.to_dict(),
+            "tpot_ms": {"p50": self.tpot_p50, "p99": self.tpot_p99},
+            "ttft_ms": {"p50": self.ttft_p50, "p99": self.ttft_p99},
+            "output_tok_s_per_gpu": self.tok_s_per_gpu,
+            "concurrency_per_replica": self.concurrency,
+            "memory_headroom_gib": self.headroom_gib,
+            "meets_slo": self.meets_slo,
+            "confidence": "ok" if not self.flags else "low",
+            "flags": self.flags,
+            "reasons": self.reasons,
+        }
+
+
+def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
+    """[N_BATCHES, batch] context lengths drawn as trace_summary.context_spread does."""
+    rng = np.random.default_rng(seed)
+    weights = np.maximum(w.pairs[:, 1], 1.0)
+    idx = rng.choice(w.pairs.shape[0], size=(N_BATCHES, batch), p=weights / weights.sum())
+    return w.pairs[idx, 0] + np.floor(rng.random((N_BATCHES, batch)) * w.pairs[idx, 1])
+
+
+class Ranker:
+    """Predicts every feasible candidate for one (model, GPU, workload)."""
+
+    def __init__(self, model_name: str, model, gpu, w: Workload, serving: ServingModel, attn: AttentionModel):
+        self.model_name, self.model, self.gpu, self.w = model_name, model, gpu, w
+        self.serving, self.attn = serving, attn
+        self.shapes = F.shapes_of(model)
+        self.rates = F.Rates.of(gpu)
+        self.dense_q, self.moe_q = model_quants(model)
+        self._batch_cache: dict[int, np.ndarray] = {}
+
+    def _point(self, c: Candidate, conc: float) -> ServingPoint:
+        return ServingPoint(
+            where="recommend",
+            row_id=c.label(),
+            engine="sglang",
+            model=self.model_name,
+            gpu=self.gpu.key,
+            dense_quant=self.dense_q,
+            moe_quant=self.moe_q,
+            kv_bytes=1.0 if c.kv_dtype.startswith("fp8") else 2.0,
+            isl=self.w.isl_mean,
+            osl=self.w.osl_mean,
+            concurrency=max(conc, 1.0),
+            n_gpus=c.tp,
+            attn_dp=c.attn_dp,
+            moe_ep=c.ep,
+        )
+
+    def serving_predictions(self, cands: list[Candidate], conc: dict) -> dict:
+        """Calibrated mean TPOT/TTFT per distinct (tp, ep, attn_dp, kv) at concurrency ``conc[c]``."""
+        keys = {}
+        for c in cands:
+            k = (c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))
+            keys.setdefault(k, c)
+        preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
+        pred = self.serving.predict(preps)
+        out = {}
+        for i, k in enumerate(keys):
+            out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i])
+        return out
+
+    def concurrency(self, cands: list[Candidate], fixed: float | None) -> dict:
+        if fixed is not None or not self.w.rate_rps:
+            total = fixed if fixed is not None else float(self.w.default_concurrency)
+            return {c: max(total / c.replicas, 1.0) for c in cands}
+        conc = {c: max(self.w.rate_rps / c.replicas * (self.w.osl_mean * 0.02), 1.0) for c in cands}
+        for _ in range(3):
+            preds = self.serving_predictions(cands, conc)
+            new = {}
+            for c in cands:
+                tpot, ttft, _ = preds[(c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))]
+                latency_s = (ttft + self.w.osl_mean * tpot) / 1e3
+                new[c] = max(self.w.rate_rps / c.replicas * latency_s, 1.0)
+            conc = new
+        return conc
+
+    def _attn_times(self, c: Candidate, ctx: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Per-step µs difference of c's attention backend vs the reference, for each batch."""
+        s = self.shapes
+        n_layers = int(getattr(self.model, "num_full_attention_layers", s.layers))
+        if s.mla:
+            return np.zeros(len(ctx)), ([] if c.attention_backend != "hpc_advise" else ["MLA"])
+        attn_tp = c.tp // c.attn_dp
+        kv_heads = F.kv_heads_per_rank(s, attn_tp)
+        elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
+        floors, tails = [], []
+        for row in ctx:
+            f, t = attention_terms(row, kv_heads, s.head_dim, elem, self.rates.bw)
+            floors.append(f)
+            tails.append(t)
+        ref = self.attn.predict_us(REFERENCE_ATTENTION, np.array(floors), np.array(tails))
+        mine = self.attn.predict_us(c.attention_backend, np.array(floors), np.array(tails))
+        if ref is None or mine is None:
+            flag = (
+                []
+                if c.attention_backend == REFERENCE_ATTENTION
+                else [
+                    f"no kernel measurement for attention backend {c.attention_backend}: assumed equal to {REFERENCE_ATTENTION}"
+                ]
+            )
+            return np.zeros(len(ctx)), flag
+        return n_layers * (mine - ref), []
+
+    def rank_one(
+        self, chk: Checked, conc: float, pred: tuple, slo_tpot: float | None, slo_ttft: float | None
+    ) -> Ranked:
+        c = chk.candidate
+        tpot_mean, ttft_mean, prep = pred
+        w, s = self.w, self.shapes
+        batch = max(int(round(conc / c.attn_dp)), 1)
+        if batch not in self._batch_cache:
+            self._batch_cache[batch] = _batches(w, batch)
+        ctx = self._batch_cache[batch]
+        dep = prep.dep
+        mean_step = F.total_us(
+            F.decode_step(s, self.rates, dep, ctx_sum=batch * (w.isl_mean + w.osl_mean / 2), batch=batch)
+        )
+        steps = np.array(
+            [F.total_us(F.decode_step(s, self.rates, dep, ctx_sum=float(r.sum()), batch=batch)) for r in ctx]
+        )
+        delta_us, flags = self._attn_times(c, ctx)
+        if c.moe_runner not in (None, "auto"):
+            flags.append(
+                f"no kernel comparison for MoE runner {c.moe_runner} in the knowledge base: predicted as SGLang's default"
+            )
+        tpot = tpot_mean * steps / mean_step + delta_us / 1e3
+        tpot = np.maximum(tpot, 0.05 * tpot_mean)
+        # TTFT: overhead + calibrated prefill of each sampled request, plus queueing
+        rng = np.random.default_rng(1)
+        pick = rng.choice(w.pairs.shape[0], size=min(N_TTFT, 256))
+        isl = w.pairs[pick, 0]
+        pf_ms = (
+            np.array(
+                [
+                    F.total_us(
+                        F.prefill(s, self.rates, dep, max(x * (1 - w.prefix_reuse), 1.0), x * w.prefix_reuse)
+                    )
+                    for x in isl
+                ]
+            )
+            / 1e3
+        )
+        split = self.serving.ttft_split([prep])
+        over, coef, corr = (float(split[k][0]) for k in ("overhead_ms", "prefill_coef", "correction"))
+        service_ms = coef * pf_ms * corr  # GPU time the prefill occupies
+        base_ms = (over + coef * pf_ms) * corr
+        saturated = False
+        if w.rate_rps:
+            lam = w.rate_rps / (c.replicas * c.attn_dp) / 1e3  # arrivals per ms per attention group
+            es, es2 = float(service_ms.mean()), float((service_ms**2).mean())
+            rho = lam * es
+            if rho >= 1.0:
+                saturated = True
+                ttft = base_ms
+            else:
+                wait_mean = lam * es2 / (2 * (1 - rho))
+                draws = rng.random(N_TTFT)
+                waits = np.where(draws < rho, rng.exponential(wait_mean / max(rho, 1e-9), N_TTFT), 0.0)
+                ttft = rng.choice(base_ms, N_TTFT) + waits
+        else:
+            # closed loop: the calibrated TTFT already holds its queueing; spread it by prefill size
+            ttft = base_ms * ttft_mean / max(float(base_ms.mean()), 1e-9)
+        r = Ranked(
+            candidate=c,
+            tpot_p50=float(np.percentile(tpot, 50)),
+            tpot_p99=float(np.percentile(tpot, 99)),
+            ttft_p50=math.inf if saturated else float(np.percentile(ttft, 50)),
+            ttft_p99=math.inf if saturated else float(np.percentile(ttft, 99)),
+            tok_s_per_gpu=float(conc / (np.percentile(tpot, 50) / 1e3) / c.tp),
+            concurrency=float(conc),
+            headroom_gib=float(chk.memory.get("headroom_gib", float("nan"))),
+            meets_slo=True,
+            flags=list(flags),
+        )
+        ctx_cv = float(np.median(ctx.std(axis=1) / np.maximum(ctx.mean(axis=1), 1)))
+        r.ctx_cv = ctx_cv
+        r.attn_delta_ms = float(np.median(delta_us)) / 1e3
+        if saturated:
+            r.flags.append("prefill saturated: arrivals exceed prefill capacity (rho >= 1)")
+        r.flags += self.serving.out_of_range(prep)
+        r.meets_slo = (
+            not saturated
+            and (slo_tpot is None or r.tpot_p99 <= slo_tpot)
+            and (slo_ttft is None or r.ttft_p99 <= slo_ttft)
+        )
+        return r
+
+
+def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
+    """A few plain-language reasons for a top pick."""
+    c = r.candidate
+    out = []
+    batch = r.concurrency / c.attn_dp
+    measured = not any("attention backend" in f for f in r.flags)
+    spread = (
+        f"context-length CV {r.ctx_cv:.2f} at {batch:.0f} concurrent requests"
+        if batch >= 2
+        else "about one request at a time per attention group"
+    )
+    if measured and c.attention_backend != REFERENCE_ATTENTION and abs(r.attn_delta_ms) >= 0.01:
+        verb = "saves" if r.attn_delta_ms < 0 else "costs"
+        kind = (
+            "dynamic (work-balanced) attention"
+            if c.attention_backend in ("hpc_advise", "hpc_ops")
+            else c.attention_backend
+        )
+        out.append(
+            f"{spread}: {kind} {verb} {abs(r.attn_delta_ms) * 1e3:.0f} us per decode step vs {REFERENCE_ATTENTION} (fitted kernel timings)"
+        )
+    elif c.attention_backend == REFERENCE_ATTENTION:
+        out.append(f"{spread}: attention on {REFERENCE_ATTENTION}, the measured baseline")
+    if c.kv_dtype.startswith("fp8"):
+        out.append(
+            "FP8 KV cache halves KV bytes (decode attention reads and memory); check accuracy on your evals"
+        )
+    if c.replicas > 1:
+        out.append(
+            f"{c.replicas} replicas of TP{c.tp}: the model fits in {c.tp} GPUs with {r.headroom_gib:.0f} GiB headroom, so data parallelism raises throughput per GPU"
+        )
+    elif c.tp > 1:
+        out.append(f"TP{c.tp}: splits weights and KV over {c.tp} GPUs, the lowest step time per token")
+    if c.ep > 1:
+        out.append(f"EP{c.ep}: each GPU holds {ranker.model.num_experts // c.ep} whole experts")
+    if c.attn_dp > 1:
+        out.append(
+            f"attention data-parallel {c.attn_dp}: each group keeps its own KV, avoiding replicated {'MLA latent' if ranker.shapes.mla else 'KV heads'}"
+        )
+    same = [x for x in ranked if x.candidate.tp == c.tp and x.candidate.kv_dtype == c.kv_dtype and x is not r]
+    if same:
+        alt = min(same, key=lambda x: x.tpot_p50)
+        if alt.tpot_p50 > r.tpot_p50:
+            out.append(f"vs {alt.candidate.label()}: TPOT p50 {r.tpot_p50:.1f} vs {alt.tpot_p50:.1f} ms")
+    return out[:4]
+
+
+def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
+    """Drop a candidate that differs from a better-ranked one only by an unmeasured MoE runner (same
+    prediction, nothing known to choose it by)."""
+    seen, out = set(), []
+    for r in ranked:
+        c = r.candidate
+        k = (c.tp, c.replicas, c.ep, c.attn_dp, c.attention_backend, c.kv_dtype, round(r.tpot_p50, 6))
+        unmeasured_moe = c.moe_runner not in (None, "auto") and any("MoE runner" in f for f in r.flags)
+        if unmeasured_moe and k in seen:
+            continue
+        seen.add(k)
+        out.append(r)
+    return out
+
+
+def rank_candidates(
+    ranker: Ranker,
+    n_gpus: int,
+    slo_tpot: float | None = None,
+    slo_ttft: float | None = None,
+    concurrency: float | None = None,
+) -> tuple[list[Ranked], list[Checked]]:
+    """All feasible candidates ranked, and the excluded ones with their reasons."""
+    from hpc_advise.advisor.candidates import enumerate_candidates
+
+    w = ranker.w
+    all_c = enumerate_candidates(ranker.model, n_gpus)
+    conc = ranker.concurrency(all_c, concurrency)
+    checked = check_all(ranker.model, ranker.gpu, n_gpus, lambda c: conc[c], w.ctx_mean, w.ctx_p99)
+    ok = [chk for chk in checked if chk.ok]
+    excluded = [chk for chk in checked if not chk.ok]
+    if not ok:
+        return [], excluded
+    preds = ranker.serving_predictions([chk.candidate for chk in ok], conc)
+    ranked = []
+    for chk in ok:
+        c = chk.candidate
+        try:
+            pred = preds[(c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))]
+            ranked.append(ranker.rank_one(chk, conc[c], pred, slo_tpot, slo_ttft))
+        except RowError as exc:
+            excluded.append(Checked(c, False, f"cannot predict: {exc}"))
+    slo_given = slo_tpot is not None or slo_ttft is not None
+
+    def key(r: Ranked):
+        unmeasured = sum("no kernel measurement" in f for f in r.flags)
+        primary = -r.tok_s_per_gpu if slo_given else r.tpot_p50
+        return (not r.meets_slo, round(primary, 6), unmeasured, r.ttft_p99)
+
+    ranked.sort(key=key)
+    ranked = _drop_twins(ranked)
+    for r in ranked[:5]:
+        r.reasons = reasons_for(r, ranker, ranked)
+    return ranked, excluded

@@ -1,0 +1,297 @@
+"""Measured serving results as ``ServingPoint``s: the seed CSV, CSV files in its format, and the
+knowledge base's ``serving`` runs; each row either parses or says why not (FILE:LINE: reason).
+
+The CSV format is shared/data/serving_measurements_train.csv (NVIDIA AIConfigurator's
+``silicon_sample.csv`` columns). Only aggregated-mode rows are modelled. In that format ``tp_size`` is
+the attention-TP width and ``batch_size`` the concurrency per attention-DP group, so a replica has
+``tp_size * attention_dp_size`` GPUs and ``batch_size * attention_dp_size`` requests in flight.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from hpc_advise.advisor.features import normalize_quant
+
+SEED_CSV = "serving_measurements_train.csv.gz"
+SEED_CITATION = (
+    "NVIDIA AIConfigurator silicon_sample.csv (aiconfigurator-core 0.12.0, Apache-2.0, copyright NVIDIA); "
+    "SGLang-on-H100/H200 rows held out by the data owner"
+)
+
+CSV_COLUMNS = (
+    "id",
+    "backend",
+    "backend_version",
+    "model_path",
+    "system",
+    "precision",
+    "mode",
+    "isl",
+    "osl",
+    "gemm_quant_mode",
+    "moe_quant_mode",
+    "batch_size",
+    "tp_size",
+    "pp_size",
+    "attention_dp_size",
+    "moe_tp_size",
+    "moe_ep_size",
+    "silicon_ttft_ms",
+    "silicon_tpot_ms",
+)
+
+
+class RowError(ValueError):
+    """A row that cannot be turned into a ServingPoint; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class ServingPoint:
+    """One measured (or to-be-predicted) aggregated serving configuration."""
+
+    where: str  # FILE:LINE or kb:runs:ID
+    row_id: str
+    engine: str  # sglang | vllm | trtllm | ...
+    model: str  # HF id or profile key
+    gpu: str  # GPU name as a profile alias
+    dense_quant: str
+    moe_quant: str
+    kv_bytes: float
+    isl: float
+    osl: float
+    concurrency: float  # requests in flight on the replica
+    n_gpus: int
+    attn_dp: int
+    moe_ep: int
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_SYSTEM_RE = re.compile(r"^(gb\d+|[a-z]\d+)(?:_(?:sxm|pcie|nvl))?$")
+
+
+def gpu_name(system: str) -> str:
+    """CSV system label ('h200_sxm', 'gb200') -> GPU profile alias ('h200', 'gb200')."""
+    m = _SYSTEM_RE.match(system.strip().lower())
+    if not m:
+        raise RowError(f"unknown system {system!r}")
+    return m.group(1)
+
+
+def _int(d: dict, key: str, default: int | None = None) -> int:
+    raw = (d.get(key) or "").strip()
+    if not raw:
+        if default is None:
+            raise RowError(f"missing {key}")
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise RowError(f"{key}={raw!r} is not a number") from exc
+    if value != int(value):
+        raise RowError(f"{key}={raw!r} is not an integer")
+    return int(value)
+
+
+def _float(d: dict, key: str) -> float | None:
+    raw = (d.get(key) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise RowError(f"{key}={raw!r} is not a number") from exc
+    if not value > 0:
+        raise RowError(f"{key}={raw!r} must be > 0")
+    return value
+
+
+def default_kv_bytes(engine: str, quant: str) -> float:
+    """KV-cache bytes per element the CSV rows most likely ran with (the CSV does not say): TensorRT-LLM
+    quantized recipes use an FP8 KV cache; SGLang and vLLM default to the model dtype (bf16)."""
+    if engine == "trtllm" and quant != "bf16":
+        return 1.0
+    return 2.0
+
+
+def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
+    """Parse one CSV row (DictReader dict). Raises RowError with the reason it cannot be modelled."""
+    mode = (d.get("mode") or "agg").strip()
+    if mode != "agg":
+        raise RowError(
+            f"mode {mode!r}: only aggregated serving is modelled (disaggregated rows split prefill/decode)"
+        )
+    pp = _int(d, "pp_size", 1)
+    if pp != 1:
+        raise RowError(f"pp_size {pp}: pipeline parallelism is not modelled")
+    tp = _int(d, "tp_size")
+    dp = _int(d, "attention_dp_size", 1) or 1
+    ep = _int(d, "moe_ep_size", 1) or 1
+    if tp < 1:
+        raise RowError(f"tp_size {tp} must be >= 1")
+    n = tp * dp
+    if n % ep:
+        # dense models carry meaningless MoE columns; the MoE split is checked against the model later
+        ep = 1
+    batch = _int(d, "batch_size")
+    if batch < 1:
+        raise RowError(f"batch_size {batch} must be >= 1")
+    isl, osl = _int(d, "isl"), _int(d, "osl")
+    if isl < 1 or osl < 1:
+        raise RowError("isl and osl must be >= 1")
+    precision = (d.get("precision") or "").strip()
+    try:
+        dense_q = normalize_quant(d.get("gemm_quant_mode") or precision)
+        moe_q = normalize_quant(d.get("moe_quant_mode") or d.get("gemm_quant_mode") or precision)
+    except ValueError as exc:
+        raise RowError(str(exc)) from exc
+    engine = (d.get("backend") or "").strip().lower()
+    if not engine:
+        raise RowError("missing backend")
+    model = (d.get("model_path") or "").strip()
+    if not model:
+        raise RowError("missing model_path")
+    return ServingPoint(
+        where=where,
+        row_id=(d.get("id") or "").strip(),
+        engine=engine,
+        model=model,
+        gpu=gpu_name(d.get("system") or ""),
+        dense_quant=dense_q,
+        moe_quant=moe_q,
+        kv_bytes=default_kv_bytes(engine, moe_q),
+        isl=float(isl),
+        osl=float(osl),
+        concurrency=float(batch * dp),
+        n_gpus=n,
+        attn_dp=dp,
+        moe_ep=ep,
+        ttft_ms=_float(d, "silicon_ttft_ms"),
+        tpot_ms=_float(d, "silicon_tpot_ms"),
+    )
+
+
+def read_csv_rows(path: str | Path | None = None) -> Iterator[tuple[str, dict[str, str]]]:
+    """(FILE:LINE, row dict) of a CSV in the serving format; ``None`` = the shipped seed file."""
+    if path is None:
+        raw = resources.files("hpc_advise.advisor.data").joinpath(SEED_CSV).read_bytes()
+        text = io.StringIO(gzip.decompress(raw).decode("utf-8"))
+        label = f"<seed>/{SEED_CSV}"
+        yield from _rows(text, label)
+        return
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", newline="", encoding="utf-8") as fh:
+        yield from _rows(fh, str(p))
+
+
+def _rows(fh: Iterable[str], label: str) -> Iterator[tuple[str, dict[str, str]]]:
+    reader = csv.DictReader(fh)
+    missing = [
+        c
+        for c in ("model_path", "system", "isl", "osl", "batch_size", "tp_size")
+        if c not in (reader.fieldnames or ())
+    ]
+    if missing:
+        raise RowError(
+            f"{label}:1: missing columns {missing} (expected the columns of serving_measurements_train.csv)"
+        )
+    for row in reader:
+        yield f"{label}:{reader.line_num}", row
+
+
+def seed_points() -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """The shipped CSV's measured points with both TTFT and TPOT, and (where, reason) for the rest."""
+    return points_from_csv(None, require_targets=True)
+
+
+def points_from_csv(
+    path: str | Path | None, require_targets: bool = False
+) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    good: list[ServingPoint] = []
+    bad: list[tuple[str, str]] = []
+    for where, row in read_csv_rows(path):
+        try:
+            p = point_from_csv_row(row, where)
+            if require_targets and (p.ttft_ms is None or p.tpot_ms is None):
+                raise RowError("no measured silicon_ttft_ms / silicon_tpot_ms")
+            good.append(p)
+        except RowError as exc:
+            bad.append((where, str(exc)))
+    return good, bad
+
+
+def point_from_run(run: dict) -> ServingPoint:
+    """A knowledge-base ``serving`` run (imported SGLang/vLLM benchmark result) as a ServingPoint.
+
+    Reads the configuration from ``run['config']`` (keys: model, gpu|system, isl, osl, concurrency|
+    max_concurrency, tp|tp_size, ep|ep_size, attn_dp|dp_size, quant, kv_cache_dtype, engine) and the
+    metrics from ``config['metrics']`` / ``run['metrics']`` (mean or median TTFT/TPOT in ms), or from the
+    row itself when its metric is ttft/tpot. Raises RowError when a field is missing.
+    """
+    cfg = dict(run.get("config") or {})
+    metrics = dict(cfg.get("metrics") or run.get("metrics") or {})
+    metric = str(run.get("metric") or "").lower()
+    if "ttft" in metric:
+        metrics.setdefault("ttft_ms", run.get("p50"))
+    if "tpot" in metric or "itl" in metric:
+        metrics.setdefault("tpot_ms", run.get("p50"))
+    where = f"kb:runs:{run.get('id')}"
+
+    def pick(*names):
+        for n in names:
+            if cfg.get(n) not in (None, ""):
+                return cfg[n]
+        return None
+
+    def metric_ms(*names):
+        for n in names:
+            v = metrics.get(n)
+            if v not in (None, ""):
+                return float(v)
+        return None
+
+    model = pick("model", "model_path", "model_id")
+    gpu = pick("gpu", "system") or run.get("gpu")
+    isl, osl = pick("isl", "input_len", "random_input_len"), pick("osl", "output_len", "random_output_len")
+    conc = pick("concurrency", "max_concurrency", "batch_size")
+    if None in (model, gpu, isl, osl, conc):
+        raise RowError(f"{where}: serving run lacks model/gpu/isl/osl/concurrency in its config")
+    tp = int(pick("tp", "tp_size") or 1)
+    dp = int(pick("attn_dp", "attn_dp_size", "dp_size") or 1)
+    ep = int(pick("ep", "ep_size", "moe_ep_size") or 1)
+    engine = str(pick("engine", "backend") or run.get("provider") or "sglang").lower()
+    quant = normalize_quant(str(pick("quant", "quantization", "precision") or ""))
+    kv = str(pick("kv_cache_dtype") or "auto")
+    point = ServingPoint(
+        where=where,
+        row_id=str(run.get("id")),
+        engine=engine,
+        model=str(model),
+        gpu=str(gpu),
+        dense_quant=quant,
+        moe_quant=quant,
+        kv_bytes=1.0 if "fp8" in kv else 2.0,
+        isl=float(isl),
+        osl=float(osl),
+        concurrency=float(conc),
+        n_gpus=tp,  # SGLang's --tp-size counts every GPU of the replica
+        attn_dp=dp,
+        moe_ep=ep,
+        ttft_ms=metric_ms("ttft_ms", "mean_ttft_ms", "median_ttft_ms"),
+        tpot_ms=metric_ms("tpot_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms"),
+    )
+    if point.ttft_ms is None or point.tpot_ms is None:
+        raise RowError(f"{where}: serving run has no TTFT/TPOT metrics")
+    return point

@@ -1,0 +1,136 @@
+"""Serving model: roofline physics, CSV parsing with reasons, fit, cache, range flags, grouped CV."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hpc_advise.advisor import features as F
+from hpc_advise.advisor import perf_model as pm
+from hpc_advise.advisor import serving_data as sd
+from hpc_advise.profiles import get_gpu, get_model
+from tests.advisor.advisor_helpers import advisor_home, serving_model  # noqa: F401
+
+HEADER = ",".join(sd.CSV_COLUMNS)
+
+
+def _row(**kw) -> dict:
+    base = dict(
+        id="r",
+        backend="sglang",
+        backend_version="0.5",
+        model_path="Qwen/Qwen3-32B",
+        system="h200_sxm",
+        precision="fp8",
+        mode="agg",
+        isl="1024",
+        osl="1024",
+        gemm_quant_mode="fp8",
+        moe_quant_mode="fp8",
+        batch_size="16",
+        tp_size="2",
+        pp_size="1",
+        attention_dp_size="1",
+        moe_tp_size="2",
+        moe_ep_size="1",
+        silicon_ttft_ms="100",
+        silicon_tpot_ms="20",
+    )
+    base.update(kw)
+    return base
+
+
+def test_decode_step_kv_term_matches_profile_bytes():
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    s, r = F.shapes_of(model), F.Rates.of(gpu)
+    dep = F.Deployment(1, kv_bytes=2.0)
+    step = F.decode_step(s, r, dep, ctx_sum=64 * 4096, batch=64)
+    expect = 64 * 4096 * model.kv_bytes_per_token(2) / (gpu.rate("copy_bw_tbps") * 1e6)
+    assert step["attn_kv"] == pytest.approx(expect, rel=1e-9)
+    # weights are read once per step: 8B bf16 params over the copy bandwidth, within the embedding's share
+    weights = step["attn_proj"] + step["dense_ffn"] + step["lm_head"]
+    assert 0.85 < weights / (model.weight_bytes() / (gpu.rate("copy_bw_tbps") * 1e6)) < 1.05
+    # TP2 halves the KV heads per rank and the weights per rank
+    step2 = F.decode_step(s, r, F.Deployment(2, kv_bytes=2.0), ctx_sum=64 * 4096, batch=64)
+    assert step2["attn_kv"] == pytest.approx(step["attn_kv"] / 2)
+    assert step2["comm"] > 0 and step["comm"] == 0
+
+
+def test_moe_experts_touched_grows_with_tokens():
+    lo = F.expected_experts_touched(24, 192, 8, 1)
+    hi = F.expected_experts_touched(24, 192, 8, 256)
+    assert lo == pytest.approx(24 * 8 / 192)
+    assert lo < hi <= 24
+
+
+def test_csv_rows_parse_or_give_reasons(tmp_path):
+    good = sd.point_from_csv_row(
+        _row(attention_dp_size="4", batch_size="8", tp_size="2", moe_ep_size="8"), "f:2"
+    )
+    assert (good.n_gpus, good.attn_dp, good.concurrency, good.moe_ep) == (8, 4, 32.0, 8)
+    with pytest.raises(sd.RowError, match="disaggregated"):
+        sd.point_from_csv_row(_row(mode="disagg"), "f:3")
+    with pytest.raises(sd.RowError, match="pipeline"):
+        sd.point_from_csv_row(_row(pp_size="2"), "f:4")
+    with pytest.raises(sd.RowError, match="isl"):
+        sd.point_from_csv_row(_row(isl="abc"), "f:5")
+    path = tmp_path / "m.csv"
+    path.write_text("model_path,system\nx,h200\n")
+    with pytest.raises(sd.RowError, match=r"m.csv:1: missing columns"):
+        list(sd.read_csv_rows(path))
+
+
+def test_seed_data_parses_and_cites_source():
+    points, bad = sd.seed_points()
+    assert len(points) > 2500
+    assert {p.engine for p in points} == {"sglang", "vllm", "trtllm"}
+    # the held-out source (SGLang on H100/H200) must not be in the seed
+    assert not [p for p in points if p.engine == "sglang" and p.gpu in ("h100", "h200")]
+    assert all(":" in where for where, _ in bad)
+    assert "AIConfigurator" in sd.SEED_CITATION
+
+
+def test_quantized_reuploads_resolve_to_base_architecture():
+    assert pm.resolve_model("Qwen/Qwen3-235B-A22B-FP8").key == "qwen3-235b-a22b"
+    assert pm.resolve_model("nvidia/DeepSeek-R1-NVFP4").key == "deepseek-v3"
+    with pytest.raises(sd.RowError, match="no model profile"):
+        pm.resolve_model("acme/NotAModel-7B")
+
+
+def test_fitted_model_in_sample_accuracy_and_cache(advisor_home, serving_model):  # noqa: F811
+    points, _ = pm.training_points()
+    preps, _ = pm.prepare_all(points[::7])
+    pred = serving_model.predict(preps)
+    meas = np.array([p.point.tpot_ms for p in preps])
+    ape = np.abs(pred["tpot_ms"] / meas - 1)
+    assert np.median(ape) < 0.25  # in-sample; the held-out numbers come from `model eval`
+    again, info = pm.load_or_fit()
+    assert info["cached"] and again.key == serving_model.key
+    assert (advisor_home / "cache" / f"serving_model-{serving_model.key}.pkl").exists()
+    # another setting is another model
+    assert pm.data_key(points, dict(pm.SETTINGS, use_gbm=False)) != serving_model.key
+
+
+def test_out_of_range_is_flagged(serving_model):  # noqa: F811
+    p = sd.point_from_csv_row(_row(isl="200000", model_path="hy3"), "x:1")
+    notes = serving_model.out_of_range(pm.prepare(p))
+    assert any(n.startswith("isl 200000 outside training range") for n in notes)
+    assert any("hy3 not in training data" in n for n in notes)
+
+
+def test_grouped_cv_holds_out_whole_groups():
+    points, _ = pm.training_points()
+    preps, _ = pm.prepare_all(points[::3])
+    settings = dict(pm.SETTINGS, gbm=dict(pm.SETTINGS["gbm"], max_iter=20))
+    rows = pm.evaluate(preps, settings, by=("gpu",))
+    groups = {r["group"] for r in rows}
+    assert {"h100", "h200", "b200", "all"} <= groups
+    for r in rows:
+        assert (
+            r["n"] > 0 and math.isfinite(r["tpot_median_ape"]) and r["tpot_p90_ape"] >= r["tpot_median_ape"]
+        )
+    assert sum(r["n"] for r in rows if r["group"] != "all") == next(
+        r["n"] for r in rows if r["group"] == "all"
+    )
