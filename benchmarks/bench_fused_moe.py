@@ -40,16 +40,25 @@ def main() -> None:
     args = ap.parse_args()
     shapes = args.shapes.split(",") if args.shapes else None
     ts = tuple(int(t) for t in args.ts.split(",")) if args.ts else None
-    rows, table, headers, ceil = fb.bench_with_ceilings(args.grid, not args.no_peers, shapes=shapes, ts=ts)
-    notes = NOTES + (
-        f"\nCeilings measured in this run: device copy {ceil['copy_tbps']:.2f} TB/s (1 GiB, read + write),"
-        f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s (torch._scaled_mm 8192^3, fast accumulation).\n"
-        f"fbgemm: {rows[0]['versions'].get('fbgemm_status', 'not tried')}\n\n"
-        + fb.summary(table, ceil) + "\n"
+
+    def write(rows, table, ceil, final=False):
+        notes = NOTES + (
+            f"\nCeilings measured in this run: device copy {ceil['copy_tbps']:.2f} TB/s (1 GiB, read + write),"
+            f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s (torch._scaled_mm 8192^3, fast accumulation).\n"
+            f"fbgemm: {rows[0]['versions'].get('fbgemm_status', 'not tried')}\n"
+            + ("" if final else "PARTIAL: the run stopped before the whole grid was measured.\n")
+            + "\n"
+            + fb.summary(table, ceil)
+            + "\n"
+        )
+        return write_results(
+            rows, table, fb.HEADERS, stem="fused_moe", title="FP8 fused MoE (top-8), H200", notes=notes
+        )[0]
+
+    rows, table, _, ceil = fb.bench_with_ceilings(
+        args.grid, not args.no_peers, shapes=shapes, ts=ts, on_progress=write
     )
-    md, _ = write_results(rows, table, headers, stem="fused_moe",
-                          title="FP8 fused MoE (top-8), H200", notes=notes)
-    print(md.read_text())
+    print(write(rows, table, ceil, final=True).read_text())
 
 
 if __name__ == "__main__":

@@ -327,3 +327,21 @@ def test_gpu_unfused_variant_matches_reference():
     seed = _seed()
     p = make_problem(64, 128, 2048, 768, 8, "block-dynamic", device="cuda")
     run_and_check(p, fn=moe_unfused, seed=seed)
+
+
+def test_tuned_configs_apply_only_near_their_t(tmp_path, monkeypatch):
+    tuned = dict(CPU_CFG, GU_N=64, SPLIT_K=3)
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps({"version": 1, "entries": [
+        {"E": 8, "H": 512, "I": 256, "top_k": 2, "mode": "tensor-static", "T": 16, "config": tuned}]}))
+    monkeypatch.setattr(op, "CONFIG_PATH", path)
+    op._config_table.cache_clear()
+    try:
+        assert op.get_config(16, 2, 8, 512, 256, "tensor-static", False) == tuned
+        assert op.get_config(9, 2, 8, 512, 256, "tensor-static", False) == tuned
+        far = op.get_config(4096, 2, 8, 512, 256, "tensor-static", False)
+        assert far == op.default_config(4096, 2, 8, 512, 256, False)
+        other_mode = op.get_config(16, 2, 8, 512, 256, "block-dynamic", True)
+        assert other_mode == op.default_config(16, 2, 8, 512, 256, True)
+    finally:
+        op._config_table.cache_clear()

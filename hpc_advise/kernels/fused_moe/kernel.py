@@ -22,8 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-SCALE_EPS = 1e-10  # group scale floor, so an all-zero group quantizes to zeros, not NaN
+FP8_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn
+SCALE_EPS = tl.constexpr(1e-10)  # group scale floor, so an all-zero group quantizes to zeros, not NaN
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def _quant_rows(
         tl.store(xq_ptr + rows64[:, None] * H + cols[None, :], xq.to(xq_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_entries", "expert_offset", "num_experts", "max_padded", "T"])
 def _prep_kernel(
     topk_ids_ptr,
     n_entries,
@@ -143,8 +143,20 @@ def _prep_kernel(
     """Grid (1 + cdiv(T, QROWS),): program 0 routes, the others quantize QROWS hidden rows each."""
     pid = tl.program_id(0)
     if pid == 0:
-        _route(topk_ids_ptr, n_entries, expert_offset, num_experts, sorted_ids_ptr, block_expert_ptr,
-               num_padded_ptr, cursor_ptr, max_padded, BLOCK_M, E_PAD, ROUTE_BLK)
+        _route(
+            topk_ids_ptr,
+            n_entries,
+            expert_offset,
+            num_experts,
+            sorted_ids_ptr,
+            block_expert_ptr,
+            num_padded_ptr,
+            cursor_ptr,
+            max_padded,
+            BLOCK_M,
+            E_PAD,
+            ROUTE_BLK,
+        )
     else:
         _quant_rows(x_ptr, xq_ptr, xs_ptr, a_scale_ptr, pid - 1, T, H, stride_x, QROWS, GROUP, A_GROUP)
 
@@ -190,11 +202,14 @@ def _silu_mul_quant_store(
     else:
         hq = tl.math.div_rn(h, tl.load(a2_scale_ptr))
     hq = tl.minimum(tl.maximum(hq, -FP8_MAX), FP8_MAX)
-    tl.store(inter_ptr + rows64[:, None] * I + offs_n[None, :], hq.to(inter_ptr.dtype.element_ty),
-             mask=n_ok[None, :])
+    tl.store(
+        inter_ptr + rows64[:, None] * I + offs_n[None, :],
+        hq.to(inter_ptr.dtype.element_ty),
+        mask=n_ok[None, :],
+    )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["top_k", "n_entries", "max_padded", "stride_wse", "stride_wsn"])
 def _gate_up_kernel(
     xq_ptr,  # fp8 [T, H]
     xs_ptr,  # fp32 [T, cdiv(H, G)] (A_GROUP)
@@ -295,15 +310,16 @@ def _gate_up_kernel(
         acc_u = acc_u * sw_t
 
     if OUT_MODE == 0:
-        _silu_mul_quant_store(acc_g, acc_u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n,
-                              BLOCK_N, A2_GROUP)
+        _silu_mul_quant_store(
+            acc_g, acc_u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
+        )
     else:
         base = out_ptr + (pid_k * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
         tl.store(base, acc_g, mask=n_ok[None, :])
         tl.store(base + I, acc_u, mask=n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_padded"])
 def _act_quant_kernel(
     part_ptr,  # fp32 [SPLIT_K, P, 2I]
     block_expert_ptr,
@@ -331,11 +347,10 @@ def _act_quant_kernel(
         base = part_ptr + (s * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
         g += tl.load(base, mask=n_ok[None, :], other=0.0)
         u += tl.load(base + I, mask=n_ok[None, :], other=0.0)
-    _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128,
-                          A2_GROUP)
+    _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128, A2_GROUP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_entries", "max_padded", "stride_wse", "stride_wsn"])
 def _down_kernel(
     inter_ptr,  # fp8 [P, I]
     inter_s_ptr,  # fp32 [P, cdiv(I, G)] (A_GROUP)
@@ -413,7 +428,7 @@ def _down_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["top_k", "expert_offset", "num_experts"])
 def _reduce_kernel(
     y_ptr,  # bf16 [n, H]
     topk_ids_ptr,  # int32 [T, k]

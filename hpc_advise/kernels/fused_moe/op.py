@@ -3,7 +3,8 @@
 ``fused_moe(hidden, w13, w2, topk_weights, topk_ids, *, w13_scale, w2_scale, ...)`` → bf16 [T, H].
 Every step runs on the GPU with shapes fixed by (T, k, E, H, I, config), so a call can be captured in
 a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks/tune_fused_moe.py``)
-keyed by (E, H, I, scale mode) and a T bucket, else from ``default_config``.
+keyed by (E, H, I, top_k, scale mode) and T (nearest tuned T within a factor 2), else
+from ``default_config``.
 
 ``moe_unfused`` is the benchmark's unfused baseline built from the same GEMM kernels: torch routing,
 a gathered copy of the token rows, gate/up GEMM writing fp32 gate and up, torch SiLU·mul and
@@ -28,8 +29,18 @@ NUM_SMS_H200 = 132
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CONFIG_PATH = Path(__file__).with_name("configs.json")
 CONFIG_KEYS = (
-    "BLOCK_M", "GU_N", "GU_K", "SPLIT_K", "GU_GROUP_M", "GU_WARPS", "GU_STAGES",
-    "DN_N", "DN_K", "DN_GROUP_M", "DN_WARPS", "DN_STAGES",
+    "BLOCK_M",
+    "GU_N",
+    "GU_K",
+    "SPLIT_K",
+    "GU_GROUP_M",
+    "GU_WARPS",
+    "GU_STAGES",
+    "DN_N",
+    "DN_K",
+    "DN_GROUP_M",
+    "DN_WARPS",
+    "DN_STAGES",
 )
 
 
@@ -55,8 +66,9 @@ def max_padded_rows(n_entries: int, num_experts: int, block_m: int) -> int:
     return max(block_m, -(-rows // block_m) * block_m)
 
 
-def default_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int, a2_group: bool,
-                   num_sms: int = NUM_SMS_H200) -> dict:
+def default_config(
+    t: int, top_k: int, num_experts: int, hidden: int, inter: int, a2_group: bool, num_sms: int = NUM_SMS_H200
+) -> dict:
     """Heuristic launch config (used when configs.json has no entry for the shape)."""
     n = t * top_k
     active = max(1, min(num_experts, n))
@@ -69,13 +81,49 @@ def default_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int
             split = min(8, max(1, -(-2 * num_sms // tiles)), max(1, hidden // 512))
         if a2_group and split == 1 and tiles < num_sms:
             split = 2
-        return dict(BLOCK_M=block_m, GU_N=gu_n, GU_K=128, SPLIT_K=split, GU_GROUP_M=1, GU_WARPS=4,
-                    GU_STAGES=4, DN_N=64, DN_K=128, DN_GROUP_M=1, DN_WARPS=4, DN_STAGES=4)
+        return dict(
+            BLOCK_M=block_m,
+            GU_N=gu_n,
+            GU_K=128,
+            SPLIT_K=split,
+            GU_GROUP_M=1,
+            GU_WARPS=4,
+            GU_STAGES=4,
+            DN_N=64,
+            DN_K=128,
+            DN_GROUP_M=1,
+            DN_WARPS=4,
+            DN_STAGES=4,
+        )
     if n <= 2048:
-        return dict(BLOCK_M=32 if n <= 1024 else 64, GU_N=128, GU_K=128, SPLIT_K=1, GU_GROUP_M=4,
-                    GU_WARPS=4, GU_STAGES=4, DN_N=128, DN_K=128, DN_GROUP_M=4, DN_WARPS=4, DN_STAGES=4)
-    return dict(BLOCK_M=128, GU_N=128, GU_K=128, SPLIT_K=1, GU_GROUP_M=8, GU_WARPS=8, GU_STAGES=3,
-                DN_N=128, DN_K=128, DN_GROUP_M=8, DN_WARPS=8, DN_STAGES=4)
+        return dict(
+            BLOCK_M=32 if n <= 1024 else 64,
+            GU_N=128,
+            GU_K=128,
+            SPLIT_K=1,
+            GU_GROUP_M=4,
+            GU_WARPS=4,
+            GU_STAGES=4,
+            DN_N=128,
+            DN_K=128,
+            DN_GROUP_M=4,
+            DN_WARPS=4,
+            DN_STAGES=4,
+        )
+    return dict(
+        BLOCK_M=128,
+        GU_N=128,
+        GU_K=128,
+        SPLIT_K=1,
+        GU_GROUP_M=8,
+        GU_WARPS=8,
+        GU_STAGES=3,
+        DN_N=128,
+        DN_K=128,
+        DN_GROUP_M=8,
+        DN_WARPS=8,
+        DN_STAGES=4,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -92,12 +140,12 @@ def _config_table() -> dict:
 
 def get_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int, mode: str,
                a2_group: bool) -> dict:
-    """Tuned config of the nearest T bucket at or above t (else below), else ``default_config``."""
-    per_t = _config_table().get((num_experts, hidden, inter, top_k, mode))
-    if per_t:
-        above = [b for b in per_t if b >= t]
-        b = min(above) if above else max(per_t)
-        cfg = dict(per_t[b])
+    """Tuned config of the tuned T nearest to t within a factor 2 (configs.json), else
+    ``default_config`` (a decode config is never stretched over prefill sizes, or the reverse)."""
+    per_t = _config_table().get((num_experts, hidden, inter, top_k, mode)) or {}
+    near = [b for b in per_t if b / 2 <= t <= b * 2]
+    if near:
+        cfg = dict(per_t[min(near, key=lambda b: abs(math.log(b / max(t, 1))))])
     else:
         cfg = default_config(t, top_k, num_experts, hidden, inter, a2_group)
     return check_config(cfg, a2_group)
@@ -166,10 +214,24 @@ def _check_inputs(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, 
 class _Launch:
     """Validated inputs + config + workspace of one call."""
 
-    def __init__(self, hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale,
-                 a2_scale, block_shape, expert_offset, config):
-        self.w_block = _check_inputs(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
-                                     block_shape)
+    def __init__(
+        self,
+        hidden,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        w13_scale,
+        w2_scale,
+        a13_scale,
+        a2_scale,
+        block_shape,
+        expert_offset,
+        config,
+    ):
+        self.w_block = _check_inputs(
+            hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape
+        )
         dev = hidden.device
         self.T, self.H = hidden.shape
         self.E, two_i, _ = w13.shape
@@ -211,51 +273,142 @@ class _Launch:
     def prep(self, hidden, qrows: int = 16):
         grid = (1 + triton.cdiv(self.T, qrows),)
         K._prep_kernel[grid](
-            self.ids, self.n, self.offset, self.E, self.sorted_ids, self.block_expert, self.num_padded,
-            self.cursor, self.P, hidden, self.xq, self.xs, self.a13, self.T, self.H, hidden.stride(0),
-            BLOCK_M=self.cfg["BLOCK_M"], E_PAD=self.e_pad, ROUTE_BLK=256, QROWS=qrows, GROUP=GROUP,
-            A_GROUP=self.a1_group, num_warps=4,
+            self.ids,
+            self.n,
+            self.offset,
+            self.E,
+            self.sorted_ids,
+            self.block_expert,
+            self.num_padded,
+            self.cursor,
+            self.P,
+            hidden,
+            self.xq,
+            self.xs,
+            self.a13,
+            self.T,
+            self.H,
+            hidden.stride(0),
+            BLOCK_M=self.cfg["BLOCK_M"],
+            E_PAD=self.e_pad,
+            ROUTE_BLK=256,
+            QROWS=qrows,
+            GROUP=GROUP,
+            A_GROUP=self.a1_group,
+            num_warps=4,
         )
 
-    def gate_up(self, w13, out, outs, out_mode: int, split_k: int, xq=None, xs=None, sorted_ids=None,
-                top_k=None, n_entries=None):
+    def gate_up(
+        self,
+        w13,
+        out,
+        outs,
+        out_mode: int,
+        split_k: int,
+        xq=None,
+        xs=None,
+        sorted_ids=None,
+        top_k=None,
+        n_entries=None,
+    ):
         c = self.cfg
         grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.I, c["GU_N"]), split_k)
         K._gate_up_kernel[grid](
-            self.xq if xq is None else xq, self.xs if xs is None else xs, self.a13, w13, self.w13_scale,
-            self.sorted_ids if sorted_ids is None else sorted_ids, self.block_expert, self.num_padded,
-            out, outs, self.a2, self.H, self.I, self.k if top_k is None else top_k,
-            self.n if n_entries is None else n_entries, self.P, w13.stride(0), w13.stride(1),
+            self.xq if xq is None else xq,
+            self.xs if xs is None else xs,
+            self.a13,
+            w13,
+            self.w13_scale,
+            self.sorted_ids if sorted_ids is None else sorted_ids,
+            self.block_expert,
+            self.num_padded,
+            out,
+            outs,
+            self.a2,
+            self.H,
+            self.I,
+            self.k if top_k is None else top_k,
+            self.n if n_entries is None else n_entries,
+            self.P,
+            w13.stride(0),
+            w13.stride(1),
             *self.scale_strides(self.w13_scale),
-            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["GU_N"], BLOCK_K=c["GU_K"], GROUP_M=c["GU_GROUP_M"],
-            SPLIT_K=split_k, A_GROUP=self.a1_group, W_BLOCK=self.w_block, A2_GROUP=self.a2_group,
-            OUT_MODE=out_mode, EVEN_K=self.H % c["GU_K"] == 0,
-            num_warps=c["GU_WARPS"], num_stages=c["GU_STAGES"],
+            BLOCK_M=c["BLOCK_M"],
+            BLOCK_N=c["GU_N"],
+            BLOCK_K=c["GU_K"],
+            GROUP_M=c["GU_GROUP_M"],
+            SPLIT_K=split_k,
+            A_GROUP=self.a1_group,
+            W_BLOCK=self.w_block,
+            A2_GROUP=self.a2_group,
+            OUT_MODE=out_mode,
+            EVEN_K=self.H % c["GU_K"] == 0,
+            num_warps=c["GU_WARPS"],
+            num_stages=c["GU_STAGES"],
         )
 
     def act_quant(self, part, split_k: int):
         grid = (self.P // self.cfg["BLOCK_M"], triton.cdiv(self.I, GROUP))
         K._act_quant_kernel[grid](
-            part, self.block_expert, self.num_padded, self.inter, self.inter_s, self.a2, self.I, self.P,
-            BLOCK_M=self.cfg["BLOCK_M"], SPLIT_K=split_k, A2_GROUP=self.a2_group, num_warps=4,
+            part,
+            self.block_expert,
+            self.num_padded,
+            self.inter,
+            self.inter_s,
+            self.a2,
+            self.I,
+            self.P,
+            BLOCK_M=self.cfg["BLOCK_M"],
+            SPLIT_K=split_k,
+            A2_GROUP=self.a2_group,
+            num_warps=4,
         )
 
     def down(self, w2, routed_scaling: float):
         c = self.cfg
         grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.H, c["DN_N"]),)
         K._down_kernel[grid](
-            self.inter, self.inter_s, self.a2, w2, self.w2_scale, self.sorted_ids, self.block_expert,
-            self.num_padded, self.weights, self.y, self.H, self.I, self.n, self.P, float(routed_scaling),
-            w2.stride(0), w2.stride(1), *self.scale_strides(self.w2_scale),
-            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["DN_N"], BLOCK_K=c["DN_K"], GROUP_M=c["DN_GROUP_M"],
-            A_GROUP=self.a2_group, W_BLOCK=self.w_block, EVEN_K=self.I % c["DN_K"] == 0,
-            num_warps=c["DN_WARPS"], num_stages=c["DN_STAGES"],
+            self.inter,
+            self.inter_s,
+            self.a2,
+            w2,
+            self.w2_scale,
+            self.sorted_ids,
+            self.block_expert,
+            self.num_padded,
+            self.weights,
+            self.y,
+            self.H,
+            self.I,
+            self.n,
+            self.P,
+            float(routed_scaling),
+            w2.stride(0),
+            w2.stride(1),
+            *self.scale_strides(self.w2_scale),
+            BLOCK_M=c["BLOCK_M"],
+            BLOCK_N=c["DN_N"],
+            BLOCK_K=c["DN_K"],
+            GROUP_M=c["DN_GROUP_M"],
+            A_GROUP=self.a2_group,
+            W_BLOCK=self.w_block,
+            EVEN_K=self.I % c["DN_K"] == 0,
+            num_warps=c["DN_WARPS"],
+            num_stages=c["DN_STAGES"],
         )
 
     def reduce(self, out):
         block_h = min(1024, triton.next_power_of_2(self.H))
         K._reduce_kernel[(self.T, triton.cdiv(self.H, block_h))](
-            self.y, self.ids, out, self.H, self.k, self.offset, self.E, out.stride(0), BLOCK_H=block_h,
+            self.y,
+            self.ids,
+            out,
+            self.H,
+            self.k,
+            self.offset,
+            self.E,
+            out.stride(0),
+            BLOCK_H=block_h,
             num_warps=4,
         )
 
@@ -293,8 +446,20 @@ def fused_moe(
     the first local expert; ids outside [offset, offset + E) (or −1) are skipped, and a token with no
     local slot gets zeros. TP: I is the local shard; the output is this rank's partial sum.
     """
-    launch = _Launch(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale,
-                     a2_scale, block_shape, expert_offset, config)
+    launch = _Launch(
+        hidden,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        w13_scale,
+        w2_scale,
+        a13_scale,
+        a2_scale,
+        block_shape,
+        expert_offset,
+        config,
+    )
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result
@@ -331,14 +496,27 @@ def moe_unfused(
     """Same math as ``fused_moe`` with every stage a separate pass (the benchmark's unfused baseline):
     torch routing and input quantization, a gathered copy of the rows, gate/up GEMM → fp32, torch
     SiLU·mul and quantization, down GEMM, torch weighted sum."""
-    launch = _Launch(hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale,
-                     a2_scale, block_shape, expert_offset, config)
+    launch = _Launch(
+        hidden,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        w13_scale,
+        w2_scale,
+        a13_scale,
+        a2_scale,
+        block_shape,
+        expert_offset,
+        config,
+    )
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result
     dev = hidden.device
     sorted_ids, block_expert, num_padded = moe_align_reference(
-        launch.ids, launch.E, launch.offset, launch.cfg["BLOCK_M"], launch.P)
+        launch.ids, launch.E, launch.offset, launch.cfg["BLOCK_M"], launch.P
+    )
     launch.sorted_ids.copy_(sorted_ids)
     launch.block_expert.copy_(block_expert)
     launch.num_padded.copy_(num_padded)
@@ -351,8 +529,9 @@ def moe_unfused(
         gxq, gxs = quantize_static(hidden, launch.a13)[tok], launch.xs
     identity = torch.arange(launch.P, dtype=torch.int32, device=dev)
     part = torch.empty(1, launch.P, 2 * launch.I, dtype=torch.float32, device=dev)
-    launch.gate_up(w13, part, part, 1, 1, xq=gxq.contiguous(), xs=gxs, sorted_ids=identity, top_k=1,
-                   n_entries=launch.P)
+    launch.gate_up(
+        w13, part, part, 1, 1, xq=gxq.contiguous(), xs=gxs, sorted_ids=identity, top_k=1, n_entries=launch.P
+    )
     gate, up = part[0, :, : launch.I], part[0, :, launch.I :]
     h = torch.nn.functional.silu(gate) * up
     if launch.a2_group:
@@ -369,8 +548,14 @@ def moe_unfused(
     return result
 
 
-def flops_and_bytes(topk_ids: torch.Tensor, num_experts: int, hidden: int, inter: int,
-                    expert_offset: int = 0, w_block: bool = False) -> tuple[float, float]:
+def flops_and_bytes(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    expert_offset: int = 0,
+    w_block: bool = False,
+) -> tuple[float, float]:
     """(FLOPs of the local (token, slot) rows, bytes of the activated experts' weights + scales)."""
     local = topk_ids.long().reshape(-1) - expert_offset
     local = local[(local >= 0) & (local < num_experts)]
@@ -378,8 +563,10 @@ def flops_and_bytes(topk_ids: torch.Tensor, num_experts: int, hidden: int, inter
     active = int(torch.unique(local).numel())
     w_bytes = 3 * hidden * inter  # w13 (2I·H) + w2 (H·I), one byte each
     if w_block:
-        w_bytes += 4 * (math.ceil(2 * inter / GROUP) * math.ceil(hidden / GROUP)
-                        + math.ceil(hidden / GROUP) * math.ceil(inter / GROUP))
+        w_bytes += 4 * (
+            math.ceil(2 * inter / GROUP) * math.ceil(hidden / GROUP)
+            + math.ceil(hidden / GROUP) * math.ceil(inter / GROUP)
+        )
     else:
         w_bytes += 8
     return 2.0 * rows * 3 * hidden * inter, float(active * w_bytes)

@@ -40,9 +40,11 @@ def dequantize_group(q: torch.Tensor, s: torch.Tensor, group: int = GROUP) -> to
 
 def quantize_static(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     """Per-tensor static quantization: fp8(clamp(x / scale))."""
-    return (x.float() / torch.as_tensor(scale, dtype=torch.float32, device=x.device)).clamp(
-        -FP8_MAX, FP8_MAX
-    ).to(FP8)
+    return (
+        (x.float() / torch.as_tensor(scale, dtype=torch.float32, device=x.device))
+        .clamp(-FP8_MAX, FP8_MAX)
+        .to(FP8)
+    )
 
 
 def _block_expand(scale: torch.Tensor, n: int, k: int, block: int = GROUP) -> torch.Tensor:

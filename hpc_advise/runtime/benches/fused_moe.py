@@ -34,23 +34,35 @@ from hpc_advise.runtime.benchmarking import Timing, environment, run_row, time_c
 
 SHAPES = {  # name -> (E local, H, I, top_k, E global, expert offset)
     "hy3": (192, 4096, 1536, 8, 192, 0),
-    "hy3-tp8": (192, 4096, 192, 8, 192, 0),
     "qwen3-235b": (128, 4096, 1536, 8, 128, 0),
+    "hy3-tp8": (192, 4096, 192, 8, 192, 0),
     "qwen3-30b-a3b": (128, 2048, 768, 8, 128, 0),
     "deepseek-v3-ep8": (32, 7168, 2048, 8, 256, 64),
 }
 MODES = {  # the modes each shape is measured in (its checkpoint's mode first)
     "hy3": ("tensor-static",),
     "hy3-tp8": ("tensor-static",),
-    "qwen3-235b": ("block-dynamic", "tensor-static"),
+    "qwen3-235b": ("block-dynamic",),
     "qwen3-30b-a3b": ("block-dynamic",),
     "deepseek-v3-ep8": ("block-dynamic",),
 }
 T_FULL = (1, 4, 16, 64, 128, 1024, 4096, 16384)
 T_SMALL = (1, 16, 128, 4096)
 SHAPES_SMALL = ("hy3", "qwen3-30b-a3b")
-HEADERS = ["shape", "mode", "T", "ours µs", "ours TB/s|TFLOP/s", "% ceiling", "unfused µs", "torch µs",
-           "fbgemm µs", "× torch", "× fbgemm", "× unfused"]
+HEADERS = [
+    "shape",
+    "mode",
+    "T",
+    "ours µs",
+    "ours TB/s|TFLOP/s",
+    "% ceiling",
+    "unfused µs",
+    "torch µs",
+    "fbgemm µs",
+    "× torch",
+    "× fbgemm",
+    "× unfused",
+]
 FP8_PEAK_TFLOPS = 1410.0  # measured on an H200 (shared/DESIGN.md §7), reported beside our measurement
 
 
@@ -97,8 +109,10 @@ def _kwargs(wts: dict, mode: str, offset: int) -> dict:
 
     kw = dict(w13_scale=wts["s13"], w2_scale=wts["s2"], expert_offset=offset)
     if mode.endswith("static"):  # device tensors: a host scalar would be copied inside graph capture
-        kw.update(a13_scale=torch.full((1,), 4.5 / 448.0, device="cuda"),
-                  a2_scale=torch.full((1,), 0.05, device="cuda"))
+        kw.update(
+            a13_scale=torch.full((1,), 4.5 / 448.0, device="cuda"),
+            a2_scale=torch.full((1,), 0.05, device="cuda"),
+        )
     if wts["block"]:
         kw["block_shape"] = (128, 128)
     return kw
@@ -129,8 +143,15 @@ def _rowwise_quant(x):
 def _torch_gmm(xq, w, sa, sw, ends, counts):
     import torch
 
-    return torch._scaled_grouped_mm(xq, w.transpose(1, 2), scale_a=sa, scale_b=sw, offs=ends,
-                                    out_dtype=torch.bfloat16, use_fast_accum=True)
+    return torch._scaled_grouped_mm(
+        xq,
+        w.transpose(1, 2),
+        scale_a=sa,
+        scale_b=sw,
+        offs=ends,
+        out_dtype=torch.bfloat16,
+        use_fast_accum=True,
+    )
 
 
 def _fbgemm_gmm(xq, w, sa, sw, ends, counts):
@@ -139,8 +160,21 @@ def _fbgemm_gmm(xq, w, sa, sw, ends, counts):
     return torch.ops.fbgemm.f8f8bf16_rowwise_grouped_stacked(xq, w, sa, sw, counts)
 
 
-def peer_pipeline(gmm, x, w13, w2, s13_rows, s2_rows, weights, ids, *, num_experts, expert_offset,
-                  routed_scaling_factor=1.0, align=16):
+def peer_pipeline(
+    gmm,
+    x,
+    w13,
+    w2,
+    s13_rows,
+    s2_rows,
+    weights,
+    ids,
+    *,
+    num_experts,
+    expert_offset,
+    routed_scaling_factor=1.0,
+    align=16,
+):
     """Routing, gather, row-wise fp8 quant, grouped GEMM, SiLU·mul, quant, grouped GEMM, weighted sum,
     all in torch ops except the two grouped GEMMs (``gmm``). Graph-capturable (no host sync)."""
     import torch
@@ -201,8 +235,11 @@ def ceilings() -> dict[str, float]:
     a = torch.randn(m, m, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(m, m, device="cuda").to(torch.float8_e4m3fn)
     one = torch.ones((), device="cuda")
-    t = time_cuda(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,
-                                           use_fast_accum=True), inner=5, reps=10)
+    t = time_cuda(
+        lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True),
+        inner=5,
+        reps=10,
+    )
     fp8 = 2 * m**3 / (t.p50 * 1e-6) / 1e12
     return {"copy_tbps": copy, "fp8_tflops": fp8}
 
@@ -217,8 +254,8 @@ def _compile_worker(jobs: list[tuple]) -> int:
     from hpc_advise.kernels.fused_moe import op
 
     done = 0
-    for mode, cfg, unfused in jobs:
-        wts = make_weights(4, 256, 256, mode, seed=3)
+    for mode, cfg, unfused, inter in jobs:
+        wts = make_weights(4, 256, inter, mode, seed=3)
         s = make_routings(3, 2, 4, 256, 1)[0]
         fn = op.moe_unfused if unfused else op.fused_moe
         try:
@@ -231,8 +268,9 @@ def _compile_worker(jobs: list[tuple]) -> int:
 
 
 def precompile(jobs: list[tuple], workers: int | None = None) -> int:
-    """Compile (mode, config, unfused?) jobs in parallel processes. H and I are not specialization
-    keys beyond divisibility by 16, so kernels compiled at a small shape serve the real ones."""
+    """Compile (mode, config, unfused?, I) jobs in parallel processes. H and I are specialization keys
+    only through divisibility by 16 (and I through I % BLOCK_K), and the per-call sizes are marked
+    do_not_specialize, so kernels compiled at H = 256 and I = 256 (or 192) serve the real shapes."""
     import multiprocessing as mp
 
     uniq = list({repr(j): j for j in jobs}.values())
@@ -250,7 +288,7 @@ def precompile(jobs: list[tuple], workers: int | None = None) -> int:
 
 def _time(fn: Callable[[], object], t: int) -> tuple[Timing, bool]:
     """(timing, graphed?)."""
-    inner, reps = (16, 20) if t <= 128 else ((4, 10) if t <= 4096 else (2, 6))
+    inner, reps = (16, 15) if t <= 128 else ((4, 8) if t <= 4096 else (2, 5))
     try:
         return time_cuda(fn, inner=inner, reps=reps, warmup=2), True
     except Exception:
@@ -279,14 +317,28 @@ def providers(shape: str, mode: str, wts: dict, peers: bool, fbgemm_ok: bool) ->
         for name, gmm in (("torch", _torch_gmm), ("fbgemm", _fbgemm_gmm)):
             if name == "fbgemm" and not fbgemm_ok:
                 continue
-            prov[name] = (lambda g: lambda s: peer_pipeline(
-                g, s["x"], wts["w13"], wts["w2"], r13, r2, s["w"], s["ids"], num_experts=e,
-                expert_offset=off))(gmm)
+            prov[name] = (
+                lambda g: (
+                    lambda s: peer_pipeline(
+                        g,
+                        s["x"],
+                        wts["w13"],
+                        wts["w2"],
+                        r13,
+                        r2,
+                        s["w"],
+                        s["ids"],
+                        num_experts=e,
+                        expert_offset=off,
+                    )
+                )
+            )(gmm)
     return prov
 
 
-def bench_case(shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok: bool, ceil: dict,
-               env: dict, log=print) -> tuple[list[dict], list]:
+def bench_case(
+    shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok: bool, ceil: dict, env: dict, log=print
+) -> tuple[list[dict], list]:
     """Rows and the table line of one (shape, mode, T)."""
     from hpc_advise.kernels.fused_moe import op
     from hpc_advise.kernels.fused_moe.reference import fused_moe_reference
@@ -298,8 +350,18 @@ def bench_case(shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok:
         f, b = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
         flops += f / len(sets)
         bytes_ += b / len(sets)
-    cfg = dict(shape=shape, E=e, H=h, I=i, top_k=k, T=t, mode=mode, expert_offset=off,
-               E_global=eg, routings=len(sets))
+    cfg = dict(
+        shape=shape,
+        E=e,
+        H=h,
+        I=i,
+        top_k=k,
+        T=t,
+        mode=mode,
+        expert_offset=off,
+        E_global=eg,
+        routings=len(sets),
+    )
     rows, times, errs = [], {}, {}
     ours_out = None
     for name, body in providers(shape, mode, wts, peers, fbgemm_ok).items():
@@ -309,8 +371,9 @@ def bench_case(shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok:
                 out = body(s).float()
                 if name == "ours":
                     ours_out = out
-                    ref = fused_moe_reference(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"],
-                                              **_kwargs(wts, mode, off))
+                    ref = fused_moe_reference(
+                        s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], **_kwargs(wts, mode, off)
+                    )
                 elif ours_out is not None:
                     ref = ours_out
                 den = ref.norm().clamp(min=1e-30)
@@ -328,12 +391,35 @@ def bench_case(shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok:
             extra["tbps"] = bytes_ / (timing.p50 * 1e-6) / 1e12
         else:
             extra["tflops"] = flops / (timing.p50 * 1e-6) / 1e12
-        rows.append(run_row(kind="kernel", subject="fused_moe", provider=name, config=cfg,
-                            metric="latency", unit="us", timing=timing, env=env, extra=extra))
+        rows.append(
+            run_row(
+                kind="kernel",
+                subject="fused_moe",
+                provider=name,
+                config=cfg,
+                metric="latency",
+                unit="us",
+                timing=timing,
+                env=env,
+                extra=extra,
+            )
+        )
     ours = times.get("ours")
     if ours is None:
-        return rows, [shape, mode, t, None, None, None, times.get("unfused"), times.get("torch"),
-                      times.get("fbgemm"), None, None, None]
+        return rows, [
+            shape,
+            mode,
+            t,
+            None,
+            None,
+            None,
+            times.get("unfused"),
+            times.get("torch"),
+            times.get("fbgemm"),
+            None,
+            None,
+            None,
+        ]
     if t <= 128:
         rate = bytes_ / (ours * 1e-6) / 1e12
         pct = 100 * rate / ceil["copy_tbps"]
@@ -344,10 +430,25 @@ def bench_case(shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok:
     def ratio(name):
         return times[name] / ours if name in times else None
 
-    line = [shape, mode, t, ours, rate, pct, times.get("unfused"), times.get("torch"),
-            times.get("fbgemm"), ratio("torch"), ratio("fbgemm"), ratio("unfused")]
-    log("  " + "  ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in line)
-        + (f"  err {errs['ours']:.2e}" if "ours" in errs else ""))
+    line = [
+        shape,
+        mode,
+        t,
+        ours,
+        rate,
+        pct,
+        times.get("unfused"),
+        times.get("torch"),
+        times.get("fbgemm"),
+        ratio("torch"),
+        ratio("fbgemm"),
+        ratio("unfused"),
+    ]
+    log(
+        "  "
+        + "  ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in line)
+        + (f"  err {errs['ours']:.2e}" if "ours" in errs else "")
+    )
     return rows, line
 
 
@@ -361,8 +462,9 @@ def compile_jobs(shapes, ts, modes_of=MODES) -> list[tuple]:
             a2_group = mode.endswith("dynamic")
             for t in ts:
                 cfg = op.get_config(t, k, e, h, i, mode, a2_group)
-                jobs.append((mode, cfg, False))
-                jobs.append((mode, cfg, True))
+                inter = 256 if i % 128 == 0 else 192
+                jobs.append((mode, cfg, False, inter))
+                jobs.append((mode, cfg, True, inter))
     return jobs
 
 
@@ -372,8 +474,10 @@ def bench(grid: str = "full", peers: bool = True, log=print):
     return rows, table, headers
 
 
-def bench_with_ceilings(grid: str = "full", peers: bool = True, log=print, shapes=None, ts=None):
-    """``bench`` plus the ceilings measured in the run (for the summary)."""
+def bench_with_ceilings(grid: str = "full", peers: bool = True, log=print, shapes=None, ts=None,
+                        on_progress=None):
+    """``bench`` plus the ceilings measured in the run (for the summary). ``on_progress(rows, table,
+    ceil)`` is called after each (shape, mode), so a run cut short still leaves its table."""
     import torch
 
     shapes = shapes or (list(SHAPES) if grid == "full" else list(SHAPES_SMALL))
@@ -384,13 +488,30 @@ def bench_with_ceilings(grid: str = "full", peers: bool = True, log=print, shape
         log(f"fbgemm peer unavailable: {fb_reason}")
     env["fbgemm_status"] = "ok" if not fb_reason else fb_reason
     ceil = ceilings()
-    log(f"ceilings measured now: copy {ceil['copy_tbps']:.3f} TB/s, fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s")
+    log(
+        f"ceilings measured now: copy {ceil['copy_tbps']:.3f} TB/s, fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s"
+    )
     ceil_rows = [
-        run_row(kind="microbench", subject="copy", provider="torch", config={"bytes": 1 << 30},
-                metric="bandwidth", unit="TB/s", value=ceil["copy_tbps"], env=env),
-        run_row(kind="microbench", subject="fp8_gemm", provider="torch._scaled_mm",
-                config={"M": 8192, "N": 8192, "K": 8192}, metric="throughput", unit="TFLOP/s",
-                value=ceil["fp8_tflops"], env=env),
+        run_row(
+            kind="microbench",
+            subject="copy",
+            provider="torch",
+            config={"bytes": 1 << 30},
+            metric="bandwidth",
+            unit="TB/s",
+            value=ceil["copy_tbps"],
+            env=env,
+        ),
+        run_row(
+            kind="microbench",
+            subject="fp8_gemm",
+            provider="torch._scaled_mm",
+            config={"M": 8192, "N": 8192, "K": 8192},
+            metric="throughput",
+            unit="TFLOP/s",
+            value=ceil["fp8_tflops"],
+            env=env,
+        ),
     ]
     n = precompile(compile_jobs(shapes, ts))
     log(f"precompiled {n} configs")
@@ -403,6 +524,8 @@ def bench_with_ceilings(grid: str = "full", peers: bool = True, log=print, shape
                 r, line = bench_case(shape, mode, t, wts, peers, not fb_reason, ceil, env, log)
                 rows += r
                 table.append(line)
+            if on_progress:
+                on_progress(rows, table, ceil)
             del wts
             torch.cuda.empty_cache()
     return rows, table, HEADERS, ceil
@@ -418,8 +541,9 @@ def summary(table: list, ceil: dict) -> str:
     tp1 = ("hy3", "qwen3-235b", "qwen3-30b-a3b", "deepseek-v3-ep8")
     dec = rows(lambda r: r[0] in tp1 and 16 <= r[2] <= 128)
     if dec:
-        lines.append(f"decode T=16..128, TP1 shapes: min {min(r[5] for r in dec):.0f}% of copy "
-                     f"(target >= 95%)")
+        lines.append(
+            f"decode T=16..128, TP1 shapes: min {min(r[5] for r in dec):.0f}% of copy (target >= 95%)"
+        )
     one = rows(lambda r: r[2] == 1 and r[0] in tp1)
     if one:
         lines.append(f"T=1, TP1 shapes: min {min(r[5] for r in one):.0f}% of copy (target >= 70%)")
@@ -429,16 +553,17 @@ def summary(table: list, ceil: dict) -> str:
     for col, name, target in ((9, "torch", 1.5), (10, "fbgemm", 1.2)):
         small = [r for r in rows(lambda r: r[2] <= 128) if r[col] is not None]
         if small:
-            lines.append(f"T<=128: min speed-up vs {name} {min(r[col] for r in small):.2f}x "
-                         f"(target >= {target}x)")
+            lines.append(
+                f"T<=128: min speed-up vs {name} {min(r[col] for r in small):.2f}x (target >= {target}x)"
+            )
     pre = rows(lambda r: r[2] >= 1024)
     if pre:
-        lines.append(f"T>=1024: min {min(r[4] for r in pre):.0f} TFLOP/s = "
-                     f"{min(100 * r[4] / FP8_PEAK_TFLOPS for r in pre):.0f}% of 1410 "
-                     f"(measured fp8 GEMM now {ceil['fp8_tflops']:.0f}); target >= 55%")
+        lines.append(
+            f"T>=1024: min {min(r[4] for r in pre):.0f} TFLOP/s = "
+            f"{min(100 * r[4] / FP8_PEAK_TFLOPS for r in pre):.0f}% of 1410 "
+            f"(measured fp8 GEMM now {ceil['fp8_tflops']:.0f}); target >= 55%"
+        )
     return "\n".join(lines)
-
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -452,24 +577,62 @@ def candidates(t: int, top_k: int, a2_group: bool) -> list[dict]:
     n = t * top_k
 
     def cfg(bm, gu_n, split, dn_n, gu_w=4, gu_s=4, dn_w=4, dn_s=4, gm=1):
-        return dict(BLOCK_M=bm, GU_N=gu_n, GU_K=128, SPLIT_K=split, GU_GROUP_M=gm, GU_WARPS=gu_w,
-                    GU_STAGES=gu_s, DN_N=dn_n, DN_K=128, DN_GROUP_M=gm, DN_WARPS=dn_w, DN_STAGES=dn_s)
+        return dict(
+            BLOCK_M=bm,
+            GU_N=gu_n,
+            GU_K=128,
+            SPLIT_K=split,
+            GU_GROUP_M=gm,
+            GU_WARPS=gu_w,
+            GU_STAGES=gu_s,
+            DN_N=dn_n,
+            DN_K=128,
+            DN_GROUP_M=gm,
+            DN_WARPS=dn_w,
+            DN_STAGES=dn_s,
+        )
 
     if n <= 256:
         if a2_group:
-            return [cfg(16, 128, 1, 64), cfg(16, 128, 2, 64), cfg(16, 64, 2, 64), cfg(16, 64, 4, 64),
-                    cfg(16, 32, 4, 32), cfg(16, 128, 1, 128)]
-        return [cfg(16, 32, 1, 64), cfg(16, 64, 1, 64), cfg(16, 64, 2, 64), cfg(16, 32, 1, 32),
-                cfg(16, 128, 1, 128), cfg(16, 32, 4, 64)]
+            return [
+                cfg(16, 128, 1, 64),
+                cfg(16, 128, 2, 64),
+                cfg(16, 64, 2, 64),
+                cfg(16, 64, 4, 64),
+                cfg(16, 32, 4, 32),
+                cfg(16, 128, 1, 128),
+            ]
+        return [
+            cfg(16, 32, 1, 64),
+            cfg(16, 64, 1, 64),
+            cfg(16, 64, 2, 64),
+            cfg(16, 32, 1, 32),
+            cfg(16, 128, 1, 128),
+            cfg(16, 32, 4, 64),
+        ]
     if n <= 2048:
         if a2_group:
-            return [cfg(16, 128, 1, 64), cfg(32, 128, 1, 128), cfg(16, 128, 2, 64), cfg(32, 128, 1, 64),
-                    cfg(64, 128, 1, 128, gm=4)]
-        return [cfg(16, 64, 1, 64), cfg(32, 64, 1, 64), cfg(16, 128, 1, 128), cfg(32, 128, 1, 128),
-                cfg(64, 128, 1, 128, gm=4)]
-    return [cfg(64, 128, 1, 128, 4, 4, 4, 4, 8), cfg(128, 128, 1, 128, 8, 3, 8, 3, 8),
-            cfg(128, 128, 1, 256, 8, 4, 8, 3, 8), cfg(128, 128, 1, 128, 4, 3, 4, 4, 8),
-            cfg(64, 128, 1, 256, 4, 3, 8, 3, 8)]
+            return [
+                cfg(16, 128, 1, 64),
+                cfg(32, 128, 1, 128),
+                cfg(16, 128, 2, 64),
+                cfg(32, 128, 1, 64),
+                cfg(64, 128, 1, 128, gm=4),
+            ]
+        return [
+            cfg(16, 64, 1, 64),
+            cfg(32, 64, 1, 64),
+            cfg(16, 128, 1, 128),
+            cfg(32, 128, 1, 128),
+            cfg(64, 128, 1, 128, gm=4),
+        ]
+    return [
+        cfg(64, 128, 1, 128, 4, 4, 4, 4, 8),
+        cfg(128, 128, 1, 128, 8, 3, 8, 3, 8),
+        cfg(128, 128, 1, 256, 8, 4, 8, 3, 8),
+        cfg(128, 128, 1, 128, 4, 3, 4, 4, 8),
+        cfg(64, 128, 1, 256, 4, 3, 8, 3, 8),
+    ]
 
 
 def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
@@ -493,7 +656,8 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> l
         k = SHAPES[shape][3]
         for mode in MODES[shape]:
             for t in ts:
-                jobs += [(mode, c, False) for c in candidates(t, k, mode.endswith("dynamic"))]
+                inter = 256 if SHAPES[shape][2] % 128 == 0 else 192
+                jobs += [(mode, c, False, inter) for c in candidates(t, k, mode.endswith("dynamic"))]
     log(f"tune: precompiled {precompile(jobs)} of {len(jobs)} jobs")
     entries = []
     for shape in shapes:
@@ -518,8 +682,9 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> l
                         best = (timing.p50, c)
                 if best:
                     log(f"  {shape} {mode} T={t}: {best[0]:.1f} us {best[1]}")
-                    entries.append(dict(E=e, H=h, I=i, top_k=k, mode=mode, T=t, config=best[1],
-                                        p50_us=round(best[0], 2)))
+                    entries.append(
+                        dict(E=e, H=h, I=i, top_k=k, mode=mode, T=t, config=best[1], p50_us=round(best[0], 2))
+                    )
             del wts
             torch.cuda.empty_cache()
     return entries
@@ -534,8 +699,15 @@ def write_configs(entries: list[dict], path, gpu: str) -> None:
     path = Path(path)
     data = json.loads(path.read_text()) if path.exists() else {"version": 1, "entries": []}
     keys = {(x["E"], x["H"], x["I"], x["top_k"], x["mode"], x["T"]) for x in entries}
-    kept = [x for x in data.get("entries", [])
-            if (x["E"], x["H"], x["I"], x["top_k"], x["mode"], x["T"]) not in keys]
-    data = {"version": 1, "gpu": gpu, "tuned_at": dt.datetime.now(dt.timezone.utc).isoformat(
-        timespec="seconds"), "entries": kept + entries}
+    kept = [
+        x
+        for x in data.get("entries", [])
+        if (x["E"], x["H"], x["I"], x["top_k"], x["mode"], x["T"]) not in keys
+    ]
+    data = {
+        "version": 1,
+        "gpu": gpu,
+        "tuned_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "entries": kept + entries,
+    }
     path.write_text(json.dumps(data, indent=1) + "\n")
