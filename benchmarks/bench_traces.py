@@ -29,12 +29,16 @@ sys.path.insert(0, str(ROOT))
 CHILD = r"""
 import json, resource, sys, time
 import hpc_advise.advisor.traces as traces
+from hpc_advise.advisor.trace_blocks import default_workers
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 w, c = time.perf_counter(), time.process_time()
 s = traces.summarize(sys.argv[1])
 wall, cpu = time.perf_counter() - w, time.process_time() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_kib": peak, "import_rss_kib": base,
+                  "workers": default_workers(), "workers_cpu_s": kids.ru_utime + kids.ru_stime,
+                  "worker_peak_rss_kib": kids.ru_maxrss,
                   "n_requests": s.n_requests, "format": s.format, "prefix_reuse": s.prefix_reuse,
                   "rate_rps": s.rate_rps, "isl_p99": s.isl["p99"]}))
 """
@@ -102,14 +106,18 @@ WRITERS = {
 }
 
 
-def measure(path: Path) -> dict:
+def measure(path: Path, workers: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("HPC_ADVISE_TRACE_WORKERS", None)
+    if workers != "default":
+        env["HPC_ADVISE_TRACE_WORKERS"] = workers
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(path)],
         capture_output=True,
         text=True,
         check=True,
         cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=env,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -120,7 +128,13 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--formats", nargs="+", default=list(WRITERS), choices=list(WRITERS))
-    parser.add_argument("--repeat", type=int, default=2, help="runs per file; the fastest is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per file; the fastest is reported")
+    parser.add_argument(
+        "--workers",
+        nargs="+",
+        default=["0", "default"],
+        help="HPC_ADVISE_TRACE_WORKERS values to compare ('default' = min(4, CPUs); 0 = one process)",
+    )
     args = parser.parse_args()
 
     from hpc_advise.runtime.benchmarking import run_row, write_results
@@ -135,48 +149,70 @@ def main() -> None:
                 t0 = time.perf_counter()
                 writer(path, n)
                 gen_s = time.perf_counter() - t0
-                runs = [measure(path) for _ in range(args.repeat)]
-                best = min(runs, key=lambda r: r["wall_s"])
-                assert best["n_requests"] == n, best
                 size_mb = path.stat().st_size / 1e6
-                peak_mib = best["peak_rss_kib"] / 1024
-                grow_mib = (best["peak_rss_kib"] - best["import_rss_kib"]) / 1024
-                table.append(
-                    [
-                        fmt,
-                        n,
-                        round(size_mb, 1),
-                        best["wall_s"],
-                        best["cpu_s"],
-                        n / best["wall_s"],
-                        peak_mib,
-                        grow_mib,
-                    ]
-                )
-                rows.append(
-                    run_row(
-                        kind="trace",
-                        subject="trace_summarize",
-                        provider="hpc_advise",
-                        config={"format": fmt, "n_requests": n, "file_mb": size_mb, "generate_s": gen_s},
-                        metric="wall_s",
-                        unit="s",
-                        value=best["wall_s"],
-                        env={"python": sys.version.split()[0]},
-                        extra={"cpu_s": best["cpu_s"], "peak_rss_mib": peak_mib, "rss_growth_mib": grow_mib},
+                for workers in args.workers:
+                    runs = [measure(path, workers) for _ in range(args.repeat)]
+                    best = min(runs, key=lambda r: r["wall_s"])
+                    assert best["n_requests"] == n, best
+                    peak_mib = best["peak_rss_kib"] / 1024
+                    grow_mib = (best["peak_rss_kib"] - best["import_rss_kib"]) / 1024
+                    worker_mib = best["worker_peak_rss_kib"] / 1024 if best["workers_cpu_s"] else 0.0
+                    used = best["workers"] if best["workers_cpu_s"] else 0
+                    table.append(
+                        [
+                            fmt,
+                            n,
+                            round(size_mb, 1),
+                            used,
+                            best["wall_s"],
+                            best["cpu_s"],
+                            best["workers_cpu_s"],
+                            n / best["wall_s"],
+                            peak_mib,
+                            grow_mib,
+                            worker_mib,
+                        ]
                     )
-                )
-                print(
-                    f"{fmt:>14} {n:>9,} requests {size_mb:7.1f} MB: {best['wall_s']:6.2f} s wall, "
-                    f"{best['cpu_s']:6.2f} s CPU, peak RSS {peak_mib:6.1f} MiB (+{grow_mib:.1f} after imports)"
-                )
+                    rows.append(
+                        run_row(
+                            kind="trace",
+                            subject="trace_summarize",
+                            provider="hpc_advise",
+                            config={
+                                "format": fmt,
+                                "n_requests": n,
+                                "file_mb": size_mb,
+                                "generate_s": gen_s,
+                                "workers": used,
+                            },
+                            metric="wall_s",
+                            unit="s",
+                            value=best["wall_s"],
+                            env={"python": sys.version.split()[0]},
+                            extra={
+                                "cpu_s": best["cpu_s"],
+                                "workers_cpu_s": best["workers_cpu_s"],
+                                "peak_rss_mib": peak_mib,
+                                "rss_growth_mib": grow_mib,
+                                "worker_peak_rss_mib": worker_mib,
+                            },
+                        )
+                    )
+                    print(
+                        f"{fmt:>14} {n:>9,} requests {size_mb:7.1f} MB workers={used}: {best['wall_s']:6.2f} s wall, "
+                        f"{best['cpu_s']:6.2f} s CPU (+{best['workers_cpu_s']:.2f} in workers), peak RSS "
+                        f"{peak_mib:6.1f} MiB (+{grow_mib:.1f} after imports; workers {worker_mib:.0f} MiB each)",
+                        flush=True,
+                    )
                 path.unlink()
     load_after = os.getloadavg()
     notes = (
         f"Machine: {os.cpu_count()} CPUs ({_cpu_name()}); load average before/after: "
         f"{load_before[0]:.1f} / {load_after[0]:.1f} (the machine was shared with other jobs: wall time "
         "includes waiting for a CPU; CPU time is this process's own). Each figure is the fastest of "
-        f"{args.repeat} runs in a fresh process. 'RSS growth' is peak RSS minus RSS after importing "
+        f"{args.repeat} run(s) in a fresh process. workers = 0: parsed in the summarizing process; "
+        "otherwise lines are parsed in that many worker processes (trace_blocks). 'RSS growth' is the "
+        "summarizing process's peak RSS minus its RSS after importing "
         "hpc_advise; it includes the 32 MiB Bloom filter of the prefix-reuse counter when the trace has "
         "hash_ids (allocated lazily, pages touched as blocks arrive)."
     )

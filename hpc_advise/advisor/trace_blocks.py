@@ -1,9 +1,9 @@
 """Block-parallel parsing of line-based traces for ``summarize``.
 
 The decoded input is cut into blocks of whole lines (4 MiB); each block is parsed and checked into
-numpy ``Columns`` -- in worker processes when there is more than one block (JSON parsing is what
-costs; the statistics are vectorised and stay in the parent) -- and handed back in file order, at
-most ``2 x workers`` blocks in flight, so memory stays bounded. The parent applies the checks that
+numpy ``Columns`` -- the first few in this process, the rest in worker processes when the input is
+large (JSON parsing is what costs; the statistics are vectorised and stay in the parent) -- and
+handed back in file order, at most ``2 x workers`` blocks in flight, so memory stays bounded. The parent applies the checks that
 need the whole history (timestamp order) and reports the first bad line in file order, exactly as
 the sequential reader does. CSV blocks after the first get the header line prepended.
 
@@ -23,15 +23,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpc_advise.advisor.trace_check import MAX_TOKENS, REORDER_S, order_problem, request_problem
+from hpc_advise.advisor.trace_fastpath import fast_columns
 from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions
 from hpc_advise.advisor.trace_io import TraceError, TraceSource
 from hpc_advise.advisor.trace_summary import Columns, to_columns
 
 BLOCK_BYTES = 4 << 20
+START_POOL_AT = 3  # blocks: inputs up to 12 MiB never start worker processes
+INPROCESS_BLOCKS = 6
 MAX_LINE_BYTES = 256 << 20
 LINE_FORMATS = {"canonical", "mooncake", "bailian", "azure", "burstgpt", "openai"}
 CSV_FORMATS = {"azure", "burstgpt"}
 BAD_EXAMPLES = 5
+USE_FAST_PATH = True  # tests switch it off to compare with the per-line reader
 
 
 @dataclass
@@ -52,14 +56,19 @@ def parse_block(
     header: str | None,
     skip_bad: bool,
 ) -> Parsed:
-    """Parse and check one block (runs in a worker process). Without ``skip_bad`` it stops at the
-    first bad line."""
+    """Parse and check one block (runs in a worker process): the whole-block fast path when it
+    applies (``trace_fastpath``), else line by line. Without ``skip_bad`` it stops at the first bad
+    line."""
     text = data.decode("utf-8", errors="replace")
     if first_line == 1:
         text = text.lstrip("\ufeff")
     if header is not None:
         text = header + text
         first_line -= 1
+    elif USE_FAST_PATH:
+        cols = fast_columns(fmt, text, first_line, options.block_size)
+        if cols is not None:
+            return Parsed(cols)
     source = TraceSource.from_text(text, name, first_line)
     rows: list = []
     lines: list[int] = []
@@ -131,7 +140,12 @@ def _context():
 def parsed_blocks(
     source: TraceSource, fmt: str, options: ReadOptions, skip_bad: bool, workers: int | None = None
 ) -> Iterator[Parsed]:
-    """Parsed blocks of ``source`` in file order (parallel when there are several blocks)."""
+    """Parsed blocks of ``source`` in file order.
+
+    The first ``INPROCESS_BLOCKS`` blocks are parsed here; when the input has more than
+    ``START_POOL_AT`` blocks, worker processes are started at that point (they boot while this
+    process parses the rest of the first blocks) and parse everything after them.
+    """
     workers = default_workers() if workers is None else workers
     blocks = iter_blocks(source)
     first = next(blocks, None)
@@ -140,34 +154,31 @@ def parsed_blocks(
     header = None
     if fmt in CSV_FORMATS:
         header = first[1].split(b"\n", 1)[0].decode("utf-8", errors="replace").lstrip("\ufeff") + "\n"
-    second = next(blocks, None)
     args = (fmt, options, source.name)
-    if second is None or workers <= 1:
-        yield parse_block(*args, first[1], first[0], None, skip_bad)
-        for line, data in [second] if second else []:
-            yield parse_block(*args, data, line, header, skip_bad)
-        for line, data in blocks:
-            yield parse_block(*args, data, line, header, skip_bad)
-        return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+    yield parse_block(*args, first[1], first[0], None, skip_bad)
+    pool = None
     try:
+        for index, (line, data) in enumerate(blocks, start=1):
+            if pool is None and workers > 1 and index == START_POOL_AT:
+                pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+                for _ in range(workers):
+                    pool.submit(os.getpid)  # start the workers now
+            yield parse_block(*args, data, line, header, skip_bad)
+            if pool is not None and index + 1 >= INPROCESS_BLOCKS:
+                break
+        if pool is None:
+            return
         pending: deque = deque()
-        jobs = ((line, data, None if line == 1 else header) for line, data in _chain(first, second, blocks))
-        for line, data, head in jobs:
-            pending.append(pool.submit(parse_block, *args, data, line, head, skip_bad))
+        for line, data in blocks:
+            pending.append(pool.submit(parse_block, *args, data, line, header, skip_bad))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
         pool.shutdown(wait=True)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _chain(first, second, rest):
-    yield first
-    yield second
-    yield from rest
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class OrderCheck:

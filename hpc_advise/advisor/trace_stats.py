@@ -11,10 +11,11 @@
 - ``Reservoir``: a fixed-size uniform sample of (input, output) pairs: every item gets a priority
   ``splitmix64(index)`` and the ``size`` smallest priorities are kept (deterministic, independent of
   chunk boundaries).
-- ``PrefixTracker``: fraction of prefix blocks (``hash_ids``) seen before, via a 2^28-bit Bloom filter
-  (32 MiB, 3 hashes) plus exact de-duplication inside each chunk. False positives can only count a new
-  block as seen: rate (1 - e^(-3n/2^28))^3, below 0.1 % up to n = 8.6 M distinct blocks, 1.2 % at
-  n = 25 M.
+- ``PrefixTracker``: fraction of prefix blocks (``hash_ids``) seen before, via a blocked Bloom filter
+  (2^22 64-bit words = 32 MiB; each id sets 3 bits of one word) plus exact de-duplication inside each
+  chunk. A false positive can only count a new block as seen; for n distinct blocks the rate is
+  E[(1 - (63/64)^(3X))^3] with X ~ Poisson(n / 2^22): 0.004 % at n = 1 M, 0.04 % at 4 M, 0.18 % at
+  8.6 M, 1.9 % at 25 M.
 """
 
 from __future__ import annotations
@@ -259,44 +260,45 @@ def _sorted_unique(x: np.ndarray) -> np.ndarray:
     return x[np.concatenate([[True], x[1:] != x[:-1]])]
 
 
-BLOOM_BITS = 1 << 28
-_SALT = np.uint64(0xD1B54A32D192ED03)
+BLOOM_WORDS = 1 << 22  # 64-bit words: 2^28 bits, 32 MiB
 
 
 class PrefixTracker:
-    """Counts prefix blocks already seen (see module docstring for the false-positive rate)."""
+    """Counts prefix blocks already seen (see module docstring for the false-positive rate).
+
+    A blocked Bloom filter: each id sets 3 bits of one 64-bit word (no sort of bit positions, one
+    gather and one scatter per id). Ids repeated inside a chunk are counted exactly first.
+    """
 
     def __init__(self) -> None:
-        self.bits: np.ndarray | None = None
+        self.words: np.ndarray | None = None
         self.blocks = 0
         self.hits = 0
-
-    def _positions(self, ids: np.ndarray) -> list[np.ndarray]:
-        h1 = splitmix64(ids)
-        h2 = splitmix64(ids ^ _SALT)
-        mask = np.uint64(BLOOM_BITS - 1)
-        return [h1 & mask, (h1 >> np.uint64(32)) & mask, h2 & mask]
 
     def add(self, ids: np.ndarray) -> None:
         if ids.size == 0:
             return
-        if self.bits is None:
-            self.bits = np.zeros(BLOOM_BITS // 8, dtype=np.uint8)
-        ids = ids.astype(np.uint64, copy=False)
-        uniq = _sorted_unique(ids)
+        if self.words is None:
+            self.words = np.zeros(BLOOM_WORDS, dtype=np.uint64)
+        words = self.words
+        uniq = _sorted_unique(ids.astype(np.uint64, copy=False))
         repeats = int(ids.size - uniq.size)  # later occurrences inside this chunk: seen before
-        positions = self._positions(uniq)
-        seen = np.ones(uniq.size, dtype=bool)
-        for pos in positions:
-            byte = (pos >> np.uint64(3)).astype(np.int64)
-            seen &= (self.bits[byte] >> (pos & np.uint64(7)).astype(np.uint8)) & 1 != 0
-        # Insert after all look-ups (no false hits among this chunk's blocks): OR the bits of each
-        # distinct byte together, then write every touched byte once.
-        pos = _sorted_unique(np.concatenate(positions))
-        byte = (pos >> np.uint64(3)).astype(np.int64)
-        bit = np.left_shift(np.uint8(1), (pos & np.uint64(7)).astype(np.uint8))
-        starts = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))
-        self.bits[byte[starts]] |= np.bitwise_or.reduceat(bit, starts)
+        h = splitmix64(uniq)
+        word = (h & np.uint64(BLOOM_WORDS - 1)).astype(np.int64)
+        one = np.uint64(1)
+        mask = (
+            (one << ((h >> np.uint64(22)) & np.uint64(63)))
+            | (one << ((h >> np.uint64(28)) & np.uint64(63)))
+            | (one << ((h >> np.uint64(34)) & np.uint64(63)))
+        )
+        seen = (words[word] & mask) == mask
+        # Insert after all look-ups (no false hits among this chunk's ids). A fancy-indexed |= keeps
+        # one update per word, so repeat for the ids whose bits did not land (ids sharing a word).
+        todo = np.arange(uniq.size)
+        while todo.size:
+            w, m = word[todo], mask[todo]
+            words[w] |= m
+            todo = todo[(words[w] & m) != m]
         self.blocks += int(ids.size)
         self.hits += repeats + int(seen.sum())
 

@@ -102,3 +102,86 @@ def test_first_error_in_file_order_across_blocks(tmp_path, small_blocks, monkeyp
     assert s.n_bad == 2 and s.n_requests == 298
     note = s.notes[-1]
     assert 0 < note.index(f"{path}:201: timestamp") < note.index(f"{path}:251: invalid JSON")
+
+
+# --- the whole-block fast path accepts a block only when the per-line reader reads it the same ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hpc_advise.advisor.trace_fastpath import fast_columns  # noqa: E402
+from hpc_advise.advisor.trace_formats import ReadOptions  # noqa: E402
+
+ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.integers(-3, -1),
+    st.integers(2**63, 2**66),
+    st.just(20_000_000),
+    st.just(2.0),
+)
+FIELDS = {
+    "mooncake": ("timestamp", "input_length", "output_length"),
+    "bailian": ("timestamp", "input_length", "output_length"),
+    "canonical": ("t", "in", "out"),
+}
+
+
+@st.composite
+def record_line(draw, fmt):
+    if draw(st.integers(0, 40)) == 0:
+        return draw(st.sampled_from(["", "   ", "[1]", "{bad", '"x"', '{"t": 1}, {"t": 2}']))
+    obj = {}
+    for key in FIELDS[fmt]:
+        if draw(st.integers(0, 30)) == 0:
+            continue  # missing field
+        obj[key] = draw(ODD) if draw(st.integers(0, 15)) == 0 else draw(st.integers(0, 200_000))
+    if draw(st.booleans()):
+        ids = draw(st.lists(st.integers(-5, 10**6), max_size=5))
+        obj["hash_ids"] = draw(ODD) if draw(st.integers(0, 15)) == 0 else ids
+        if fmt == "canonical" and draw(st.booleans()):
+            obj["block_size"] = draw(st.sampled_from([16, 512, "16", None]))
+    if fmt == "canonical":
+        if draw(st.booleans()):
+            obj["cached"] = draw(st.one_of(st.integers(0, 100), ODD))
+        if draw(st.booleans()):
+            obj["failed"] = draw(st.one_of(st.booleans(), ODD))
+    return json.dumps(obj)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(sorted(FIELDS)).flatmap(
+        lambda f: st.tuples(st.just(f), st.lists(record_line(f), min_size=1, max_size=12))
+    )
+)
+def test_fast_path_equals_line_reader(case):
+    fmt, lines = case
+    text = "\n".join(lines) + "\n"
+    fast = fast_columns(fmt, text, 7)
+    trace_blocks.USE_FAST_PATH = False
+    try:
+        slow = trace_blocks.parse_block(fmt, ReadOptions(), "x", text.encode(), 7, None, True)
+    finally:
+        trace_blocks.USE_FAST_PATH = True
+    if fast is None:
+        return
+    assert slow.n_bad == 0, slow.bad
+    cols = slow.columns
+    for name in ("t", "cached"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(cols, name))  # NaN == NaN here
+    for name in ("n_in", "n_out", "failed", "hash_counts", "hashes", "lines"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(cols, name), err_msg=name)
+    assert fast.block_sizes == cols.block_sizes
+
+
+def test_fast_path_is_taken_for_plain_blocks():
+    text = "".join(
+        json.dumps({"timestamp": i, "input_length": 5, "output_length": 1, "hash_ids": [i]}) + "\n"
+        for i in range(50)
+    )
+    cols = fast_columns("mooncake", text, 1)
+    assert cols is not None and len(cols) == 50 and cols.lines[-1] == 50
+    assert fast_columns("mooncake", text.replace("\n", "\n\n", 1), 1) is None

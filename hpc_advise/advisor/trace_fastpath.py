@@ -1,0 +1,119 @@
+"""Whole-block fast path for the JSON Lines formats with numeric fields (Mooncake, Bailian,
+canonical): one ``orjson`` call parses a whole block as a JSON array, the fields come out by list
+comprehension and are checked with numpy -- about twice as fast as the per-line reader.
+
+All or nothing: ``fast_columns`` returns ``None`` as soon as anything is unusual (a blank line, a
+syntax error, a missing field, a value of another type -- even one the per-line reader would accept,
+such as a numeric string -- or a value the checks refuse); the caller then parses the block line by
+line, which gives the exact ``FILE:LINE: reason`` and the lenient conversions. So both paths yield
+the same requests (tests compare them).
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+from hpc_advise.advisor.trace_check import MAX_TOKENS
+from hpc_advise.advisor.trace_parse import fast_loads
+from hpc_advise.advisor.trace_summary import Columns
+
+_NUMBER = {int, float}
+_NONE = type(None)
+
+# format -> (time field, time scale, input field, output field, default block size)
+_LAYOUT = {
+    "mooncake": ("timestamp", 1e-3, "input_length", "output_length", 512),
+    "bailian": ("timestamp", 1.0, "input_length", "output_length", 16),
+    "canonical": ("t", 1.0, "in", "out", 512),
+}
+
+
+def _ints(values: list) -> np.ndarray | None:
+    if values and set(map(type, values)) != {int}:
+        return None
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return None
+
+
+def fast_columns(fmt: str, text: str, first_line: int, block_size: int | None = None) -> Columns | None:
+    """``Columns`` of a block of lines, or None when the per-line reader must handle it."""
+    layout = _LAYOUT.get(fmt)
+    if layout is None or not text or "\n\n" in text or text[0] in " \t\r\n":
+        return None
+    t_key, scale, in_key, out_key, default_block = layout
+    body = text[:-1] if text.endswith("\n") else text
+    n_lines = body.count("\n") + 1
+    try:
+        objs = fast_loads("[" + body.replace("\n", ",") + "]")
+        if len(objs) != n_lines:  # a line held more (or less) than one value
+            return None
+        ts = [d.get(t_key) for d in objs] if fmt == "canonical" else [d[t_key] for d in objs]
+        ins = [d[in_key] for d in objs]
+        outs = [d[out_key] for d in objs]
+        hash_lists = [d.get("hash_ids") for d in objs]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+    t_types = set(map(type, ts))
+    if not t_types <= (_NUMBER | {_NONE} if fmt == "canonical" else _NUMBER):
+        return None
+    t = np.array(ts, dtype=np.float64)  # None -> NaN
+    if not np.isfinite(t[~np.isnan(t)] if _NONE in t_types else t).all():
+        return None
+    if scale != 1.0:
+        t = t * scale
+    n_in, n_out = _ints(ins), _ints(outs)
+    if n_in is None or n_out is None:
+        return None
+    if (n_in < 0).any() or (n_out < 0).any() or (n_in > MAX_TOKENS).any() or (n_out > MAX_TOKENS).any():
+        return None
+    if (t < 0).any():  # NaN compares False
+        return None
+
+    cached = np.full(n_lines, np.nan)
+    failed = np.zeros(n_lines, dtype=bool)
+    block = block_size or default_block
+    if fmt == "canonical":
+        cached_list = [d.get("cached") for d in objs]
+        types = set(map(type, cached_list))
+        if types != {_NONE}:
+            if not types <= {int, _NONE}:
+                return None
+            cached = np.array(cached_list, dtype=np.float64)
+            known = ~np.isnan(cached)
+            if (cached[known] < 0).any() or (cached[known] > n_in[known]).any():
+                return None
+        failed_list = [d.get("failed", False) for d in objs]
+        if set(map(type, failed_list)) != {bool}:
+            return None
+        failed = np.array(failed_list, dtype=bool)
+
+    block_sizes: set = set()
+    h_types = set(map(type, hash_lists))
+    if h_types == {_NONE}:
+        hash_counts = np.zeros(n_lines, dtype=np.int64)
+        hashes = np.empty(0, dtype=np.uint64)
+    else:
+        if not h_types <= {list, _NONE}:
+            return None
+        if fmt == "canonical":
+            sizes = [d.get("block_size", 512) for d, h in zip(objs, hash_lists, strict=True) if h is not None]
+            if set(map(type, sizes)) != {int}:
+                return None
+            block_sizes = set(sizes)
+        else:
+            block_sizes = {block}
+        if _NONE in h_types:
+            hash_lists = [h or () for h in hash_lists]
+        hash_counts = np.fromiter(map(len, hash_lists), dtype=np.int64, count=n_lines)
+        flat = list(chain.from_iterable(hash_lists))
+        ids = _ints(flat)
+        if ids is None:
+            return None
+        hashes = ids.astype(np.uint64)
+    lines = np.arange(first_line, first_line + n_lines, dtype=np.int64)
+    return Columns(t, n_in, n_out, cached, failed, hash_counts, hashes, block_sizes, lines)
