@@ -76,8 +76,20 @@ def _fix_interpreter_fp8_cast() -> None:
 if DEVICE == "cpu":
     _fix_interpreter_scalar_index()
     _fix_interpreter_fp8_cast()
-CPU_CFG = dict(BLOCK_M=16, GU_N=32, GU_K=128, SPLIT_K=1, GU_GROUP_M=2, GU_WARPS=4, GU_STAGES=2,
-               DN_N=64, DN_K=128, DN_GROUP_M=2, DN_WARPS=4, DN_STAGES=2)
+CPU_CFG = dict(
+    BLOCK_M=16,
+    GU_N=32,
+    GU_K=128,
+    SPLIT_K=1,
+    GU_GROUP_M=2,
+    GU_WARPS=4,
+    GU_STAGES=2,
+    DN_N=64,
+    DN_K=128,
+    DN_GROUP_M=2,
+    DN_WARPS=4,
+    DN_STAGES=2,
+)
 MODES = {  # name -> (weight scales, static activation scales?)
     "tensor-static": ("tensor", True),
     "block-dynamic": ("block", False),
@@ -97,8 +109,19 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out64 - ref64).norm() / ref64.norm().clamp(min=1e-30))
 
 
-def make_problem(t, num_experts, hidden, inter, top_k, mode, *, device=DEVICE, global_experts=None,
-                 expert_offset=0, ids=None):
+def make_problem(
+    t,
+    num_experts,
+    hidden,
+    inter,
+    top_k,
+    mode,
+    *,
+    device=DEVICE,
+    global_experts=None,
+    expert_offset=0,
+    ids=None,
+):
     """Random MoE problem; float weights kept for the unquantized comparison."""
     wq_mode, static = MODES[mode]
     ge = global_experts or num_experts
@@ -121,12 +144,22 @@ def make_problem(t, num_experts, hidden, inter, top_k, mode, *, device=DEVICE, g
 
 def run_and_check(p, *, config=None, scaling=1.0, fn=fused_moe, tol=REL_TOL_QUANT_REF, seed=None):
     out = torch.full_like(p["x"], float("nan"))
-    got = fn(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], routed_scaling_factor=scaling,
-             out=out, config=config, **p["kw"])
+    got = fn(
+        p["x"],
+        p["w13"],
+        p["w2"],
+        p["weights"],
+        p["ids"],
+        routed_scaling_factor=scaling,
+        out=out,
+        config=config,
+        **p["kw"],
+    )
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(out).any(), f"unwritten/NaN outputs (seed {seed})"
-    ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"],
-                              routed_scaling_factor=scaling, **p["kw"])
+    ref = fused_moe_reference(
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], routed_scaling_factor=scaling, **p["kw"]
+    )
     if ref.abs().max() == 0:
         assert (out == 0).all(), f"expected zeros (seed {seed})"
         return out, ref, 0.0
@@ -139,16 +172,30 @@ def run_and_check(p, *, config=None, scaling=1.0, fn=fused_moe, tol=REL_TOL_QUAN
 # routing preprocessing
 
 
-@pytest.mark.parametrize("t,num_experts,top_k,offset,global_experts", [
-    (1, 8, 2, 0, 8), (7, 6, 3, 0, 6), (33, 16, 4, 4, 24), (5, 4, 2, 0, 4)])
+@pytest.mark.parametrize(
+    "t,num_experts,top_k,offset,global_experts",
+    [(1, 8, 2, 0, 8), (7, 6, 3, 0, 6), (33, 16, 4, 4, 24), (5, 4, 2, 0, 4)],
+)
 def test_router_matches_torch_reference(t, num_experts, top_k, offset, global_experts):
     seed = _seed()
     ids = torch.randint(-1, global_experts, (t, top_k), dtype=torch.int32)
-    p = make_problem(t, num_experts, 128, 64, top_k, "tensor-static", ids=ids, expert_offset=offset,
-                     device="cpu")
-    launch = op._Launch(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], p["kw"]["w13_scale"],
-                        p["kw"]["w2_scale"], p["kw"]["a13_scale"], p["kw"]["a2_scale"], None, offset,
-                        CPU_CFG)
+    p = make_problem(
+        t, num_experts, 128, 64, top_k, "tensor-static", ids=ids, expert_offset=offset, device="cpu"
+    )
+    launch = op._Launch(
+        p["x"],
+        p["w13"],
+        p["w2"],
+        p["weights"],
+        p["ids"],
+        p["kw"]["w13_scale"],
+        p["kw"]["w2_scale"],
+        p["kw"]["a13_scale"],
+        p["kw"]["a2_scale"],
+        None,
+        offset,
+        CPU_CFG,
+    )
     launch.sorted_ids.fill_(-7)
     launch.block_expert.fill_(-7)
     launch.prep(p["x"])
@@ -160,7 +207,7 @@ def test_router_matches_torch_reference(t, num_experts, top_k, offset, global_ex
     want = s_ref.view(-1, 16).sort(dim=1).values
     assert torch.equal(got, want), seed
     # every local entry appears exactly once
-    local = (ids.reshape(-1).long() - offset)
+    local = ids.reshape(-1).long() - offset
     n_local = int(((local >= 0) & (local < num_experts)).sum())
     assert int((launch.sorted_ids < t * top_k).sum()) == n_local
 
@@ -209,8 +256,7 @@ def test_expert_parallel_rank_without_local_tokens():
 
 def test_expert_parallel_offset_and_tokens_without_local_slots():
     seed = _seed()
-    p = make_problem(12, 4, 128, 64, 3, "block-dynamic", global_experts=16, expert_offset=4,
-                     device="cpu")
+    p = make_problem(12, 4, 128, 64, 3, "block-dynamic", global_experts=16, expert_offset=4, device="cpu")
     p["ids"][0] = torch.tensor([0, 1, 15], dtype=torch.int32)  # token 0: no local slot → zeros
     out, _, _ = run_and_check(p, config=dict(CPU_CFG, GU_N=128), seed=seed)
     assert (out[0] == 0).all()
@@ -290,8 +336,9 @@ def test_gpu_real_shapes(shape, mode, t):
     e, h, i, k, ge, off = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     out, ref, err = run_and_check(p, scaling=2.5, seed=seed)
-    ref_f = moe_float_reference(p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"],
-                                expert_offset=off, routed_scaling_factor=2.5)
+    ref_f = moe_float_reference(
+        p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"], expert_offset=off, routed_scaling_factor=2.5
+    )
     err_f = rel_err(out, ref_f) if ref_f.abs().max() > 0 else 0.0
     print(f"{shape} {mode} T={t}: rel err vs quantized ref {err:.2e}, vs unquantized {err_f:.2e}")
     assert err_f <= REL_TOL_FLOAT_REF
@@ -308,8 +355,7 @@ def test_gpu_one_expert_takes_every_token_and_graph_capture():
     out, _, _ = run_and_check(p, seed=seed)
     # the whole call replays from a CUDA graph with fresh routing written into the same buffers
     static_out = torch.empty_like(out)
-    call = lambda: fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=static_out,
-                             **p["kw"])
+    call = lambda: fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=static_out, **p["kw"])
     call()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -332,8 +378,24 @@ def test_gpu_unfused_variant_matches_reference():
 def test_tuned_configs_apply_only_near_their_t(tmp_path, monkeypatch):
     tuned = dict(CPU_CFG, GU_N=64, SPLIT_K=3)
     path = tmp_path / "configs.json"
-    path.write_text(json.dumps({"version": 1, "entries": [
-        {"E": 8, "H": 512, "I": 256, "top_k": 2, "mode": "tensor-static", "T": 16, "config": tuned}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "entries": [
+                    {
+                        "E": 8,
+                        "H": 512,
+                        "I": 256,
+                        "top_k": 2,
+                        "mode": "tensor-static",
+                        "T": 16,
+                        "config": tuned,
+                    }
+                ],
+            }
+        )
+    )
     monkeypatch.setattr(op, "CONFIG_PATH", path)
     op._config_table.cache_clear()
     try:

@@ -138,8 +138,9 @@ def _config_table() -> dict:
     return table
 
 
-def get_config(t: int, top_k: int, num_experts: int, hidden: int, inter: int, mode: str,
-               a2_group: bool) -> dict:
+def get_config(
+    t: int, top_k: int, num_experts: int, hidden: int, inter: int, mode: str, a2_group: bool
+) -> dict:
     """Tuned config of the tuned T nearest to t within a factor 2 (configs.json), else
     ``default_config`` (a decode config is never stretched over prefill sizes, or the reverse)."""
     per_t = _config_table().get((num_experts, hidden, inter, top_k, mode)) or {}
