@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpc_advise.advisor.trace_check import MAX_TOKENS, REORDER_S, order_problem, request_problem
-from hpc_advise.advisor.trace_fastpath import fast_columns
+from hpc_advise.advisor.trace_fastpath import fast_columns, fast_csv_columns
 from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions
 from hpc_advise.advisor.trace_io import TraceError, TraceSource
 from hpc_advise.advisor.trace_summary import Columns, to_columns
@@ -65,8 +65,11 @@ def parse_block(
     if header is not None:
         text = header + text
         first_line -= 1
-    elif USE_FAST_PATH:
-        cols = fast_columns(fmt, text, first_line, options.block_size)
+    if USE_FAST_PATH:
+        if fmt in CSV_FORMATS:
+            cols = fast_csv_columns(fmt, text, first_line)
+        else:
+            cols = fast_columns(fmt, text, first_line, options.block_size)
         if cols is not None:
             return Parsed(cols)
     source = TraceSource.from_text(text, name, first_line)

@@ -185,3 +185,68 @@ def test_fast_path_is_taken_for_plain_blocks():
     cols = fast_columns("mooncake", text, 1)
     assert cols is not None and len(cols) == 50 and cols.lines[-1] == 50
     assert fast_columns("mooncake", text.replace("\n", "\n\n", 1), 1) is None
+
+
+import datetime as dt  # noqa: E402
+
+from hpc_advise.advisor.trace_fastpath import _datetimes, fast_csv_columns  # noqa: E402
+from hpc_advise.advisor.trace_parse import BadField, datetime_seconds  # noqa: E402
+
+
+@st.composite
+def stamp(draw):
+    when = draw(st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2100, 1, 1)))
+    digits = draw(st.integers(0, 11))
+    frac = (
+        ""
+        if digits == 0
+        else "." + "".join(draw(st.lists(st.sampled_from("0123456789"), min_size=digits, max_size=digits)))
+    )
+    sep = draw(st.sampled_from([" ", "T"]))
+    suffix = draw(st.sampled_from(["", "", "+00:00", "Z", "+0000", "-00:00", "+01:00", "-05:30"]))
+    text = when.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + frac + suffix
+    if draw(st.integers(0, 12)) == 0:  # damage it
+        i = draw(st.integers(0, len(text) - 1))
+        text = text[:i] + draw(st.sampled_from(["x", "", "9", ":", "."])) + text[i + 1 :]
+    return text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(stamp(), min_size=1, max_size=6))
+def test_datetime_fast_path_equals_parser(stamps):
+    fast = _datetimes(tuple(stamps))
+    try:
+        slow = [datetime_seconds(s) for s in stamps]
+    except BadField:
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast.tolist() == slow  # bit for bit
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(stamp(), st.integers(-2, 3000), st.integers(-1, 500)), min_size=1, max_size=8),
+    st.booleans(),
+)
+def test_csv_fast_path_equals_line_reader(rows, burst):
+    fmt = "burstgpt" if burst else "azure"
+    if burst:
+        header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        body = "".join(
+            f"{abs(hash(s)) % 10**6 / 7:.3f},M,{a},{b},{a + b},Conversation log\n" for s, a, b in rows
+        )
+    else:
+        header = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        body = "".join(f"{s},{a},{b}\n" for s, a, b in rows)
+    fast = fast_csv_columns(fmt, header + body, 1)
+    trace_blocks.USE_FAST_PATH = False
+    try:
+        slow = trace_blocks.parse_block(fmt, ReadOptions(), "x", (header + body).encode(), 1, None, True)
+    finally:
+        trace_blocks.USE_FAST_PATH = True
+    if fast is None:
+        return
+    assert slow.n_bad == 0, slow.bad
+    for name in ("t", "n_in", "n_out", "failed", "lines"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow.columns, name), err_msg=name)
