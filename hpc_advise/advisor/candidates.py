@@ -14,6 +14,7 @@ plus one request at the trace's p99 context) + an activation / CUDA-graph reserv
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton", "hpc_ops", "hpc_advise")
@@ -131,21 +132,27 @@ def support_reason(c: Candidate, model, gpu) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=32)
+def _model_bytes(model) -> tuple[float, float, float]:
+    """(routed-expert weight bytes, other weight bytes, KV bytes per token in bf16) of a model."""
+    from hpc_advise.profiles.model import QUANT_SCHEMES
+
+    q_bytes, scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))
+    experts = float(model.expert_params()) if model.is_moe else 0.0
+    expert_bytes = experts * (q_bytes if scope in ("linear", "experts") else 2.0)
+    return expert_bytes, float(model.weight_bytes()) - expert_bytes, float(model.kv_bytes_per_token(2))
+
+
 def memory_check(
     c: Candidate, model, gpu, concurrency: float, ctx_mean: float, ctx_p99: float
 ) -> tuple[bool, str, dict]:
     """Fit of ``c`` at ``concurrency`` requests per replica (see module docstring)."""
-    from hpc_advise.profiles.model import QUANT_SCHEMES
-
     gib = 2.0**30
     attn_tp = c.tp // c.attn_dp
-    q_bytes, scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))
-    experts = float(model.expert_params()) if model.is_moe else 0.0
-    expert_bytes = experts * (q_bytes if scope in ("linear", "experts") else 2.0)
-    other = float(model.weight_bytes()) - expert_bytes
+    expert_bytes, other, kv_bf16 = _model_bytes(model)
     weights = other / attn_tp + expert_bytes / c.tp
     kv_elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
-    per_tok = float(model.kv_bytes_per_token(kv_elem))
+    per_tok = kv_bf16 * kv_elem / 2.0
     if model.attention != "mla":
         per_tok *= 1.0 / min(attn_tp, max(model.num_kv_heads, 1))
     per_group = concurrency / c.attn_dp

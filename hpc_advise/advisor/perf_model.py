@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -183,12 +184,18 @@ def dedupe(points: list[ServingPoint]) -> list[ServingPoint]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 def _one_thread():
     """OpenMP in HistGradientBoosting oversubscribes small, busy machines (18 s vs 0.7 s measured on
-    a loaded 2-core box for one fit); the data are small, one thread is fastest."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1)
+    a loaded 2-core box for one fit); the data are small, one thread is fastest. The controller scans
+    the loaded libraries once."""
+    return _controller().limit(limits=1)
 
 
 def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -209,6 +216,7 @@ class ServingModel:
     key: str
     settings: dict
     rows_by_engine: dict = field(default_factory=dict)
+    left_out: list = field(default_factory=list)  # (where, reason) of training rows not used
 
     def _base(self, preps: list[Prepared], which: str) -> np.ndarray:
         th = self.theta[which]
@@ -431,16 +439,41 @@ def training_points(
     return dedupe(points + g), bad + b
 
 
-def data_key(points: list[ServingPoint], settings: dict) -> str:
+def _kb_serving_runs(kb_path: str | Path | None) -> list[dict]:
+    from hpc_advise.paths import kb_path as default_kb
+
+    path = Path(kb_path) if kb_path else default_kb()
+    if not path.exists():
+        return []
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    return KnowledgeBase(path).runs(kind="serving")
+
+
+def data_key(settings: dict, kb_runs: list[dict], csv_paths: tuple = ()) -> str:
+    """Hash of everything a fit depends on, cheap to compute (no parsing): settings, library and
+    code versions, the seed file's bytes, extra CSVs, the KB's serving runs, the shipped profiles."""
+    from importlib.metadata import version
+
     h = hashlib.sha256()
     h.update(json.dumps(settings, sort_keys=True).encode())
-    import sklearn
+    h.update(f"sklearn={version('scikit-learn')};v={MODEL_VERSION}".encode())
+    here = Path(__file__).resolve().parent
+    for name in ("features.py", "perf_model.py", "serving_data.py"):
+        h.update((here / name).read_bytes())
+    from importlib import resources
 
-    h.update(f"sklearn={sklearn.__version__};features={F.FEATURE_NAMES}".encode())
-    for p in sorted(
-        json.dumps({k: v for k, v in p.to_dict().items() if k != "where"}, sort_keys=True) for p in points
-    ):
-        h.update(p.encode())
+    from hpc_advise.advisor.serving_data import SEED_CSV
+
+    h.update(resources.files("hpc_advise.advisor.data").joinpath(SEED_CSV).read_bytes())
+    for path in csv_paths:
+        h.update(Path(path).read_bytes())
+    h.update(json.dumps(kb_runs, sort_keys=True, default=str).encode())
+    prof = resources.files("hpc_advise.profiles")
+    for sub in ("gpus", "models"):
+        for entry in sorted(prof.joinpath(sub).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith((".toml", ".json")):
+                h.update(entry.name.encode() + entry.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -456,25 +489,26 @@ def load_or_fit(
     """The fitted model for the current training data (from the cache when its hash matches).
     Returns (model, info) with info = {'cached': bool, 'path', 'left_out': [(where, reason)], ...}."""
     settings = dict(settings or SETTINGS)
-    points, bad = training_points(kb_path)
-    key = data_key(points, settings)
+    key = data_key(settings, _kb_serving_runs(kb_path))
     path = cache_path(key)
     if path.exists() and not refit:
         try:
             with path.open("rb") as fh:
                 model = pickle.load(fh)
             if isinstance(model, ServingModel) and model.key == key:
-                return model, {"cached": True, "path": str(path), "left_out": bad, "n_points": len(points)}
+                return model, {"cached": True, "path": str(path), "left_out": model.left_out}
         except Exception:  # unreadable cache: refit below
             pass
+    points, bad = training_points(kb_path)
     preps, bad2 = prepare_all(points)
     model = fit(preps, settings, key=key)
+    model.left_out = bad + bad2
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     with tmp.open("wb") as fh:
         pickle.dump(model, fh)
     tmp.replace(path)
-    return model, {"cached": False, "path": str(path), "left_out": bad + bad2, "n_points": len(points)}
+    return model, {"cached": False, "path": str(path), "left_out": model.left_out}
 
 
 def describe_row(row: dict) -> list:

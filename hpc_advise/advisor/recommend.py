@@ -39,6 +39,7 @@ from hpc_advise.advisor.serving_data import RowError, ServingPoint
 REFERENCE_ATTENTION = "flashinfer"
 N_BATCHES = 48
 N_TTFT = 2000
+N_PROMPTS = 128  # sampled prompts whose prefill times the TTFT percentiles draw from
 
 
 @dataclass
@@ -88,14 +89,19 @@ class Ranked:
     attn_delta_ms: float = 0.0  # per decode step vs the reference attention backend (p50 batch)
 
     def to_dict(self) -> dict:
+        """JSON-ready; an unbounded TTFT (saturated prefill) is null."""
+
+        def num(x: float) -> float | None:
+            return float(x) if math.isfinite(x) else None
+
         return {
             "config": self.candidate.label(),
             "candidate": self.candidate.to_dict(),
-            "tpot_ms": {"p50": self.tpot_p50, "p99": self.tpot_p99},
-            "ttft_ms": {"p50": self.ttft_p50, "p99": self.ttft_p99},
+            "tpot_ms": {"p50": num(self.tpot_p50), "p99": num(self.tpot_p99)},
+            "ttft_ms": {"p50": num(self.ttft_p50), "p99": num(self.ttft_p99)},
             "output_tok_s_per_gpu": self.tok_s_per_gpu,
             "concurrency_per_replica": self.concurrency,
-            "memory_headroom_gib": self.headroom_gib,
+            "memory_headroom_gib": num(self.headroom_gib),
             "meets_slo": self.meets_slo,
             "confidence": "ok" if not self.flags else "low",
             "flags": self.flags,
@@ -121,6 +127,9 @@ class Ranker:
         self.rates = F.Rates.of(gpu)
         self.dense_q, self.moe_q = model_quants(model)
         self._batch_cache: dict[int, np.ndarray] = {}
+        self._physics_cache: dict = {}
+        pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
+        self._prompts = w.pairs[pick, 0]
 
     def _point(self, c: Candidate, conc: float) -> ServingPoint:
         return ServingPoint(
@@ -148,9 +157,11 @@ class Ranker:
             keys.setdefault(k, c)
         preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
         pred = self.serving.predict(preps)
+        split = self.serving.ttft_split(preps)
         out = {}
         for i, k in enumerate(keys):
-            out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i])
+            parts = tuple(float(split[n][i]) for n in ("overhead_ms", "prefill_coef", "correction"))
+            out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i], parts)
         return out
 
     def concurrency(self, cands: list[Candidate], fixed: float | None) -> dict:
@@ -162,7 +173,7 @@ class Ranker:
             preds = self.serving_predictions(cands, conc)
             new = {}
             for c in cands:
-                tpot, ttft, _ = preds[(c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))]
+                tpot, ttft, *_ = preds[(c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))]
                 latency_s = (ttft + self.w.osl_mean * tpot) / 1e3
                 new[c] = max(self.w.rate_rps / c.replicas * latency_s, 1.0)
             conc = new
@@ -195,23 +206,36 @@ class Ranker:
             return np.zeros(len(ctx)), flag
         return n_layers * (mine - ref), []
 
+    def _physics(
+        self, dep: F.Deployment, batch: int, ctx: np.ndarray
+    ) -> tuple[np.ndarray, float, np.ndarray]:
+        """Roofline decode steps of the sampled batches and of the mean batch (µs), and roofline
+        prefill (ms) of the sampled prompts; cached per deployment (backends share them)."""
+        key = (dep, batch)
+        if key not in self._physics_cache:
+            s, w, r = self.shapes, self.w, self.rates
+            mean_ctx = batch * (w.isl_mean + w.osl_mean / 2)
+            mean_step = F.total_us(F.decode_step(s, r, dep, ctx_sum=mean_ctx, batch=batch))
+            steps = [F.total_us(F.decode_step(s, r, dep, ctx_sum=float(x.sum()), batch=batch)) for x in ctx]
+            reuse = w.prefix_reuse
+            pf = [
+                F.total_us(F.prefill(s, r, dep, max(x * (1 - reuse), 1.0), x * reuse)) for x in self._prompts
+            ]
+            self._physics_cache[key] = (np.array(steps), mean_step, np.array(pf) / 1e3)
+        return self._physics_cache[key]
+
     def rank_one(
         self, chk: Checked, conc: float, pred: tuple, slo_tpot: float | None, slo_ttft: float | None
     ) -> Ranked:
         c = chk.candidate
-        tpot_mean, ttft_mean, prep = pred
-        w, s = self.w, self.shapes
+        tpot_mean, ttft_mean, prep, (over, coef, corr) = pred
+        w = self.w
         batch = max(int(round(conc / c.attn_dp)), 1)
         if batch not in self._batch_cache:
             self._batch_cache[batch] = _batches(w, batch)
         ctx = self._batch_cache[batch]
         dep = prep.dep
-        mean_step = F.total_us(
-            F.decode_step(s, self.rates, dep, ctx_sum=batch * (w.isl_mean + w.osl_mean / 2), batch=batch)
-        )
-        steps = np.array(
-            [F.total_us(F.decode_step(s, self.rates, dep, ctx_sum=float(r.sum()), batch=batch)) for r in ctx]
-        )
+        steps, mean_step, pf_ms = self._physics(dep, batch, ctx)
         delta_us, flags = self._attn_times(c, ctx)
         if c.moe_runner not in (None, "auto"):
             flags.append(
@@ -219,23 +243,8 @@ class Ranker:
             )
         tpot = tpot_mean * steps / mean_step + delta_us / 1e3
         tpot = np.maximum(tpot, 0.05 * tpot_mean)
-        # TTFT: overhead + calibrated prefill of each sampled request, plus queueing
+        # TTFT: overhead + calibrated prefill of each sampled prompt, plus queueing
         rng = np.random.default_rng(1)
-        pick = rng.choice(w.pairs.shape[0], size=min(N_TTFT, 256))
-        isl = w.pairs[pick, 0]
-        pf_ms = (
-            np.array(
-                [
-                    F.total_us(
-                        F.prefill(s, self.rates, dep, max(x * (1 - w.prefix_reuse), 1.0), x * w.prefix_reuse)
-                    )
-                    for x in isl
-                ]
-            )
-            / 1e3
-        )
-        split = self.serving.ttft_split([prep])
-        over, coef, corr = (float(split[k][0]) for k in ("overhead_ms", "prefill_coef", "correction"))
         service_ms = coef * pf_ms * corr  # GPU time the prefill occupies
         base_ms = (over + coef * pf_ms) * corr
         saturated = False

@@ -110,7 +110,9 @@ def test_fitted_model_in_sample_accuracy_and_cache(advisor_home, serving_model):
     assert info["cached"] and again.key == serving_model.key
     assert (advisor_home / "cache" / f"serving_model-{serving_model.key}.pkl").exists()
     # another setting is another model
-    assert pm.data_key(points, dict(pm.SETTINGS, use_gbm=False)) != serving_model.key
+    assert pm.data_key(dict(pm.SETTINGS, use_gbm=False), []) != serving_model.key
+    assert pm.data_key(pm.SETTINGS, [{"id": 1, "kind": "serving"}]) != serving_model.key
+    assert pm.data_key(pm.SETTINGS, []) == serving_model.key
 
 
 def test_out_of_range_is_flagged(serving_model):  # noqa: F811
