@@ -1,0 +1,166 @@
+"""The plugin inside real SGLang 0.5.23: discovery, argument parsing, hooks, version gate, withdrawal,
+and the opt-in router GEMM hooks on SGLang's real gate modules (kernel under the Triton interpreter)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import types
+
+import pytest
+import torch
+
+from tests.runtime.sglang_cpu import import_sglang
+
+ARGS = ["--model-path", "dummy", "--decode-attention-backend", "hpc_advise", "--moe-runner-backend",
+        "hpc_advise", "--page-size", "64"]
+
+
+def _parser():
+    import_sglang("sglang.srt.server_args")
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def test_entry_point_discovered_and_run_by_load_plugins():
+    plugins = import_sglang("sglang.srt.plugins")
+    found = plugins.load_plugins_by_group(plugins.GENERAL_PLUGINS_GROUP)
+    assert "hpc_advise" in found, "entry point missing: pip install -e . (pyproject's sglang.srt.plugins)"
+    func, dist = found["hpc_advise"]
+    from hpc_advise.runtime import sglang_plugin
+
+    assert func is sglang_plugin.register and dist == "hpc-advise"
+    plugins.load_plugins()  # SGLang's own loader: runs register(), then applies hooks
+    st = sglang_plugin.status()
+    assert st["sglang"] == "0.5.23" and st["registered"] and st["errors"] == {}
+    assert set(st["features"]) >= {"attention", "moe"}
+
+
+def test_sglang_parser_accepts_our_names():
+    from hpc_advise.runtime import sglang_plugin
+
+    sglang_plugin.register()
+    args = _parser().parse_args(ARGS)
+    assert (args.decode_attention_backend, args.moe_runner_backend, args.page_size) == ("hpc_advise", "hpc_advise", 64)
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.layers.moe.utils import RegisteredMoeRunnerBackend, resolve_moe_runner_backend
+
+    assert ATTENTION_BACKENDS["hpc_advise"] is sglang_plugin.create_attention_backend
+    assert resolve_moe_runner_backend("hpc_advise") == RegisteredMoeRunnerBackend("hpc_advise")
+
+
+def test_moe_hooks_applied_to_fp8_method():
+    from hpc_advise.runtime import sglang_moe, sglang_plugin
+
+    sglang_plugin.register()
+    from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
+
+    for target, hook in ((sglang_plugin.MOE_HOOKS[0][0], sglang_moe.create_moe_runner_hook),
+                         (sglang_plugin.MOE_HOOKS[1][0], sglang_moe.apply_hook)):
+        assert sglang_plugin._runs_hook(target, hook), target
+    assert hasattr(Fp8MoEMethod.apply, "__wrapped__")
+    # the checker is not vacuous: an unhooked SGLang method does not run our hook
+    assert not sglang_plugin._runs_hook(f"{sglang_plugin.FP8_METHOD}.create_weights", sglang_moe.apply_hook)
+
+
+def test_unsupported_sglang_version_is_a_noop(monkeypatch, caplog):
+    from hpc_advise.runtime import sglang_plugin
+
+    monkeypatch.setattr(sglang_plugin, "sglang_version", lambda: "0.5.22")
+
+    def boom():
+        raise AssertionError("must not register on an unsupported version")
+
+    monkeypatch.setattr(sglang_plugin, "_register_attention", boom)
+    with caplog.at_level(logging.WARNING, logger=sglang_plugin.__name__):
+        sglang_plugin.register()
+    assert "0.5.22 is not supported" in caplog.text
+    assert sglang_plugin.status()["sglang"] == "0.5.22"
+    monkeypatch.undo()
+    sglang_plugin.register()  # restore this process's state for the other tests
+
+
+def test_hooks_that_do_not_take_withdraw_the_backend(monkeypatch):
+    """A hook target SGLang no longer has: register() raises, and SGLang's parser then rejects the name."""
+    import_sglang("sglang.srt.plugins.hook_registry")
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from hpc_advise.runtime import sglang_plugin
+
+    bogus = f"{sglang_plugin.FP8_METHOD}.no_such_method"
+    monkeypatch.setattr(sglang_plugin, "MOE_HOOKS", sglang_plugin.MOE_HOOKS + ((bogus, "apply_hook"),))
+    try:
+        with pytest.raises(sglang_plugin.PluginInstallError, match="no_such_method"):
+            sglang_plugin.register()
+        assert "moe" in sglang_plugin.status()["errors"]
+        with pytest.raises(SystemExit):
+            _parser().parse_args(ARGS)  # argparse: invalid choice 'hpc_advise'
+        from sglang.srt.layers.moe.utils import resolve_moe_runner_backend
+
+        with pytest.raises(ValueError, match="neither built in nor registered"):
+            resolve_moe_runner_backend("hpc_advise")
+    finally:
+        HookRegistry._hooks.pop(bogus, None)
+        monkeypatch.undo()
+        sglang_plugin.register()
+    assert _parser().parse_args(ARGS).moe_runner_backend == "hpc_advise"
+
+
+def test_router_hooks_only_with_env(monkeypatch):
+    from hpc_advise.runtime import sglang_plugin, sglang_router
+
+    monkeypatch.delenv("HPC_ADVISE_ROUTER_GEMM", raising=False)
+    sglang_plugin.register()
+    assert "router" not in sglang_plugin.status()["features"]
+    monkeypatch.setenv("HPC_ADVISE_ROUTER_GEMM", "1")
+    sglang_plugin.register()
+    assert "router" in sglang_plugin.status()["features"]
+    for target, fn, _ in sglang_plugin.ROUTER_HOOKS:
+        assert sglang_plugin._runs_hook(target, getattr(sglang_router, fn)), target
+
+
+def _router_tolerance(x, w):
+    # fp32-accurate: error of an fp32 GEMM, far below bf16's 2^-8 relative rounding of the logits
+    return dict(atol=1e-5 * float(x.abs().max() * w.abs().max()) * x.shape[1] ** 0.5, rtol=1e-5)
+
+
+def test_replicated_gate_gives_fp32_logits(monkeypatch):
+    """SGLang's bf16 ReplicatedLinear gate (qwen3_moe) after our per-instance hook: fp32 logits equal to
+    the fp32 product of its bf16 weight, where SGLang's own returns them rounded to bf16."""
+    import_sglang("sglang.srt.layers.linear")
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    from hpc_advise.runtime import sglang_router
+
+    gen = torch.Generator().manual_seed(5)
+    gate = ReplicatedLinear(1024, 64, bias=False, params_dtype=torch.bfloat16, quant_config=None)
+    gate.weight.data.copy_(torch.randn(64, 1024, generator=gen).to(torch.bfloat16) * 0.02)
+    x = torch.randn(3, 1024, generator=gen).to(torch.bfloat16)
+    sglang_logits, _ = gate(x)
+    assert sglang_logits.dtype == torch.bfloat16
+    sglang_router.install_on_gate(gate)
+    ours, bias = gate(x)
+    assert bias is None and ours.dtype == torch.float32
+    want = sglang_router.gate_reference(gate.weight, x)
+    torch.testing.assert_close(ours, want, **_router_tolerance(x, gate.weight))
+    assert (ours - want).abs().max() < (sglang_logits.float() - want).abs().max()
+
+
+def test_deepseek_fp32_moegate_hooked(monkeypatch):
+    """SGLang's real MoEGate with an fp32 weight (router_fp32), through the AROUND hook on its forward."""
+    monkeypatch.setenv("HPC_ADVISE_ROUTER_GEMM", "1")
+    dv2 = import_sglang("sglang.srt.models.deepseek_v2")
+    from hpc_advise.runtime import sglang_plugin, sglang_router
+
+    sglang_plugin.register()
+    gen = torch.Generator().manual_seed(9)
+    cfg = types.SimpleNamespace(n_routed_experts=64, hidden_size=1024, router_fp32=True, topk_method="greedy")
+    gate = dv2.MoEGate(cfg, None)
+    gate.weight.data.copy_(torch.randn(64, 1024, generator=gen) * 0.02)
+    x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
+    got = gate(x)
+    assert getattr(gate, sglang_router.MARK)[1] is not None, "our kernel did not serve the fp32 gate"
+    torch.testing.assert_close(got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight))
