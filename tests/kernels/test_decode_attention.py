@@ -208,10 +208,16 @@ def test_plan_covers_every_unit_evenly():
     for u in units:
         req_start.append(req_start[-1] + u)
     assert p.req_start[: len(lens) + 1].tolist() == req_start
+    firsts = p.merge_first.tolist()
     for g, u in enumerate(starts[:-1]):  # prog_b = request holding the program's first unit
         if u < starts[-1]:
             b = p.prog_b[g].item()
             assert req_start[b] <= u < req_start[b + 1]
+        # merge duty: the first participant's range holds the split segment's first unit
+        if firsts[g] >= 0:
+            seg = p.merge_seg[g].item()
+            assert firsts[g] < g and starts[firsts[g]] <= seg < starts[firsts[g] + 1] and seg < u
+    assert any(f >= 0 for f in firsts), "this case splits segments, so some program must merge"
 
 
 def test_update_replans_in_place():

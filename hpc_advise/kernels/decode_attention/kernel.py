@@ -29,6 +29,9 @@ def plan_kernel(
     req_start_ptr,  # [max_batch + 1] int32: first unit of each request; req_start[B] = total units
     prog_start_ptr,  # [G + 1] int32: first unit of each program; prog_start[G] = total units
     prog_b_ptr,  # [G] int32: request of each program's first unit
+    merge_first_ptr,  # [G] int32: first participant of the split segment p merges, -1 if none
+    merge_bh_ptr,  # [G] int32: b * Hkv + h of that segment
+    merge_seg_ptr,  # [G] int32: its first unit
     B,
     G,
     splits,  # static schedule: programs per (request, KV head)
@@ -85,6 +88,31 @@ def plan_kernel(
             u = tl.where(p >= G, total, u)
         tl.store(prog_start_ptr + p, u, mask=live)
         tl.store(prog_b_ptr + p, b, mask=p < G)
+    tl.debug_barrier()  # prog_start / prog_b are read back below
+
+    # Step 3: merge duty. Program p merges the segment its range starts in when that segment began in
+    # an earlier program (split) and ends inside p's range (p is its last participant).
+    for step in range(G_STEPS):
+        p = step * BLOCK_G + tl.arange(0, BLOCK_G)
+        live = p < G
+        u_b = tl.load(prog_start_ptr + p, mask=live, other=0)
+        u_e = tl.load(prog_start_ptr + p + 1, mask=live, other=0)
+        b = tl.load(prog_b_ptr + p, mask=live, other=0)
+        lens_b = tl.load(seq_lens_ptr + b, mask=live, other=1)
+        tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
+        local = u_b - tl.load(req_start_ptr + b, mask=live, other=0)
+        h = local // tiles_b
+        t0 = local - h * tiles_b
+        seg_start = u_b - t0
+        duty = live & (u_b < u_e) & (t0 > 0) & (seg_start + tiles_b <= u_e)
+        if STATIC:
+            first = (b * NUM_KV_HEADS + h) * splits
+        else:
+            # even shares: prog_start[q] = q * U // G, so the program holding unit u is ((u + 1) G - 1) // U
+            first = (((seg_start.to(tl.int64) + 1) * G - 1) // tl.maximum(total, 1)).to(tl.int32)
+        tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
+        tl.store(merge_bh_ptr + p, b * NUM_KV_HEADS + h, mask=live)
+        tl.store(merge_seg_ptr + p, seg_start, mask=live)
 
 
 @triton.jit
@@ -443,69 +471,58 @@ def decode_flat_kernel(
 @triton.jit
 def merge_kernel(
     out_ptr,  # [B, Hq, D]
-    seq_lens_ptr,
-    req_start_ptr,
     prog_start_ptr,  # [G + 1]
-    prog_b_ptr,  # [G]
+    merge_first_ptr,  # [G]: first participant, -1 when program p merges nothing
+    merge_bh_ptr,  # [G]
+    merge_seg_ptr,  # [G]
     ws_o_ptr,  # [2G, GROUP, D] fp32
     ws_lse_ptr,  # [2G, GROUP] fp32
     stride_ob,
     stride_oh,
-    G,
-    splits,  # static schedule: programs per (request, KV head)
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    TILE: tl.constexpr,
-    STATIC: tl.constexpr,
+    D_CHUNK: tl.constexpr,  # columns of D per program
     BLOCK_P: tl.constexpr,  # partials combined per step
 ):
-    # grid (G, GROUP): program p merges, for query row r of the group, the split segment that ends in
-    # p's unit range, if p's first segment is such a segment (it started in an earlier program).
+    # grid (G, GROUP, HEAD_DIM // D_CHUNK): program (p, r, c) combines, for query row r of the group and
+    # columns c, the partials of the split segment that program p of the attention pass merges (its
+    # last participant). Programs with nothing to merge exit after one load.
     p = tl.program_id(0)
     r = tl.program_id(1)
-    u_b = tl.load(prog_start_ptr + p)
-    u_e = tl.load(prog_start_ptr + p + 1)
-    if u_b < u_e:
-        b = tl.load(prog_b_ptr + p)
-        h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u_b, TILE)
-        seg_start = u_b - t0
-        if (t0 > 0) & (seg_start + n_tiles <= u_e):
-            # first participant: the program whose range holds seg_start, in O(1)
-            if STATIC:
-                lo = (b * NUM_KV_HEADS + h) * splits
-            else:
-                # dynamic shares: prog_start[q] = q * U // G, so the largest q with prog_start[q] <= u
-                # is ((u + 1) * G - 1) // U
-                total = tl.load(prog_start_ptr + G).to(tl.int64)
-                lo = (((seg_start.to(tl.int64) + 1) * G - 1) // total).to(tl.int32)
-            offs_d = tl.arange(0, HEAD_DIM)
-            m_run = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)  # kept as a vector
-            w_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-            for q0 in tl.range(lo, p + 1, BLOCK_P, num_stages=2):
-                qs = q0 + tl.arange(0, BLOCK_P)
-                in_range = qs <= p
-                q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
-                q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
-                ok = in_range & (q_next > q_start)
-                slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
-                lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
-                o = tl.load(
-                    ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=ok[:, None],
-                    other=0.0,
-                )  # [BLOCK_P, D]
-                m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, D] (same per column)
-                scale_old = tl.exp2(m_run - m_use)
-                acc = acc * scale_old + tl.sum(w * o, axis=0)
-                w_sum = w_sum * scale_old + tl.sum(w, axis=0)
-                m_run = m_new
-            res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
-            row = h.to(tl.int64) * GROUP + r
-            tl.store(
-                out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d,
-                res.to(out_ptr.dtype.element_ty),
-            )
+    c = tl.program_id(2)
+    lo = tl.load(merge_first_ptr + p)
+    if lo >= 0:
+        bh = tl.load(merge_bh_ptr + p)
+        seg_start = tl.load(merge_seg_ptr + p)
+        offs_d = c * D_CHUNK + tl.arange(0, D_CHUNK)
+        m_run = tl.full([D_CHUNK], float("-inf"), dtype=tl.float32)  # kept as a vector
+        w_sum = tl.zeros([D_CHUNK], dtype=tl.float32)
+        acc = tl.zeros([D_CHUNK], dtype=tl.float32)
+        for q0 in range(lo, p + 1, BLOCK_P):
+            qs = q0 + tl.arange(0, BLOCK_P)
+            in_range = qs <= p
+            q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
+            q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
+            ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
+            # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
+            slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
+            lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
+            o = tl.load(
+                ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=ok[:, None],
+                other=0.0,
+            )  # [BLOCK_P, D_CHUNK]
+            m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, D_CHUNK] (same per column)
+            scale_old = tl.exp2(m_run - m_use)
+            acc = acc * scale_old + tl.sum(w * o, axis=0)
+            w_sum = w_sum * scale_old + tl.sum(w, axis=0)
+            m_run = m_new
+        res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
+        b = bh // NUM_KV_HEADS
+        row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
+        tl.store(
+            out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty)
+        )

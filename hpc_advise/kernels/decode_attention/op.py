@@ -35,10 +35,10 @@ MAX_STATIC_SPLITS = 64
 # per SM of the persistent grid, software-pipelining depth of the tile loop, warps per program.
 DEFAULT_TILE = 64
 DEFAULT_CTAS_PER_SM = 2
-DEFAULT_NUM_STAGES = 5
+DEFAULT_NUM_STAGES = 3
 DEFAULT_NUM_WARPS = 4
 DEFAULT_PREFETCH = False
-DEFAULT_LOOP = "flat"
+DEFAULT_LOOP = "nested"
 LOOPS = ("flat", "nested")
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
@@ -116,6 +116,9 @@ class DecodePlan:
     ws_lse: torch.Tensor = field(repr=False, default=None)
     unit_bh: torch.Tensor = field(repr=False, default=None)
     unit_t: torch.Tensor = field(repr=False, default=None)
+    merge_first: torch.Tensor = field(repr=False, default=None)
+    merge_bh: torch.Tensor = field(repr=False, default=None)
+    merge_seg: torch.Tensor = field(repr=False, default=None)
 
     @property
     def group(self) -> int:
@@ -163,6 +166,9 @@ class DecodePlan:
             self.req_start,
             self.prog_start,
             self.prog_b,
+            self.merge_first,
+            self.merge_bh,
+            self.merge_seg,
             batch,
             g,
             max(1, self.static_splits),
@@ -287,6 +293,9 @@ def plan(
         ws_lse=torch.empty(2 * g, group, dtype=torch.float32, device=device),
         unit_bh=torch.zeros(max_units, **i32),
         unit_t=torch.zeros(max_units, **i32),
+        merge_first=torch.full((g,), -1, **i32),
+        merge_bh=torch.zeros(g, **i32),
+        merge_seg=torch.zeros(g, **i32),
     )
     return p.update(seq_lens, page_table, validate=validate)
 
@@ -428,25 +437,23 @@ def run(
             PREFETCH=plan.prefetch,
             **common,
         )
-    _k.merge_kernel[(g, group)](
+    d_chunk = min(64, D)
+    _k.merge_kernel[(g, group, D // d_chunk)](
         out,
-        plan.seq_lens,
-        plan.req_start,
         plan.prog_start,
-        plan.prog_b,
+        plan.merge_first,
+        plan.merge_bh,
+        plan.merge_seg,
         plan.ws_o,
         plan.ws_lse,
         out.stride(0),
         out.stride(1),
-        g,
-        max(1, plan.static_splits),
         NUM_KV_HEADS=plan.num_kv_heads,
         GROUP=group,
         HEAD_DIM=D,
-        TILE=plan.tile,
-        STATIC=plan.static_splits > 0,
-        BLOCK_P=64,
-        num_warps=4,
+        D_CHUNK=d_chunk,
+        BLOCK_P=16,
+        num_warps=2,
     )
     return out
 
