@@ -28,7 +28,7 @@ import math
 import os
 import pickle
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +121,9 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
     """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot."""
     model = resolve_model(p.model)
     gpu = resolve_gpu(p.gpu)
+    if not p.dense_quant or not p.moe_quant:  # not stated: the model's shipped checkpoint
+        dq, mq = model_quants(model)
+        p = replace(p, dense_quant=p.dense_quant or dq, moe_quant=p.moe_quant or mq)
     s = F.shapes_of(model)
     rates = F.Rates.of(gpu)
     ep = p.moe_ep if s.is_moe else 1

@@ -233,65 +233,67 @@ def points_from_csv(
 
 
 def point_from_run(run: dict) -> ServingPoint:
-    """A knowledge-base ``serving`` run (imported SGLang/vLLM benchmark result) as a ServingPoint.
+    """A knowledge-base ``serving`` run (an imported SGLang ``bench_serving`` / vLLM ``bench serve``
+    result, see ``knowledge_base.importers``) as a ServingPoint.
 
-    Reads the configuration from ``run['config']`` (keys: model, gpu|system, isl, osl, concurrency|
-    max_concurrency, tp|tp_size, ep|ep_size, attn_dp|dp_size, quant, kv_cache_dtype, engine) and the
-    metrics from ``config['metrics']`` / ``run['metrics']`` (mean or median TTFT/TPOT in ms), or from the
-    row itself when its metric is ttft/tpot. Raises RowError when a field is missing.
+    Reads, from ``run['config']``: model (or model_path), isl/osl (measured means) or
+    random_input_len/random_output_len, max_concurrency, tp_size, dp_size with enable_dp_attention
+    (attention DP) or without (replicas), attn_dp_size, ep_size, quantization, kv_cache_dtype; from
+    ``run['metrics']``: mean (else median) TTFT and TPOT in ms, and the measured mean concurrency when
+    no max_concurrency was set; the GPU from ``run['gpu']``. Raises RowError naming what is missing.
     """
     cfg = dict(run.get("config") or {})
-    metrics = dict(cfg.get("metrics") or run.get("metrics") or {})
-    metric = str(run.get("metric") or "").lower()
-    if "ttft" in metric:
-        metrics.setdefault("ttft_ms", run.get("p50"))
-    if "tpot" in metric or "itl" in metric:
-        metrics.setdefault("tpot_ms", run.get("p50"))
+    metrics = dict(run.get("metrics") or cfg.get("metrics") or {})
     where = f"kb:runs:{run.get('id')}"
 
-    def pick(*names):
+    def pick(source: dict, *names):
         for n in names:
-            if cfg.get(n) not in (None, ""):
-                return cfg[n]
+            if source.get(n) not in (None, ""):
+                return source[n]
         return None
 
-    def metric_ms(*names):
-        for n in names:
-            v = metrics.get(n)
-            if v not in (None, ""):
-                return float(v)
-        return None
-
-    model = pick("model", "model_path", "model_id")
-    gpu = pick("gpu", "system") or run.get("gpu")
-    isl, osl = pick("isl", "input_len", "random_input_len"), pick("osl", "output_len", "random_output_len")
-    conc = pick("concurrency", "max_concurrency", "batch_size")
-    if None in (model, gpu, isl, osl, conc):
-        raise RowError(f"{where}: serving run lacks model/gpu/isl/osl/concurrency in its config")
-    tp = int(pick("tp", "tp_size") or 1)
-    dp = int(pick("attn_dp", "attn_dp_size", "dp_size") or 1)
-    ep = int(pick("ep", "ep_size", "moe_ep_size") or 1)
-    engine = str(pick("engine", "backend") or run.get("provider") or "sglang").lower()
-    quant = normalize_quant(str(pick("quant", "quantization", "precision") or ""))
-    kv = str(pick("kv_cache_dtype") or "auto")
-    point = ServingPoint(
+    model = pick(cfg, "model", "model_path", "served_model_name")
+    gpu = run.get("gpu") or pick(cfg, "gpu", "system")
+    isl = pick(cfg, "isl", "random_input_len", "input_len")
+    osl = pick(cfg, "osl", "random_output_len", "output_len")
+    conc = pick(cfg, "max_concurrency", "concurrency") or pick(metrics, "concurrency")
+    missing = [
+        n
+        for n, v in (("model", model), ("gpu", gpu), ("isl", isl), ("osl", osl), ("concurrency", conc))
+        if v is None
+    ]
+    if missing:
+        raise RowError(
+            f"{where}: serving run lacks {', '.join(missing)} (import with --gpu; needs a fixed-length workload)"
+        )
+    tp = int(pick(cfg, "tp_size", "tp") or 1)
+    dp = int(pick(cfg, "dp_size") or 1)
+    attn_dp = int(pick(cfg, "attn_dp_size") or (dp if cfg.get("enable_dp_attention") else 1))
+    replicas = 1 if cfg.get("enable_dp_attention") else dp
+    ep = int(pick(cfg, "ep_size", "ep") or 1)
+    engine = str(run.get("subject") or pick(cfg, "engine") or "sglang").lower()
+    quant_label = pick(cfg, "quantization")
+    quant = normalize_quant(str(quant_label)) if quant_label else None
+    kv = str(pick(cfg, "kv_cache_dtype") or "auto")
+    ttft = pick(metrics, "mean_ttft_ms", "median_ttft_ms", "ttft_ms")
+    tpot = pick(metrics, "mean_tpot_ms", "median_tpot_ms", "tpot_ms")
+    if ttft is None or tpot is None:
+        raise RowError(f"{where}: serving run has no TTFT/TPOT metrics")
+    return ServingPoint(
         where=where,
         row_id=str(run.get("id")),
         engine=engine,
         model=str(model),
         gpu=str(gpu),
-        dense_quant=quant,
-        moe_quant=quant,
+        dense_quant=quant or "",  # '' = the model profile's checkpoint (filled in by perf_model.prepare)
+        moe_quant=quant or "",
         kv_bytes=1.0 if "fp8" in kv else 2.0,
         isl=float(isl),
         osl=float(osl),
-        concurrency=float(conc),
-        n_gpus=tp,  # SGLang's --tp-size counts every GPU of the replica
-        attn_dp=dp,
+        concurrency=float(conc) / replicas,
+        n_gpus=tp,  # SGLang's --tp-size counts every GPU of one replica
+        attn_dp=attn_dp,
         moe_ep=ep,
-        ttft_ms=metric_ms("ttft_ms", "mean_ttft_ms", "median_ttft_ms"),
-        tpot_ms=metric_ms("tpot_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms"),
+        ttft_ms=float(ttft),
+        tpot_ms=float(tpot),
     )
-    if point.ttft_ms is None or point.tpot_ms is None:
-        raise RowError(f"{where}: serving run has no TTFT/TPOT metrics")
-    return point

@@ -136,3 +136,39 @@ def test_grouped_cv_holds_out_whole_groups():
     assert sum(r["n"] for r in rows if r["group"] != "all") == next(
         r["n"] for r in rows if r["group"] == "all"
     )
+
+
+def test_imported_serving_runs_join_the_training_data(tmp_path, serving_model):  # noqa: F811
+    """An SGLang bench_serving result imported into a real KB becomes a training point and a new
+    model key (so the next fit includes it)."""
+    import json
+
+    from hpc_advise.knowledge_base.importers import parse_files
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    record = {
+        "backend": "sglang", "dataset_name": "random", "max_concurrency": 16, "random_input_len": 1024,
+        "random_output_len": 512, "duration": 60.0, "completed": 500, "request_throughput": 8.0,
+        "output_throughput": 4000.0, "mean_ttft_ms": 120.0, "median_ttft_ms": 110.0, "p99_ttft_ms": 300.0,
+        "mean_tpot_ms": 14.0, "median_tpot_ms": 13.5, "median_itl_ms": 13.0, "median_e2e_latency_ms": 7000.0,
+        "server_info": {"model_path": "Qwen/Qwen3-32B", "tp_size": 2, "kv_cache_dtype": "fp8_e4m3", "version": "0.5.23"},
+    }  # fmt: skip
+    src = tmp_path / "bench.jsonl"
+    src.write_text(json.dumps(record) + "\n")
+    db = tmp_path / "kb.db"
+    KnowledgeBase(db).import_runs(parse_files([src], gpu="NVIDIA H200"))
+    run = KnowledgeBase(db).runs(kind="serving")[0]
+    p = sd.point_from_run(run)
+    assert (p.engine, p.n_gpus, p.concurrency, p.isl, p.kv_bytes, p.tpot_ms) == (
+        "sglang",
+        2,
+        16.0,
+        1024.0,
+        1.0,
+        14.0,
+    )
+    prep = pm.prepare(p)
+    assert prep.gpu_key == "h200" and prep.model_key == "qwen3-32b" and prep.point.dense_quant == "bf16"
+    points, _ = pm.training_points(db)
+    assert any(q.where == f"kb:runs:{run['id']}" for q in points)
+    assert pm.data_key(pm.SETTINGS, pm._kb_serving_runs(db)) != serving_model.key
