@@ -21,8 +21,8 @@ _BAR = "█▏▎▍▌▋▊▉"
 def _fmt(x: float | int | None, digits: int = 3) -> str:
     if x is None:
         return "–"
-    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) >= 100):
-        return f"{int(x):,}"
+    if isinstance(x, int) or abs(x) >= 100:
+        return f"{round(x):,}"
     return f"{x:.{digits}g}"
 
 

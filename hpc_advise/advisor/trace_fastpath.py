@@ -142,6 +142,8 @@ def _datetimes(values: tuple) -> np.ndarray | None:
     for s in strs:
         if len(s) < 19 or s[4] != "-" or s[7] != "-" or s[10] not in " T" or s[13] != ":" or s[16] != ":":
             return None
+        if not "1970" <= s[:4] <= "2261":  # datetime64[ns] spans 1677-2262; earlier is negative anyway
+            return None
     if any(s.endswith(_TZ_ZERO) for s in strs):  # UTC offsets of zero (Azure 2024 writes "+00:00")
         strs = [_drop_zero_offset(s) for s in strs]
     if any(not s[19:].replace(".", "", 1).isdigit() and s[19:] != "" for s in strs):

@@ -1,7 +1,7 @@
 """``TraceSummary`` (what the advisor and the knowledge base get) and ``Summarizer``, which builds it
 from a stream of ``Request`` records in constant memory (see ``trace_stats`` for the sketches).
 
-Definitions (all documented in ``docs``-style in ``examples/traces/README.md`` too):
+Definitions (the user-facing version is the reference section of ``examples/traces/README.md``):
 
 - ``n_requests`` counts every request read (after ``--window`` / ``--sample``), failed ones included;
   ``n_failed`` those marked failed; ``n_bad`` malformed lines skipped with ``skip_bad``.

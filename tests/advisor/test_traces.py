@@ -318,3 +318,23 @@ def test_cli_stdin_window_and_formats(tmp_path):
     assert data["rate_rps"] == pytest.approx(10, rel=0.05)
     res = CliRunner().invoke(trace, ["formats"])
     assert res.exit_code == 0 and "mooncake" in res.output and "sglang-bench" in res.output
+
+
+def test_example_generator_reproduces_the_shipped_traces(tmp_path):
+    import subprocess
+
+    out = tmp_path / "gen"
+    subprocess.run(
+        [sys.executable, str(EXAMPLES / "generate.py"), "--out", str(out)], check=True, capture_output=True
+    )
+    for name in ("agentic_coding.jsonl", "chat_uniform.csv", "bursty.csv"):
+        fresh, shipped = summarize(out / name), summarize(EXAMPLES / name)
+        assert fresh.format == shipped.format
+        # Same seeds; tolerances only absorb a numpy release changing its random streams.
+        assert fresh.n_requests == pytest.approx(shipped.n_requests, rel=0.15)
+        assert fresh.isl["p50"] == pytest.approx(shipped.isl["p50"], rel=0.25)
+        assert fresh.osl["p50"] == pytest.approx(shipped.osl["p50"], rel=0.25)
+        assert (EXAMPLES / name).stat().st_size < 300 * 1024
+    bursty, chat = summarize(EXAMPLES / "bursty.csv"), summarize(EXAMPLES / "chat_uniform.csv")
+    assert bursty.burstiness_cv > 1.5 > 1.2 > chat.burstiness_cv > 0.8
+    assert bursty.n_failed > 0 and chat.n_failed == 0

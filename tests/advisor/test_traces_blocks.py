@@ -3,12 +3,19 @@ sequential reader, across block boundaries, in-process and in worker processes."
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import resource
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hpc_advise.advisor import trace_blocks
+from hpc_advise.advisor.trace_fastpath import _datetimes, fast_columns, fast_csv_columns
+from hpc_advise.advisor.trace_formats import ReadOptions
+from hpc_advise.advisor.trace_parse import BadField, datetime_seconds
 from hpc_advise.advisor.trace_summary import Summarizer
 from hpc_advise.advisor.traces import REORDER_S, TraceError, read_trace, summarize
 from tests.advisor.trace_helpers import assert_same, comparable
@@ -28,6 +35,8 @@ def sequential(path, **kw):
 @pytest.fixture
 def small_blocks(monkeypatch):
     monkeypatch.setattr(trace_blocks, "BLOCK_BYTES", 2000)
+    monkeypatch.setattr(trace_blocks, "START_POOL_AT", 2)  # workers from the 3rd block, parse from the 5th
+    monkeypatch.setattr(trace_blocks, "INPROCESS_BLOCKS", 4)
 
 
 def _mooncake_lines(n, rng, bad_every=None, jitter=0.0):
@@ -59,7 +68,11 @@ def test_blocks_match_sequential(tmp_path, small_blocks, monkeypatch, workers):
     path = tmp_path / "t.jsonl"
     path.write_text(_mooncake_lines(400, rng, bad_every=37, jitter=5.0))
     assert path.stat().st_size > 10 * trace_blocks.BLOCK_BYTES
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     a = summarize(path, skip_bad=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert (spent > 0) == (workers == "2")  # worker processes (our direct children) really ran
     b = sequential(path, skip_bad=True)
     assert a.n_bad == b.n_bad == 400 // 37
     a_d, b_d = comparable(a), comparable(b)
@@ -105,13 +118,6 @@ def test_first_error_in_file_order_across_blocks(tmp_path, small_blocks, monkeyp
 
 
 # --- the whole-block fast path accepts a block only when the per-line reader reads it the same ---
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from hpc_advise.advisor.trace_fastpath import fast_columns  # noqa: E402
-from hpc_advise.advisor.trace_formats import ReadOptions  # noqa: E402
-
 ODD = st.one_of(
     st.none(),
     st.booleans(),
@@ -185,12 +191,6 @@ def test_fast_path_is_taken_for_plain_blocks():
     cols = fast_columns("mooncake", text, 1)
     assert cols is not None and len(cols) == 50 and cols.lines[-1] == 50
     assert fast_columns("mooncake", text.replace("\n", "\n\n", 1), 1) is None
-
-
-import datetime as dt  # noqa: E402
-
-from hpc_advise.advisor.trace_fastpath import _datetimes, fast_csv_columns  # noqa: E402
-from hpc_advise.advisor.trace_parse import BadField, datetime_seconds  # noqa: E402
 
 
 @st.composite
