@@ -175,19 +175,20 @@ def moe_align_reference(
     key = torch.where(valid, local, torch.full_like(local, num_experts))
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
     counts.scatter_add_(0, key, torch.ones_like(key))
-    counts[num_experts] = 0
-    padded = (counts + block_m - 1) // block_m * block_m
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
-    starts = ends - padded
-    order = torch.sort(key, stable=True).indices
-    skey = key[order]
-    cstarts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(n, device=device) - cstarts[skey]
-    dest = torch.where(skey < num_experts, starts[skey] + rank, torch.full_like(rank, max_padded))
+    starts = torch.cat([ends - padded, ends[-1:]])  # index E (other ranks' entries) is never used
+    # rank of each entry among its expert's entries, in entry order (a running count per expert);
+    # no torch.sort, whose CUDA implementation is not always capturable in a CUDA graph
+    onehot = torch.zeros(n, num_experts + 1, dtype=torch.int32, device=device)
+    onehot.scatter_(1, key[:, None], 1)
+    rank = torch.cumsum(onehot, 0, dtype=torch.int32).gather(1, key[:, None]).squeeze(1).long() - 1
+    dest = torch.where(key < num_experts, starts[key] + rank, torch.full_like(rank, max_padded))
+    order = torch.arange(n, device=device)
     sorted_ids = torch.full((max_padded + 1,), n, dtype=torch.int32, device=device)
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
-    total = ends[num_experts - 1 : num_experts]
+    total = ends[-1:]
     block_start = torch.arange(max_padded // block_m, device=device) * block_m
-    block_expert = torch.searchsorted(ends[:num_experts].contiguous(), block_start, right=True)
+    block_expert = torch.searchsorted(ends, block_start, right=True)
     block_expert = torch.where(block_start < total, block_expert, torch.full_like(block_expert, -1))
     return sorted_ids[:max_padded], block_expert.to(torch.int32), total.to(torch.int32)

@@ -62,6 +62,7 @@ HEADERS = [
     "× torch",
     "× fbgemm",
     "× unfused",
+    "eager-timed",
 ]
 FP8_PEAK_TFLOPS = 1410.0  # measured on an H200 (shared/DESIGN.md §7), reported beside our measurement
 
@@ -286,16 +287,17 @@ def precompile(jobs: list[tuple], workers: int | None = None) -> int:
 # measurement
 
 
-def _time(fn: Callable[[], object], t: int) -> tuple[Timing, bool]:
-    """(timing, graphed?)."""
+def _time(fn: Callable[[], object], t: int) -> tuple[Timing, str | None]:
+    """(timing, None) from CUDA-graph replay, or (eager timing, why the capture failed)."""
     inner, reps = (16, 15) if t <= 128 else ((4, 8) if t <= 4096 else (2, 5))
     try:
-        return time_cuda(fn, inner=inner, reps=reps, warmup=2), True
-    except Exception:
+        return time_cuda(fn, inner=inner, reps=reps, warmup=2), None
+    except Exception as exc:
         import torch
 
         torch.cuda.synchronize()
-        return time_cuda(fn, graph=False, inner=inner, reps=reps, warmup=2), False
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return time_cuda(fn, graph=False, inner=inner, reps=reps, warmup=2), why
 
 
 def providers(shape: str, mode: str, wts: dict, peers: bool, fbgemm_ok: bool) -> dict:
@@ -362,7 +364,7 @@ def bench_case(
         E_global=eg,
         routings=len(sets),
     )
-    rows, times, errs = [], {}, {}
+    rows, times, errs, eager = [], {}, {}, []
     ours_out = None
     for name, body in providers(shape, mode, wts, peers, fbgemm_ok).items():
         try:
@@ -379,12 +381,16 @@ def bench_case(
                 den = ref.norm().clamp(min=1e-30)
                 errs[name] = float((out - ref).norm() / den)
                 del ref
-            timing, graphed = _time(_rotating(sets, body), t)
+            timing, graph_error = _time(_rotating(sets, body), t)
         except Exception as exc:
             log(f"  {shape} {mode} T={t} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
             continue
         times[name] = timing.p50
-        extra = {"graphed": graphed, "bytes": bytes_, "flops": flops}
+        extra = {"graphed": graph_error is None, "bytes": bytes_, "flops": flops}
+        if graph_error:
+            eager.append(name)
+            extra["graph_error"] = graph_error
+            log(f"  {shape} {mode} T={t} {name}: not capturable, timed eagerly ({graph_error})")
         if name in errs:
             extra["rel_err_vs_ref" if name == "ours" else "rel_diff_vs_ours"] = errs[name]
         if t <= 128:
@@ -419,6 +425,7 @@ def bench_case(
             None,
             None,
             None,
+            ",".join(eager),
         ]
     if t <= 128:
         rate = bytes_ / (ours * 1e-6) / 1e12
@@ -443,6 +450,7 @@ def bench_case(
         ratio("torch"),
         ratio("fbgemm"),
         ratio("unfused"),
+        ",".join(eager),
     ]
     log(
         "  "
