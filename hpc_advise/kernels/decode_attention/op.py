@@ -1,11 +1,11 @@
 """Launcher of paged decode attention: input checks, the plan (GPU buffers, schedule), run, convenience.
 
 ``plan(seq_lens, page_table, ...)`` returns a :class:`DecodePlan` that owns fixed-size GPU buffers (sized
-from ``max_batch`` and the page-table width) and fills them with one Triton launch plus one copy of the page
-table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
+from ``max_batch`` and the page-table width) and fills them with one Triton launch (two for ``loop='flat'``)
+plus one copy of the page table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
 ``update`` + ``run`` calls can be captured in one CUDA graph and replayed with new lengths.
 ``run(plan, q, k_cache, v_cache, ...)`` launches the persistent attention pass, then the log-sum-exp merge
-grid; merge programs whose segment was not split exit at once (the merge always launches, so a captured
+grid, whose programs without merge duty exit after one load (the merge always launches, so a captured
 graph stays valid whatever the lengths are).
 
 Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv, D]`` of q's dtype or
