@@ -4,9 +4,9 @@ memory for 100 K and 1 M requests in several formats (memory must not grow with 
     python benchmarks/bench_traces.py                 # 1 M and 100 K requests, all formats
     python benchmarks/bench_traces.py --requests 200000 --formats mooncake
 
-Each summary runs in a fresh Python process that reports its own CPU time and peak RSS
-(``ru_maxrss``), next to the RSS it had after importing hpc_advise, so numbers are not polluted by
-the generator. Results: ``benchmarks/results/traces_summarize.md`` (+ ``.jsonl``).
+Each summary runs in a fresh Python process that reports its own CPU time and peak RSS (``VmHWM``
+of /proc: ``ru_maxrss`` would carry the generating parent's peak across exec), next to its peak after
+importing hpc_advise; a watcher thread records the peak RSS of the worker processes. Results: ``benchmarks/results/traces_summarize.md`` (+ ``.jsonl``).
 """
 
 from __future__ import annotations
@@ -27,18 +27,41 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CHILD = r"""
-import json, resource, sys, time
+import json, os, resource, sys, threading, time
 import hpc_advise.advisor.traces as traces
 from hpc_advise.advisor.trace_blocks import default_workers
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def hwm_kib(pid="self"):
+    # VmHWM: this process's own peak RSS (ru_maxrss would include the parent's, inherited at exec)
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+
+workers_hwm, done = {}, threading.Event()
+def watch():  # peak RSS of our worker processes, read while they live
+    me = str(os.getpid())
+    while not done.wait(0.05):
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/stat") as fh:
+                        if fh.read().rsplit(")", 1)[1].split()[1] != me:
+                            continue
+                except OSError:
+                    continue
+                workers_hwm[pid] = max(workers_hwm.get(pid, 0), hwm_kib(pid))
+threading.Thread(target=watch, daemon=True).start()
+base = hwm_kib()
 w, c = time.perf_counter(), time.process_time()
 s = traces.summarize(sys.argv[1])
 wall, cpu = time.perf_counter() - w, time.process_time() - c
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+done.set()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_kib": peak, "import_rss_kib": base,
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_kib": hwm_kib(), "import_rss_kib": base,
                   "workers": default_workers(), "workers_cpu_s": kids.ru_utime + kids.ru_stime,
-                  "worker_peak_rss_kib": kids.ru_maxrss,
+                  "worker_peak_rss_kib": max(workers_hwm.values(), default=0),
                   "n_requests": s.n_requests, "format": s.format, "prefix_reuse": s.prefix_reuse,
                   "rate_rps": s.rate_rps, "isl_p99": s.isl["p99"]}))
 """
@@ -156,7 +179,7 @@ def main() -> None:
                     assert best["n_requests"] == n, best
                     peak_mib = best["peak_rss_kib"] / 1024
                     grow_mib = (best["peak_rss_kib"] - best["import_rss_kib"]) / 1024
-                    worker_mib = best["worker_peak_rss_kib"] / 1024 if best["workers_cpu_s"] else 0.0
+                    worker_mib = best["worker_peak_rss_kib"] / 1024
                     used = best["workers"] if best["workers_cpu_s"] else 0
                     table.append(
                         [

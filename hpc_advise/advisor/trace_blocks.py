@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpc_advise.advisor.trace_check import MAX_TOKENS, REORDER_S, order_problem, request_problem
+from hpc_advise.advisor.trace_check import BAD_EXAMPLES, MAX_TOKENS, REORDER_S, order_problem, request_problem
 from hpc_advise.advisor.trace_fastpath import fast_columns, fast_csv_columns
 from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions
 from hpc_advise.advisor.trace_io import TraceError, TraceSource
@@ -34,7 +34,6 @@ INPROCESS_BLOCKS = 24
 MAX_LINE_BYTES = 256 << 20
 LINE_FORMATS = {"canonical", "mooncake", "bailian", "azure", "burstgpt", "openai"}
 CSV_FORMATS = {"azure", "burstgpt"}
-BAD_EXAMPLES = 5
 USE_FAST_PATH = True  # tests switch it off to compare with the per-line reader
 
 

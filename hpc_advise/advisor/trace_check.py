@@ -12,6 +12,7 @@ from __future__ import annotations
 
 MAX_TOKENS = 10_000_000
 REORDER_S = 10.0
+BAD_EXAMPLES = 5  # skipped bad lines quoted in a summary's notes
 
 
 def request_problem(t, n_in: int, n_out: int, cached) -> str | None:

@@ -245,9 +245,6 @@ class Summarizer:
     def add(self, request: Request) -> None:
         self.add_columns(to_columns([request]))
 
-    def flush(self) -> None:
-        """Nothing is buffered between chunks (kept for callers that add one request at a time)."""
-
     def add_columns(self, cols: Columns) -> None:
         t, n_in, n_out, cached, failed, hashes = (
             cols.t,
@@ -304,7 +301,6 @@ class Summarizer:
         concurrency: int | None,
         meta: dict | None = None,
     ) -> TraceSummary:
-        self.flush()
         self.arrivals.finish()
         meta = meta or {}
         arrivals = self.arrivals

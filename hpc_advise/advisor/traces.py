@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hpc_advise.advisor.trace_blocks import LINE_FORMATS, OrderCheck, parsed_blocks
-from hpc_advise.advisor.trace_check import MAX_TOKENS, REORDER_S, order_problem, request_problem
+from hpc_advise.advisor.trace_check import BAD_EXAMPLES, MAX_TOKENS, REORDER_S, order_problem, request_problem
 from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions, detect
 from hpc_advise.advisor.trace_io import Request, TraceError, TraceSource
 from hpc_advise.advisor.trace_summary import Summarizer, TraceSummary
@@ -33,8 +33,6 @@ __all__ = [
     "read_trace",
     "summarize",
 ]
-
-BAD_EXAMPLES = 5
 
 
 class TraceReader:
