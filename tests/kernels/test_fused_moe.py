@@ -407,3 +407,101 @@ def test_tuned_configs_apply_only_near_their_t(tmp_path, monkeypatch):
         assert other_mode == op.default_config(16, 2, 8, 512, 256, True)
     finally:
         op._config_table.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels compile for SM90 (ptxas ships with triton; no GPU needed). The interpreter does not
+# compile, so without this a kernel could pass every CPU test and fail to build on the H200.
+
+_SM90_SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hpc_advise.kernels.fused_moe import kernel as K
+
+TYPES = {
+    "_prep_kernel": "*i32 i32 i32 i32 *i32 *i32 *i32 *i32 i32 *bf16 *fp8e4nv *fp32 *fp32 i32 i32 i32",
+    "_gate_up_kernel": "*fp8e4nv *fp32 *fp32 *fp8e4nv *fp32 *i32 *i32 *i32 *fp8e4nv *fp32 *fp32 "
+                       + "i32 " * 9,
+    "_act_quant_kernel": "*fp32 *i32 *i32 *fp8e4nv *fp32 *fp32 i32 i32",
+    "_down_kernel": "*fp8e4nv *fp32 *fp32 *fp8e4nv *fp32 *i32 *i32 *i32 *fp32 *bf16 i32 i32 i32 i32 "
+                    "fp32 i32 i32 i32 i32",
+    "_reduce_kernel": "*bf16 *i32 *bf16 i32 i32 i32 i32 i32",
+}
+ALIGNED_INTS = {"H", "I", "stride_we", "stride_wn", "stride_x", "stride_out"}  # multiples of 16 here
+out = {}
+for name, consts, warps, stages in json.loads(sys.argv[1]):
+    fn = getattr(K, name)
+    types = iter(TYPES[name].split())
+    sig, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in consts:
+            sig[arg] = "constexpr"
+            continue
+        sig[arg] = next(types)
+        if name == "_gate_up_kernel" and arg == "out_ptr" and consts["OUT_MODE"] == 1:
+            sig[arg] = "*fp32"
+        if sig[arg].startswith("*") or arg in ALIGNED_INTS:
+            attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher's specialization sees
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages))
+    ttgir = k.asm["ttgir"]
+    out[name + str(len(out))] = {"async_copies": ttgir.count("async_copy_global_to_local"),
+                                 "wgmma": ttgir.count("warp_group_dot "), "shared": k.metadata.shared}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_with_pipelined_loads():
+    import subprocess
+    import sys
+
+    gu = dict(
+        BLOCK_M=16,
+        BLOCK_N=32,
+        BLOCK_K=128,
+        GROUP_M=1,
+        SPLIT_K=1,
+        A_GROUP=False,
+        W_BLOCK=False,
+        A2_GROUP=False,
+        OUT_MODE=0,
+        EVEN_K=True,
+    )
+    jobs = [
+        ["_prep_kernel", dict(BLOCK_M=16, E_PAD=256, ROUTE_BLK=256, QROWS=16, GROUP=128, A_GROUP=True), 4, 3],
+        ["_gate_up_kernel", gu, 4, 4],
+        [
+            "_gate_up_kernel",
+            dict(gu, BLOCK_N=128, SPLIT_K=2, A_GROUP=True, W_BLOCK=True, A2_GROUP=True, OUT_MODE=1),
+            4,
+            4,
+        ],
+        ["_act_quant_kernel", dict(BLOCK_M=16, SPLIT_K=2, A2_GROUP=True), 4, 3],
+        [
+            "_down_kernel",
+            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, A_GROUP=True, W_BLOCK=True, EVEN_K=False),
+            4,
+            4,
+        ],
+        ["_reduce_kernel", dict(BLOCK_H=1024), 4, 3],
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=600,
+    )
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
+        pytest.skip("triton's bundled ptxas is missing")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    gemms = {k: v for k, v in res.items() if k.startswith(("_gate_up", "_down"))}
+    assert gemms and all(v["async_copies"] > 0 for v in gemms.values()), res  # software-pipelined
+    assert res["_down_kernel4"]["wgmma"] > 0, res  # BLOCK_M 64: Hopper wgmma, not mma.sync
