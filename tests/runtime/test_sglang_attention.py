@@ -2,11 +2,13 @@
 
 Both backends run on the same real SGLang objects: ``MHATokenToKVPool`` (bf16, and fp8 stored as
 uint8 the way SGLang stores it), ``ReqToTokenPool`` with scattered pages, ``RadixAttention`` layers
-and a DECODE ``ForwardBatch``. A ``ModelRunner`` cannot be built on CPU (it loads a model and
-initialises CUDA/NCCL), so the runner passed to both backends is a namespace holding exactly what
-their constructors read: the two real pools, device, page size, KV dtype and a model-config namespace
-(heads, head_dim, context length). The attention-TP width is set with SGLang's own
-``get_parallel().override``. Our kernel runs under the Triton interpreter on CPU (small shapes).
+and a DECODE ``ForwardBatch``. A ``ModelRunner`` cannot be built on CPU (it loads weights and
+initialises CUDA/NCCL), so the runner passed to the backends is a namespace holding exactly what their
+constructors read: the two real pools, device, page size, KV dtype and the model config. The model
+config is SGLang's real ``ModelConfig`` (from a tiny local config.json, through ``prepare_server_args``
+and a published runtime context) in the end-to-end tests, and a namespace with the same four fields in
+the unit tests, which set the attention-TP width with SGLang's own ``get_parallel().override``. Our
+kernel runs under the Triton interpreter on CPU (small shapes).
 """
 
 from __future__ import annotations
@@ -177,6 +179,124 @@ def test_unsupported_group_fails_with_dispatch_reason():
         runner = _runner(sg, q_heads=64, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128)
         with pytest.raises(HpcAdviseBackendError, match="GQA group 64/2"):
             HpcAdviseAttnBackend(runner)
+
+
+def _tiny_model_dir(tmp_path, q_heads=8, kv_heads=2):
+    import json
+
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": q_heads * HEAD_DIM,
+           "num_attention_heads": q_heads, "num_key_value_heads": kv_heads, "head_dim": HEAD_DIM,
+           "num_hidden_layers": 2, "intermediate_size": 1024, "vocab_size": 1000,
+           "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def _published_runner(sg, tmp_path, *, page_size=PAGE):
+    """SGLang's own path from the command line to the attention backend: ``prepare_server_args`` (the
+    plugin's names accepted), the published runtime context, the real ``ModelConfig`` of a tiny local
+    config.json, then SGLang's ``_build_resolved_backend``. Only the ModelRunner itself is a namespace
+    (it would load weights and initialise CUDA/NCCL)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner_components import attention_backend_setup as setup
+    from sglang.srt.runtime_context import attention_backends, create_context
+    from sglang.srt.server_args import prepare_server_args
+
+    from hpc_advise.runtime import sglang_plugin
+
+    sglang_plugin.register()
+    args = prepare_server_args([
+        "--model-path", _tiny_model_dir(tmp_path), "--decode-attention-backend", "hpc_advise",
+        "--prefill-attention-backend", "torch_native", "--page-size", str(page_size), "--device", "cpu",
+        "--skip-tokenizer-init",
+    ])
+    ctx = create_context(args, role="scheduler")
+    return args, ctx, setup, attention_backends, ModelConfig
+
+
+def test_sglang_composes_our_decode_with_its_prefill(tmp_path):
+    sg = _sglang()
+    from sglang.srt.runtime_context import use_context
+
+    args, ctx, setup, attention_backends, ModelConfig = _published_runner(sg, tmp_path)
+    gen = torch.Generator().manual_seed(21)
+    seq_lens = [33, 130, 64]
+    with use_context(ctx):
+        assert attention_backends() == ("torch_native", "hpc_advise")
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=512)
+        runner.model_config = ModelConfig.from_server_args(args)
+        runner.prefill_attention_backend_str, runner.decode_attention_backend_str = attention_backends()
+        runner.is_draft_worker, runner.draft_attention_backend, runner.kv_index_translator = False, None, None
+        hybrid = setup._build_resolved_backend(
+            model_runner=runner, resolved=setup.resolve_attention_backend_strs(model_runner=runner),
+            init_new_workspace=False,
+        )
+        assert type(hybrid).__name__ == "HybridAttnBackend"
+        assert type(hybrid.decode_backend).__name__ == "HpcAdviseAttnBackend"
+        assert hybrid._select_backend(sg.ForwardMode.EXTEND) is hybrid.prefill_backend  # prefill delegated
+        assert type(hybrid.prefill_backend).__name__ == "TorchNativeAttnBackend"
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 2, layer_id=1)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        hybrid.init_forward_metadata(fb)
+        q = torch.randn(3, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        got = hybrid.forward(q, None, None, layer, fb, save_kv_cache=False).float()
+        ref = sg.TorchNative(runner)
+        ref.init_forward_metadata(fb)
+        want = ref.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def test_sglang_builder_reports_wrong_page_size(tmp_path):
+    sg = _sglang()
+    from sglang.srt.runtime_context import use_context
+
+    from hpc_advise.runtime.sglang_attention import HpcAdviseBackendError
+
+    args, ctx, setup, attention_backends, ModelConfig = _published_runner(sg, tmp_path, page_size=16)
+    with use_context(ctx):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=512,
+                         page_size=16)
+        runner.model_config = ModelConfig.from_server_args(args)
+        runner.prefill_attention_backend_str, runner.decode_attention_backend_str = attention_backends()
+        runner.is_draft_worker, runner.draft_attention_backend, runner.kv_index_translator = False, None, None
+        with pytest.raises(HpcAdviseBackendError, match="page size 16: the backend needs --page-size 64"):
+            setup._build_resolved_backend(
+                model_runner=runner, resolved=setup.resolve_attention_backend_strs(model_runner=runner),
+                init_new_workspace=False,
+            )
+
+
+def test_cuda_graph_metadata_path_matches_eager():
+    """The graph path (one plan sized for the largest captured batch, refilled by
+    init_forward_metadata_in_graph) on a padded batch, as SGLang's decode graph runner pads it: the
+    padding row has req_pool_index 0 and the backend's seq_len fill value; real rows must equal eager."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    gen = torch.Generator().manual_seed(5)
+    seq_lens = [40, 100, 7]
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=256)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 2, layer_id=0)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        q = torch.randn(4, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        eager = HpcAdviseAttnBackend(runner)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        eager.init_forward_metadata(fb)
+        want = eager.forward_decode(q[:3], None, None, layer, fb, save_kv_cache=False).float()
+
+        graph = HpcAdviseAttnBackend(runner)
+        graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+        fill = graph.get_cuda_graph_seq_len_fill_value()
+        padded = _batch(sg, torch.cat([idx, torch.zeros(1, dtype=torch.int64)]), seq_lens + [fill],
+                        torch.cat([out_loc, torch.zeros(1, dtype=torch.int64)]))
+        graph.init_forward_metadata_out_graph(padded, in_capture=True)
+        graph.init_forward_metadata_in_graph(padded)
+        got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
+        assert got.shape == (4, 8 * HEAD_DIM) and torch.isfinite(got).all()
+        # the padding row changes how work is split over the grid, so merge order may differ: same tolerance
+        torch.testing.assert_close(got[:3], want, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.gpu
