@@ -43,8 +43,8 @@ def main() -> None:
 
     def write(rows, table, ceil, final=False):
         notes = NOTES + (
-            f"\nCeilings measured in this run: device copy {ceil['copy_tbps']:.2f} TB/s (1 GiB, read + write),"
-            f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s (torch._scaled_mm 8192^3, fast accumulation).\n"
+            f"\nCeilings measured in this run: device copy {ceil['copy_tbps']:.2f} TB/s (1 GiB bf16, read + write, graph),"
+            f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s (torch._scaled_mm 8192^3, fast accumulation; hpc_advise.runtime.microbench).\n"
             f"fbgemm: {rows[0]['versions'].get('fbgemm_status', 'not tried')}\n"
             + ("" if final else "PARTIAL: the run stopped before the whole grid was measured.\n")
             + "\n"

@@ -505,3 +505,75 @@ def test_kernels_compile_for_sm90_with_pipelined_loads():
     gemms = {k: v for k, v in res.items() if k.startswith(("_gate_up", "_down"))}
     assert gemms and all(v["async_copies"] > 0 for v in gemms.values()), res  # software-pipelined
     assert res["_down_kernel4"]["wgmma"] > 0, res  # BLOCK_M 64: Hopper wgmma, not mma.sync
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmark helpers (hpc_advise.runtime.benches.fused_moe) that need no GPU
+
+
+def _fake_grouped_gemm(xq, w, sa, sw, ends, counts):
+    """Stand-in for the CUDA-only grouped FP8 GEMMs: rows [ends[g-1], ends[g]) times w[g]ᵀ, scaled."""
+    out = torch.zeros(xq.shape[0], w.shape[1], dtype=torch.float32)
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        out[start:end] = (xq[start:end].float() @ w[g].float().t()) * sa[start:end, None] * sw[g][None, :]
+        start = end
+    return out.to(torch.bfloat16)
+
+
+def test_peer_pipeline_routing_gather_and_reduce_with_fake_grouped_gemm():
+    """The torch/fbgemm peers' routing, gather, quantization and weighted sum (their grouped GEMM
+    replaced by a loop): the result must be the MoE layer, to row-wise fp8 accuracy."""
+    from hpc_advise.runtime.benches.fused_moe import peer_pipeline
+
+    seed = _seed()
+    p = make_problem(7, 6, 256, 128, 3, "tensor-static", device="cpu", global_experts=9, expert_offset=2)
+    e = p["w13"].shape[0]
+    r13 = p["kw"]["w13_scale"][:, None].expand(e, 256).contiguous()
+    r2 = p["kw"]["w2_scale"][:, None].expand(e, 256).contiguous()
+    out = peer_pipeline(
+        _fake_grouped_gemm,
+        p["x"],
+        p["w13"],
+        p["w2"],
+        r13,
+        r2,
+        p["weights"],
+        p["ids"],
+        num_experts=e,
+        expert_offset=2,
+        routed_scaling_factor=1.5,
+    )
+    ref = moe_float_reference(
+        p["x"],
+        p["w13"].float() * p["kw"]["w13_scale"][:, None, None],
+        p["w2"].float() * p["kw"]["w2_scale"][:, None, None],
+        p["weights"],
+        p["ids"],
+        expert_offset=2,
+        routed_scaling_factor=1.5,
+    )
+    assert rel_err(out, ref) <= 1e-1, seed  # two row-wise fp8 quantizations: ~5% measured on CPU
+
+
+def test_tune_output_round_trips_through_config_lookup(tmp_path, monkeypatch):
+    from hpc_advise.runtime.benches import fused_moe as fb
+
+    for t in fb.TUNE_TS:
+        for a2_group in (False, True):
+            for c in fb.candidates(t, 8, a2_group):
+                op.check_config(dict(c), a2_group)
+    best = fb.candidates(16, 8, False)[2]
+    path = tmp_path / "configs.json"
+    entry = dict(E=192, H=4096, I=192, top_k=8, mode="tensor-static", T=16, config=best, p50_us=1.0)
+    fb.write_configs([entry], path, "test-gpu")
+    fb.write_configs([dict(entry, T=1)], path, "test-gpu")  # merges, keeps T=16
+    assert len(json.loads(path.read_text())["entries"]) == 2
+    monkeypatch.setattr(op, "CONFIG_PATH", path)
+    op._config_table.cache_clear()
+    try:
+        assert op.get_config(16, 8, 192, 4096, 192, "tensor-static", False) == best
+    finally:
+        op._config_table.cache_clear()
+    line = ["hy3", "tensor-static", 16, 40.0, 3.9, 95, 50, 80, 70, 2.0, 1.7, 1.2, ""]
+    assert "min 95% of copy" in fb.summary([line], {"fp8_tflops": 1400.0})
