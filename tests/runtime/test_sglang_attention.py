@@ -41,14 +41,15 @@ def _sglang():
     )
 
 
-def _runner(sg, *, q_heads, kv_heads, kv_dtype, pages, reqs, context, page_size=PAGE, prefill=None):
+def _runner(sg, *, q_heads, kv_heads, kv_dtype, pages, reqs, context, page_size=PAGE, prefill=None,
+            head_dim=HEAD_DIM):
     kv_pool = sg.mp.MHATokenToKVPool(
-        size=pages * page_size, page_size=page_size, dtype=kv_dtype, head_num=kv_heads, head_dim=HEAD_DIM,
+        size=pages * page_size, page_size=page_size, dtype=kv_dtype, head_num=kv_heads, head_dim=head_dim,
         layer_num=2, device="cpu", enable_memory_saver=False,
     )
     req_pool = sg.mp.ReqToTokenPool(size=reqs, max_context_len=context, device="cpu", enable_memory_saver=False)
     cfg = types.SimpleNamespace(
-        num_attention_heads=q_heads, head_dim=HEAD_DIM, context_len=context, model_path="test",
+        num_attention_heads=q_heads, head_dim=head_dim, context_len=context, model_path="test",
         get_num_kv_heads=lambda tp: max(1, kv_heads // tp),
     )
     return types.SimpleNamespace(
@@ -75,8 +76,8 @@ def _fill(sg, runner, layers, seq_lens, gen):
         req.req_to_token[row, :n] = slots.to(torch.int32)
         rows.append(row)
         for layer in layers:
-            k = torch.randn(n - 1, layer.tp_k_head_num, HEAD_DIM, generator=gen).to(torch.bfloat16)
-            v = torch.randn(n - 1, layer.tp_k_head_num, HEAD_DIM, generator=gen).to(torch.bfloat16)
+            k = torch.randn(n - 1, layer.tp_k_head_num, layer.head_dim, generator=gen).to(torch.bfloat16)
+            v = torch.randn(n - 1, layer.tp_k_head_num, layer.head_dim, generator=gen).to(torch.bfloat16)
             pool.set_kv_buffer(layer, slots[: n - 1].to(torch.int64), k, v)
     idx = torch.tensor(rows, dtype=torch.int64)
     last = torch.tensor([req.req_to_token[r, n - 1] for r, n in zip(rows, seq_lens, strict=True)], dtype=torch.int64)
@@ -300,24 +301,28 @@ def test_cuda_graph_metadata_path_matches_eager():
 
 
 @pytest.mark.gpu
-def test_decode_matches_triton_backend_on_h200():
-    """Real sizes on the GPU against SGLang's triton backend needs a full ModelRunner; here: our
-    backend on a real CUDA pool against torch_native at a Hy3 TP8 shape (8 q heads / 1 KV head)."""
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
+    """Real sizes on the GPU: our backend on a CUDA copy of a real SGLang pool against SGLang's
+    torch_native backend on the CPU original, at Hy3's TP8 shard (8 query heads, 1 KV head, head_dim 128)
+    with mixed lengths up to 8K. SGLang's triton backend needs a full ModelRunner (CUDA graphs, NCCL),
+    so torch_native (the same math, no kernel of its own) is the reference here too."""
     sg = _sglang()
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
 
     gen = torch.Generator().manual_seed(3)
-    seq_lens = [4096, 17, 1000, 64 * 30 + 1]
+    seq_lens = [8192, 17, 1000, 64 * 30 + 1, 4096, 1]
+    hd = 128
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=1, kv_dtype=torch.bfloat16, pages=200, reqs=8, context=8192)
-        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 1, layer_id=0)
+        runner = _runner(sg, q_heads=8, kv_heads=1, kv_dtype=kv_dtype, pages=260, reqs=8, context=8192,
+                         head_dim=hd)
+        layer = sg.RadixAttention(8, hd, hd ** -0.5, 1, layer_id=0)
         idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
         fb = _batch(sg, idx, seq_lens, out_loc)
         ref = sg.TorchNative(runner)
         ref.init_forward_metadata(fb)
-        q = torch.randn(4, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        q = torch.randn(len(seq_lens), 8 * hd, generator=gen).to(torch.bfloat16)
         want = ref.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
-        # move the same pools to the GPU
         pool = runner.token_to_kv_pool
         pool.k_buffer = [t.cuda() for t in pool.k_buffer]
         pool.v_buffer = [t.cuda() for t in pool.v_buffer]
@@ -329,3 +334,57 @@ def test_decode_matches_triton_backend_on_h200():
         ours.init_forward_metadata(fb_gpu)
         got = ours.forward_decode(q.cuda(), None, None, layer, fb_gpu, save_kv_cache=False).float().cpu()
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay_on_gpu():
+    """Capture metadata-in-graph + one layer's decode in a CUDA graph, replay it with other lengths and
+    other requests (as SGLang's decode graph runner does), and compare with eager steps."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    gen = torch.Generator().manual_seed(8)
+    hd, bs = 128, 4
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=16, kv_heads=2, kv_dtype=torch.bfloat16, pages=200, reqs=8, context=4096,
+                         head_dim=hd)
+        layer = sg.RadixAttention(16, hd, hd ** -0.5, 2, layer_id=0)
+        lens_a, lens_b = [3000, 5, 700, 64], [1, 4000, 129, 2048]
+        idx_a, loc_a = _fill(sg, runner, [layer], lens_a, gen)
+        pool = runner.token_to_kv_pool
+        pool.k_buffer = [t.cuda() for t in pool.k_buffer]
+        pool.v_buffer = [t.cuda() for t in pool.v_buffer]
+        req = runner.req_to_token_pool
+        req.req_to_token = req.req_to_token.cuda()
+        runner.device = "cuda"
+        # requests of batch b reuse the pool pages of batch a, in another order, with other lengths
+        idx_b = idx_a.flip(0)
+        static = _batch(sg, idx_a.cuda(), lens_a, loc_a.cuda())
+        static.seq_lens = static.seq_lens.cuda()
+        q = torch.randn(bs, 16 * hd, device="cuda", dtype=torch.bfloat16)
+        graph_be = HpcAdviseAttnBackend(runner)
+        graph_be.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+        graph_be.init_forward_metadata_out_graph(static, in_capture=True)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm-up outside capture (Triton compiles here)
+            graph_be.init_forward_metadata_in_graph(static)
+            graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            graph_be.init_forward_metadata_in_graph(static)
+            out = graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
+        eager_be = HpcAdviseAttnBackend(runner)
+        lens_b = [min(a, b) for a, b in zip(reversed(lens_a), lens_b, strict=True)]  # within the filled KV
+        for lens, idx in ((lens_a, idx_a), (lens_b, idx_b)):
+            static.seq_lens.copy_(torch.tensor(lens, device="cuda"))
+            static.req_pool_indices.copy_(idx.cuda())
+            q.copy_(torch.randn(bs, 16 * hd, device="cuda", dtype=torch.bfloat16))
+            graph_be.init_forward_metadata_out_graph(static)
+            g.replay()
+            fb = _batch(sg, idx.cuda(), lens, loc_a.cuda())
+            fb.seq_lens = fb.seq_lens.cuda()
+            eager_be.init_forward_metadata(fb)
+            want = eager_be.forward_decode(q, None, None, layer, fb, save_kv_cache=False)
+            torch.testing.assert_close(out.float(), want.float(), atol=ATOL, rtol=RTOL)

@@ -185,3 +185,48 @@ def test_backend_not_selected_leaves_sglang_alone(sglang_moe):
     method, layer = _method(False), _layer(False, torch.Generator().manual_seed(3))
     method.create_moe_runner(layer, _config())
     assert method.runner.runner_backend == MoeRunnerBackend.TRITON
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["hy3-tp8-per-tensor", "qwen3-fp8-block128"])
+def test_real_shapes_on_gpu(sglang_moe, shape):
+    """Model shapes on the H200 through the same hooked Fp8MoEMethod and SGLang MoeRunner, against the
+    triton path's math (our fp32 reference; SGLang's triton runner needs its sgl-kernel build)."""
+    from hpc_advise.kernels.fused_moe.reference import fused_moe_reference, quantize_weight
+
+    experts, hidden, inter, top_k, block = {
+        "hy3-tp8-per-tensor": (192, 4096, 192, 8, False),
+        "qwen3-fp8-block128": (128, 4096, 384, 8, True),
+    }[shape]
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    layer = torch.nn.Module()
+    q13, s13 = quantize_weight(torch.randn(experts, 2 * inter, hidden, device=dev) / hidden ** 0.5,
+                               "block" if block else "tensor")
+    q2, s2 = quantize_weight(torch.randn(experts, hidden, inter, device=dev) / inter ** 0.5,
+                             "block" if block else "tensor")
+    layer.w13_weight, layer.w2_weight = q13, q2
+    if block:
+        layer.w13_weight_scale_inv, layer.w2_weight_scale_inv = s13, s2
+        layer.w13_input_scale = layer.w2_input_scale = None
+    else:
+        layer.w13_weight_scale, layer.w2_weight_scale = s13, s2
+        layer.w13_input_scale = torch.tensor(6.0 / 448, device=dev)
+        layer.w2_input_scale = torch.tensor(6.0 / 448, device=dev)
+    method = _method(block)
+    method.create_moe_runner(layer, _config(num_experts=experts, num_local_experts=experts, hidden_size=hidden,
+                                            intermediate_size_per_partition=inter, top_k=top_k,
+                                            routed_scaling_factor=2.5))
+    for t in (1, 64, 1024):
+        x = torch.randn(t, hidden, device=dev).to(torch.bfloat16)
+        logits = torch.randn(t, experts, device=dev)
+        w, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
+        out = method.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids.int(), logits)))
+        ref = fused_moe_reference(x, q13, q2, w, ids.int(), w13_scale=s13, w2_scale=s2,
+                                  a13_scale=layer.w13_input_scale, a2_scale=layer.w2_input_scale,
+                                  block_shape=(128, 128) if block else None, routed_scaling_factor=2.5)
+        rel = float((out.hidden_states.double() - ref.double()).norm() / ref.double().norm())
+        assert rel <= REL_TOL_QUANT_REF, (shape, t, rel)

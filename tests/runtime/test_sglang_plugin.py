@@ -164,3 +164,24 @@ def test_deepseek_fp32_moegate_hooked(monkeypatch):
     got = gate(x)
     assert getattr(gate, sglang_router.MARK)[1] is not None, "our kernel did not serve the fp32 gate"
     torch.testing.assert_close(got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight))
+
+
+@pytest.mark.gpu
+def test_hy3_fp32_gate_on_gpu():
+    """Hy3's gate shape (192 experts x 4096, fp32 weight, fp32 input as hunyuan_v3 passes it) on the GPU
+    through a real ReplicatedLinear with our forward: fp32-accurate against an fp64 product."""
+    import_sglang("sglang.srt.layers.linear")
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    from hpc_advise.runtime import sglang_router
+
+    torch.manual_seed(0)
+    gate = ReplicatedLinear(4096, 192, bias=False, params_dtype=torch.float32, quant_config=None).cuda()
+    gate.weight.data.copy_(torch.randn(192, 4096, device="cuda") * 0.02)
+    sglang_router.install_on_gate(gate)
+    for m in (1, 128, 2048):
+        x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16).to(torch.float32)
+        got, _ = gate(x)
+        want = (x.double() @ gate.weight.double().t())
+        err = float(((got.double() - want).abs() / want.abs().clamp(min=1e-3)).median())
+        assert err < 1e-5, (m, err)
