@@ -72,6 +72,26 @@ def _torch_cuda() -> str:
     return str(torch.version.cuda) if torch.version.cuda else "none (CPU build of torch)"
 
 
+def plugin_status(sglang: str, environ: dict | None = None) -> str:
+    """Whether SGLang will load our plugin: entry point installed, SGLang version, SGLANG_PLUGINS."""
+    import os
+
+    from hpc_advise.runtime.sglang_plugin import NAME, SUPPORTED_SGLANG
+
+    env = os.environ if environ is None else environ
+    eps = [ep for ep in md.entry_points(group="sglang.srt.plugins") if ep.name == NAME]
+    if not eps:
+        return f"{MISSING} (entry point not installed: pip install hpc-advise)"
+    if sglang == MISSING:
+        return f"entry point installed ({eps[0].value}); sglang not installed"
+    if sglang not in SUPPORTED_SGLANG:
+        return f"inactive: sglang {sglang} not supported (supported: {', '.join(SUPPORTED_SGLANG)})"
+    allowed = {x.strip() for x in env.get("SGLANG_PLUGINS", "").split(",") if x.strip()}
+    if allowed and NAME not in allowed:
+        return f"disabled by SGLANG_PLUGINS={env['SGLANG_PLUGINS']}"
+    return f"active ({eps[0].value})"
+
+
 def report() -> dict[str, str]:
     """Ordered mapping label -> value; absent pieces say ``missing`` and why when known."""
     out: dict[str, str] = {}
@@ -85,6 +105,7 @@ def report() -> dict[str, str]:
     out["cuda_runtime (torch)"] = _torch_cuda()
     for label, dists in PACKAGES:
         out[label] = package_version(dists)
+    out["sglang plugin"] = plugin_status(out["sglang"])
     return out
 
 

@@ -124,3 +124,15 @@ def test_cli_local_gpu_without_profile_fake_nvml(monkeypatch):
     monkeypatch.setattr(env_report, "_nvml", lambda: dict(known))
     ok = CliRunner().invoke(runtime, ["check", "--model", "hy3"])
     assert ok.exit_code == 0 and "H200" in ok.output and "570.1" in ok.output
+
+
+def test_plugin_status_in_report():
+    """The entry point is installed in the test venv (pip install -e .); SGLANG_PLUGINS and the version
+    decide whether SGLang will run it."""
+    from hpc_advise.runtime import env_report
+
+    assert env_report.plugin_status("0.5.23", {}).startswith("active")
+    assert "disabled by SGLANG_PLUGINS" in env_report.plugin_status("0.5.23", {"SGLANG_PLUGINS": "other"})
+    assert env_report.plugin_status("0.5.23", {"SGLANG_PLUGINS": "other,hpc_advise"}).startswith("active")
+    assert "not supported" in env_report.plugin_status("0.6.0", {})
+    assert "sglang not installed" in env_report.plugin_status(env_report.MISSING, {})
