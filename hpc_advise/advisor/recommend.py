@@ -204,7 +204,8 @@ class Ranker:
                 ]
             )
             return np.zeros(len(ctx)), flag
-        return n_layers * (mine - ref), []
+        plan = self.attn.plan_for(c.attention_backend) - self.attn.plan_for(REFERENCE_ATTENTION)
+        return n_layers * (mine - ref) + plan, []
 
     def _physics(
         self, dep: F.Deployment, batch: int, ctx: np.ndarray
@@ -337,16 +338,33 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
 
 
 def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
-    """Drop a candidate that differs from a better-ranked one only by an unmeasured MoE runner (same
-    prediction, nothing known to choose it by)."""
-    seen, out = set(), []
+    """Drop a candidate that differs from a better-ranked one only by an unmeasured MoE runner or
+    attention backend (same prediction, nothing measured to choose it by); the survivor's flags
+    name what was folded into it."""
+    kept: dict[tuple, Ranked] = {}
+    out = []
     for r in ranked:
         c = r.candidate
-        k = (c.tp, c.replicas, c.ep, c.attn_dp, c.attention_backend, c.kv_dtype, round(r.tpot_p50, 6))
         unmeasured_moe = c.moe_runner not in (None, "auto") and any("MoE runner" in f for f in r.flags)
-        if unmeasured_moe and k in seen:
+        unmeasured_attn = any("attention backend" in f for f in r.flags)
+        key_moe = (c.tp, c.replicas, c.ep, c.attn_dp, c.attention_backend, c.kv_dtype, round(r.tpot_p50, 6))
+        key_attn = (c.tp, c.replicas, c.ep, c.attn_dp, c.moe_runner, c.kv_dtype, round(r.tpot_p50, 6))
+        twin = (kept.get(("moe",) + key_moe) if unmeasured_moe else None) or (
+            kept.get(("attn",) + key_attn) if unmeasured_attn else None
+        )
+        if twin is not None:
+            what = f"moe={c.moe_runner}" if unmeasured_moe else f"attn={c.attention_backend}"
+            note = "unmeasured alternatives predicted the same: "
+            have = [f for f in twin.flags if f.startswith(note)]
+            if not have:
+                twin.flags.append(note + what)
+            elif what not in have[0][len(note) :].split(", "):
+                twin.flags[twin.flags.index(have[0])] = have[0] + f", {what}"
+            kept.setdefault(("moe",) + key_moe, twin)
+            kept.setdefault(("attn",) + key_attn, twin)
             continue
-        seen.add(k)
+        kept.setdefault(("moe",) + key_moe, r)
+        kept.setdefault(("attn",) + key_attn, r)
         out.append(r)
     return out
 

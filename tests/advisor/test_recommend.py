@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_advise.advisor.cli import recommend
-from hpc_advise.advisor.op_efficiency import attention_terms, lengths_of, load_attention_model
+from hpc_advise.advisor.op_efficiency import attention_terms, lengths_of
 from hpc_advise.knowledge_base.store import KnowledgeBase
 from tests.advisor.advisor_helpers import advisor_home  # noqa: F401
 
@@ -105,23 +105,45 @@ def test_plot_needs_the_extra_or_writes_png(advisor_home, tmp_path):  # noqa: F8
     assert res.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_dynamic_attention_gains_more_on_skewed_mixes():
-    """The fitted kernel models (seed: DESIGN §7 H200 run) rank a dynamic schedule ahead of FlashInfer
-    by more on a skewed mix than on a uniform one; the static split-k loses most on the long tail."""
-    m = load_attention_model()
-    bw = 4.12e6
-    uniform = lengths_of({"case": "64 x 4K"})
-    skewed = lengths_of({"case": "1 x 128K + 31 x 4K"})
-    gains = {}
-    for name, lens in (("uniform", uniform), ("skewed", skewed)):
-        f, t = attention_terms(lens, 1, 128, 2.0, bw)
-        fi = m.predict_us("flashinfer", np.array([f]), np.array([t]))[0]
-        dyn = m.predict_us("hpc_ops", np.array([f]), np.array([t]))[0]
-        gains[name] = fi - dyn
-        static = m.coef["hpc_ops_static_splitk"]
-        assert static[0] + static[1] * f + static[2] * t > dyn
-    assert gains["skewed"] > gains["uniform"]
-    assert m.predict_us("fa3", np.array([1.0]), np.array([1.0])) is None or "fa3" in str(m.coef)
+def test_kernel_models_reproduce_measurements_and_the_long_tail_penalty():
+    """Fitted per-provider attention models (seed DESIGN §7 rows + committed benchmark results)
+    reproduce their rows, and a static split-k schedule pays for a long request where a dynamic one
+    does not."""
+    from hpc_advise.advisor.op_efficiency import checkout_rows, fit_attention, seed_rows
+
+    rows = seed_rows() + checkout_rows()
+    m = fit_attention(rows)
+    bw = 4.12e6  # H200 profile copy bandwidth, bytes/us
+    errors = {}
+    for prov, coef in m.coef.items():
+        errs = []
+        for r in rows:
+            if r.get("subject") != "decode_attention" or r.get("provider") != prov:
+                continue
+            cfg = r["config"]
+            f, t = attention_terms(
+                lengths_of(cfg), cfg["num_kv_heads"], 128, 1.0 if cfg["kv_dtype"] == "fp8" else 2.0, bw
+            )
+            if cfg.get("kv_bytes"):
+                f = cfg["kv_bytes"] / bw
+            # on the scale the row was timed on (eager-only providers were moved to the graph scale)
+            pred = float(np.dot(coef, [1.0, f, t])) + m.eager_shift_us.get(prov, 0.0)
+            errs.append(abs(pred / r["p50"] - 1))
+        errors[prov] = float(np.median(errs))
+    # the backends the advisor compares fit within 25 % (median; FlashInfer's decode kernel has
+    # outliers such as 2 x 32K + 30 x 4K at 64/8 heads); static split-k schedules depend on the split
+    # count chosen per batch, which three terms capture only roughly
+    compared = ("fi_decode_tc", "hpc_advise_dynamic", "hpc_ops", "flashinfer")
+    for prov, err in errors.items():
+        assert err < (0.25 if prov in compared else 0.5), (prov, err)
+    penalty = {}
+    for name in ("64 x 4K", "1 x 128K + 31 x 4K"):
+        f, t = attention_terms(lengths_of({"case": name}), 1, 128, 2.0, bw)
+        dyn = np.dot(m.coef["hpc_ops"], [1, f, t])
+        static = np.dot(m.coef["hpc_ops_static_splitk"], [1, f, t])
+        penalty[name] = static - dyn
+    assert penalty["1 x 128K + 31 x 4K"] > penalty["64 x 4K"] > 0
+    assert m.plan_for("hpc_ops") > m.plan_for("flashinfer")  # HPC-Ops plans every step (§7: ~115 us)
 
 
 @pytest.mark.parametrize(
