@@ -24,33 +24,6 @@ import torch
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
 
-
-def _fix_interpreter_scalar_index() -> None:
-    """Triton 3.6's interpreter holds scalars as 1-element numpy arrays and turns them into Python ints
-    for ``range``/``tl.range`` bounds with ``int(array)``, which numpy >= 2.3 refuses for 1-d arrays
-    ("only 0-dimensional arrays can be converted"). Loop bounds computed at run time (every persistent
-    kernel has them) then fail on CPU only. Patch ``__index__`` to ``.item()`` for the test session.
-    (Belongs in tests/conftest.py beside the two bf16 patches; kept here until the lead moves it.)"""
-    if torch.cuda.is_available():
-        return
-    try:
-        from triton.runtime import interpreter as itp
-    except Exception:
-        return
-    original = getattr(itp, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_scalar_index_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._scalar_index_fixed = True
-    itp._patch_lang_tensor = patched
-
-
-_fix_interpreter_scalar_index()
-
 TOL = {torch.bfloat16: 5e-3, torch.float16: 5e-3, torch.float8_e4m3fn: 2e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
