@@ -114,21 +114,33 @@ def seed_rows() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+SHIPPED_RESULTS = "kernel_results"
+
+
 def checkout_rows(root: Path | None = None) -> list[dict]:
-    """Rows of committed benchmark results (benchmarks/results/<name>.jsonl, not the *_run* / *_sweep*
-    experiment files) when running from a checkout."""
+    """Committed kernel benchmark results: ``benchmarks/results/<name>.jsonl`` of this checkout (not
+    the *_run* / *_sweep* experiment files) when running from one, else the copies shipped in
+    ``data/kernel_results/`` (so an installed hpc-advise works offline with the same tables)."""
     root = root or Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    rows: list[dict] = []
+    texts: list[str] = []
     if root.is_dir():
         for path in sorted(root.glob("*.jsonl")):
             if "_run" in path.stem or "_sweep" in path.stem:
-                continue  # experiment runs; the canonical table of a kernel is <subject>.jsonl
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        continue
+                continue
+            texts.append(path.read_text(encoding="utf-8"))
+    else:
+        shipped = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_RESULTS)
+        for entry in sorted(shipped.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".jsonl"):
+                texts.append(entry.read_text(encoding="utf-8"))
+    rows: list[dict] = []
+    for text in texts:
+        for line in text.splitlines():
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
     return rows
 
 

@@ -152,3 +152,16 @@ def test_kernel_models_reproduce_measurements_and_the_long_tail_penalty():
 def test_case_names_parse(case, n, first):
     lens = lengths_of({"case": case})
     assert len(lens) == n and lens[0] >= first * 0.99
+
+
+def test_installed_copy_of_kernel_tables_is_used_without_a_checkout(tmp_path):
+    from hpc_advise.advisor.op_efficiency import checkout_rows, fit_attention, seed_rows
+
+    shipped = checkout_rows(tmp_path / "no-such-dir")
+    assert any(r.get("provider") == "hpc_advise_dynamic" for r in shipped)
+    m = fit_attention(seed_rows() + shipped)
+    assert (
+        m.provider_for("hpc_advise") == "hpc_advise_dynamic"
+        and m.provider_for("flashinfer") == "fi_decode_tc"
+    )
+    assert m.provider_for("fa3") is None  # never measured: the advisor flags it instead of guessing
