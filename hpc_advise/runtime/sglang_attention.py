@@ -130,6 +130,13 @@ class HpcAdviseAttnBackend(AttentionBackend):
                 f"KV pool holds {pool.head_num} heads x {pool.head_dim}, the model expects "
                 f"{self.kv_heads} x {model_runner.model_config.head_dim} per rank"
             )
+        max_reqs = int(model_runner.req_to_token_pool.size)
+        if max_reqs > decode_op.MAX_BATCH:
+            _fail(f"up to {max_reqs} running requests, the kernel plans at most {decode_op.MAX_BATCH} per step; "
+                  f"pass --max-running-requests {decode_op.MAX_BATCH}")
+        if int(model_runner.model_config.context_len) > decode_op.MAX_SEQ_LEN:
+            _fail(f"context length {model_runner.model_config.context_len} exceeds the kernel's "
+                  f"{decode_op.MAX_SEQ_LEN}; pass --context-length {decode_op.MAX_SEQ_LEN}")
         self.device = model_runner.device
         self.page_size = int(model_runner.page_size)
         self.head_dim = int(pool.head_dim)

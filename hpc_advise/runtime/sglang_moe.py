@@ -227,10 +227,15 @@ def create_moe_runner_hook(original, method, layer, moe_runner_config, *args, **
         return original(method, layer, moe_runner_config, *args, **kwargs)
     from sglang.srt.layers.moe.moe_runner.runner import MoeRunner
     from sglang.srt.layers.moe.utils import resolve_moe_runner_backend
+    from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
 
     method._owns_moe_runner = True
     method.moe_runner_config = moe_runner_config
-    reason = method_unsupported_reason(method, layer) or config_unsupported_reason(moe_runner_config)
+    reason = (
+        f"{type(method).__name__} subclasses Fp8MoEMethod (its apply may not take our runner)"
+        if type(method) is not Fp8MoEMethod
+        else method_unsupported_reason(method, layer) or config_unsupported_reason(moe_runner_config)
+    )
     if reason is None:
         method.runner = MoeRunner(resolve_moe_runner_backend(NAME), moe_runner_config)
     else:

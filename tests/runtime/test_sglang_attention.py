@@ -388,3 +388,21 @@ def test_cuda_graph_capture_and_replay_on_gpu():
             eager_be.init_forward_metadata(fb)
             want = eager_be.forward_decode(q, None, None, layer, fb, save_kv_cache=False)
             torch.testing.assert_close(out.float(), want.float(), atol=ATOL, rtol=RTOL)
+
+
+def test_limits_checked_at_start_not_mid_serving():
+    """More running requests than one plan can hold, or a longer context than the kernel takes, fail when
+    the backend is built (server start), not on the first large decode batch."""
+    sg = _sglang()
+    from hpc_advise.kernels.decode_attention import op as decode_op
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=decode_op.MAX_BATCH + 1,
+                         context=64)
+        with pytest.raises(HpcAdviseBackendError, match="--max-running-requests"):
+            HpcAdviseAttnBackend(runner)
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=64)
+        runner.model_config.context_len = decode_op.MAX_SEQ_LEN + 1
+        with pytest.raises(HpcAdviseBackendError, match="--context-length"):
+            HpcAdviseAttnBackend(runner)
