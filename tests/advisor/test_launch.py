@@ -13,6 +13,7 @@ from hpc_advise.advisor import launch as L
 from hpc_advise.advisor.candidates import Candidate
 from hpc_advise.advisor.cli import launch
 from hpc_advise.knowledge_base.store import KnowledgeBase
+from tests.advisor.advisor_helpers import advisor_home  # noqa: F401
 
 
 def _flag(argv, name):
@@ -119,3 +120,27 @@ def test_exec_passes_exit_code_through(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert res.returncode == 7, res.stderr
     assert "sglang argv: -m sglang.launch_server" in res.stdout
+
+
+def test_dry_run_from_a_trace_recommends_then_prints(tmp_path, advisor_home):  # noqa: F811
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[2] / "examples" / "traces" / "chat_uniform.csv"
+    args = [
+        "--trace",
+        str(trace),
+        "--model",
+        "qwen3-32b",
+        "--gpu",
+        "h200",
+        "--gpus",
+        "4",
+        "--db",
+        str(tmp_path / "kb.db"),
+    ]
+    res = CliRunner().invoke(
+        launch, args + ["--dry-run", "--no-validate", "--nnodes", "2", "--node-rank", "0"]
+    )
+    assert res.exit_code == 0, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "-m sglang.launch_server --model-path Qwen/Qwen3-32B" in line and "--nnodes 2" in line
