@@ -15,8 +15,9 @@ What it does per step:
 
 CUDA graphs: ``init_cuda_graph_state`` allocates one plan sized for the largest captured batch;
 ``init_forward_metadata_in_graph`` (recorded in the graph) refills the page table and re-plans from the
-live ``seq_lens`` with no host sync; eager steps use a second plan, so replays and eager steps never
-share buffers. Start-up checks come from ``dispatch.py`` (the same table ``hpc-advise runtime check``
+live ``seq_lens`` with no host sync; eager steps use their own plans, so replays and eager steps never
+share buffers. An eager batch above the kernel's per-plan limit (1024 requests) is planned and run in
+chunks; a CUDA-graph batch must fit one plan (``--cuda-graph-max-bs`` <= 1024, checked at capture). Start-up checks come from ``dispatch.py`` (the same table ``hpc-advise runtime check``
 prints) and fail with its reason instead of running a wrong or unsupported configuration.
 """
 
@@ -130,10 +131,6 @@ class HpcAdviseAttnBackend(AttentionBackend):
                 f"KV pool holds {pool.head_num} heads x {pool.head_dim}, the model expects "
                 f"{self.kv_heads} x {model_runner.model_config.head_dim} per rank"
             )
-        max_reqs = int(model_runner.req_to_token_pool.size)
-        if max_reqs > decode_op.MAX_BATCH:
-            _fail(f"up to {max_reqs} running requests, the kernel plans at most {decode_op.MAX_BATCH} per step; "
-                  f"pass --max-running-requests {decode_op.MAX_BATCH}")
         if int(model_runner.model_config.context_len) > decode_op.MAX_SEQ_LEN:
             _fail(f"context length {model_runner.model_config.context_len} exceeds the kernel's "
                   f"{decode_op.MAX_SEQ_LEN}; pass --context-length {decode_op.MAX_SEQ_LEN}")
@@ -147,7 +144,10 @@ class HpcAdviseAttnBackend(AttentionBackend):
         # Token-slot column of each page's first token in req_to_token (static: graph-capturable gather).
         self._page_cols = torch.arange(self.max_pages, device=self.device, dtype=torch.int64) * self.page_size
         self._ones = torch.ones(1, dtype=torch.float32, device=self.device)
-        self._eager_plan: decode_op.DecodePlan | None = None
+        # One plan holds at most the kernel's MAX_BATCH requests; larger eager batches are planned and run
+        # in chunks of this size (CUDA-graph batches must fit one plan).
+        self.max_plan_batch = decode_op.MAX_BATCH
+        self._eager_plans: list[decode_op.DecodePlan] = []
         self._graph_plan: decode_op.DecodePlan | None = None
         self._graph_seq_lens: torch.Tensor | None = None
         self._checked_layers: set[int] = set()
@@ -195,10 +195,17 @@ class HpcAdviseAttnBackend(AttentionBackend):
         if not mode.is_decode():
             _fail(f"forward mode {mode.name} reached the decode-only backend")
         bs = forward_batch.batch_size
-        if self._eager_plan is None or self._eager_plan.max_batch < bs:
-            self._eager_plan = self._new_plan(max(bs, 16))
         seq_lens = forward_batch.seq_lens.to(torch.int32)
-        self.forward_metadata = self._replan(self._eager_plan, seq_lens, forward_batch.req_pool_indices, bs)
+        segments = []
+        for i, start in enumerate(range(0, bs, self.max_plan_batch)):
+            end = min(bs, start + self.max_plan_batch)
+            if i == len(self._eager_plans) or self._eager_plans[i].max_batch < end - start:
+                plan = self._new_plan(min(self.max_plan_batch, max(end - start, 16)))
+                self._eager_plans[i:i + 1] = [plan]
+            plan = self._replan(self._eager_plans[i], seq_lens[start:end], forward_batch.req_pool_indices[start:end],
+                                end - start)
+            segments.append((start, end, plan))
+        self.forward_metadata = segments
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         self._graph_plan = self._new_plan(max_bs)
@@ -210,14 +217,13 @@ class HpcAdviseAttnBackend(AttentionBackend):
             _fail(f"CUDA graphs of forward mode {mode.name} are not supported")
         if self._graph_plan is None:
             _fail("CUDA-graph metadata requested before init_cuda_graph_state")
-        self.forward_metadata = self._graph_plan
+        self.forward_metadata = [(0, forward_batch.batch_size, self._graph_plan)]
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch):
         bs = forward_batch.batch_size
         self._graph_seq_lens[:bs].copy_(forward_batch.seq_lens[:bs])
-        self.forward_metadata = self._replan(
-            self._graph_plan, self._graph_seq_lens, forward_batch.req_pool_indices, bs
-        )
+        plan = self._replan(self._graph_plan, self._graph_seq_lens, forward_batch.req_pool_indices, bs)
+        self.forward_metadata = [(0, bs, plan)]
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1  # padded rows attend one token (the kernel needs lengths >= 1)
@@ -268,18 +274,18 @@ class HpcAdviseAttnBackend(AttentionBackend):
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer.k_scale, layer.v_scale
             )
-        plan = self.forward_metadata
         k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         shape = (-1, self.page_size, self.kv_heads, self.head_dim)
-        out = decode_op.run(
-            plan,
-            q.reshape(-1, self.q_heads, self.head_dim),
-            k_buf.view(shape),
-            v_buf.view(shape),
-            k_scale=self._scale(layer.k_scale),
-            v_scale=self._scale(layer.v_scale),
-            sm_scale=layer.scaling,
-        )
+        k_cache, v_cache = k_buf.view(shape), v_buf.view(shape)
+        q3 = q.reshape(-1, self.q_heads, self.head_dim)
+        kw = dict(k_scale=self._scale(layer.k_scale), v_scale=self._scale(layer.v_scale), sm_scale=layer.scaling)
+        segments = self.forward_metadata
+        if len(segments) == 1:
+            out = decode_op.run(segments[0][2], q3, k_cache, v_cache, **kw)
+        else:
+            out = torch.empty_like(q3)
+            for start, end, plan in segments:
+                decode_op.run(plan, q3[start:end], k_cache, v_cache, out=out[start:end], **kw)
         return out.view(-1, self.q_heads * self.head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

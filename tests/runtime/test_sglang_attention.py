@@ -142,7 +142,7 @@ def test_fp8_kv_scale_is_applied():
         q = torch.randn(2, 4 * HEAD_DIM, generator=gen).to(torch.bfloat16)
         got = ours.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
         k_buf, v_buf = runner.token_to_kv_pool.get_kv_buffer(0)
-        plan = ours.forward_metadata
+        (_, _, plan), = ours.forward_metadata
         want = decode_attention_reference(
             q.view(2, 4, HEAD_DIM), k_buf.view(-1, PAGE, 1, HEAD_DIM), v_buf.view(-1, PAGE, 1, HEAD_DIM),
             plan.page_table[:2], plan.seq_lens[:2], page_size=PAGE, k_scale=0.5, v_scale=2.0,
@@ -390,19 +390,39 @@ def test_cuda_graph_capture_and_replay_on_gpu():
             torch.testing.assert_close(out.float(), want.float(), atol=ATOL, rtol=RTOL)
 
 
-def test_limits_checked_at_start_not_mid_serving():
-    """More running requests than one plan can hold, or a longer context than the kernel takes, fail when
-    the backend is built (server start), not on the first large decode batch."""
+def test_context_limit_checked_at_start():
+    """A longer context than the kernel takes fails when the backend is built (server start)."""
     sg = _sglang()
     from hpc_advise.kernels.decode_attention import op as decode_op
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=decode_op.MAX_BATCH + 1,
-                         context=64)
-        with pytest.raises(HpcAdviseBackendError, match="--max-running-requests"):
-            HpcAdviseAttnBackend(runner)
         runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=64)
         runner.model_config.context_len = decode_op.MAX_SEQ_LEN + 1
         with pytest.raises(HpcAdviseBackendError, match="--context-length"):
             HpcAdviseAttnBackend(runner)
+
+
+def test_eager_batch_larger_than_one_plan_runs_in_chunks():
+    """Eager decode batches above the kernel's per-plan batch limit (1024; 2 here so the test stays small)
+    are planned and run in chunks, with the same result as one plan."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    gen = torch.Generator().manual_seed(17)
+    seq_lens = [9, 66, 1, 130, 20]
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=10, reqs=6, context=256)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 2, layer_id=0)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        q = torch.randn(5, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        whole = HpcAdviseAttnBackend(runner)
+        whole.init_forward_metadata(fb)
+        want = whole.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+        chunked = HpcAdviseAttnBackend(runner)
+        chunked.max_plan_batch = 2
+        chunked.init_forward_metadata(fb)
+        assert [(a, b) for a, b, _ in chunked.forward_metadata] == [(0, 2), (2, 4), (4, 5)]
+        got = chunked.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
