@@ -20,6 +20,9 @@ idempotent; ``load_plugins`` calls it again and skips what is done), checks that
 our hook, and when a feature's hooks did not take it withdraws that feature's names and raises
 :class:`PluginInstallError`: a user who selects a withdrawn backend gets SGLang's own "invalid
 choice" error instead of a silently different configuration. ``status()`` reports what is installed.
+One consequence of applying early: another plugin loaded after us that hooks the *same* targets
+(``Fp8MoEMethod.create_moe_runner``/``apply``, the router targets) would find them already applied and be
+skipped by ``HookRegistry``; hooks of other targets are unaffected.
 """
 
 from __future__ import annotations
