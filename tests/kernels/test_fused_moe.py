@@ -27,7 +27,7 @@ from hpc_advise.kernels.fused_moe.reference import (  # noqa: E402
 
 # Tolerances, declared once (README.md, "Tolerances", says why).
 REL_TOL_QUANT_REF = 2e-2  # vs the reference with the same fp8 quantization, fp32 math
-REL_TOL_FLOAT_REF = 1.2e-1  # vs unquantized fp32 math (reported; bound only catches gross errors)
+REL_TOL_FLOAT_REF = 2.5e-1  # vs unquantized fp32 math (reported; bound only catches gross errors: README)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
