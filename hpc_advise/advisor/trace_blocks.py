@@ -7,8 +7,8 @@ handed back in file order, at most ``2 x workers`` blocks in flight, so memory s
 need the whole history (timestamp order) and reports the first bad line in file order, exactly as
 the sequential reader does. CSV blocks after the first get the header line prepended.
 
-Workers: ``HPC_ADVISE_TRACE_WORKERS`` (0 or 1 = parse in this process), default
-``min(4, cpu_count)``; worker processes are started with ``spawn``.
+Workers: ``HPC_ADVISE_TRACE_WORKERS=N`` (default 0 = parse in this process; see
+``default_workers``); worker processes are started with ``spawn``.
 """
 
 from __future__ import annotations
@@ -124,13 +124,15 @@ def iter_blocks(source: TraceSource) -> Iterator[tuple[int, bytes]]:
 
 
 def default_workers() -> int:
+    """``HPC_ADVISE_TRACE_WORKERS`` if set, else 0 (one process): on the 2-CPU machine where
+    ``benchmarks/bench_traces.py`` ran, worker processes made 1 M-request summaries no faster."""
     env = os.environ.get("HPC_ADVISE_TRACE_WORKERS")
-    if env is not None:
-        try:
-            return max(0, int(env))
-        except ValueError:
-            raise TraceError(f"HPC_ADVISE_TRACE_WORKERS must be an integer, got {env!r}") from None
-    return min(4, os.cpu_count() or 1)
+    if env is None:
+        return 0
+    try:
+        return max(0, int(env))
+    except ValueError:
+        raise TraceError(f"HPC_ADVISE_TRACE_WORKERS must be an integer, got {env!r}") from None
 
 
 def _context():
