@@ -255,6 +255,8 @@ def recommend(
         return
     if not ranked:
         click.echo("no candidate fits; see --show-excluded", err=True)
+    elif (slo_tpot_ms or slo_ttft_ms) and not ranked[0].meets_slo:
+        click.echo("no configuration meets the SLOs (p99 against them); listed closest first", err=True)
     rows = [
         [
             i + 1,

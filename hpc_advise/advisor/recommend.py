@@ -20,7 +20,9 @@ Per candidate (``candidates``), at the trace's mean lengths:
    candidate as saturated.
 
 Ranking: candidates meeting the SLOs first; among them, with SLOs given, the highest output
-tokens/s per GPU, otherwise the lowest TPOT p50; measured backends win ties.
+tokens/s per GPU (those within 5 % of the best, below the model's error, by the lowest TPOT p50),
+otherwise the lowest TPOT p50; measured backends win ties. Candidates missing an
+SLO follow, closest to meeting it first.
 """
 
 from __future__ import annotations
@@ -398,10 +400,26 @@ def rank_candidates(
             excluded.append(Checked(c, False, f"cannot predict: {exc}"))
     slo_given = slo_tpot is not None or slo_ttft is not None
 
+    def overshoot(r: Ranked) -> float:
+        """How far the worse of the two SLOs is missed (1.0 = exactly met)."""
+        ratios = [1.0]
+        if slo_tpot is not None:
+            ratios.append(r.tpot_p99 / slo_tpot)
+        if slo_ttft is not None:
+            ratios.append(r.ttft_p99 / slo_ttft)
+        return max(ratios)
+
     def key(r: Ranked):
         unmeasured = sum("no kernel measurement" in f for f in r.flags)
-        primary = -r.tok_s_per_gpu if slo_given else r.tpot_p50
-        return (not r.meets_slo, round(primary, 6), unmeasured, r.ttft_p99)
+        if not r.meets_slo:  # none of these meets the SLOs: the closest first
+            return (True, round(overshoot(r), 6), unmeasured, r.tpot_p50, r.ttft_p99)
+        if slo_given:  # within 5 % of the best throughput per GPU (below the model's error): by TPOT
+            if r.tok_s_per_gpu >= 0.95 * best_tok:
+                return (False, 0, 0.0, unmeasured, round(r.tpot_p50, 6), r.ttft_p99)
+            return (False, 1, round(-r.tok_s_per_gpu, 6), unmeasured, round(r.tpot_p50, 6), r.ttft_p99)
+        return (False, 0, 0.0, unmeasured, round(r.tpot_p50, 6), r.ttft_p99)
+
+    best_tok = max((r.tok_s_per_gpu for r in ranked if r.meets_slo), default=0.0)
 
     ranked.sort(key=key)
     ranked = _drop_twins(ranked)
