@@ -36,7 +36,7 @@ __all__ = [
 
 
 class TraceReader:
-    """Iterable of the ``Request`` records of one trace. The format is detected when the reader is
+    """Iterator over the ``Request`` records of one trace (once). The format is detected when the reader is
     made (so an unknown format fails at once); ``n_bad`` / ``bad_examples`` fill up while iterating;
     ``meta`` holds run-level facts some formats carry (benchmark duration, observed latencies)."""
 
@@ -56,6 +56,7 @@ class TraceReader:
         self.bad_examples: list[str] = []
         self.meta: dict = {}
         self._source: TraceSource | None = TraceSource(self.path, name)
+        self._records: Iterator[Request] | None = None
         self.name = self._source.name
         try:
             if fmt is None:
@@ -75,10 +76,26 @@ class TraceReader:
         if len(self.bad_examples) < BAD_EXAMPLES:
             self.bad_examples.append(f"{self.name}:{line}: {reason}")
 
-    def __iter__(self) -> Iterator[Request]:
-        source, self._source = self._source, None
-        if source is None:
-            raise TraceError("a trace reader can be iterated only once; call read_trace again", self.name)
+    def __iter__(self) -> TraceReader:
+        return self
+
+    def __next__(self) -> Request:
+        if self._records is None:
+            source, self._source = self._source, None
+            if source is None:
+                raise TraceError("this trace reader was consumed; call read_trace again", self.name)
+            self._records = self._generate(source)
+        return next(self._records)
+
+    def close(self) -> None:
+        """Close the file (also done when the records run out)."""
+        if self._records is not None:
+            self._records.close()
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def _generate(self, source: TraceSource) -> Iterator[Request]:
         max_t = -1.0
         max_line = 0
         bad = self._bad
@@ -132,6 +149,8 @@ def read_trace(
 def _consume_blocks(reader: TraceReader, summarizer: Summarizer) -> None:
     """Feed a line-based trace to ``summarizer`` through the block-parallel parser."""
     source, reader._source = reader._source, None
+    if source is None:
+        raise TraceError("this trace reader was consumed; call read_trace again", reader.name)
     try:
         order = OrderCheck()
         for parsed in parsed_blocks(source, reader.format, reader.options, reader.skip_bad):

@@ -338,3 +338,15 @@ def test_example_generator_reproduces_the_shipped_traces(tmp_path):
     bursty, chat = summarize(EXAMPLES / "bursty.csv"), summarize(EXAMPLES / "chat_uniform.csv")
     assert bursty.burstiness_cv > 1.5 > 1.2 > chat.burstiness_cv > 0.8
     assert bursty.n_failed > 0 and chat.n_failed == 0
+
+
+def test_read_trace_is_an_iterator(tmp_path):
+    path = write_lines(tmp_path / "c.jsonl", [{"t": i, "in": i + 1, "out": 1} for i in range(3)])
+    reader = read_trace(path)
+    assert next(reader).input_len == 1
+    assert [r.input_len for r in reader] == [2, 3]
+    assert list(reader) == []
+    reader = read_trace(path)
+    reader.close()
+    with pytest.raises(TraceError, match="consumed"):
+        next(reader)
