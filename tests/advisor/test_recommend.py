@@ -165,3 +165,29 @@ def test_installed_copy_of_kernel_tables_is_used_without_a_checkout(tmp_path):
         and m.provider_for("flashinfer") == "fi_decode_tc"
     )
     assert m.provider_for("fa3") is None  # never measured: the advisor flags it instead of guessing
+
+
+def test_slo_ranking(advisor_home):  # noqa: F811
+    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor.op_efficiency import load_attention_model
+    from hpc_advise.advisor.recommend import Ranker, Workload, rank_candidates
+    from hpc_advise.advisor.traces import summarize
+
+    serving, _ = pm.load_or_fit()
+    w = Workload.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    ranker = Ranker(
+        "qwen3-32b", pm.resolve_model("qwen3-32b"), pm.resolve_gpu("h200"), w, serving, load_attention_model()
+    )
+    loose, _ = rank_candidates(ranker, 4, slo_tpot=10_000.0)
+    saturated = [any(f.startswith("prefill saturated") for f in r.flags) for r in loose]
+    assert [r.meets_slo for r in loose] == [not s for s in saturated]  # a saturated prefill never meets
+    assert saturated == sorted(saturated)  # ... and ranks after those that do
+    best = max(r.tok_s_per_gpu for r in loose if r.meets_slo)
+    assert loose[0].tok_s_per_gpu >= 0.95 * best  # throughput first (ties within 5 % by TPOT)
+    strict, _ = rank_candidates(ranker, 4, slo_tpot=0.5)
+    assert not any(r.meets_slo for r in strict)
+    misses = [r.tpot_p99 for r in strict]
+    assert misses == sorted(misses)  # closest to the SLO first
+    free, _ = rank_candidates(ranker, 4)
+    ok = [r.tpot_p50 for r in free if r.meets_slo]
+    assert ok and ok == sorted(ok) and free[: len(ok)] == [r for r in free if r.meets_slo]
