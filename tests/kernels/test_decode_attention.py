@@ -24,7 +24,8 @@ import torch
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
 
-TOL = {torch.bfloat16: 5e-3, torch.float16: 5e-3, torch.float8_e4m3fn: 2e-2}
+BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
+TOL = {BF16: 5e-3, torch.float16: 5e-3, FP8: 2e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -126,6 +127,43 @@ def test_loop_variants_and_tiles_spanning_pages(loop, prefetch):
     kw = dict(loop=loop, prefetch=prefetch)
     check([45, 100, 3], hq=4, hkv=1, d=64, page=16, tile=32, num_programs=3, **kw)
     check([130, 64], hq=3, hkv=1, d=64, page=64, tile=32, num_programs=4, schedule="static", **kw)
+
+
+@pytest.mark.parametrize(
+    "lens,hq,hkv,page,tile,kv_dtype,extra",
+    [
+        ([1, 63, 64, 65, 97], 8, 1, 16, 16, BF16, {}),  # edge lengths; ranges cross requests
+        ([97, 1, 65], 4, 2, 1, 16, FP8, {}),  # page 1, two KV heads: (b, h + 1) and (b + 1, 0) steps
+        ([130, 64, 63], 3, 1, 64, 128, FP8, {}),  # 2 pages of 64 per 128-token step (fp8's tile)
+        ([65, 200], 2, 2, 16, 32, BF16, {"schedule": "static"}),
+        ([97, 40, 1], 4, 1, 16, 16, BF16, {"prefetch": True}),
+    ],
+)
+def test_desc_variant(lens, hq, hkv, page, tile, kv_dtype, extra):
+    # desc=True: each program's first segment comes from the planner's descriptor and later segments
+    # are stepped to without request-start lookups; 5 programs split and merge segments
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    p, _ = check(
+        lens,
+        hq=hq,
+        hkv=hkv,
+        d=64,
+        page=page,
+        kv_dtype=kv_dtype,
+        tile=tile,
+        num_programs=5,
+        desc=True,
+        scales=scales,
+        **extra,
+    )
+    starts, desc = p.prog_start.tolist(), p.prog_desc.tolist()
+    tiles = [max(1, math.ceil(n / tile)) for n in lens]
+    for g in range(p.grid_size()):
+        u_b, u_e, b, h, t0, n_tiles, seq_len, _ = desc[g]
+        assert (u_b, u_e) == (starts[g], starts[g + 1])
+        if u_b < u_e:  # the descriptor names the unit u_b: request b, KV head h, tile t0
+            assert (n_tiles, seq_len) == (tiles[b], lens[b])
+            assert sum(tiles[:b]) * hkv + h * n_tiles + t0 == u_b
 
 
 def test_head_dim_128_and_256():
@@ -290,7 +328,6 @@ def test_run_rejects_mismatched_cache():
 # ---------------------------------------------------------------- GPU, real sizes
 
 
-BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 EDGE = [1, 63, 64, 65, 97] + [4096] * 11  # lengths around a tile/page, next to full ones
 
 
@@ -347,3 +384,80 @@ def test_gpu_cuda_graph_replay_matches_eager():
         assert torch.equal(out, eager), new
         ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
         assert rel_err(out, ref) <= TOL[torch.bfloat16]
+
+
+# ---------------------------------------------------------------- CPU only: what Triton builds for sm_90a
+
+_STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs"]
+_STRIDES += ["stride_vh", "stride_ob", "stride_oh"]  # multiples of 16 at the benchmark's shapes
+
+
+def _decode_job(kv: str, tile: int, stages: int, desc: bool) -> list:
+    types = f"*bf16 *{kv} *{kv} *bf16 " + "*i32 " * 6 + "*fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
+    consts = dict(
+        GROUP=8,
+        GROUP_PAD=16,
+        HEAD_DIM=128,
+        PAGE=64,
+        TILE=tile,
+        NUM_STAGES=stages,
+        SCALES_FROM_PTR=False,
+        PREFETCH=False,
+        DESC=desc,
+    )
+    return ["hpc_advise.kernels.decode_attention.kernel", "decode_kernel", types, consts, 4, stages, _STRIDES]
+
+
+@pytest.mark.slow
+def test_candidates_compile_for_sm90():
+    # the sweep's new candidates (hpc_advise/runtime/benches/decode_attention.py) build for the H200 with
+    # the K/V copies pipelined, and fit the programs per SM the sweep gives them (registers, shared memory)
+    from tests.kernels.sm90_compile import compile_sm90
+
+    jobs = [
+        _decode_job("bf16", 64, 3, True),
+        _decode_job("bf16", 64, 5, True),
+        _decode_job("fp8e4nv", 128, 3, True),
+    ]
+    res = compile_sm90(jobs)
+    assert all(r["async_copies"] > 0 for r in res), res
+    # tile 64, stages 3 with descriptors: 3 programs per SM (the sweep's 3-CTA entries)
+    assert res[0]["ctas_per_sm"] >= 3, res[0]
+    # stages 5: a second K/V buffer (shared memory ~2x) and still 3 programs per SM
+    assert res[1]["shared"] > 1.5 * res[0]["shared"] and res[1]["ctas_per_sm"] >= 3, res[1]
+    assert res[2]["ctas_per_sm"] >= 2, res[2]
+
+
+def test_sweep_variants_and_best_config_skip_failures():
+    from hpc_advise.runtime.benches import decode_attention as da
+
+    assert da.variant_config(64, 3, 5, 4, "nested-desc") == dict(
+        tile=64, ctas_per_sm=3, num_stages=5, num_warps=4, loop="nested", prefetch=False, desc=True
+    )
+    assert da.variant_config(64, 2, 1, 4, "nested-prefetch")["prefetch"] is True
+    with pytest.raises(ValueError, match="unknown variant"):
+        da.variant_config(64, 2, 3, 4, "nested-turbo")
+    for entry in da.SWEEP_CONFIGS + da.SWEEP_CONFIGS_FP8:  # every candidate is a valid plan
+        _, _, _, table, seq_lens = make_case([70], hq=8, hkv=1, d=128, page=64)
+        cfg = da.variant_config(*entry)
+        cfg.pop("ctas_per_sm")
+        op.plan(
+            seq_lens, table, page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128, num_programs=3, **cfg
+        )
+
+    def row(case, p50, ok=True, **cfg):
+        base = da.variant_config(64, 2, 3, 4, "nested") | cfg
+        return {"p50": p50, "config": base | {"case": case, "kv_dtype": "bf16", "ok": ok}}
+
+    rows = [
+        row("a", 10.0),
+        row("b", 10.0),
+        row("a", 5.0, ok=False, desc=True),
+        row("b", 5.0, desc=True),  # fastest, but wrong once
+        row("a", 9.0, ctas_per_sm=3),
+        row("b", 10.5, ctas_per_sm=3),
+        row("a", 1.0, num_stages=5),  # timed on one case only
+    ]
+    assert da.best_config(rows)["ctas_per_sm"] == 3 and da.best_config(rows)["desc"] is False
+    with pytest.raises(RuntimeError, match="no configuration"):
+        da.best_config([row("a", 1.0, ok=False)])

@@ -32,6 +32,7 @@ def plan_kernel(
     merge_first_ptr,  # [G] int32: first participant of the split segment p merges, -1 if none
     merge_bh_ptr,  # [G] int32: b * Hkv + h of that segment
     merge_seg_ptr,  # [G] int32: its first unit
+    prog_desc_ptr,  # [G, 8] int32: u_begin, u_end, b, h, t0, n_tiles, seq_len of the first segment, 0
     B,
     G,
     splits,  # static schedule: programs per (request, KV head)
@@ -113,6 +114,17 @@ def plan_kernel(
         tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
         tl.store(merge_bh_ptr + p, b * NUM_KV_HEADS + h, mask=live)
         tl.store(merge_seg_ptr + p, seg_start, mask=live)
+        # descriptor of the program's first segment: one 32-byte load in decode_kernel (DESC) instead
+        # of the chain range -> request -> request start / length
+        desc = prog_desc_ptr + p * 8
+        tl.store(desc, u_b, mask=live)
+        tl.store(desc + 1, u_e, mask=live)
+        tl.store(desc + 2, b, mask=live)
+        tl.store(desc + 3, h, mask=live)
+        tl.store(desc + 4, t0, mask=live)
+        tl.store(desc + 5, tiles_b, mask=live)
+        tl.store(desc + 6, lens_b, mask=live)
+        tl.store(desc + 7, u_b * 0, mask=live)
 
 
 @triton.jit
@@ -203,7 +215,7 @@ def _finish(
         tl.store(ws_lse_ptr + slot_id * GROUP + rows, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_kv_heads"])  # one compile serves every head count
 def decode_kernel(
     q_ptr,  # [B, Hq, D]
     k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
@@ -214,6 +226,7 @@ def decode_kernel(
     req_start_ptr,  # [B + 1] int32
     prog_start_ptr,  # [G + 1] int32
     prog_b_ptr,  # [G] int32
+    prog_desc_ptr,  # [G, 8] int32 (planner): first segment of each program, read when DESC
     ws_o_ptr,  # [2G, GROUP, D] fp32 partial outputs (normalised)
     ws_lse_ptr,  # [2G, GROUP] fp32 partial log2-sum-exp
     scale_ptr,  # [2] fp32 (k_scale, v_scale) when SCALES_FROM_PTR
@@ -230,6 +243,7 @@ def decode_kernel(
     stride_ob,
     stride_oh,
     stride_ptb,
+    num_kv_heads,  # read when DESC
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # >= 16 and a power of two (tl.dot needs 16 rows)
     HEAD_DIM: tl.constexpr,
@@ -238,11 +252,29 @@ def decode_kernel(
     NUM_STAGES: tl.constexpr,
     SCALES_FROM_PTR: tl.constexpr,
     PREFETCH: tl.constexpr,  # True: carry the next tile's K/V in registers (and page ids 2 tiles ahead)
+    DESC: tl.constexpr,  # True: first segment from the planner's descriptor, later ones by stepping
 ):
     pid = tl.program_id(0)
-    u_begin = tl.load(prog_start_ptr + pid)
-    u_end = tl.load(prog_start_ptr + pid + 1)
-    b = tl.load(prog_b_ptr + pid)
+    if DESC:
+        # one 32-byte load gives the range and its first segment; the next segment of a range is always
+        # (b, h + 1) or (b + 1, 0) from its first tile, so no request-start lookups are needed at all
+        j = tl.arange(0, 8)
+        d = tl.load(prog_desc_ptr + pid * 8 + j)
+        u_begin = tl.sum(tl.where(j == 0, d, 0), axis=0)
+        u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
+        b = tl.sum(tl.where(j == 2, d, 0), axis=0)
+        h = tl.sum(tl.where(j == 3, d, 0), axis=0)
+        t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
+        n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
+        seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+    else:
+        u_begin = tl.load(prog_start_ptr + pid)
+        u_end = tl.load(prog_start_ptr + pid + 1)
+        b = tl.load(prog_b_ptr + pid)
+        h = b * 0
+        t0 = b * 0
+        n_tiles = b * 0 + 1
+        seq_len = b * 0 + 1
 
     if SCALES_FROM_PTR:
         qk_scale = qk_scale * tl.load(scale_ptr)
@@ -255,12 +287,13 @@ def decode_kernel(
 
     u = u_begin
     while u < u_end:
-        # advance to the request that holds unit u (every request owns >= 1 unit per KV head)
-        nxt = tl.load(req_start_ptr + b + 1)
-        while nxt <= u:
-            b += 1
+        if not DESC:
+            # advance to the request that holds unit u (every request owns >= 1 unit per KV head)
             nxt = tl.load(req_start_ptr + b + 1)
-        h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE)
+            while nxt <= u:
+                b += 1
+                nxt = tl.load(req_start_ptr + b + 1)
+            h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE)
         seg_start = u - t0
         t1 = tl.minimum(n_tiles, u_end - seg_start)
 
@@ -331,6 +364,15 @@ def decode_kernel(
             HEAD_DIM,
         )
         u = seg_start + t1
+        if DESC:
+            # the segment ended inside the range (or the range ends here): step to the next one
+            new_req = h + 1 >= num_kv_heads
+            b = tl.where(new_req, b + 1, b)
+            h = tl.where(new_req, 0, h + 1)
+            t0 = t0 * 0
+            if new_req & (u < u_end):
+                seq_len = tl.load(seq_lens_ptr + b)
+                n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
 
 
 @triton.jit

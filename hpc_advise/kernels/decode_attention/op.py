@@ -38,6 +38,7 @@ DEFAULT_CTAS_PER_SM = 2
 DEFAULT_NUM_STAGES = 3
 DEFAULT_NUM_WARPS = 4
 DEFAULT_PREFETCH = False
+DEFAULT_DESC = False
 DEFAULT_LOOP = "nested"
 LOOPS = ("flat", "nested")
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
@@ -88,7 +89,8 @@ class DecodePlan:
     Buffers (int32 unless noted): ``seq_lens[max_batch]``, ``page_table[max_batch, max_pages]``,
     ``req_start[max_batch + 1]`` (first work unit of each request), ``prog_start[G + 1]`` (first unit of
     each program), ``prog_b[G]`` (request of each program's first unit), ``ws_o[2G, group, D]`` and
-    ``ws_lse[2G, group]`` fp32 (partial results of split segments).
+    ``ws_lse[2G, group]`` fp32 (partial results of split segments), ``prog_desc[G, 8]`` (each program's
+    range and first segment, read by the nested loop when ``desc``).
     """
 
     page_size: int
@@ -104,6 +106,7 @@ class DecodePlan:
     num_stages: int
     num_warps: int
     prefetch: bool
+    desc: bool  # nested loop: first segment from prog_desc (one load) and no request-start lookups
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
     batch: int = 0
@@ -119,6 +122,7 @@ class DecodePlan:
     merge_first: torch.Tensor = field(repr=False, default=None)
     merge_bh: torch.Tensor = field(repr=False, default=None)
     merge_seg: torch.Tensor = field(repr=False, default=None)
+    prog_desc: torch.Tensor = field(repr=False, default=None)
 
     @property
     def group(self) -> int:
@@ -169,6 +173,7 @@ class DecodePlan:
             self.merge_first,
             self.merge_bh,
             self.merge_seg,
+            self.prog_desc,
             batch,
             g,
             max(1, self.static_splits),
@@ -213,6 +218,7 @@ def plan(
     num_stages: int | None = None,
     num_warps: int | None = None,
     prefetch: bool | None = None,
+    desc: bool | None = None,
     loop: str | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -282,6 +288,7 @@ def plan(
         num_stages=DEFAULT_NUM_STAGES if num_stages is None else int(num_stages),
         num_warps=DEFAULT_NUM_WARPS if num_warps is None else int(num_warps),
         prefetch=DEFAULT_PREFETCH if prefetch is None else bool(prefetch),
+        desc=DEFAULT_DESC if desc is None else bool(desc),
         loop=loop,
         device=device,
         seq_lens=torch.ones(max_batch, **i32),
@@ -296,6 +303,7 @@ def plan(
         merge_first=torch.full((g,), -1, **i32),
         merge_bh=torch.zeros(g, **i32),
         merge_seg=torch.zeros(g, **i32),
+        prog_desc=torch.zeros(g, 8, **i32),
     )
     return p.update(seq_lens, page_table, validate=validate)
 
@@ -428,13 +436,16 @@ def run(
             plan.req_start,
             plan.prog_start,
             plan.prog_b,
+            plan.prog_desc,
             plan.ws_o,
             plan.ws_lse,
             scales,
             qk_scale,
             v_arg,
             *strides,
+            plan.num_kv_heads,
             PREFETCH=plan.prefetch,
+            DESC=plan.desc,
             **common,
         )
     d_chunk = min(64, D)

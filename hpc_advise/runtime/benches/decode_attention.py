@@ -48,29 +48,56 @@ PEER_TITLES = {
     "fi_decode_tc": "FI decode (TC)",
     "torch_fa2": "torch FA2 varlen",
 }
-# Launch configurations tried by sweep() / --tune: (tile, ctas_per_sm, num_stages, num_warps, loop variant).
-# Device run 1 swept tile {32, 64, 128} x CTAs/SM {1..4} x stages {2, 3, 4} x warps {4, 8} on the nested
-# loop: stages made no difference. Compiled offline (sm_90a) the reason shows: with the page-id load in
-# the loop, Triton's pipeliner keeps ONE shared-memory K/V buffer up to 4 stages (a tile's copy starts
-# only after the previous tile is consumed), two from 5 stages, three from 7. Device run 2 timed the flat
-# loop (5 and 7 stages) and the register-prefetch loop, all with a heavier merge kernel than today's
-# (README.md, "Tuning"). Not yet timed: the nested loop at 5 stages (double-buffered, 150 registers and
-# 72 KB of shared memory at tile 64, so 3 programs fit an SM) -- first in line below.
+# Launch configurations tried by sweep() / --tune: (tile, ctas_per_sm, num_stages, num_warps, variant);
+# variant = loop ('nested' | 'flat') plus flags '-desc' (first segment from the planner's per-program
+# descriptor, no request-start lookups) and '-prefetch' (hand-written register prefetch).
+# Measured so far (README.md, "Tuning"): run 1 swept tile {32, 64, 128} x CTAs/SM {1..4} x stages {2, 3, 4}
+# x warps {4, 8} on the nested loop (best: tile 64, 2 CTAs, stages 3 = today's default); run 2 timed the
+# flat loop and register prefetch (slower). The candidates below are NOT measured yet. Registers / shared
+# memory per program are from the offline sm_90a compile (tests/kernels/test_decode_attention.py,
+# test_candidates_compile_for_sm90), and each CTAs/SM figure is what those allow:
+#   nested tile 64 stages 3: 163 regs, 39 KB (one K/V buffer); with -desc 151 regs, so 3 programs fit.
+#   nested-desc tile 64 stages 5: 156 regs, 72 KB, two K/V buffers -> 3 programs, 6 tiles in flight/SM.
+#   nested-desc tile 128 stages 3: two 64-token pages per step, 240 regs, 74 KB -> 2 programs.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested"),  # today's default (best of run 1)
-    (64, 2, 5, 4, "nested"),
-    (64, 3, 5, 4, "nested"),
-    (128, 1, 5, 4, "nested"),
-    (64, 2, 5, 4, "flat"),
-    (32, 3, 7, 4, "flat"),
-    (64, 2, 1, 4, "nested-prefetch"),
+    (64, 2, 3, 4, "nested"),  # today's default (best of run 1): the baseline of this sweep
+    (64, 2, 3, 4, "nested-desc"),  # same, cheaper prologue only
+    (64, 3, 3, 4, "nested-desc"),  # one more program per SM (151 registers allow 3)
+    (64, 3, 5, 4, "nested-desc"),  # double-buffered K/V, 3 programs per SM
+    (128, 2, 3, 4, "nested-desc"),  # 2 pages per step: twice the bytes per load batch
+]
+# fp8 KV only: same bytes per step as bf16 at twice the tokens (tile 128 above), and double-buffered
+# tile 64 (238 registers: 2 programs per SM).
+SWEEP_CONFIGS_FP8 = [
+    (64, 2, 5, 4, "nested-desc"),
 ]
 SWEEP_CASES = [
     ("64 x 4K", 8, 1, "bf16"),
     ("1 x 128K", 8, 1, "bf16"),
     ("64 x 4K", 64, 8, "bf16"),
+    ("64 x 4K", 8, 1, "fp8"),
     ("64 x 4K", 64, 8, "fp8"),
 ]
+# A configuration whose output differs from the float64 reference by more than this (relative Frobenius
+# norm; the tests' tolerances) is reported as failed and never chosen.
+SWEEP_TOL = {"bf16": 5e-3, "fp8": 2e-2}
+
+
+def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
+    """op.plan keyword arguments of one sweep entry."""
+    loop, *flags = variant.split("-")
+    unknown = set(flags) - {"desc", "prefetch"}
+    if unknown:
+        raise ValueError(f"unknown variant flags {sorted(unknown)} in {variant!r}")
+    return dict(
+        tile=tile,
+        ctas_per_sm=ctas,
+        num_stages=stages,
+        num_warps=warps,
+        loop=loop,
+        prefetch="prefetch" in flags,
+        desc="desc" in flags,
+    )
 
 
 def case_lengths(name: str, seed: int = 0) -> list[int]:
@@ -441,20 +468,26 @@ def bench(grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=N
     return rows, table, headers(chosen)
 
 
-def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES):
-    """Time the dynamic kernel under each launch configuration; returns (rows, table, headers)."""
+def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP8):
+    """Time the dynamic kernel under each launch configuration and check its output against the float64
+    reference (rotation 0); returns (rows, table, headers). ``sweep.seconds`` holds the wall time."""
     import torch
 
+    from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
+
+    t0 = time.time()
     env = environment()
     rows, table = [], []
     for name, hq, hkv, kv in cases:
         w = Workload(case_lengths(name), hq, hkv, torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16)
-        for tile, ctas, stages, warps, variant in configs:
-            loop, _, pre = variant.partition("-")
-            cfg = dict(
-                tile=tile, ctas_per_sm=ctas, num_stages=stages, num_warps=warps, loop=loop, prefetch=bool(pre)
-            )
-            calls, _, _ = _ours(w, "dynamic", **cfg)
+        ref = decode_attention_reference(w.q, w.k, w.v, w.tables[0], w.seq_lens, page_size=PAGE)
+        for entry in list(configs) + (list(fp8_configs) if kv == "fp8" else []):
+            cfg = variant_config(*entry)
+            calls, _, outs = _ours(w, "dynamic", **cfg)
+            calls[0]()
+            torch.cuda.synchronize()
+            err = ((outs[0].double() - ref).norm() / ref.norm()).item()  # NaN compares False: fails
+            ok = err <= SWEEP_TOL[kv]
             t, how = _time(calls)
             rows.append(
                 run_row(
@@ -467,6 +500,8 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES):
                         "num_kv_heads": hkv,
                         "kv_dtype": kv,
                         "timing": how,
+                        "rel_err": err,
+                        "ok": ok,
                         **cfg,
                     },
                     metric="latency",
@@ -475,23 +510,43 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES):
                     env=env,
                 )
             )
-            table.append([name, f"{hq}/{hkv}", kv, tile, ctas, stages, warps, variant, round(t.p50, 1)])
-        del w
+            table.append(
+                [name, f"{hq}/{hkv}", kv, *entry, round(t.p50, 1), f"{err:.1e}" + ("" if ok else " FAIL")]
+            )
+            del calls, outs
+        del w, ref
         torch.cuda.empty_cache()
-    return rows, table, ["case", "Hq/Hkv", "KV", "tile", "CTAs/SM", "stages", "warps", "loop", "µs"]
+    sweep.seconds = time.time() - t0
+    return (
+        rows,
+        table,
+        ["case", "Hq/Hkv", "KV", "tile", "CTAs/SM", "stages", "warps", "variant", "µs", "rel err"],
+    )
+
+
+CONFIG_KEYS = ("tile", "ctas_per_sm", "num_stages", "num_warps", "loop", "prefetch", "desc")
 
 
 def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16") -> dict:
-    """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype."""
-    keys = ("tile", "ctas_per_sm", "num_stages", "num_warps", "loop", "prefetch")
+    """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype,
+    among those timed on every such case and correct on all of them (rows without the 'ok' / 'desc'
+    fields, from older sweeps, count as correct / without descriptors)."""
     logs: dict[tuple, list[float]] = {}
+    failed: set[tuple] = set()
     for r in sweep_rows:
-        if r["config"].get("kv_dtype", "bf16") != kv_dtype:
+        c = r["config"]
+        if c.get("kv_dtype", "bf16") != kv_dtype:
             continue
-        logs.setdefault(tuple(r["config"][k] for k in keys), []).append(math.log(r["p50"]))
+        key = tuple(c.get(k, False) if k == "desc" else c[k] for k in CONFIG_KEYS)
+        logs.setdefault(key, []).append(math.log(r["p50"]))
+        if not c.get("ok", True):
+            failed.add(key)
     full = max(len(v) for v in logs.values())
-    best = min((k for k, v in logs.items() if len(v) == full), key=lambda k: sum(logs[k]))
-    return dict(zip(keys, best, strict=True))
+    good = [k for k, v in logs.items() if len(v) == full and k not in failed]
+    if not good:
+        raise RuntimeError(f"decode_attention sweep: no configuration was correct on every {kv_dtype} case")
+    best = min(good, key=lambda k: sum(logs[k]))
+    return dict(zip(CONFIG_KEYS, best, strict=True))
 
 
 def warm_flashinfer() -> dict[str, str]:
