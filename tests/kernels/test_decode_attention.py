@@ -166,6 +166,15 @@ def test_desc_variant(lens, hq, hkv, page, tile, kv_dtype, extra):
             assert sum(tiles[:b]) * hkv + h * n_tiles + t0 == u_b
 
 
+@pytest.mark.parametrize("merge_block", [16, 128])
+def test_merge_block_long_segment_over_many_programs(merge_block):
+    # a 700-token request over 40 programs: one segment with ~40 partials, 3 merge steps at 16, 1 at 128
+    p, _ = check(
+        [700, 3], hq=4, hkv=1, d=64, page=16, tile=16, num_programs=40, merge_block=merge_block, desc=True
+    )
+    assert max(p.merge_first.tolist()) >= 0
+
+
 def test_head_dim_128_and_256():
     check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
     check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)
@@ -305,6 +314,7 @@ def test_bad_inputs_raise_clear_errors(mutate, exc, msg):
         (dict(num_q_heads=5, num_kv_heads=2), "multiple"),
         (dict(schedule="greedy"), "schedule"),
         (dict(max_batch=2000), "max_batch"),
+        (dict(merge_block=24), "merge_block"),
     ],
 )
 def test_plan_rejects_unsupported_shapes(kw, msg):
@@ -431,12 +441,21 @@ def test_candidates_compile_for_sm90():
 def test_sweep_variants_and_best_config_skip_failures():
     from hpc_advise.runtime.benches import decode_attention as da
 
-    assert da.variant_config(64, 3, 5, 4, "nested-desc") == dict(
-        tile=64, ctas_per_sm=3, num_stages=5, num_warps=4, loop="nested", prefetch=False, desc=True
+    assert da.variant_config(64, 3, 5, 4, "nested-desc-m128") == dict(
+        tile=64,
+        ctas_per_sm=3,
+        num_stages=5,
+        num_warps=4,
+        loop="nested",
+        prefetch=False,
+        desc=True,
+        merge_block=128,
     )
     assert da.variant_config(64, 2, 1, 4, "nested-prefetch")["prefetch"] is True
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-turbo")
+    with pytest.raises(ValueError, match="unknown variant"):
+        da.variant_config(64, 2, 3, 4, "nested-m16-m32")
     for entry in da.SWEEP_CONFIGS + da.SWEEP_CONFIGS_FP8:  # every candidate is a valid plan
         _, _, _, table, seq_lens = make_case([70], hq=8, hkv=1, d=128, page=64)
         cfg = da.variant_config(*entry)

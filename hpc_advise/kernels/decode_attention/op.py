@@ -39,6 +39,10 @@ DEFAULT_NUM_STAGES = 3
 DEFAULT_NUM_WARPS = 4
 DEFAULT_PREFETCH = False
 DEFAULT_DESC = False
+# Partials the merge combines per step (per query row and 64 columns): a segment split over P programs
+# takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
+DEFAULT_MERGE_BLOCK = 16
+MERGE_BLOCKS = (16, 32, 64, 128)
 DEFAULT_LOOP = "nested"
 LOOPS = ("flat", "nested")
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
@@ -107,6 +111,7 @@ class DecodePlan:
     num_warps: int
     prefetch: bool
     desc: bool  # nested loop: first segment from prog_desc (one load) and no request-start lookups
+    merge_block: int  # partials per step of the merge kernel
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
     batch: int = 0
@@ -219,6 +224,7 @@ def plan(
     num_warps: int | None = None,
     prefetch: bool | None = None,
     desc: bool | None = None,
+    merge_block: int | None = None,
     loop: str | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -262,6 +268,9 @@ def plan(
         splits = int(static_splits) if static_splits else max(1, -(-g_dyn // (max_batch * num_kv_heads)))
         splits = min(splits, MAX_STATIC_SPLITS)
         g = max_batch * num_kv_heads * splits
+    merge_block = DEFAULT_MERGE_BLOCK if merge_block is None else int(merge_block)
+    if merge_block not in MERGE_BLOCKS:
+        _fail(f"merge_block must be one of {MERGE_BLOCKS}, got {merge_block}")
     loop = DEFAULT_LOOP if loop is None else loop
     if loop not in LOOPS:
         _fail(f"loop must be one of {LOOPS}, got {loop!r}")
@@ -289,6 +298,7 @@ def plan(
         num_warps=DEFAULT_NUM_WARPS if num_warps is None else int(num_warps),
         prefetch=DEFAULT_PREFETCH if prefetch is None else bool(prefetch),
         desc=DEFAULT_DESC if desc is None else bool(desc),
+        merge_block=merge_block,
         loop=loop,
         device=device,
         seq_lens=torch.ones(max_batch, **i32),
@@ -463,8 +473,8 @@ def run(
         GROUP=group,
         HEAD_DIM=D,
         D_CHUNK=d_chunk,
-        BLOCK_P=16,
-        num_warps=2,
+        BLOCK_P=plan.merge_block,
+        num_warps=2 if plan.merge_block <= 32 else 4,
     )
     return out
 

@@ -50,7 +50,9 @@ PEER_TITLES = {
 }
 # Launch configurations tried by sweep() / --tune: (tile, ctas_per_sm, num_stages, num_warps, variant);
 # variant = loop ('nested' | 'flat') plus flags '-desc' (first segment from the planner's per-program
-# descriptor, no request-start lookups) and '-prefetch' (hand-written register prefetch).
+# descriptor, no request-start lookups), '-prefetch' (hand-written register prefetch) and '-mN' (the merge
+# combines N partials per step instead of 16: a 128K request split over 264 programs merges in 3 dependent
+# steps at 128 instead of 17).
 # Measured so far (README.md, "Tuning"): run 1 swept tile {32, 64, 128} x CTAs/SM {1..4} x stages {2, 3, 4}
 # x warps {4, 8} on the nested loop (best: tile 64, 2 CTAs, stages 3 = today's default); run 2 timed the
 # flat loop and register prefetch (slower). The candidates below are NOT measured yet. Registers / shared
@@ -62,14 +64,15 @@ PEER_TITLES = {
 SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested"),  # today's default (best of run 1): the baseline of this sweep
     (64, 2, 3, 4, "nested-desc"),  # same, cheaper prologue only
-    (64, 3, 3, 4, "nested-desc"),  # one more program per SM (151 registers allow 3)
-    (64, 3, 5, 4, "nested-desc"),  # double-buffered K/V, 3 programs per SM
-    (128, 2, 3, 4, "nested-desc"),  # 2 pages per step: twice the bytes per load batch
+    (64, 2, 3, 4, "nested-desc-m128"),  # + wide merge steps
+    (64, 3, 3, 4, "nested-desc-m128"),  # one more program per SM (151 registers allow 3)
+    (64, 3, 5, 4, "nested-desc-m128"),  # double-buffered K/V, 3 programs per SM
+    (128, 2, 3, 4, "nested-desc-m128"),  # 2 pages per step: twice the bytes per load batch
 ]
-# fp8 KV only: same bytes per step as bf16 at twice the tokens (tile 128 above), and double-buffered
-# tile 64 (238 registers: 2 programs per SM).
+# fp8 KV only: tile 128 above is fp8's "same bytes per step as bf16 at twice the tokens"; here the
+# double-buffered tile 64 (238 registers: 2 programs per SM).
 SWEEP_CONFIGS_FP8 = [
-    (64, 2, 5, 4, "nested-desc"),
+    (64, 2, 5, 4, "nested-desc-m128"),
 ]
 SWEEP_CASES = [
     ("64 x 4K", 8, 1, "bf16"),
@@ -86,9 +89,10 @@ SWEEP_TOL = {"bf16": 5e-3, "fp8": 2e-2}
 def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
     """op.plan keyword arguments of one sweep entry."""
     loop, *flags = variant.split("-")
-    unknown = set(flags) - {"desc", "prefetch"}
-    if unknown:
-        raise ValueError(f"unknown variant flags {sorted(unknown)} in {variant!r}")
+    merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
+    unknown = set(flags) - {"desc", "prefetch"} - set(merge)
+    if unknown or len(merge) > 1:
+        raise ValueError(f"unknown variant flags {sorted(unknown) or merge} in {variant!r}")
     return dict(
         tile=tile,
         ctas_per_sm=ctas,
@@ -97,6 +101,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         loop=loop,
         prefetch="prefetch" in flags,
         desc="desc" in flags,
+        merge_block=int(merge[0][1:]) if merge else 16,
     )
 
 
@@ -524,20 +529,21 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
     )
 
 
-CONFIG_KEYS = ("tile", "ctas_per_sm", "num_stages", "num_warps", "loop", "prefetch", "desc")
+CONFIG_KEYS = ("tile", "ctas_per_sm", "num_stages", "num_warps", "loop", "prefetch", "desc", "merge_block")
+OLD_SWEEP_DEFAULTS = {"desc": False, "merge_block": 16}  # keys that rows of older sweeps lack
 
 
 def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16") -> dict:
     """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype,
     among those timed on every such case and correct on all of them (rows without the 'ok' / 'desc'
-    fields, from older sweeps, count as correct / without descriptors)."""
+    fields, from older sweeps, count as correct / with that field's old default)."""
     logs: dict[tuple, list[float]] = {}
     failed: set[tuple] = set()
     for r in sweep_rows:
         c = r["config"]
         if c.get("kv_dtype", "bf16") != kv_dtype:
             continue
-        key = tuple(c.get(k, False) if k == "desc" else c[k] for k in CONFIG_KEYS)
+        key = tuple(c[k] if k in c else OLD_SWEEP_DEFAULTS[k] for k in CONFIG_KEYS)
         logs.setdefault(key, []).append(math.log(r["p50"]))
         if not c.get("ok", True):
             failed.add(key)
