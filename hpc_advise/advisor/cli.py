@@ -139,7 +139,7 @@ def model_show(db, as_json) -> None:
 # ----- recommend ------------------------------------------------------------------------------
 
 
-def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad):
+def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None):
     from hpc_advise.advisor.op_efficiency import load_attention_model
     from hpc_advise.advisor.recommend import Ranker, Workload, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
@@ -147,7 +147,7 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
     prof_gpu, n, note = _resolve_target(gpu, gpus)
     mdl = _resolve_model(model_name)
     try:
-        summary = summarize(trace, skip_bad=skip_bad)
+        summary = summarize(trace, fmt=fmt, skip_bad=skip_bad)
     except TraceError as exc:
         _fail(str(exc))
     serving, _ = _load_model(db)
@@ -156,6 +156,12 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
     )
     ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
     return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
+
+
+def ranker_concurrency(summary) -> int:
+    from hpc_advise.advisor.recommend import Workload
+
+    return Workload.from_summary(summary).default_concurrency
 
 
 def _fmt(x: float) -> str:
@@ -186,6 +192,9 @@ def _fmt(x: float) -> str:
 )
 @click.option("--show-excluded", is_flag=True, help="List excluded candidates with their reasons.")
 @click.option("--skip-bad", is_flag=True, help="Skip malformed trace lines instead of stopping.")
+@click.option(
+    "--trace-format", "fmt", default=None, help="Trace format when detection fails (see `trace summarize`)."
+)
 @db_option
 def recommend(
     trace,
@@ -200,6 +209,7 @@ def recommend(
     plot,
     show_excluded,
     skip_bad,
+    fmt,
     db,
 ) -> None:
     """Rank SGLang configurations for a trace, a model and GPUs; print the launch command."""
@@ -213,8 +223,11 @@ def recommend(
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'hpc-advise[plot]'")
     prof_gpu, n, note, mdl, summary, serving, ranked, excluded = _recommend_core(
-        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad
+        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt
     )
+    if not summary.rate_rps and concurrency is None:
+        extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
+        note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
         click.echo(note, err=True)
     cmd = build_command(ranked[0].candidate, mdl.hf_id or model_name) if ranked else None
