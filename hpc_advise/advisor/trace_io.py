@@ -33,6 +33,9 @@ class TraceError(ValueError):
             where = f"{where}:{line}"
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self):  # pickles intact (raised in a worker process, re-raised in the parent)
+        return (type(self), (self.reason, self.path, self.line))
+
 
 class Request(NamedTuple):
     """One request of a trace.

@@ -350,3 +350,14 @@ def test_read_trace_is_an_iterator(tmp_path):
     reader.close()
     with pytest.raises(TraceError, match="consumed"):
         next(reader)
+
+
+def test_trace_error_survives_pickling():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(TraceError("bad thing", "f.jsonl", 7)))
+    assert str(err) == "f.jsonl:7: bad thing" and (err.reason, err.path, err.line) == (
+        "bad thing",
+        "f.jsonl",
+        7,
+    )
