@@ -13,7 +13,7 @@ import click
 
 from hpc_advise.advisor.trace_formats import FORMATS
 from hpc_advise.advisor.trace_io import TraceError
-from hpc_advise.advisor.trace_writers import WRITERS
+from hpc_advise.advisor.trace_writers import DROPS_FAILED, WRITERS
 
 _BAR = "█▏▎▍▌▋▊▉"
 
@@ -258,11 +258,13 @@ def convert_cmd(path, output, to_fmt, fmt, skip_bad, tokenizer) -> None:
     from hpc_advise.advisor.traces import read_trace
 
     written = 0
+    failed = 0
 
     def counted(reader):
-        nonlocal written
+        nonlocal written, failed
         for r in reader:
             written += 1
+            failed += r.failed
             yield r
 
     try:
@@ -295,6 +297,8 @@ def convert_cmd(path, output, to_fmt, fmt, skip_bad, tokenizer) -> None:
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
     bad = f", {reader.n_bad} bad lines skipped" if reader.n_bad else ""
+    if failed and to_fmt in DROPS_FAILED:
+        bad += f", {failed} failed requests left out ({to_fmt} cannot mark failures)"
     click.echo(
         f"{written:,} requests from {reader.name} ({reader.format}) -> {output} ({to_fmt}){bad}", err=True
     )

@@ -115,6 +115,8 @@ def write_openai(requests: Iterable[Request]) -> Iterator[str]:
         yield _dumps(obj) + "\n"
 
 
+DROPS_FAILED = {"mooncake", "bailian", "azure"}  # formats that cannot mark a failed request
+
 WRITERS: dict[str, Callable[[Iterable[Request]], Iterator[str]]] = {
     "canonical": write_canonical,
     "mooncake": write_mooncake,

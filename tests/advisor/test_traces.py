@@ -361,3 +361,14 @@ def test_trace_error_survives_pickling():
         "f.jsonl",
         7,
     )
+
+
+def test_cli_convert_to_mooncake_says_what_it_drops(tmp_path):
+    path = write_lines(
+        tmp_path / "c.jsonl", [{"t": 0, "in": 5, "out": 1}, {"t": 1, "in": 9, "out": 0, "failed": True}]
+    )
+    out = tmp_path / "m.jsonl"
+    res = CliRunner().invoke(trace, ["convert", str(path), "--to", "mooncake", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "1 failed requests left out (mooncake cannot mark failures)" in res.stderr
+    assert summarize(out).n_requests == 1
