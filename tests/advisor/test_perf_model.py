@@ -172,3 +172,20 @@ def test_imported_serving_runs_join_the_training_data(tmp_path, serving_model): 
     points, _ = pm.training_points(db)
     assert any(q.where == f"kb:runs:{run['id']}" for q in points)
     assert pm.data_key(pm.SETTINGS, pm._kb_serving_runs(db)) != serving_model.key
+
+
+def test_model_cli_fit_and_show(advisor_home, serving_model):  # noqa: F811
+    import json
+
+    from click.testing import CliRunner
+
+    from hpc_advise.advisor.cli import model
+
+    res = CliRunner().invoke(model, ["fit"])
+    assert res.exit_code == 0 and f"cached: model {serving_model.key}" in res.output
+    assert "rows left out" in res.output and "disagg" in res.output
+    res = CliRunner().invoke(model, ["show", "--json"])
+    assert res.exit_code == 0, res.output
+    shown = json.loads(res.output)
+    assert shown["key"] == serving_model.key and set(shown["theta"]) == {"tpot", "ttft"}
+    assert shown["ranges"]["engines"] == ["sglang", "trtllm", "vllm"]
