@@ -253,6 +253,7 @@ def decode_kernel(
     SCALES_FROM_PTR: tl.constexpr,
     PREFETCH: tl.constexpr,  # True: carry the next tile's K/V in registers (and page ids 2 tiles ahead)
     DESC: tl.constexpr,  # True: first segment from the planner's descriptor, later ones by stepping
+    PT_CHUNK: tl.constexpr,  # > 0, PAGE >= TILE or == TILE/2: page ids of PT_CHUNK tiles loaded ahead
 ):
     pid = tl.program_id(0)
     if DESC:
@@ -333,6 +334,36 @@ def decode_kernel(
                 v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
                 pg_n = _tile_pages(pt_row, t + 2, t1, seq_len, TILE, PAGE)
                 m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        elif PT_CHUNK > 0 and (PAGE >= TILE or TILE == 2 * PAGE):
+            # no load feeds the K/V addresses inside the tile loop (the page ids of a chunk of tiles come
+            # from one vector load before it), so the pipeliner gives K/V their full distance: two
+            # buffers at 3 stages instead of one (the page-id load in the loop costs a stage).
+            # PAGE >= TILE: one page id per tile; TILE == 2 * PAGE: two (tokens [0, PAGE) and [PAGE, TILE)).
+            if PAGE >= TILE:
+                offs_c = tl.arange(0, PT_CHUNK)
+            else:
+                offs_c = tl.arange(0, 2 * PT_CHUNK)
+            for c0 in range(t0, t1, PT_CHUNK):
+                c1 = tl.minimum(c0 + PT_CHUNK, t1)
+                if PAGE >= TILE:
+                    col = ((c0 + offs_c) * TILE) // PAGE
+                    pgs = tl.load(pt_row + col, mask=(c0 + offs_c) < c1, other=0)
+                else:
+                    col = 2 * c0 + offs_c  # page column of each half tile
+                    pgs = tl.load(pt_row + col, mask=(col < 2 * c1) & (col * PAGE < seq_len), other=0)
+                for t in tl.range(c0, c1, num_stages=NUM_STAGES):
+                    valid = (t * TILE + offs_n) < seq_len
+                    if PAGE >= TILE:
+                        pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0)
+                    else:
+                        pg_lo = tl.sum(tl.where(offs_c == 2 * (t - c0), pgs, 0), axis=0)
+                        pg_hi = tl.sum(tl.where(offs_c == 2 * (t - c0) + 1, pgs, 0), axis=0)
+                        pg = tl.where(offs_n < PAGE, pg_lo, pg_hi)
+                    rows_k = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
+                    rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
+                    k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                    v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                    m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
         else:
             for t in tl.range(t0, t1, num_stages=NUM_STAGES):
                 valid = (t * TILE + offs_n) < seq_len

@@ -43,6 +43,10 @@ DEFAULT_DESC = False
 # takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
 DEFAULT_MERGE_BLOCK = 16
 MERGE_BLOCKS = (16, 32, 64, 128)
+# Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
+# tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
+DEFAULT_PT_CHUNK = 0
+PT_CHUNKS = (0, 16, 32, 64)
 DEFAULT_LOOP = "nested"
 LOOPS = ("flat", "nested")
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
@@ -112,6 +116,7 @@ class DecodePlan:
     prefetch: bool
     desc: bool  # nested loop: first segment from prog_desc (one load) and no request-start lookups
     merge_block: int  # partials per step of the merge kernel
+    pt_chunk: int  # nested loop, page >= tile or page == tile / 2: page ids of this many tiles loaded ahead (0: per tile)
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
     batch: int = 0
@@ -225,6 +230,7 @@ def plan(
     prefetch: bool | None = None,
     desc: bool | None = None,
     merge_block: int | None = None,
+    pt_chunk: int | None = None,
     loop: str | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -271,6 +277,9 @@ def plan(
     merge_block = DEFAULT_MERGE_BLOCK if merge_block is None else int(merge_block)
     if merge_block not in MERGE_BLOCKS:
         _fail(f"merge_block must be one of {MERGE_BLOCKS}, got {merge_block}")
+    pt_chunk = DEFAULT_PT_CHUNK if pt_chunk is None else int(pt_chunk)
+    if pt_chunk not in PT_CHUNKS:
+        _fail(f"pt_chunk must be one of {PT_CHUNKS}, got {pt_chunk}")
     loop = DEFAULT_LOOP if loop is None else loop
     if loop not in LOOPS:
         _fail(f"loop must be one of {LOOPS}, got {loop!r}")
@@ -299,6 +308,7 @@ def plan(
         prefetch=DEFAULT_PREFETCH if prefetch is None else bool(prefetch),
         desc=DEFAULT_DESC if desc is None else bool(desc),
         merge_block=merge_block,
+        pt_chunk=pt_chunk,
         loop=loop,
         device=device,
         seq_lens=torch.ones(max_batch, **i32),
@@ -456,6 +466,7 @@ def run(
             plan.num_kv_heads,
             PREFETCH=plan.prefetch,
             DESC=plan.desc,
+            PT_CHUNK=plan.pt_chunk,
             **common,
         )
     d_chunk = min(64, D)

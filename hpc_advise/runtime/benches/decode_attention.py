@@ -52,27 +52,29 @@ PEER_TITLES = {
 # variant = loop ('nested' | 'flat') plus flags '-desc' (first segment from the planner's per-program
 # descriptor, no request-start lookups), '-prefetch' (hand-written register prefetch) and '-mN' (the merge
 # combines N partials per step instead of 16: a 128K request split over 264 programs merges in 3 dependent
-# steps at 128 instead of 17).
+# steps at 128 instead of 17) and '-pcN' (page >= tile: the page ids of N tiles are loaded before an inner
+# tile loop, so no load feeds the K/V addresses inside it and Triton double-buffers K/V at 3 stages).
 # Measured so far (README.md, "Tuning"): run 1 swept tile {32, 64, 128} x CTAs/SM {1..4} x stages {2, 3, 4}
 # x warps {4, 8} on the nested loop (best: tile 64, 2 CTAs, stages 3 = today's default); run 2 timed the
 # flat loop and register prefetch (slower). The candidates below are NOT measured yet. Registers / shared
 # memory per program are from the offline sm_90a compile (tests/kernels/test_decode_attention.py,
-# test_candidates_compile_for_sm90), and each CTAs/SM figure is what those allow:
-#   nested tile 64 stages 3: 163 regs, 39 KB (one K/V buffer); with -desc 151 regs, so 3 programs fit.
-#   nested-desc tile 64 stages 5: 156 regs, 72 KB, two K/V buffers -> 3 programs, 6 tiles in flight/SM.
-#   nested-desc tile 128 stages 3: two 64-token pages per step, 240 regs, 74 KB -> 2 programs.
+# test_candidates_compile_for_sm90; numbers from Triton 3.6, ptxas of its wheel), and each CTAs/SM figure
+# is what those allow:
+#   nested tile 64 stages 3: 163 regs, 39 KB: ONE K/V buffer (the next tile's copy starts after the
+#     current tile's dots), 2 tiles in flight per SM at 2 programs/SM.
+#   -desc: 151 regs. -pc64 at stages 3: two K/V buffers (72 KB, 167 regs, 3 programs fit); at stages 4
+#     three (104 KB, 2 programs). fp8 tile 128 -pc32: 2 x 32 KB buffers, 255 regs, 2 programs.
 SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested"),  # today's default (best of run 1): the baseline of this sweep
-    (64, 2, 3, 4, "nested-desc"),  # same, cheaper prologue only
-    (64, 2, 3, 4, "nested-desc-m128"),  # + wide merge steps
-    (64, 3, 3, 4, "nested-desc-m128"),  # one more program per SM (151 registers allow 3)
-    (64, 3, 5, 4, "nested-desc-m128"),  # double-buffered K/V, 3 programs per SM
-    (128, 2, 3, 4, "nested-desc-m128"),  # 2 pages per step: twice the bytes per load batch
+    (64, 2, 3, 4, "nested-desc-m128"),  # cheaper prologue + wide merge steps, same tile loop
+    (64, 2, 3, 4, "nested-desc-m128-pc64"),  # + double-buffered K/V: 4 tiles in flight per SM
+    (64, 3, 3, 4, "nested-desc-m128-pc64"),  # 3 programs per SM: 6 tiles in flight per SM
+    (64, 2, 4, 4, "nested-desc-m128-pc64"),  # triple-buffered: 6 tiles in flight per SM
 ]
-# fp8 KV only: tile 128 above is fp8's "same bytes per step as bf16 at twice the tokens"; here the
-# double-buffered tile 64 (238 registers: 2 programs per SM).
+# fp8 KV only: twice the tokens per step (128 = 2 pages of 64), so the same bytes per step as bf16 at tile
+# 64, double-buffered.
 SWEEP_CONFIGS_FP8 = [
-    (64, 2, 5, 4, "nested-desc-m128"),
+    (128, 2, 3, 4, "nested-desc-m128-pc32"),
 ]
 SWEEP_CASES = [
     ("64 x 4K", 8, 1, "bf16"),
@@ -90,9 +92,10 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     """op.plan keyword arguments of one sweep entry."""
     loop, *flags = variant.split("-")
     merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
-    unknown = set(flags) - {"desc", "prefetch"} - set(merge)
-    if unknown or len(merge) > 1:
-        raise ValueError(f"unknown variant flags {sorted(unknown) or merge} in {variant!r}")
+    chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
+    unknown = set(flags) - {"desc", "prefetch"} - set(merge) - set(chunk)
+    if unknown or len(merge) > 1 or len(chunk) > 1:
+        raise ValueError(f"unknown variant flags {sorted(unknown) or merge + chunk} in {variant!r}")
     return dict(
         tile=tile,
         ctas_per_sm=ctas,
@@ -102,6 +105,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         prefetch="prefetch" in flags,
         desc="desc" in flags,
         merge_block=int(merge[0][1:]) if merge else 16,
+        pt_chunk=int(chunk[0][2:]) if chunk else 0,
     )
 
 
@@ -529,8 +533,18 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
     )
 
 
-CONFIG_KEYS = ("tile", "ctas_per_sm", "num_stages", "num_warps", "loop", "prefetch", "desc", "merge_block")
-OLD_SWEEP_DEFAULTS = {"desc": False, "merge_block": 16}  # keys that rows of older sweeps lack
+CONFIG_KEYS = (
+    "tile",
+    "ctas_per_sm",
+    "num_stages",
+    "num_warps",
+    "loop",
+    "prefetch",
+    "desc",
+    "merge_block",
+    "pt_chunk",
+)
+OLD_SWEEP_DEFAULTS = {"desc": False, "merge_block": 16, "pt_chunk": 0}  # keys older sweeps' rows lack
 
 
 def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16") -> dict:
