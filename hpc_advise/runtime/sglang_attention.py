@@ -68,10 +68,18 @@ def heads_per_rank(model_runner) -> tuple[int, int]:
     return cfg.num_attention_heads // tp, cfg.get_num_kv_heads(tp)
 
 
+def _dcp_size() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        return int(get_parallel().attn_dcp_size)
+    except RuntimeError:  # no published parallel config (unit tests set only attn_tp_size): no DCP
+        return 1
+
+
 def runtime_conditions(model_runner) -> dispatch.Conditions:
     """The dispatch conditions of a live SGLang model runner."""
     cfg = model_runner.model_config
-    pool = model_runner.token_to_kv_pool
     q_heads, kv_heads = heads_per_rank(model_runner)
     sm, interp = _device_sm(model_runner.device)
     return dispatch.Conditions(
@@ -85,7 +93,7 @@ def runtime_conditions(model_runner) -> dispatch.Conditions:
         kv_dtype=_KV_DTYPES.get(model_runner.kv_cache_dtype, str(model_runner.kv_cache_dtype)),
         page_size=int(model_runner.page_size),
         sliding_window=False,  # checked per layer (RadixAttention.sliding_window_size)
-        linear_attention=not isinstance(pool, MHATokenToKVPool),
+        linear_attention=False,  # any other pool than MHATokenToKVPool is refused by the backend itself
         attention_sinks=False,  # checked per layer by the model: sinks are passed as kwargs
         is_moe=False,
         quantization="bf16",
@@ -116,8 +124,13 @@ class HpcAdviseAttnBackend(AttentionBackend):
         if spec is not None and spec.is_speculative():
             _fail("speculative decoding (target verify) is not supported")
         pool = model_runner.token_to_kv_pool
-        if not isinstance(pool, MHATokenToKVPool):
-            _fail(f"KV pool {type(pool).__name__} is not SGLang's MHATokenToKVPool")
+        if type(pool) is not MHATokenToKVPool:  # subclasses change the layout (page-major, fp4, mxfp8, ...)
+            _fail(
+                f"KV pool {type(pool).__name__} is not SGLang's plain MHATokenToKVPool (SWA, hybrid, "
+                "page-major and quantized pools are not supported)"
+            )
+        if _dcp_size() > 1:
+            _fail("decode context parallelism (--dcp-size > 1) is not supported")
         if getattr(pool, "kv_cache_layout", "nhd") != "nhd":
             _fail(f"KV layout {pool.kv_cache_layout!r}: the kernel reads the token-major NHD layout")
         if getattr(pool, "is_quantized_kv_cache", False):
@@ -132,8 +145,10 @@ class HpcAdviseAttnBackend(AttentionBackend):
                 f"{self.kv_heads} x {model_runner.model_config.head_dim} per rank"
             )
         if int(model_runner.model_config.context_len) > decode_op.MAX_SEQ_LEN:
-            _fail(f"context length {model_runner.model_config.context_len} exceeds the kernel's "
-                  f"{decode_op.MAX_SEQ_LEN}; pass --context-length {decode_op.MAX_SEQ_LEN}")
+            _fail(
+                f"context length {model_runner.model_config.context_len} exceeds the kernel's "
+                f"{decode_op.MAX_SEQ_LEN}; pass --context-length {decode_op.MAX_SEQ_LEN}"
+            )
         self.device = model_runner.device
         self.page_size = int(model_runner.page_size)
         self.head_dim = int(pool.head_dim)
@@ -201,9 +216,13 @@ class HpcAdviseAttnBackend(AttentionBackend):
             end = min(bs, start + self.max_plan_batch)
             if i == len(self._eager_plans) or self._eager_plans[i].max_batch < end - start:
                 plan = self._new_plan(min(self.max_plan_batch, max(end - start, 16)))
-                self._eager_plans[i:i + 1] = [plan]
-            plan = self._replan(self._eager_plans[i], seq_lens[start:end], forward_batch.req_pool_indices[start:end],
-                                end - start)
+                self._eager_plans[i : i + 1] = [plan]
+            plan = self._replan(
+                self._eager_plans[i],
+                seq_lens[start:end],
+                forward_batch.req_pool_indices[start:end],
+                end - start,
+            )
             segments.append((start, end, plan))
         self.forward_metadata = segments
 
@@ -278,7 +297,9 @@ class HpcAdviseAttnBackend(AttentionBackend):
         shape = (-1, self.page_size, self.kv_heads, self.head_dim)
         k_cache, v_cache = k_buf.view(shape), v_buf.view(shape)
         q3 = q.reshape(-1, self.q_heads, self.head_dim)
-        kw = dict(k_scale=self._scale(layer.k_scale), v_scale=self._scale(layer.v_scale), sm_scale=layer.scaling)
+        kw = dict(
+            k_scale=self._scale(layer.k_scale), v_scale=self._scale(layer.v_scale), sm_scale=layer.scaling
+        )
         segments = self.forward_metadata
         if len(segments) == 1:
             out = decode_op.run(segments[0][2], q3, k_cache, v_cache, **kw)

@@ -426,3 +426,21 @@ def test_eager_batch_larger_than_one_plan_runs_in_chunks():
         assert [(a, b) for a, b, _ in chunked.forward_metadata] == [(0, 2), (2, 4), (4, 5)]
         got = chunked.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
+
+
+def test_other_kv_pool_classes_are_refused():
+    """Subclasses of MHATokenToKVPool (page-major, fp4, mxfp8, no-op) lay the pool out differently."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+
+    class PageMajorLike(sg.mp.MHATokenToKVPool):
+        pass
+
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128)
+        runner.token_to_kv_pool = PageMajorLike(
+            size=4 * PAGE, page_size=PAGE, dtype=torch.bfloat16, head_num=2, head_dim=HEAD_DIM, layer_num=1,
+            device="cpu", enable_memory_saver=False,
+        )
+        with pytest.raises(HpcAdviseBackendError, match="PageMajorLike is not SGLang's plain MHATokenToKVPool"):
+            HpcAdviseAttnBackend(runner)
