@@ -4,7 +4,7 @@ The Triton interpreter runs kernels without compiling them, so a CPU test can pa
 fails to build, or builds with fewer pipelined loads or more registers than intended. ``compile_sm90``
 compiles kernels for sm_90a in a subprocess (the interpreter flag removed) with the ptxas that ships with
 triton and reports, per job: async copies and wgmma ops in the TTGIR, shared memory (bytes), registers per
-thread (read from the cubin with the bundled cuobjdump) and the CTAs per SM those two allow.
+thread and stack bytes (spills; read from the cubin with the bundled cuobjdump) and the CTAs per SM those two allow.
 
 A job is ``(module, kernel, types, constexprs, num_warps, num_stages, aligned)``: ``types`` lists the
 Triton types of the non-constexpr arguments in order (``"*bf16 i32 fp32 ..."``); pointers and the int
@@ -47,13 +47,14 @@ for module, name, types, consts, warps, stages, aligned in json.loads(sys.argv[1
         res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name],
                              capture_output=True, text=True, check=True).stdout
     regs = int(re.search(r"REG:(\d+)", res).group(1))
+    stack = int(re.search(r"STACK:(\d+)", res).group(1))  # > 0: registers spilled to local memory
     ttgir = k.asm["ttgir"]
     shared = k.metadata.shared
     threads = 32 * warps
     by_regs = 65536 // (threads * ((regs + 7) // 8 * 8))
     by_smem = (228 * 1024) // (shared + 1024) if shared else 32
     out.append({"kernel": name, "async_copies": ttgir.count("async_copy_global_to_local"),
-                "wgmma": ttgir.count("warp_group_dot "), "shared": shared, "registers": regs,
+                "wgmma": ttgir.count("warp_group_dot "), "shared": shared, "registers": regs, "stack": stack,
                 "ctas_per_sm": min(by_regs, by_smem, 2048 // threads, 32)})
 print(json.dumps(out))
 """

@@ -23,6 +23,7 @@ import torch
 
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
+from hpc_advise.runtime.benches import decode_attention as da
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 TOL = {BF16: 5e-3, torch.float16: 5e-3, FP8: 2e-2}
@@ -366,6 +367,18 @@ def test_gpu_real_sizes(lens, hq, hkv, d, page, kv_dtype, schedule):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "entry,kv_dtype",
+    [(e, dt) for e in da.SWEEP_CONFIGS for dt in (BF16, FP8)] + [(e, FP8) for e in da.SWEEP_CONFIGS_FP8],
+)
+def test_gpu_sweep_candidates(entry, kv_dtype):
+    # every launch configuration the benchmark's sweep may choose, at the benchmark's shape
+    scales = (0.8, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    lens = EDGE + [70000]
+    check(lens, hq=8, hkv=1, d=128, page=64, kv_dtype=kv_dtype, scales=scales, **da.variant_config(*entry))
+
+
+@pytest.mark.gpu
 def test_gpu_longest_context_and_largest_batch():
     check([256 * 1024], hq=8, hkv=1, d=128, page=64)
     gen = torch.Generator().manual_seed(3)
@@ -447,8 +460,6 @@ def test_candidates_compile_for_sm90():
 
 
 def test_sweep_variants_and_best_config_skip_failures():
-    from hpc_advise.runtime.benches import decode_attention as da
-
     assert da.variant_config(64, 3, 5, 4, "nested-desc-m128") == dict(
         tile=64,
         ctas_per_sm=3,
