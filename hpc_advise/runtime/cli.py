@@ -9,6 +9,7 @@ a GPU the table says so. torch is not imported unless it is installed and the re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 from tabulate import tabulate
@@ -30,6 +31,20 @@ def _resolve_gpu(name: str | None, rep: dict[str, str]):
             f"local GPU {local!r} has no profile; pass --gpu NAME (see `hpc-advise profiles list`)"
         )
     return prof
+
+
+def _architecture(model_name: str) -> str | None:
+    """``architectures[0]`` of a config.json given by path (shipped profiles are matched by key)."""
+    path = Path(model_name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        archs = json.loads(path.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None  # get_model already reported a malformed file
+    return str(archs[0]) if archs else None
 
 
 @click.group("runtime")
@@ -59,9 +74,10 @@ def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
     except (ProfileNotFound, ModelConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     rows = []
-    cond = None
     if model is not None:
-        cond = dispatch.conditions(model, gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size)
+        cond = dispatch.conditions(
+            model, gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size, architecture=_architecture(model_name)
+        )
         rows = dispatch.table(cond)
     if as_json:
         click.echo(

@@ -49,8 +49,21 @@ ROUTER_GATES = {
 }
 
 
-def router_family(model_key: str) -> str | None:
-    """The key of ``ROUTER_GATES`` that serves this model, or None."""
+# SGLang model classes (EntryClass of hunyuan_v3.py, qwen3_moe.py, deepseek_v2.py) -> ROUTER_GATES key
+ROUTER_ARCHITECTURES = {
+    "HYV3ForCausalLM": "hy3",
+    "Qwen3MoeForCausalLM": "qwen3",
+    "DeepseekV2ForCausalLM": "deepseek",
+    "DeepseekV3ForCausalLM": "deepseek",
+    "DeepseekV32ForCausalLM": "deepseek",
+}
+
+
+def router_family(model_key: str, architecture: str | None = None) -> str | None:
+    """The key of ``ROUTER_GATES`` that serves this model (by its config.json architecture when known,
+    else by the profile key), or None."""
+    if architecture:
+        return ROUTER_ARCHITECTURES.get(architecture)
     for prefix in ROUTER_GATES:
         if model_key.lower().startswith(prefix):
             return prefix
@@ -101,8 +114,10 @@ def conditions(
     kv_dtype: str = "bf16",
     page_size: int = REQUIRED_PAGE_SIZE,
     router_opt_in: bool | None = None,
+    architecture: str | None = None,
 ) -> Conditions:
-    """Conditions of ``model`` served with tensor parallelism ``tp`` on ``gpu`` (None = no GPU)."""
+    """Conditions of ``model`` served with tensor parallelism ``tp`` on ``gpu`` (None = no GPU);
+    ``architecture`` is the config.json ``architectures[0]`` when the model came from a file."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     if kv_dtype not in ("bf16", "fp8_e4m3", "auto"):
@@ -130,7 +145,7 @@ def conditions(
         hidden_size=model.hidden_size,
         moe_inter=inter,
         router_dtype=model.router_dtype,
-        router_family=router_family(model.key),
+        router_family=router_family(model.key, architecture),
         router_opt_in=router_env_enabled() if router_opt_in is None else router_opt_in,
     )
 
@@ -228,7 +243,8 @@ RULES: list[Rule] = [
         "fused_moe",
         lambda c: c.quantization == "fp8-block128" and (c.moe_inter % MOE_BLOCK or c.hidden_size % MOE_BLOCK),
         lambda c: (
-            f"MoE width per rank {c.moe_inter} / hidden {c.hidden_size} not a multiple of the 128 block"
+            f"MoE width per rank {c.moe_inter} / hidden {c.hidden_size} not a multiple of the 128 block: "
+            "SGLang's Fp8MoEMethod rejects this TP for block-FP8 experts (use --ep-size)"
         ),
     ),
     # --- router_gemm ------------------------------------------------------------------------------

@@ -19,27 +19,46 @@ def _table(model, gpu, **kw):
 
 # (model, gpu) -> expected outcome per op, with a fragment of the reason
 EXPECTED = {
-    ("hy3", "h200"): {"decode_attention": ("ours", "GQA 64/8"), "fused_moe": ("ours", "fp8-per-tensor"),
-                      "router_gemm": ("fallback", "HPC_ADVISE_ROUTER_GEMM=1")},
-    ("hy3", "a100"): {"decode_attention": ("fallback", "sm80"), "fused_moe": ("fallback", "no FP8 tensor cores"),
-                      "router_gemm": ("fallback", "sm80")},
-    ("qwen3-235b-a22b", "h200"): {"decode_attention": ("ours", "GQA 64/4"),
-                                  "fused_moe": ("fallback", "experts are bf16"),
-                                  "router_gemm": ("fallback", "opt-in")},
-    ("qwen3-235b-a22b", "a100"): {"decode_attention": ("fallback", "sm80"),
-                                  "fused_moe": ("fallback", "experts are bf16"),
-                                  "router_gemm": ("fallback", "sm80")},
-    ("qwen3-30b-a3b", "h200"): {"decode_attention": ("ours", "GQA 32/4"),
-                                "fused_moe": ("fallback", "experts are bf16"),
-                                "router_gemm": ("fallback", "opt-in")},
-    ("qwen3-30b-a3b", "a100"): {"decode_attention": ("fallback", "sm80"),
-                                "fused_moe": ("fallback", "experts are bf16"),
-                                "router_gemm": ("fallback", "sm80")},
-    ("deepseek-v3", "h200"): {"decode_attention": ("fallback", "MLA"), "fused_moe": ("ours", "fp8-block128"),
-                              "router_gemm": ("fallback", "bf16 MoEGate")},
-    ("deepseek-v3", "a100"): {"decode_attention": ("fallback", "MLA"),
-                              "fused_moe": ("fallback", "no FP8 tensor cores"),
-                              "router_gemm": ("fallback", "bf16 MoEGate")},
+    ("hy3", "h200"): {
+        "decode_attention": ("ours", "GQA 64/8"),
+        "fused_moe": ("ours", "fp8-per-tensor"),
+        "router_gemm": ("fallback", "HPC_ADVISE_ROUTER_GEMM=1"),
+    },
+    ("hy3", "a100"): {
+        "decode_attention": ("fallback", "sm80"),
+        "fused_moe": ("fallback", "no FP8 tensor cores"),
+        "router_gemm": ("fallback", "sm80"),
+    },
+    ("qwen3-235b-a22b", "h200"): {
+        "decode_attention": ("ours", "GQA 64/4"),
+        "fused_moe": ("fallback", "experts are bf16"),
+        "router_gemm": ("fallback", "opt-in"),
+    },
+    ("qwen3-235b-a22b", "a100"): {
+        "decode_attention": ("fallback", "sm80"),
+        "fused_moe": ("fallback", "experts are bf16"),
+        "router_gemm": ("fallback", "sm80"),
+    },
+    ("qwen3-30b-a3b", "h200"): {
+        "decode_attention": ("ours", "GQA 32/4"),
+        "fused_moe": ("fallback", "experts are bf16"),
+        "router_gemm": ("fallback", "opt-in"),
+    },
+    ("qwen3-30b-a3b", "a100"): {
+        "decode_attention": ("fallback", "sm80"),
+        "fused_moe": ("fallback", "experts are bf16"),
+        "router_gemm": ("fallback", "sm80"),
+    },
+    ("deepseek-v3", "h200"): {
+        "decode_attention": ("fallback", "MLA"),
+        "fused_moe": ("ours", "fp8-block128"),
+        "router_gemm": ("fallback", "bf16 MoEGate"),
+    },
+    ("deepseek-v3", "a100"): {
+        "decode_attention": ("fallback", "MLA"),
+        "fused_moe": ("fallback", "no FP8 tensor cores"),
+        "router_gemm": ("fallback", "bf16 MoEGate"),
+    },
 }
 
 
@@ -136,3 +155,38 @@ def test_plugin_status_in_report():
     assert env_report.plugin_status("0.5.23", {"SGLANG_PLUGINS": "other,hpc_advise"}).startswith("active")
     assert "not supported" in env_report.plugin_status("0.6.0", {})
     assert "sglang not installed" in env_report.plugin_status(env_report.MISSING, {})
+
+
+def test_config_json_model_uses_its_architecture(tmp_path):
+    """A model given as config.json: the router hook is found by the SGLang architecture, and block-FP8
+    experts whose per-rank width is not a multiple of 128 are reported as SGLang rejects them."""
+    cfg = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_hidden_layers": 48,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "intermediate_size": 6144,
+        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    }
+    path = tmp_path / "my-model" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    res = CliRunner().invoke(
+        runtime,
+        ["check", "--model", str(path), "--gpu", "h200", "--tp", "4", "--json"],
+        env={"HPC_ADVISE_ROUTER_GEMM": "1"},
+    )
+    assert res.exit_code == 0, res.output
+    rows = {d["op"]: d for d in json.loads(res.output)["dispatch"]}
+    assert rows["router_gemm"]["use_ours"], rows["router_gemm"]
+    assert not rows["fused_moe"]["use_ours"] and "use --ep-size" in rows["fused_moe"]["reason"]
+    tp1 = CliRunner().invoke(runtime, ["check", "--model", str(path.parent), "--gpu", "h200", "--json"])
+    assert {d["op"]: d for d in json.loads(tp1.output)["dispatch"]}["fused_moe"]["use_ours"]

@@ -36,25 +36,48 @@ def _sglang():
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return types.SimpleNamespace(
-        mp=mp, TorchNative=TorchNativeAttnBackend, RadixAttention=RadixAttention, ForwardBatch=ForwardBatch,
-        ForwardMode=ForwardMode, get_parallel=get_parallel, Spec=SpeculativeAlgorithm,
+        mp=mp,
+        TorchNative=TorchNativeAttnBackend,
+        RadixAttention=RadixAttention,
+        ForwardBatch=ForwardBatch,
+        ForwardMode=ForwardMode,
+        get_parallel=get_parallel,
+        Spec=SpeculativeAlgorithm,
     )
 
 
-def _runner(sg, *, q_heads, kv_heads, kv_dtype, pages, reqs, context, page_size=PAGE, prefill=None,
-            head_dim=HEAD_DIM):
+def _runner(
+    sg, *, q_heads, kv_heads, kv_dtype, pages, reqs, context, page_size=PAGE, prefill=None, head_dim=HEAD_DIM
+):
     kv_pool = sg.mp.MHATokenToKVPool(
-        size=pages * page_size, page_size=page_size, dtype=kv_dtype, head_num=kv_heads, head_dim=head_dim,
-        layer_num=2, device="cpu", enable_memory_saver=False,
+        size=pages * page_size,
+        page_size=page_size,
+        dtype=kv_dtype,
+        head_num=kv_heads,
+        head_dim=head_dim,
+        layer_num=2,
+        device="cpu",
+        enable_memory_saver=False,
     )
-    req_pool = sg.mp.ReqToTokenPool(size=reqs, max_context_len=context, device="cpu", enable_memory_saver=False)
+    req_pool = sg.mp.ReqToTokenPool(
+        size=reqs, max_context_len=context, device="cpu", enable_memory_saver=False
+    )
     cfg = types.SimpleNamespace(
-        num_attention_heads=q_heads, head_dim=head_dim, context_len=context, model_path="test",
+        num_attention_heads=q_heads,
+        head_dim=head_dim,
+        context_len=context,
+        model_path="test",
         get_num_kv_heads=lambda tp: max(1, kv_heads // tp),
     )
     return types.SimpleNamespace(
-        device="cpu", page_size=page_size, kv_cache_dtype=kv_dtype, token_to_kv_pool=kv_pool,
-        req_to_token_pool=req_pool, model_config=cfg, use_mla_backend=False, spec_algorithm=sg.Spec.NONE,
+        device="cpu",
+        page_size=page_size,
+        kv_cache_dtype=kv_dtype,
+        token_to_kv_pool=kv_pool,
+        req_to_token_pool=req_pool,
+        model_config=cfg,
+        use_mla_backend=False,
+        spec_algorithm=sg.Spec.NONE,
         prefill_attention_backend_str=prefill,
     )
 
@@ -70,7 +93,7 @@ def _fill(sg, runner, layers, seq_lens, gen):
     for b, n in enumerate(seq_lens):
         row = b + 1
         npages = math.ceil(n / PAGE)
-        pages = perm[next_page:next_page + npages]
+        pages = perm[next_page : next_page + npages]
         next_page += npages
         slots = (pages[:, None] * PAGE + torch.arange(PAGE)[None, :]).reshape(-1)[:n]
         req.req_to_token[row, :n] = slots.to(torch.int32)
@@ -80,16 +103,23 @@ def _fill(sg, runner, layers, seq_lens, gen):
             v = torch.randn(n - 1, layer.tp_k_head_num, layer.head_dim, generator=gen).to(torch.bfloat16)
             pool.set_kv_buffer(layer, slots[: n - 1].to(torch.int64), k, v)
     idx = torch.tensor(rows, dtype=torch.int64)
-    last = torch.tensor([req.req_to_token[r, n - 1] for r, n in zip(rows, seq_lens, strict=True)], dtype=torch.int64)
+    last = torch.tensor(
+        [req.req_to_token[r, n - 1] for r, n in zip(rows, seq_lens, strict=True)], dtype=torch.int64
+    )
     return idx, last
 
 
 def _batch(sg, idx, seq_lens, out_loc):
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     return sg.ForwardBatch(
-        forward_mode=sg.ForwardMode.DECODE, batch_size=len(seq_lens),
-        input_ids=torch.zeros(len(seq_lens), dtype=torch.int64), req_pool_indices=idx, seq_lens=lens,
-        out_cache_loc=out_loc, seq_lens_sum=int(lens.sum()), seq_lens_cpu=lens,
+        forward_mode=sg.ForwardMode.DECODE,
+        batch_size=len(seq_lens),
+        input_ids=torch.zeros(len(seq_lens), dtype=torch.int64),
+        req_pool_indices=idx,
+        seq_lens=lens,
+        out_cache_loc=out_loc,
+        seq_lens_sum=int(lens.sum()),
+        seq_lens_cpu=lens,
     )
 
 
@@ -102,9 +132,12 @@ def test_decode_matches_torch_native_on_real_pool(kv_dtype):
     q_heads, kv_heads = 8, 2
     seq_lens = [1, 70, 129, 5]
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=q_heads, kv_heads=kv_heads, kv_dtype=kv_dtype, pages=12, reqs=6,
-                         context=512)
-        layers = [sg.RadixAttention(q_heads, HEAD_DIM, HEAD_DIM ** -0.5, kv_heads, layer_id=i) for i in range(2)]
+        runner = _runner(
+            sg, q_heads=q_heads, kv_heads=kv_heads, kv_dtype=kv_dtype, pages=12, reqs=6, context=512
+        )
+        layers = [
+            sg.RadixAttention(q_heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=i) for i in range(2)
+        ]
         idx, out_loc = _fill(sg, runner, layers, seq_lens, gen)
         fb = _batch(sg, idx, seq_lens, out_loc)
         ours = HpcAdviseAttnBackend(runner)
@@ -131,8 +164,10 @@ def test_fp8_kv_scale_is_applied():
     gen = torch.Generator().manual_seed(11)
     seq_lens = [65, 3]
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=4, kv_heads=1, kv_dtype=torch.float8_e4m3fn, pages=5, reqs=3, context=256)
-        layer = sg.RadixAttention(4, HEAD_DIM, HEAD_DIM ** -0.5, 1, layer_id=0)
+        runner = _runner(
+            sg, q_heads=4, kv_heads=1, kv_dtype=torch.float8_e4m3fn, pages=5, reqs=3, context=256
+        )
+        layer = sg.RadixAttention(4, HEAD_DIM, HEAD_DIM**-0.5, 1, layer_id=0)
         layer.k_scale = torch.tensor(0.5)
         layer.v_scale = torch.tensor(2.0)
         idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
@@ -142,11 +177,21 @@ def test_fp8_kv_scale_is_applied():
         q = torch.randn(2, 4 * HEAD_DIM, generator=gen).to(torch.bfloat16)
         got = ours.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
         k_buf, v_buf = runner.token_to_kv_pool.get_kv_buffer(0)
-        (_, _, plan), = ours.forward_metadata
-        want = decode_attention_reference(
-            q.view(2, 4, HEAD_DIM), k_buf.view(-1, PAGE, 1, HEAD_DIM), v_buf.view(-1, PAGE, 1, HEAD_DIM),
-            plan.page_table[:2], plan.seq_lens[:2], page_size=PAGE, k_scale=0.5, v_scale=2.0,
-        ).float().reshape(2, -1)
+        ((_, _, plan),) = ours.forward_metadata
+        want = (
+            decode_attention_reference(
+                q.view(2, 4, HEAD_DIM),
+                k_buf.view(-1, PAGE, 1, HEAD_DIM),
+                v_buf.view(-1, PAGE, 1, HEAD_DIM),
+                plan.page_table[:2],
+                plan.seq_lens[:2],
+                page_size=PAGE,
+                k_scale=0.5,
+                v_scale=2.0,
+            )
+            .float()
+            .reshape(2, -1)
+        )
         torch.testing.assert_close(got, want, atol=4e-2, rtol=2e-2)
 
 
@@ -155,8 +200,9 @@ def test_wrong_page_size_fails_clearly():
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128,
-                         page_size=16)
+        runner = _runner(
+            sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128, page_size=16
+        )
         with pytest.raises(HpcAdviseBackendError, match="--page-size 64"):
             HpcAdviseAttnBackend(runner)
 
@@ -166,8 +212,16 @@ def test_decode_only_backend_refuses_prefill_role():
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128,
-                         prefill="hpc_advise")
+        runner = _runner(
+            sg,
+            q_heads=8,
+            kv_heads=2,
+            kv_dtype=torch.bfloat16,
+            pages=4,
+            reqs=2,
+            context=128,
+            prefill="hpc_advise",
+        )
         with pytest.raises(HpcAdviseBackendError, match="decode-only"):
             HpcAdviseAttnBackend(runner)
 
@@ -185,10 +239,20 @@ def test_unsupported_group_fails_with_dispatch_reason():
 def _tiny_model_dir(tmp_path, q_heads=8, kv_heads=2):
     import json
 
-    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": q_heads * HEAD_DIM,
-           "num_attention_heads": q_heads, "num_key_value_heads": kv_heads, "head_dim": HEAD_DIM,
-           "num_hidden_layers": 2, "intermediate_size": 1024, "vocab_size": 1000,
-           "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": q_heads * HEAD_DIM,
+        "num_attention_heads": q_heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": HEAD_DIM,
+        "num_hidden_layers": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16",
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     return str(tmp_path)
 
@@ -206,11 +270,21 @@ def _published_runner(sg, tmp_path, *, page_size=PAGE):
     from hpc_advise.runtime import sglang_plugin
 
     sglang_plugin.register()
-    args = prepare_server_args([
-        "--model-path", _tiny_model_dir(tmp_path), "--decode-attention-backend", "hpc_advise",
-        "--prefill-attention-backend", "torch_native", "--page-size", str(page_size), "--device", "cpu",
-        "--skip-tokenizer-init",
-    ])
+    args = prepare_server_args(
+        [
+            "--model-path",
+            _tiny_model_dir(tmp_path),
+            "--decode-attention-backend",
+            "hpc_advise",
+            "--prefill-attention-backend",
+            "torch_native",
+            "--page-size",
+            str(page_size),
+            "--device",
+            "cpu",
+            "--skip-tokenizer-init",
+        ]
+    )
     ctx = create_context(args, role="scheduler")
     return args, ctx, setup, attention_backends, ModelConfig
 
@@ -229,14 +303,15 @@ def test_sglang_composes_our_decode_with_its_prefill(tmp_path):
         runner.prefill_attention_backend_str, runner.decode_attention_backend_str = attention_backends()
         runner.is_draft_worker, runner.draft_attention_backend, runner.kv_index_translator = False, None, None
         hybrid = setup._build_resolved_backend(
-            model_runner=runner, resolved=setup.resolve_attention_backend_strs(model_runner=runner),
+            model_runner=runner,
+            resolved=setup.resolve_attention_backend_strs(model_runner=runner),
             init_new_workspace=False,
         )
         assert type(hybrid).__name__ == "HybridAttnBackend"
         assert type(hybrid.decode_backend).__name__ == "HpcAdviseAttnBackend"
         assert hybrid._select_backend(sg.ForwardMode.EXTEND) is hybrid.prefill_backend  # prefill delegated
         assert type(hybrid.prefill_backend).__name__ == "TorchNativeAttnBackend"
-        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 2, layer_id=1)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=1)
         idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
         fb = _batch(sg, idx, seq_lens, out_loc)
         hybrid.init_forward_metadata(fb)
@@ -256,14 +331,16 @@ def test_sglang_builder_reports_wrong_page_size(tmp_path):
 
     args, ctx, setup, attention_backends, ModelConfig = _published_runner(sg, tmp_path, page_size=16)
     with use_context(ctx):
-        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=512,
-                         page_size=16)
+        runner = _runner(
+            sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=512, page_size=16
+        )
         runner.model_config = ModelConfig.from_server_args(args)
         runner.prefill_attention_backend_str, runner.decode_attention_backend_str = attention_backends()
         runner.is_draft_worker, runner.draft_attention_backend, runner.kv_index_translator = False, None, None
         with pytest.raises(HpcAdviseBackendError, match="page size 16: the backend needs --page-size 64"):
             setup._build_resolved_backend(
-                model_runner=runner, resolved=setup.resolve_attention_backend_strs(model_runner=runner),
+                model_runner=runner,
+                resolved=setup.resolve_attention_backend_strs(model_runner=runner),
                 init_new_workspace=False,
             )
 
@@ -279,7 +356,7 @@ def test_cuda_graph_metadata_path_matches_eager():
     seq_lens = [40, 100, 7]
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=256)
-        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 2, layer_id=0)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
         idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
         q = torch.randn(4, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
         eager = HpcAdviseAttnBackend(runner)
@@ -290,8 +367,12 @@ def test_cuda_graph_metadata_path_matches_eager():
         graph = HpcAdviseAttnBackend(runner)
         graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
         fill = graph.get_cuda_graph_seq_len_fill_value()
-        padded = _batch(sg, torch.cat([idx, torch.zeros(1, dtype=torch.int64)]), seq_lens + [fill],
-                        torch.cat([out_loc, torch.zeros(1, dtype=torch.int64)]))
+        padded = _batch(
+            sg,
+            torch.cat([idx, torch.zeros(1, dtype=torch.int64)]),
+            seq_lens + [fill],
+            torch.cat([out_loc, torch.zeros(1, dtype=torch.int64)]),
+        )
         graph.init_forward_metadata_out_graph(padded, in_capture=True)
         graph.init_forward_metadata_in_graph(padded)
         got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
@@ -314,9 +395,10 @@ def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
     seq_lens = [8192, 17, 1000, 64 * 30 + 1, 4096, 1]
     hd = 128
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=1, kv_dtype=kv_dtype, pages=260, reqs=8, context=8192,
-                         head_dim=hd)
-        layer = sg.RadixAttention(8, hd, hd ** -0.5, 1, layer_id=0)
+        runner = _runner(
+            sg, q_heads=8, kv_heads=1, kv_dtype=kv_dtype, pages=260, reqs=8, context=8192, head_dim=hd
+        )
+        layer = sg.RadixAttention(8, hd, hd**-0.5, 1, layer_id=0)
         idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
         fb = _batch(sg, idx, seq_lens, out_loc)
         ref = sg.TorchNative(runner)
@@ -346,9 +428,10 @@ def test_cuda_graph_capture_and_replay_on_gpu():
     gen = torch.Generator().manual_seed(8)
     hd, bs = 128, 4
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=16, kv_heads=2, kv_dtype=torch.bfloat16, pages=200, reqs=8, context=4096,
-                         head_dim=hd)
-        layer = sg.RadixAttention(16, hd, hd ** -0.5, 2, layer_id=0)
+        runner = _runner(
+            sg, q_heads=16, kv_heads=2, kv_dtype=torch.bfloat16, pages=200, reqs=8, context=4096, head_dim=hd
+        )
+        layer = sg.RadixAttention(16, hd, hd**-0.5, 2, layer_id=0)
         lens_a, lens_b = [3000, 5, 700, 64], [1, 4000, 129, 2048]
         idx_a, loc_a = _fill(sg, runner, [layer], lens_a, gen)
         pool = runner.token_to_kv_pool
@@ -413,7 +496,7 @@ def test_eager_batch_larger_than_one_plan_runs_in_chunks():
     seq_lens = [9, 66, 1, 130, 20]
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=10, reqs=6, context=256)
-        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM ** -0.5, 2, layer_id=0)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
         idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
         fb = _batch(sg, idx, seq_lens, out_loc)
         q = torch.randn(5, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
@@ -439,8 +522,16 @@ def test_other_kv_pool_classes_are_refused():
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128)
         runner.token_to_kv_pool = PageMajorLike(
-            size=4 * PAGE, page_size=PAGE, dtype=torch.bfloat16, head_num=2, head_dim=HEAD_DIM, layer_num=1,
-            device="cpu", enable_memory_saver=False,
+            size=4 * PAGE,
+            page_size=PAGE,
+            dtype=torch.bfloat16,
+            head_num=2,
+            head_dim=HEAD_DIM,
+            layer_num=1,
+            device="cpu",
+            enable_memory_saver=False,
         )
-        with pytest.raises(HpcAdviseBackendError, match="PageMajorLike is not SGLang's plain MHATokenToKVPool"):
+        with pytest.raises(
+            HpcAdviseBackendError, match="PageMajorLike is not SGLang's plain MHATokenToKVPool"
+        ):
             HpcAdviseAttnBackend(runner)

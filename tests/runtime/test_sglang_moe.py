@@ -55,8 +55,17 @@ def sglang_moe():
 def _config(**kw):
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
 
-    base = dict(num_experts=E, num_local_experts=E, hidden_size=H, intermediate_size_per_partition=I, top_k=K,
-                num_fused_shared_experts=0, params_dtype=torch.bfloat16, activation="silu", is_gated=True)
+    base = dict(
+        num_experts=E,
+        num_local_experts=E,
+        hidden_size=H,
+        intermediate_size_per_partition=I,
+        top_k=K,
+        num_fused_shared_experts=0,
+        params_dtype=torch.bfloat16,
+        activation="silu",
+        is_gated=True,
+    )
     base.update(kw)
     return MoeRunnerConfig(**base)
 
@@ -87,8 +96,11 @@ def _layer(block: bool, gen: torch.Generator) -> torch.nn.Module:
 def _method(block: bool):
     from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8MoEMethod
 
-    cfg = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic" if block else "static",
-                    weight_block_size=[128, 128] if block else None)
+    cfg = Fp8Config(
+        is_checkpoint_fp8_serialized=True,
+        activation_scheme="dynamic" if block else "static",
+        weight_block_size=[128, 128] if block else None,
+    )
     return Fp8MoEMethod(cfg)
 
 
@@ -102,8 +114,9 @@ def _dispatch(gen: torch.Generator, *, nonlocal_slot: bool):
     ids = ids.to(torch.int32)
     if nonlocal_slot:
         ids[0, 1] = -1  # an expert of another EP rank, as SGLang's dispatcher marks it
-    return StandardDispatchOutput(hidden_states=x, hidden_states_scale=None,
-                                  topk_output=StandardTopKOutput(w, ids, logits))
+    return StandardDispatchOutput(
+        hidden_states=x, hidden_states_scale=None, topk_output=StandardTopKOutput(w, ids, logits)
+    )
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["per-tensor-static", "block128-dynamic"])
@@ -121,11 +134,17 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block):
     assert got.dtype == torch.bfloat16 and got.shape == (T, H) and torch.isfinite(got).all()
 
     w, ids, _ = dispatch_output.topk_output
-    info = dict(w13_scale=layer.w13_weight_scale_inv if block else layer.w13_weight_scale,
-                w2_scale=layer.w2_weight_scale_inv if block else layer.w2_weight_scale,
-                a13_scale=layer.w13_input_scale, a2_scale=layer.w2_input_scale,
-                block_shape=(128, 128) if block else None, routed_scaling_factor=1.5)
-    want = fused_moe_reference(dispatch_output.hidden_states, layer.w13_weight, layer.w2_weight, w, ids, **info)
+    info = dict(
+        w13_scale=layer.w13_weight_scale_inv if block else layer.w13_weight_scale,
+        w2_scale=layer.w2_weight_scale_inv if block else layer.w2_weight_scale,
+        a13_scale=layer.w13_input_scale,
+        a2_scale=layer.w2_input_scale,
+        block_shape=(128, 128) if block else None,
+        routed_scaling_factor=1.5,
+    )
+    want = fused_moe_reference(
+        dispatch_output.hidden_states, layer.w13_weight, layer.w2_weight, w, ids, **info
+    )
     # the kernel's declared tolerance against this reference (hpc_advise/kernels/fused_moe/README.md): an
     # accumulation-order difference may flip an fp8 rounding of an intermediate, so the bound is on the
     # relative Frobenius error, not element-wise
@@ -140,10 +159,16 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block):
     keep_w = torch.where(ids < 0, torch.zeros_like(w), w)
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    native = fused_moe_forward_native(ref_layer, dispatch_output._replace(
-        hidden_states=dispatch_output.hidden_states.float(),
-        topk_output=StandardTopKOutput(keep_w, ids.clamp(min=0).long(), None),
-    )).hidden_states * 1.5
+    native = (
+        fused_moe_forward_native(
+            ref_layer,
+            dispatch_output._replace(
+                hidden_states=dispatch_output.hidden_states.float(),
+                topk_output=StandardTopKOutput(keep_w, ids.clamp(min=0).long(), None),
+            ),
+        ).hidden_states
+        * 1.5
+    )
     rel = (got.float() - native).norm() / native.norm()
     assert rel < 0.08, f"relative error {rel:.3f} against SGLang's native MoE math"
 
@@ -170,8 +195,12 @@ def test_unsupported_loaded_weights_fall_back_at_first_apply(sglang_moe, caplog)
 
     calls = []
     with caplog.at_level(logging.WARNING, logger="hpc_advise.runtime.sglang_moe"):
-        out = sglang_moe.apply_hook(lambda *a, **k: calls.append(a) or "triton-path", method, layer,
-                                    _dispatch(gen, nonlocal_slot=False))
+        out = sglang_moe.apply_hook(
+            lambda *a, **k: calls.append(a) or "triton-path",
+            method,
+            layer,
+            _dispatch(gen, nonlocal_slot=False),
+        )
     assert out == "triton-path" and len(calls) == 1
     assert method.runner.runner_backend.value == "triton"
     assert "w13_input_scale has 4 values" in caplog.text
@@ -204,10 +233,12 @@ def test_real_shapes_on_gpu(sglang_moe, shape):
     torch.manual_seed(0)
     dev = "cuda"
     layer = torch.nn.Module()
-    q13, s13 = quantize_weight(torch.randn(experts, 2 * inter, hidden, device=dev) / hidden ** 0.5,
-                               "block" if block else "tensor")
-    q2, s2 = quantize_weight(torch.randn(experts, hidden, inter, device=dev) / inter ** 0.5,
-                             "block" if block else "tensor")
+    q13, s13 = quantize_weight(
+        torch.randn(experts, 2 * inter, hidden, device=dev) / hidden**0.5, "block" if block else "tensor"
+    )
+    q2, s2 = quantize_weight(
+        torch.randn(experts, hidden, inter, device=dev) / inter**0.5, "block" if block else "tensor"
+    )
     layer.w13_weight, layer.w2_weight = q13, q2
     if block:
         layer.w13_weight_scale_inv, layer.w2_weight_scale_inv = s13, s2
@@ -217,16 +248,34 @@ def test_real_shapes_on_gpu(sglang_moe, shape):
         layer.w13_input_scale = torch.tensor(6.0 / 448, device=dev)
         layer.w2_input_scale = torch.tensor(6.0 / 448, device=dev)
     method = _method(block)
-    method.create_moe_runner(layer, _config(num_experts=experts, num_local_experts=experts, hidden_size=hidden,
-                                            intermediate_size_per_partition=inter, top_k=top_k,
-                                            routed_scaling_factor=2.5))
+    method.create_moe_runner(
+        layer,
+        _config(
+            num_experts=experts,
+            num_local_experts=experts,
+            hidden_size=hidden,
+            intermediate_size_per_partition=inter,
+            top_k=top_k,
+            routed_scaling_factor=2.5,
+        ),
+    )
     for t in (1, 64, 1024):
         x = torch.randn(t, hidden, device=dev).to(torch.bfloat16)
         logits = torch.randn(t, experts, device=dev)
         w, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
         out = method.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids.int(), logits)))
-        ref = fused_moe_reference(x, q13, q2, w, ids.int(), w13_scale=s13, w2_scale=s2,
-                                  a13_scale=layer.w13_input_scale, a2_scale=layer.w2_input_scale,
-                                  block_shape=(128, 128) if block else None, routed_scaling_factor=2.5)
+        ref = fused_moe_reference(
+            x,
+            q13,
+            q2,
+            w,
+            ids.int(),
+            w13_scale=s13,
+            w2_scale=s2,
+            a13_scale=layer.w13_input_scale,
+            a2_scale=layer.w2_input_scale,
+            block_shape=(128, 128) if block else None,
+            routed_scaling_factor=2.5,
+        )
         rel = float((out.hidden_states.double() - ref.double()).norm() / ref.double().norm())
         assert rel <= REL_TOL_QUANT_REF, (shape, t, rel)

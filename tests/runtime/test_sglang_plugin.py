@@ -12,8 +12,16 @@ import torch
 
 from tests.runtime.sglang_cpu import import_sglang
 
-ARGS = ["--model-path", "dummy", "--decode-attention-backend", "hpc_advise", "--moe-runner-backend",
-        "hpc_advise", "--page-size", "64"]
+ARGS = [
+    "--model-path",
+    "dummy",
+    "--decode-attention-backend",
+    "hpc_advise",
+    "--moe-runner-backend",
+    "hpc_advise",
+    "--page-size",
+    "64",
+]
 
 
 def _parser():
@@ -44,7 +52,11 @@ def test_sglang_parser_accepts_our_names():
 
     sglang_plugin.register()
     args = _parser().parse_args(ARGS)
-    assert (args.decode_attention_backend, args.moe_runner_backend, args.page_size) == ("hpc_advise", "hpc_advise", 64)
+    assert (args.decode_attention_backend, args.moe_runner_backend, args.page_size) == (
+        "hpc_advise",
+        "hpc_advise",
+        64,
+    )
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.layers.moe.utils import RegisteredMoeRunnerBackend, resolve_moe_runner_backend
 
@@ -58,8 +70,10 @@ def test_moe_hooks_applied_to_fp8_method():
     sglang_plugin.register()
     from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
 
-    for target, hook in ((sglang_plugin.MOE_HOOKS[0][0], sglang_moe.create_moe_runner_hook),
-                         (sglang_plugin.MOE_HOOKS[1][0], sglang_moe.apply_hook)):
+    for target, hook in (
+        (sglang_plugin.MOE_HOOKS[0][0], sglang_moe.create_moe_runner_hook),
+        (sglang_plugin.MOE_HOOKS[1][0], sglang_moe.apply_hook),
+    ):
         assert sglang_plugin._runs_hook(target, hook), target
     assert hasattr(Fp8MoEMethod.apply, "__wrapped__")
     # the checker is not vacuous: an unhooked SGLang method does not run our hook
@@ -163,7 +177,9 @@ def test_deepseek_fp32_moegate_hooked(monkeypatch):
     x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
     got = gate(x)
     assert getattr(gate, sglang_router.MARK)[1] is not None, "our kernel did not serve the fp32 gate"
-    torch.testing.assert_close(got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight))
+    torch.testing.assert_close(
+        got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight)
+    )
 
 
 @pytest.mark.gpu
@@ -182,6 +198,6 @@ def test_hy3_fp32_gate_on_gpu():
     for m in (1, 128, 2048):
         x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16).to(torch.float32)
         got, _ = gate(x)
-        want = (x.double() @ gate.weight.double().t())
+        want = x.double() @ gate.weight.double().t()
         err = float(((got.double() - want).abs() / want.abs().clamp(min=1e-3)).median())
         assert err < 1e-5, (m, err)
