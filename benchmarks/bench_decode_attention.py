@@ -3,6 +3,8 @@
 Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RESULTS).
   python benchmarks/bench_decode_attention.py [--grid full|small] [--no-peers]
   python benchmarks/bench_decode_attention.py --sweep        # launch-configuration sweep
+  python benchmarks/bench_decode_attention.py --tune         # sweep, then the grid with the best config
+  python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
 """
 
@@ -29,6 +31,11 @@ def main() -> None:
     ap.add_argument("--ctas-per-sm", type=int)
     ap.add_argument("--num-stages", type=int)
     ap.add_argument("--num-warps", type=int)
+    ap.add_argument(
+        "--variant",
+        help="loop and flags as in the sweep, e.g. nested-desc-m128-pc64 (overrides loop, prefetch, desc, "
+        "merge_block, pt_chunk)",
+    )
     args = ap.parse_args()
 
     if args.warm_flashinfer:
@@ -61,6 +68,9 @@ def main() -> None:
         ).items()
         if v is not None
     }
+    if args.variant:
+        v = da.variant_config(0, 0, 0, 0, args.variant)
+        cfg |= {k: v[k] for k in ("loop", "prefetch", "desc", "merge_block", "pt_chunk")}
     asked = {p for p in args.peers.split(",") if p}
     peers = [p for p in da.PEERS if p in asked]  # table columns in the canonical order
 

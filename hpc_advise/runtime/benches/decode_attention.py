@@ -522,6 +522,7 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
             table.append(
                 [name, f"{hq}/{hkv}", kv, *entry, round(t.p50, 1), f"{err:.1e}" + ("" if ok else " FAIL")]
             )
+            print(f"sweep {time.time() - t0:5.1f}s", *table[-1], flush=True)  # progress if the run is cut
             del calls, outs
         del w, ref
         torch.cuda.empty_cache()
