@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.machinery
+import json
 import sys
 import types
 
@@ -84,3 +85,24 @@ def import_sglang(*modules: str):
     for name in modules:
         mod = importlib.import_module(name)
     return mod
+
+
+def tiny_model_dir(path, *, q_heads: int = 8, kv_heads: int = 2, head_dim: int = 64) -> str:
+    """A directory holding a tiny Qwen3 config.json, enough for SGLang's ``prepare_server_args`` and
+    ``ModelConfig`` on CPU (no weights, no tokenizer: pass ``--skip-tokenizer-init``)."""
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": q_heads * head_dim,
+        "num_attention_heads": q_heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": 2,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16",
+    }
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)

@@ -19,7 +19,7 @@ import types
 import pytest
 import torch
 
-from tests.runtime.sglang_cpu import import_sglang
+from tests.runtime.sglang_cpu import import_sglang, tiny_model_dir
 
 PAGE = 64
 HEAD_DIM = 64
@@ -236,27 +236,6 @@ def test_unsupported_group_fails_with_dispatch_reason():
             HpcAdviseAttnBackend(runner)
 
 
-def _tiny_model_dir(tmp_path, q_heads=8, kv_heads=2):
-    import json
-
-    cfg = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": q_heads * HEAD_DIM,
-        "num_attention_heads": q_heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": HEAD_DIM,
-        "num_hidden_layers": 2,
-        "intermediate_size": 1024,
-        "vocab_size": 1000,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "torch_dtype": "bfloat16",
-    }
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    return str(tmp_path)
-
-
 def _published_runner(sg, tmp_path, *, page_size=PAGE):
     """SGLang's own path from the command line to the attention backend: ``prepare_server_args`` (the
     plugin's names accepted), the published runtime context, the real ``ModelConfig`` of a tiny local
@@ -273,7 +252,7 @@ def _published_runner(sg, tmp_path, *, page_size=PAGE):
     args = prepare_server_args(
         [
             "--model-path",
-            _tiny_model_dir(tmp_path),
+            tiny_model_dir(tmp_path),
             "--decode-attention-backend",
             "hpc_advise",
             "--prefill-attention-backend",

@@ -23,7 +23,7 @@ import logging
 import pytest
 import torch
 
-from tests.runtime.sglang_cpu import import_sglang
+from tests.runtime.sglang_cpu import import_sglang, tiny_model_dir
 
 # Triton 3.6's interpreter rounds fp32 -> fp8 e4m3 wrongly when rounding carries into the exponent; the
 # fix (and one for scalar indices) lives in the fused_moe kernel tests and is applied when that module
@@ -36,20 +36,33 @@ REL_TOL_QUANT_REF = 2e-2
 
 
 @pytest.fixture
-def sglang_moe():
+def sglang_moe(tmp_path):
+    """``--moe-runner-backend hpc_advise`` through SGLang's own path: ``prepare_server_args`` on a tiny
+    local config.json, a runtime context built from it, and ``initialize_moe_config`` (what the scheduler
+    calls) resolving our registered name."""
     import_sglang("sglang.srt.layers.quantization.fp8")
-    from sglang.srt.runtime_context import get_flags
+    from sglang.srt.layers.moe.utils import get_moe_runner_backend, initialize_moe_config
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.server_args import prepare_server_args
 
     from hpc_advise.runtime import sglang_plugin
 
     sglang_plugin.register()
-    from sglang.srt.layers.moe.utils import resolve_moe_runner_backend
-
-    moe = get_flags().moe
-    saved = moe.runner_backend
-    moe.runner_backend = resolve_moe_runner_backend("hpc_advise")
-    yield
-    moe.runner_backend = saved
+    args = prepare_server_args(
+        [
+            "--model-path",
+            tiny_model_dir(tmp_path),
+            "--moe-runner-backend",
+            "hpc_advise",
+            "--device",
+            "cpu",
+            "--skip-tokenizer-init",
+        ]
+    )
+    with use_context(create_context(args, role="scheduler")):
+        initialize_moe_config()
+        assert get_moe_runner_backend().value == "hpc_advise"
+        yield
 
 
 def _config(**kw):
