@@ -201,3 +201,40 @@ def test_hy3_fp32_gate_on_gpu():
         want = x.double() @ gate.weight.double().t()
         err = float(((got.double() - want).abs() / want.abs().clamp(min=1e-3)).median())
         assert err < 1e-5, (m, err)
+
+
+def test_sglang_plugins_whitelist_turns_us_off(monkeypatch):
+    """SGLANG_PLUGINS is SGLang's whitelist: naming only other plugins keeps ours from being loaded."""
+    plugins = import_sglang("sglang.srt.plugins")
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    assert "hpc_advise" not in plugins.load_plugins_by_group(plugins.GENERAL_PLUGINS_GROUP)
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin,hpc_advise")
+    assert "hpc_advise" in plugins.load_plugins_by_group(plugins.GENERAL_PLUGINS_GROUP)
+
+
+def test_gates_prepared_after_weight_loading():
+    """The loader hook splits every hooked gate's weight once after loading (never inside a capture)."""
+    dv2 = import_sglang("sglang.srt.models.deepseek_v2")
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    from hpc_advise.runtime import sglang_router
+
+    model = torch.nn.Module()
+    model.qwen_gate = ReplicatedLinear(1024, 64, bias=False, params_dtype=torch.bfloat16, quant_config=None)
+    sglang_router.install_on_gate(model.qwen_gate)
+    cfg = types.SimpleNamespace(n_routed_experts=64, hidden_size=1024, router_fp32=True, topk_method="greedy")
+    model.fp32_gate = dv2.MoEGate(cfg, None)
+    cfg_bf16 = types.SimpleNamespace(
+        n_routed_experts=64, hidden_size=1024, router_fp32=False, topk_method="greedy"
+    )
+    model.bf16_gate = dv2.MoEGate(cfg_bf16, None).to(
+        torch.bfloat16
+    )  # built under bf16 default dtype in SGLang
+    for p in model.parameters():
+        p.data.normal_()
+    sglang_router.after_load_hook(None, model)
+    for gate in (model.qwen_gate, model.fp32_gate):
+        ptr, hi, lo = getattr(gate, sglang_router.MARK)
+        assert ptr == gate.weight.data_ptr() and hi.dtype == lo.dtype == torch.bfloat16
+        torch.testing.assert_close(hi.float() + lo.float() / 256, gate.weight.float(), atol=0, rtol=2**-15)
+    assert not hasattr(model.bf16_gate, sglang_router.MARK)  # SGLang's bf16 MoEGate path is already exact
