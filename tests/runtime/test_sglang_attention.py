@@ -47,7 +47,18 @@ def _sglang():
 
 
 def _runner(
-    sg, *, q_heads, kv_heads, kv_dtype, pages, reqs, context, page_size=PAGE, prefill=None, head_dim=HEAD_DIM
+    sg,
+    *,
+    q_heads,
+    kv_heads,
+    kv_dtype,
+    pages,
+    reqs,
+    context,
+    page_size=PAGE,
+    prefill=None,
+    head_dim=HEAD_DIM,
+    device="cpu",
 ):
     kv_pool = sg.mp.MHATokenToKVPool(
         size=pages * page_size,
@@ -56,11 +67,11 @@ def _runner(
         head_num=kv_heads,
         head_dim=head_dim,
         layer_num=2,
-        device="cpu",
+        device=device,
         enable_memory_saver=False,
     )
     req_pool = sg.mp.ReqToTokenPool(
-        size=reqs, max_context_len=context, device="cpu", enable_memory_saver=False
+        size=reqs, max_context_len=context, device=device, enable_memory_saver=False
     )
     cfg = types.SimpleNamespace(
         num_attention_heads=q_heads,
@@ -70,7 +81,7 @@ def _runner(
         get_num_kv_heads=lambda tp: max(1, kv_heads // tp),
     )
     return types.SimpleNamespace(
-        device="cpu",
+        device=device,
         page_size=page_size,
         kv_cache_dtype=kv_dtype,
         token_to_kv_pool=kv_pool,
@@ -82,9 +93,10 @@ def _runner(
     )
 
 
-def _fill(sg, runner, layers, seq_lens, gen):
+def _fill(sg, runner, layers, seq_lens, gen, *, direct=False):
     """Scatter every request's pages over the pool, write random K/V for all but the last token through
-    SGLang's set_kv_buffer, and return (req_pool_indices, out_cache_loc of the new tokens)."""
+    SGLang's set_kv_buffer (``direct``: into the pool's buffers, as set_kv_buffer's CUDA path would,
+    without its JIT store kernel), and return (req_pool_indices, out_cache_loc of the new tokens)."""
     pool, req = runner.token_to_kv_pool, runner.req_to_token_pool
     num_pages = pool.size // PAGE
     perm = torch.randperm(num_pages - 1, generator=gen) + 1  # page 0 holds the padding slot
@@ -96,15 +108,21 @@ def _fill(sg, runner, layers, seq_lens, gen):
         pages = perm[next_page : next_page + npages]
         next_page += npages
         slots = (pages[:, None] * PAGE + torch.arange(PAGE)[None, :]).reshape(-1)[:n]
-        req.req_to_token[row, :n] = slots.to(torch.int32)
+        req.req_to_token[row, :n] = slots.to(torch.int32).to(req.req_to_token.device)
         rows.append(row)
         for layer in layers:
-            k = torch.randn(n - 1, layer.tp_k_head_num, layer.head_dim, generator=gen).to(torch.bfloat16)
-            v = torch.randn(n - 1, layer.tp_k_head_num, layer.head_dim, generator=gen).to(torch.bfloat16)
-            pool.set_kv_buffer(layer, slots[: n - 1].to(torch.int64), k, v)
-    idx = torch.tensor(rows, dtype=torch.int64)
-    last = torch.tensor(
-        [req.req_to_token[r, n - 1] for r, n in zip(rows, seq_lens, strict=True)], dtype=torch.int64
+            shape = (n - 1, layer.tp_k_head_num, layer.head_dim)
+            k = torch.randn(*shape, generator=gen).to(torch.bfloat16).to(runner.device)
+            v = torch.randn(*shape, generator=gen).to(torch.bfloat16).to(runner.device)
+            loc = slots[: n - 1].to(torch.int64).to(runner.device)
+            if direct:
+                for buf, x in ((pool.k_buffer, k), (pool.v_buffer, v)):
+                    buf[layer.layer_id][loc] = x.to(pool.dtype).view(pool.store_dtype)
+            else:
+                pool.set_kv_buffer(layer, loc, k, v)
+    idx = torch.tensor(rows, dtype=torch.int64, device=runner.device)
+    last = torch.stack([req.req_to_token[r, n - 1] for r, n in zip(rows, seq_lens, strict=True)]).to(
+        torch.int64
     )
     return idx, last
 
@@ -114,9 +132,9 @@ def _batch(sg, idx, seq_lens, out_loc):
     return sg.ForwardBatch(
         forward_mode=sg.ForwardMode.DECODE,
         batch_size=len(seq_lens),
-        input_ids=torch.zeros(len(seq_lens), dtype=torch.int64),
+        input_ids=torch.zeros(len(seq_lens), dtype=torch.int64, device=idx.device),
         req_pool_indices=idx,
-        seq_lens=lens,
+        seq_lens=lens.to(idx.device),
         out_cache_loc=out_loc,
         seq_lens_sum=int(lens.sum()),
         seq_lens_cpu=lens,
@@ -363,10 +381,10 @@ def test_cuda_graph_metadata_path_matches_eager():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
 def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
-    """Real sizes on the GPU: our backend on a CUDA copy of a real SGLang pool against SGLang's
-    torch_native backend on the CPU original, at Hy3's TP8 shard (8 query heads, 1 KV head, head_dim 128)
-    with mixed lengths up to 8K. SGLang's triton backend needs a full ModelRunner (CUDA graphs, NCCL),
-    so torch_native (the same math, no kernel of its own) is the reference here too."""
+    """Real sizes on the GPU: ours against SGLang's torch_native backend on the same CUDA pool, at Hy3's
+    TP8 shard (8 query heads, 1 KV head, head_dim 128) with mixed lengths up to 8K. SGLang's triton
+    backend needs a full ModelRunner (CUDA graphs, NCCL), so torch_native (the same math, no kernel of
+    its own) is the reference here too."""
     sg = _sglang()
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
 
@@ -375,25 +393,26 @@ def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
     hd = 128
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(
-            sg, q_heads=8, kv_heads=1, kv_dtype=kv_dtype, pages=260, reqs=8, context=8192, head_dim=hd
+            sg,
+            q_heads=8,
+            kv_heads=1,
+            kv_dtype=kv_dtype,
+            pages=260,
+            reqs=8,
+            context=8192,
+            head_dim=hd,
+            device="cuda",
         )
         layer = sg.RadixAttention(8, hd, hd**-0.5, 1, layer_id=0)
-        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen, direct=True)
         fb = _batch(sg, idx, seq_lens, out_loc)
+        q = torch.randn(len(seq_lens), 8 * hd, generator=gen).to(torch.bfloat16).cuda()
         ref = sg.TorchNative(runner)
         ref.init_forward_metadata(fb)
-        q = torch.randn(len(seq_lens), 8 * hd, generator=gen).to(torch.bfloat16)
         want = ref.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
-        pool = runner.token_to_kv_pool
-        pool.k_buffer = [t.cuda() for t in pool.k_buffer]
-        pool.v_buffer = [t.cuda() for t in pool.v_buffer]
-        runner.req_to_token_pool.req_to_token = runner.req_to_token_pool.req_to_token.cuda()
-        runner.device = "cuda"
         ours = HpcAdviseAttnBackend(runner)
-        fb_gpu = _batch(sg, idx.cuda(), seq_lens, out_loc.cuda())
-        fb_gpu.seq_lens = fb_gpu.seq_lens.cuda()
-        ours.init_forward_metadata(fb_gpu)
-        got = ours.forward_decode(q.cuda(), None, None, layer, fb_gpu, save_kv_cache=False).float().cpu()
+        ours.init_forward_metadata(fb)
+        got = ours.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
         torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
 
 
@@ -408,21 +427,23 @@ def test_cuda_graph_capture_and_replay_on_gpu():
     hd, bs = 128, 4
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(
-            sg, q_heads=16, kv_heads=2, kv_dtype=torch.bfloat16, pages=200, reqs=8, context=4096, head_dim=hd
+            sg,
+            q_heads=16,
+            kv_heads=2,
+            kv_dtype=torch.bfloat16,
+            pages=200,
+            reqs=8,
+            context=4096,
+            head_dim=hd,
+            device="cuda",
         )
         layer = sg.RadixAttention(16, hd, hd**-0.5, 2, layer_id=0)
-        lens_a, lens_b = [3000, 5, 700, 64], [1, 4000, 129, 2048]
-        idx_a, loc_a = _fill(sg, runner, [layer], lens_a, gen)
-        pool = runner.token_to_kv_pool
-        pool.k_buffer = [t.cuda() for t in pool.k_buffer]
-        pool.v_buffer = [t.cuda() for t in pool.v_buffer]
-        req = runner.req_to_token_pool
-        req.req_to_token = req.req_to_token.cuda()
-        runner.device = "cuda"
-        # requests of batch b reuse the pool pages of batch a, in another order, with other lengths
+        lens_a = [3000, 5, 700, 64]
+        idx_a, loc_a = _fill(sg, runner, [layer], lens_a, gen, direct=True)
+        # the second step: the same requests in reverse order, with lengths within their filled KV
         idx_b = idx_a.flip(0)
-        static = _batch(sg, idx_a.cuda(), lens_a, loc_a.cuda())
-        static.seq_lens = static.seq_lens.cuda()
+        lens_b = [min(a, b) for a, b in zip(reversed(lens_a), [1, 4000, 129, 2048], strict=True)]
+        static = _batch(sg, idx_a.clone(), lens_a, loc_a)
         q = torch.randn(bs, 16 * hd, device="cuda", dtype=torch.bfloat16)
         graph_be = HpcAdviseAttnBackend(runner)
         graph_be.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
@@ -438,15 +459,13 @@ def test_cuda_graph_capture_and_replay_on_gpu():
             graph_be.init_forward_metadata_in_graph(static)
             out = graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
         eager_be = HpcAdviseAttnBackend(runner)
-        lens_b = [min(a, b) for a, b in zip(reversed(lens_a), lens_b, strict=True)]  # within the filled KV
         for lens, idx in ((lens_a, idx_a), (lens_b, idx_b)):
             static.seq_lens.copy_(torch.tensor(lens, device="cuda"))
-            static.req_pool_indices.copy_(idx.cuda())
+            static.req_pool_indices.copy_(idx)
             q.copy_(torch.randn(bs, 16 * hd, device="cuda", dtype=torch.bfloat16))
             graph_be.init_forward_metadata_out_graph(static)
             g.replay()
-            fb = _batch(sg, idx.cuda(), lens, loc_a.cuda())
-            fb.seq_lens = fb.seq_lens.cuda()
+            fb = _batch(sg, idx, lens, loc_a)
             eager_be.init_forward_metadata(fb)
             want = eager_be.forward_decode(q, None, None, layer, fb, save_kv_cache=False)
             torch.testing.assert_close(out.float(), want.float(), atol=ATOL, rtol=RTOL)
