@@ -5,6 +5,7 @@
 #   .whl_profile  sqlite-utils & co. (wheels the device image lacks)
 #   .whl_attn     FlashInfer 0.7.2.post1 (stripped wheel zip), apache-tvm-ffi, FlashInfer's JIT cache
 # Results land in $OUT/results.tgz (re-packed after every stage, so a timeout keeps what finished).
+# ONLY=decode runs the FlashInfer warm-up and the decode-attention stage alone.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -20,6 +21,7 @@ mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 
 ( timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1 ) &
+if [ "${ONLY:-}" != decode ]; then
 timeout "${TEST_S:-110}" python3 -m pytest -q -m gpu tests/kernels tests/runtime -n 2 --timeout 100 \
   --continue-on-collection-errors -p no:cacheprovider -o addopts="" -rfEs > "$RES/gpu_tests.log" 2>&1
 tail -12 "$RES/gpu_tests.log"
@@ -31,6 +33,8 @@ timeout "${PROFILE_S:-130}" python3 -m hpc_advise profile --bench all --write-re
 tail -40 "$RES/profile_bench_h200.md" 2>/dev/null
 python3 -m hpc_advise runs list > "$RES/runs_list.txt" 2>&1; head -5 "$RES/runs_list.txt"; wc -l "$RES/runs_list.txt"
 pack "profile --bench done"
+fi
+wait
 
 REMAIN=$(( ${TOTAL_S:-500} - (SECONDS - T0) ))
 timeout "$REMAIN" python3 benchmarks/bench_decode_attention.py --tune --grid full > "$RES/decode.log" 2>&1

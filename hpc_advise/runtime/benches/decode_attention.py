@@ -70,6 +70,10 @@ SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested-desc-m128-pc64"),  # + double-buffered K/V: 4 tiles in flight per SM
     (64, 3, 3, 4, "nested-desc-m128-pc64"),  # 3 programs per SM: 6 tiles in flight per SM
     (64, 2, 4, 4, "nested-desc-m128-pc64"),  # triple-buffered: 6 tiles in flight per SM
+    # added after the lead's run 3 (2026-11-29 09:16): '-desc' cost ~5 us on 8/1 64 x 4K while '-m128'
+    # won 44% on 1 x 128K; these separate the two.
+    (64, 2, 3, 4, "nested-m128"),
+    (64, 2, 3, 4, "nested-m128-pc64"),
 ]
 # fp8 KV only: twice the tokens per step (128 = 2 pages of 64), so the same bytes per step as bf16 at tile
 # 64, double-buffered.
