@@ -192,6 +192,7 @@ class HpcAdviseAttnBackend(AttentionBackend):
             head_dim=self.head_dim,
             max_batch=max_batch,
             max_pages=self.max_pages,
+            kv_dtype=getattr(self.token_to_kv_pool, "dtype", None),
             validate=False,
         )
 

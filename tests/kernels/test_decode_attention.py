@@ -501,3 +501,19 @@ def test_sweep_variants_and_best_config_skip_failures():
     assert da.best_config(rows)["ctas_per_sm"] == 3 and da.best_config(rows)["desc"] is False
     with pytest.raises(RuntimeError, match="no configuration"):
         da.best_config([row("a", 1.0, ok=False)])
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
+    seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
+    table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
+    kw = dict(page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128)
+    tuned = op.TUNED_BY_KV_DTYPE[kv_dtype]
+    p = op.plan(seq_lens, table, kv_dtype=kv_dtype, **kw)
+    assert (p.desc, p.merge_block, p.pt_chunk) == (tuned["desc"], tuned["merge_block"], tuned["pt_chunk"])
+    # an explicit knob wins over the tuned one
+    p = op.plan(seq_lens, table, kv_dtype=kv_dtype, merge_block=32, **kw)
+    assert p.merge_block == 32
+    # no dtype given: the module defaults
+    p = op.plan(seq_lens, table, **kw)
+    assert (p.desc, p.merge_block, p.pt_chunk) == (op.DEFAULT_DESC, op.DEFAULT_MERGE_BLOCK, op.DEFAULT_PT_CHUNK)

@@ -49,6 +49,15 @@ DEFAULT_PT_CHUNK = 0
 PT_CHUNKS = (0, 16, 32, 64)
 DEFAULT_LOOP = "nested"
 LOOPS = ("flat", "nested")
+# Per KV dtype, what the H200 sweep of 2026-11-29 measured fastest over its cases (geometric mean;
+# benchmarks/results/decode_attention_sweep.md): for bf16 the descriptor prologue, 128-wide merge steps
+# and page ids of 64 tiles per load (two K/V buffers); for fp8 the plain nested loop. Applied by ``plan``
+# when it is told the KV dtype and the caller leaves these knobs unset.
+TUNED_BY_KV_DTYPE = {
+    torch.bfloat16: {"desc": True, "merge_block": 128, "pt_chunk": 64},
+    torch.float16: {"desc": True, "merge_block": 128, "pt_chunk": 64},
+    torch.float8_e4m3fn: {"desc": False, "merge_block": 16, "pt_chunk": 0},
+}
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
@@ -232,15 +241,23 @@ def plan(
     merge_block: int | None = None,
     pt_chunk: int | None = None,
     loop: str | None = None,
+    kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
     """Build the schedule of a decode step on the GPU (see module docstring).
+
+    ``kv_dtype`` (the KV cache's dtype) picks the measured launch variant of ``TUNED_BY_KV_DTYPE`` for
+    the knobs left unset.
 
     ``num_programs`` overrides the persistent grid (default: SMs x ``ctas_per_sm``); ``static_splits``
     the splits per (request, KV head) of ``schedule='static'`` (default: enough to give the grid as many
     programs as the dynamic one at ``max_batch``)."""
     if schedule not in SCHEDULES:
         _fail(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    tuned = TUNED_BY_KV_DTYPE.get(kv_dtype, {})
+    desc = tuned.get("desc") if desc is None else desc
+    merge_block = tuned.get("merge_block") if merge_block is None else merge_block
+    pt_chunk = tuned.get("pt_chunk") if pt_chunk is None else pt_chunk
     if page_size not in PAGE_SIZES:
         _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
     if head_dim not in HEAD_DIMS:
@@ -522,6 +539,7 @@ def decode_attention(
         num_kv_heads=k_cache.shape[2],
         head_dim=q.shape[2],
         schedule=schedule,
+        kv_dtype=k_cache.dtype,
         validate=validate,
     )
     if validate and not _capturing():
