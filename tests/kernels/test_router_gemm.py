@@ -298,7 +298,7 @@ def test_route_topk_rejects_bad_args(kw, msg):
 
 # ---------------------------------------------------------------- real sizes on the GPU
 
-GPU_SHAPES = [(192, 4096), (128, 4096), (256, 7168)]
+GPU_SHAPES = [(192, 4096), (128, 4096), (256, 7168), (256, 8192)]  # K = 8192: the top of the supported range
 
 
 @pytest.mark.gpu
