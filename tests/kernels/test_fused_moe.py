@@ -24,6 +24,7 @@ from hpc_advise.kernels.fused_moe.reference import (  # noqa: E402
     moe_float_reference,
     quantize_weight,
 )
+from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 
 # Tolerances, declared once (README.md, "Tolerances", says why).
 REL_TOL_QUANT_REF = 2e-2  # vs the reference with the same fp8 quantization, fp32 math
@@ -369,51 +370,31 @@ def test_tuned_configs_apply_only_near_their_t(tmp_path, monkeypatch):
 # the kernels compile for SM90 (ptxas ships with triton; no GPU needed). The interpreter does not
 # compile, so without this a kernel could pass every CPU test and fail to build on the H200.
 
-_SM90_SCRIPT = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from hpc_advise.kernels.fused_moe import kernel as K
-
-TYPES = {
+# Triton types of each kernel's non-constexpr arguments, in order (tests/kernels/sm90_compile.py).
+SM90_TYPES = {
     "_prep_kernel": "*i32 i32 i32 i32 *i32 *i32 *i32 *i32 i32 *bf16 *fp8e4nv *fp32 *fp32 i32 i32 i32",
     "_gate_up_kernel": "*fp8e4nv *fp32 *fp32 *fp8e4nv *fp32 *i32 *i32 *i32 *fp8e4nv *fp32 *fp32 "
-                       + "i32 " * 9,
+    + "i32 " * 9,
     "_act_quant_kernel": "*fp32 *i32 *i32 *fp8e4nv *fp32 *fp32 i32 i32",
     "_down_kernel": "*fp8e4nv *fp32 *fp32 *fp8e4nv *fp32 *i32 *i32 *i32 *fp32 *bf16 i32 i32 i32 i32 "
-                    "fp32 i32 i32 i32 i32",
+    "fp32 i32 i32 i32 i32",
     "_reduce_kernel": "*bf16 *i32 *bf16 i32 i32 i32 i32 i32",
 }
-ALIGNED_INTS = {"H", "I", "stride_we", "stride_wn", "stride_x", "stride_out"}  # multiples of 16 here
-out = {}
-for name, consts, warps, stages in json.loads(sys.argv[1]):
-    fn = getattr(K, name)
-    types = iter(TYPES[name].split())
-    sig, attrs = {}, {}
-    for i, arg in enumerate(fn.arg_names):
-        if arg in consts:
-            sig[arg] = "constexpr"
-            continue
-        sig[arg] = next(types)
-        if name == "_gate_up_kernel" and arg == "out_ptr" and consts["OUT_MODE"] == 1:
-            sig[arg] = "*fp32"
-        if sig[arg].startswith("*") or arg in ALIGNED_INTS:
-            attrs[(i,)] = [["tt.divisibility", 16]]  # what the launcher's specialization sees
-    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
-    ttgir = k.asm["ttgir"]
-    out[name + str(len(out))] = {"async_copies": ttgir.count("async_copy_global_to_local"),
-                                 "wgmma": ttgir.count("warp_group_dot "), "shared": k.metadata.shared}
-print(json.dumps(out))
-"""
+SM90_ALIGNED = ["H", "I", "stride_we", "stride_wn", "stride_x", "stride_out"]  # multiples of 16 here
+
+
+def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
+    from hpc_advise.kernels.fused_moe import kernel as K
+
+    types = SM90_TYPES[name].split()
+    if name == "_gate_up_kernel" and consts["OUT_MODE"] == 1:  # split-K partials are fp32
+        args = [a for a in getattr(K, name).arg_names if a not in consts]
+        types[args.index("out_ptr")] = "*fp32"
+    return ["hpc_advise.kernels.fused_moe.kernel", name, " ".join(types), consts, warps, stages, SM90_ALIGNED]
 
 
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_with_pipelined_loads():
-    import subprocess
-    import sys
-
     gu = dict(
         BLOCK_M=16,
         BLOCK_N=32,
@@ -444,23 +425,10 @@ def test_kernels_compile_for_sm90_with_pipelined_loads():
         ],
         ["_reduce_kernel", dict(BLOCK_H=1024), 4, 3],
     ]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "-c", _SM90_SCRIPT, json.dumps(jobs)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=600,
-    )
-    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
-        pytest.skip("triton's bundled ptxas is missing")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    gemms = {k: v for k, v in res.items() if k.startswith(("_gate_up", "_down"))}
-    assert gemms and all(v["async_copies"] > 0 for v in gemms.values()), res  # software-pipelined
-    assert res["_down_kernel4"]["wgmma"] > 0, res  # BLOCK_M 64: Hopper wgmma, not mma.sync
+    res = compile_sm90([_sm90_job(*job) for job in jobs])
+    gemms = [r for r in res if r["kernel"] in ("_gate_up_kernel", "_down_kernel")]
+    assert gemms and all(r["async_copies"] > 0 for r in gemms), res  # software-pipelined
+    assert res[4]["wgmma"] > 0, res  # the down kernel at BLOCK_M 64: Hopper wgmma, not mma.sync
 
 
 # ---------------------------------------------------------------------------------------------
