@@ -4,6 +4,8 @@
   CUDA-graph replays (default: one graph holding ``inner`` back-to-back calls, so launch gaps vanish)
   or as event-timed eager launches. Inputs are the caller's business: rotate buffers larger than L2
   when the working set would otherwise stay cached.
+- ``rotating(inputs, body)``: a call that runs ``body`` on the next of several input sets each time, so
+  timed repetitions (and the calls captured in one CUDA graph) cycle through data larger than L2.
 - ``run_row(...)``: one measurement as a knowledge-base ``runs`` row (the schema of
   ``hpc_advise.knowledge_base``: kind, subject, provider, config, metric, unit, p20/p50/p80, gpu,
   versions, git_sha, command, created_at).
@@ -103,6 +105,18 @@ def time_cuda(
         samples.append(start.elapsed_time(end) * 1000.0 / inner)
     p20, p50, p80 = _percentiles(samples)
     return Timing(p20, p50, p80, reps)
+
+
+def rotating(inputs: list, body: Callable[[object], object]) -> Callable[[], object]:
+    """A no-argument call that applies ``body`` to ``inputs[0]``, ``inputs[1]``, … in turn, cyclically."""
+    state = {"i": 0}
+
+    def call() -> object:
+        i = state["i"]
+        state["i"] = (i + 1) % len(inputs)
+        return body(inputs[i])
+
+    return call
 
 
 def git_sha() -> str | None:

@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable
 
-from hpc_advise.runtime.benchmarking import Timing, environment, run_row, time_cuda
+from hpc_advise.runtime.benchmarking import Timing, environment, rotating, run_row, time_cuda
 
 HEAD_DIM = 128
 PAGE = 64
@@ -179,27 +179,16 @@ class Workload:
         return self.kv_bytes / (copy_tbps * 1e12) * 1e6
 
 
-def _rotating(calls: list[Callable[[], object]]) -> Callable[[], object]:
-    state = {"i": 0}
-
-    def fn():
-        i = state["i"]
-        state["i"] = (i + 1) % len(calls)
-        return calls[i]()
-
-    return fn
-
-
 def _time(calls: list[Callable[[], object]]) -> tuple[Timing, str]:
     """Graph replay of all rotations (a multiple of them per graph); eager launches if capture fails."""
     inner = len(calls) * max(1, 8 // len(calls))
     try:
-        return time_cuda(_rotating(calls), graph=True, inner=inner, reps=20), "graph"
+        return time_cuda(rotating(calls, lambda call: call()), graph=True, inner=inner, reps=20), "graph"
     except Exception:
         import torch
 
         torch.cuda.synchronize()
-        return time_cuda(_rotating(calls), graph=False, inner=inner, reps=20), "eager"
+        return time_cuda(rotating(calls, lambda call: call()), graph=False, inner=inner, reps=20), "eager"
 
 
 def _ours(w: Workload, schedule: str, **cfg):

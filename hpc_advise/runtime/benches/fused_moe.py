@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
-from hpc_advise.runtime.benchmarking import Timing, environment, run_row, time_cuda
+from hpc_advise.runtime.benchmarking import Timing, environment, rotating, run_row, time_cuda
 
 SHAPES = {  # name -> (E local, H, I, top_k, E global, expert offset)
     "hy3": (192, 4096, 1536, 8, 192, 0),
@@ -117,17 +117,6 @@ def _kwargs(wts: dict, mode: str, offset: int) -> dict:
     if wts["block"]:
         kw["block_shape"] = (128, 128)
     return kw
-
-
-def _rotating(sets: list[dict], body: Callable[[dict], object]) -> Callable[[], object]:
-    state = {"i": 0}
-
-    def fn():
-        s = sets[state["i"] % len(sets)]
-        state["i"] += 1
-        return body(s)
-
-    return fn
 
 
 # ------------------------------------------------------------------------------------------------
@@ -370,7 +359,7 @@ def bench_case(
                 den = ref.norm().clamp(min=1e-30)
                 errs[name] = float((out - ref).norm() / den)
                 del ref
-            timing, graph_error = _time(_rotating(sets, body), t)
+            timing, graph_error = _time(rotating(sets, body), t)
         except Exception as exc:
             log(f"  {shape} {mode} T={t} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
             continue
@@ -654,7 +643,7 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> l
                 for c in candidates(t, k, mode.endswith("dynamic")):
                     body = _ours_body(op, wts, kw, c)
                     try:
-                        timing, _ = _time(_rotating(sets, body), t)
+                        timing, _ = _time(rotating(sets, body), t)
                     except Exception as exc:
                         log(f"  {shape} {mode} T={t} {c}: {type(exc).__name__}: {str(exc)[:200]}")
                         continue

@@ -21,7 +21,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-from hpc_advise.runtime.benchmarking import environment, run_row, time_cuda
+from hpc_advise.runtime.benchmarking import environment, rotating, run_row, time_cuda
 
 SHAPES_FULL = [(192, 4096), (128, 4096), (256, 7168)]  # Hy3, Qwen3-235B, DeepSeek-V3 (N experts, K hidden)
 M_FULL = [1, 8, 32, 64, 128, 512, 2048, 8192]
@@ -88,21 +88,10 @@ def _sets(N: int, K: int, M: int, l2_bytes: float, x32: bool, hot_w: bool = Fals
     return sets
 
 
-def _rotating(sets, body):
-    state = {"i": 0}
-
-    def fn():
-        s = sets[state["i"] % len(sets)]
-        state["i"] += 1
-        return body(s)
-
-    return fn
-
-
 def _time(sets, body):
     n = len(sets)
     inner = n * max(1, math.ceil(10 / n))
-    return time_cuda(_rotating(sets, body), inner=inner, reps=20, warmup=2)
+    return time_cuda(rotating(sets, body), inner=inner, reps=20, warmup=2)
 
 
 def _providers(peers: bool, x32: bool):

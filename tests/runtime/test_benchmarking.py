@@ -1,0 +1,33 @@
+"""The GPU-free helpers of hpc_advise.runtime.benchmarking."""
+
+from hpc_advise.runtime import benchmarking as bm
+
+
+def test_rotating_cycles_through_the_inputs_in_order():
+    seen = []
+    call = bm.rotating(["a", "b", "c"], lambda x: seen.append(x) or x.upper())
+    assert [call() for _ in range(7)] == ["A", "B", "C", "A", "B", "C", "A"]
+    assert seen == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+def test_percentiles_interpolate_between_samples():
+    assert bm._percentiles([5.0, 1.0, 3.0, 2.0, 4.0]) == (1.8, 3.0, 4.2)
+
+
+def test_run_row_takes_a_timing_or_a_single_value():
+    env = {"gpu": "NVIDIA H200", "torch": "2.11.0"}
+    row = bm.run_row(
+        kind="kernel",
+        subject="x",
+        provider="ours",
+        config={"M": 1},
+        metric="latency",
+        unit="us",
+        timing=bm.Timing(1.0, 2.0, 3.0, 10),
+        env=env,
+        extra={"note": "n"},
+    )
+    assert (row["p20"], row["p50"], row["p80"], row["gpu"]) == (1.0, 2.0, 3.0, "NVIDIA H200")
+    assert row["config"] == {"M": 1, "note": "n"}
+    row = bm.run_row(kind="k", subject="x", provider="p", config={}, metric="m", unit="u", value=7, env=env)
+    assert row["p20"] == row["p50"] == row["p80"] == 7.0
