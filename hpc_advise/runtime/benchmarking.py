@@ -168,8 +168,12 @@ def _environment() -> dict[str, str]:
 
 
 def command_line() -> str:
-    """The command that produced this process, shell-quoted."""
-    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    """The command that produced this process, shell-quoted (``python -m pkg`` shown as such)."""
+    argv = list(sys.argv)
+    main = Path(argv[0]) if argv else None
+    if main is not None and main.name == "__main__.py":
+        argv = ["-m", main.parent.name, *argv[1:]]
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *argv])
 
 
 def run_row(

@@ -31,3 +31,10 @@ def test_run_row_takes_a_timing_or_a_single_value():
     assert row["config"] == {"M": 1, "note": "n"}
     row = bm.run_row(kind="k", subject="x", provider="p", config={}, metric="m", unit="u", value=7, env=env)
     assert row["p20"] == row["p50"] == row["p80"] == 7.0
+
+
+def test_command_line_shows_python_dash_m(monkeypatch):
+    monkeypatch.setattr(bm.sys, "argv", ["/x/hpc_advise/__main__.py", "profile", "--bench", "all"])
+    assert bm.command_line().endswith("-m hpc_advise profile --bench all")
+    monkeypatch.setattr(bm.sys, "argv", ["benchmarks/bench_router_gemm.py", "--grid", "full"])
+    assert bm.command_line().endswith("benchmarks/bench_router_gemm.py --grid full")
