@@ -188,9 +188,14 @@ class Rates:
 
     @classmethod
     def of(cls, gpu) -> Rates:
-        bw = float(gpu.rate("copy_bw_tbps")) * 1e6
-        bf16 = float(gpu.rate("bf16_tflops"))
-        fp8 = gpu.rate("fp8_tflops") or bf16
+        """Datasheet bandwidth and tensor-core rates for every GPU, on purpose: the calibration learns
+        the achieved fraction of the roofline, which transfers across GPUs only when every GPU's
+        roofline is on the same basis (a measured copy bandwidth, 86% of the datasheet on the H200, next
+        to datasheet figures of the other GPUs made H200 rows look slower than they are). Link
+        bandwidth stays measured when known (no datasheet all-reduce figure exists)."""
+        bw = float(gpu.mem_bw_tbps) * 1e6
+        bf16 = float(gpu.bf16_tflops)
+        fp8 = gpu.fp8_tflops or bf16
         fp4 = getattr(gpu, "fp4_tflops", None) or fp8
         flops = {"bf16_tflops": bf16 * 1e6, "fp8_tflops": float(fp8) * 1e6, "fp4_tflops": float(fp4) * 1e6}
         link = gpu.rate("allreduce_busbw_gbps") or getattr(gpu, "pcie_gbps", None) or 25.0
@@ -236,13 +241,20 @@ def _collective(nbytes: float, ranks: int, link: float, kind: str) -> float:
     return factor * nbytes / link
 
 
-def decode_step(s: Shapes, rates: Rates, dep: Deployment, ctx_sum: float, batch: float) -> dict[str, float]:
+def decode_step(
+    s: Shapes, rates: Rates, dep: Deployment, ctx_sum: float, batch: float, extra_tokens: float = 0.0
+) -> dict[str, float]:
     """Roofline µs of one decode step on one rank, per operator (whole model, all layers).
 
     ``batch`` requests per attention-DP group, ``ctx_sum`` = sum of their context lengths (tokens).
+    ``extra_tokens`` = prompt tokens per group that chunked prefill mixes into the same step: they
+    share the step's weight reads and add their GEMM FLOPs, activations and MoE experts touched
+    (their attention FLOPs are the caller's, see ``roofline_serving``).
     Keys: attn_kv, attn_proj, moe, dense_ffn, router, lm_head, comm, and counts n_collectives.
     """
     tp, dp = dep.attn_tp, dep.attn_dp
+    lm_tokens = batch  # logits only for the decoding requests
+    batch = batch + extra_tokens  # tokens through the GEMMs, router, MoE and collectives
     wq = WEIGHT_BYTES[dep.dense_quant]
     wm = WEIGHT_BYTES[dep.moe_quant]
     kv_layer = s.kv_bytes_per_token_layer_bf16 * kv_heads_per_rank(s, tp) / s.kv_heads * dep.kv_bytes / 2.0
@@ -286,7 +298,7 @@ def decode_step(s: Shapes, rates: Rates, dep: Deployment, ctx_sum: float, batch:
     if tp > 1:
         comm += s.layers * 2 * _collective(batch * act, tp, rates.link, "allreduce")
         n_coll += 2 * s.layers
-    b, f = _gemm(s.vocab * s.hidden / tp, batch, 2.0, rates, "bf16")
+    b, f = _gemm(s.vocab * s.hidden / tp, lm_tokens, 2.0, rates, "bf16")
     lm_head = max(b, f)
     return {
         "attn_kv": attn_kv,
@@ -384,8 +396,10 @@ def roofline_serving(s: Shapes, rates: Rates, dep: Deployment, w: Workload) -> d
     """Roofline TPOT and TTFT (ms) of a closed-loop benchmark at ``w.concurrency`` (aggregated serving).
 
     TPOT = decode step at the mean context (isl + osl/2) + the prefill work that enters during one
-    request's decode (``batch`` prefills of ``isl`` spread over ``osl`` steps, as chunked prefill mixes
-    them in). TTFT = one prefill of ``isl`` + waiting for the prefills ahead of it: in steady state a
+    request's decode: ``batch`` prefills of ``isl`` spread over ``osl`` steps, mixed into the decode
+    steps as chunked prefill does, so they share the step's weight reads and add their FLOPs,
+    activations, extra MoE experts touched and causal-attention work (``interference`` = mixed step
+    minus pure decode step; a prefill timed alone would read every weight again). TTFT = one prefill of ``isl`` + waiting for the prefills ahead of it: in steady state a
     closed loop admits ``batch / (osl * TPOT)`` requests per unit time per group, so the prefill server
     utilisation is ``rho = arrival * prefill``; M/D/1 waiting ``rho * prefill / (2 (1 - rho))`` (capped
     at rho 0.95; the calibration learns what the queue misses).
@@ -397,7 +411,14 @@ def roofline_serving(s: Shapes, rates: Rates, dep: Deployment, w: Workload) -> d
     pf = prefill(s, rates, dep, tokens=new_tokens, ctx_before=w.isl - new_tokens)
     t_step = total_us(step)
     t_pf = total_us(pf)
-    interference = batch * t_pf / max(w.osl, 1.0)
+    per_step = batch / max(w.osl, 1.0)  # prefills entering per decode step and group
+    mixed = decode_step(
+        s, rates, dep, ctx_sum=batch * ctx_mean, batch=batch, extra_tokens=per_step * new_tokens
+    )
+    interference = max(total_us(mixed) - t_step, 0.0) + per_step * pf["attn_flops"]
+    # the same prefill work timed as separate one-request prefills (each reads the weights again):
+    # the upper bound when an engine runs prefills as their own iterations
+    interference_alone = per_step * t_pf
     tpot_us = t_step + interference
     arrival = batch / (max(w.osl, 1.0) * tpot_us)
     rho = min(arrival * t_pf, 0.95)
@@ -409,6 +430,7 @@ def roofline_serving(s: Shapes, rates: Rates, dep: Deployment, w: Workload) -> d
         "step_us": t_step,
         "prefill_us": t_pf,
         "interference_us": interference,
+        "interference_alone_us": interference_alone,
         "wait_us": wait,
         "rho": rho,
         "batch": batch,

@@ -54,7 +54,17 @@ SETTINGS: dict = {
     "residual_clip": 1.5,  # |log ratio| the correction may apply
 }
 
-TPOT_TERMS = ("const_ms", "layers", "collectives", "attn_kv", "weights", "moe", "comm", "interference")
+TPOT_TERMS = (
+    "const_ms",
+    "layers",
+    "collectives",
+    "attn_kv",
+    "weights",
+    "moe",
+    "comm",
+    "interference",
+    "interference_alone",
+)
 TTFT_TERMS = ("const_ms", "layers", "prefill", "wait", "step", "collectives")
 
 # Checkpoints whose architecture equals a shipped profile's (same config.json shapes).
@@ -148,6 +158,7 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
             rf["d_moe"] + rf["d_router"],
             rf["d_comm"],
             rf["interference_us"],
+            rf["interference_alone_us"],
         ]
     )
     x_ttft = np.array(

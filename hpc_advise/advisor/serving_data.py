@@ -117,6 +117,15 @@ def _float(d: dict, key: str) -> float | None:
     return value
 
 
+_SILICON_CONCURRENCY = re.compile(r"(?:^|[;\s])silicon_concurrency=(\d+)")
+
+
+def _silicon_concurrency(d: dict) -> int | None:
+    """The client concurrency recorded in ``silicon_data_source`` ('...; silicon_concurrency=128; ...')."""
+    m = _SILICON_CONCURRENCY.search(d.get("silicon_data_source") or "")
+    return int(m.group(1)) if m else None
+
+
 def default_kv_bytes(engine: str, quant: str) -> float:
     """KV-cache bytes per element the CSV rows most likely ran with (the CSV does not say): TensorRT-LLM
     quantized recipes use an FP8 KV cache; SGLang and vLLM default to the model dtype (bf16)."""
@@ -136,10 +145,17 @@ def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
     if pp != 1:
         raise RowError(f"pp_size {pp}: pipeline parallelism is not modelled")
     tp = _int(d, "tp_size")
-    dp = _int(d, "attention_dp_size", 1) or 1
+    dp = _int(d, "attention_dp_size", 0)
     ep = _int(d, "moe_ep_size", 1) or 1
     if tp < 1:
         raise RowError(f"tp_size {tp} must be >= 1")
+    moe_group = (_int(d, "moe_tp_size", 0) or 0) * ep
+    if dp < 1:
+        # attention_dp_size not stated: the MoE group (moe_tp x moe_ep) spans every GPU of the replica
+        # (AIConfigurator's rows satisfy tp x attention_dp = moe_tp x moe_ep; vLLM's expert layers form
+        # a DP x TP group, docs.vllm.ai serving/data_parallel_deployment), so a larger MoE group
+        # than tp_size means attention data parallelism over moe_group / tp_size groups
+        dp = moe_group // tp if moe_group > tp and moe_group % tp == 0 else 1
     n = tp * dp
     if n % ep:
         # dense models carry meaningless MoE columns; the MoE split is checked against the model later
@@ -147,6 +163,18 @@ def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
     batch = _int(d, "batch_size")
     if batch < 1:
         raise RowError(f"batch_size {batch} must be >= 1")
+    concurrency = batch * dp
+    measured = _silicon_concurrency(d)
+    if measured is not None:
+        # the benchmark client's concurrency, when the source records it, is what was measured; rows
+        # where it matches neither reading of batch_size (per attention-DP group or per replica) were
+        # run with a deployment the row's columns do not describe
+        if measured not in (batch, batch * dp):
+            raise RowError(
+                f"silicon_concurrency {measured} matches neither batch_size {batch} nor batch_size x "
+                f"attention_dp_size {batch * dp}: the row's parallel columns do not describe its run"
+            )
+        concurrency = measured
     isl, osl = _int(d, "isl"), _int(d, "osl")
     if isl < 1 or osl < 1:
         raise RowError("isl and osl must be >= 1")
@@ -173,7 +201,7 @@ def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
         kv_bytes=default_kv_bytes(engine, moe_q),
         isl=float(isl),
         osl=float(osl),
-        concurrency=float(batch * dp),
+        concurrency=float(concurrency),
         n_gpus=n,
         attn_dp=dp,
         moe_ep=ep,

@@ -47,15 +47,37 @@ def test_decode_step_kv_term_matches_profile_bytes():
     s, r = F.shapes_of(model), F.Rates.of(gpu)
     dep = F.Deployment(1, kv_bytes=2.0)
     step = F.decode_step(s, r, dep, ctx_sum=64 * 4096, batch=64)
-    expect = 64 * 4096 * model.kv_bytes_per_token(2) / (gpu.rate("copy_bw_tbps") * 1e6)
+    expect = 64 * 4096 * model.kv_bytes_per_token(2) / (gpu.mem_bw_tbps * 1e6)
     assert step["attn_kv"] == pytest.approx(expect, rel=1e-9)
-    # weights are read once per step: 8B bf16 params over the copy bandwidth, within the embedding's share
+    # weights are read once per step: 8B bf16 params over the bandwidth, within the embedding's share
     weights = step["attn_proj"] + step["dense_ffn"] + step["lm_head"]
-    assert 0.85 < weights / (model.weight_bytes() / (gpu.rate("copy_bw_tbps") * 1e6)) < 1.05
+    assert 0.85 < weights / (model.weight_bytes() / (gpu.mem_bw_tbps * 1e6)) < 1.05
     # TP2 halves the KV heads per rank and the weights per rank
     step2 = F.decode_step(s, r, F.Deployment(2, kv_bytes=2.0), ctx_sum=64 * 4096, batch=64)
     assert step2["attn_kv"] == pytest.approx(step["attn_kv"] / 2)
     assert step2["comm"] > 0 and step["comm"] == 0
+
+
+def test_rates_use_datasheet_basis_for_every_gpu():
+    # the H200 profile carries a measured copy bandwidth; the roofline must not mix it with the other
+    # GPUs' datasheet figures, or the calibration's efficiency would not transfer between GPUs
+    h200, b200 = get_gpu("h200"), get_gpu("b200")
+    assert h200.rate("copy_bw_tbps") < h200.mem_bw_tbps
+    for gpu in (h200, b200):
+        r = F.Rates.of(gpu)
+        assert r.bw == pytest.approx(gpu.mem_bw_tbps * 1e6)
+        assert r.peak("bf16") == pytest.approx(gpu.bf16_tflops * 1e6)
+
+
+def test_mixed_prefill_shares_the_decode_steps_weight_reads():
+    s, r = F.shapes_of(get_model("qwen3-235b-a22b")), F.Rates.of(get_gpu("h100"))
+    dep = F.Deployment(4, moe_ep=4, dense_quant="fp8", moe_quant="fp8", kv_bytes=1.0)
+    rf = F.roofline_serving(s, r, dep, F.Workload(isl=128, osl=128, concurrency=64))
+    # one 128-token prompt per step: timed alone it re-reads the experts, mixed in it mostly adds FLOPs
+    assert 0 < rf["interference_us"] < 0.5 * rf["interference_alone_us"]
+    step = F.decode_step(s, r, dep, ctx_sum=64 * 192, batch=64)
+    mixed = F.decode_step(s, r, dep, ctx_sum=64 * 192, batch=64, extra_tokens=64)
+    assert mixed["lm_head"] == step["lm_head"] and F.total_us(mixed) > F.total_us(step)
 
 
 def test_moe_experts_touched_grows_with_tokens():
@@ -70,6 +92,27 @@ def test_csv_rows_parse_or_give_reasons(tmp_path):
         _row(attention_dp_size="4", batch_size="8", tp_size="2", moe_ep_size="8"), "f:2"
     )
     assert (good.n_gpus, good.attn_dp, good.concurrency, good.moe_ep) == (8, 4, 32.0, 8)
+    # attention_dp_size blank: the MoE group (moe_tp x moe_ep) spans the replica, so tp 1 with a MoE
+    # group of 2 is attention DP 2 on 2 GPUs; the recorded client concurrency is the concurrency
+    src = "source_file=x.csv; silicon_concurrency=8"
+    inferred = sd.point_from_csv_row(
+        _row(attention_dp_size="", tp_size="1", moe_tp_size="2", batch_size="8", silicon_data_source=src),
+        "f:6",
+    )
+    assert (inferred.n_gpus, inferred.attn_dp, inferred.concurrency) == (2, 2, 8.0)
+    dense = sd.point_from_csv_row(_row(attention_dp_size="", tp_size="2", moe_tp_size="1"), "f:7")
+    assert (dense.n_gpus, dense.attn_dp, dense.concurrency) == (2, 1, 16.0)
+    with pytest.raises(sd.RowError, match="silicon_concurrency 224 matches neither"):
+        sd.point_from_csv_row(
+            _row(
+                batch_size="56",
+                tp_size="4",
+                moe_tp_size="1",
+                moe_ep_size="4",
+                silicon_data_source="a; silicon_concurrency=224; b",
+            ),
+            "f:8",
+        )
     with pytest.raises(sd.RowError, match="disaggregated"):
         sd.point_from_csv_row(_row(mode="disagg"), "f:3")
     with pytest.raises(sd.RowError, match="pipeline"):
