@@ -274,7 +274,7 @@ def decode_step(
         touched = expected_experts_touched(local, s.experts, s.top_k, tokens_all)
         wbytes = touched * s.expert_params / dep.moe_tp * wm
         flops = 2.0 * tokens_all * s.top_k * s.expert_params / dep.n_gpus
-        b_sh, f_sh = _gemm(s.shared_params / tp, batch, wm, rates, dep.moe_quant)
+        b_sh, f_sh = _gemm(s.shared_params / tp, batch, wq, rates, dep.dense_quant)  # shared: dense quant
         moe = s.moe_layers * (max(wbytes / rates.bw, flops / rates.peak(dep.moe_quant)) + max(b_sh, f_sh))
         # fp32 router weights, fp32 math on tensor cores at tf32-ish rates: bytes-bound at decode sizes
         router = s.moe_layers * max(
@@ -337,7 +337,7 @@ def prefill(
         wbytes = touched * s.expert_params / dep.moe_tp * wm
         # a single group's prefill is spread over all GPUs of the MoE
         flops = 2.0 * tokens * s.top_k * s.expert_params / dep.n_gpus
-        b_sh, f_sh = _gemm(s.shared_params / tp, tokens, wm, rates, dep.moe_quant)
+        b_sh, f_sh = _gemm(s.shared_params / tp, tokens, wq, rates, dep.dense_quant)
         moe = s.moe_layers * (max(wbytes / rates.bw, flops / rates.peak(dep.moe_quant)) + max(b_sh, f_sh))
         if dep.moe_ep > 1 or dep.attn_dp > 1:
             comm += (

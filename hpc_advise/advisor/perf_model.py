@@ -103,6 +103,9 @@ def resolve_gpu(name: str):
         raise RowError(f"no GPU profile for {name!r} ({exc})") from None
 
 
+FOUR_BIT = ("nvfp4", "mxfp4", "int4_wo")
+
+
 def model_quants(model) -> tuple[str, str]:
     """(dense GEMM quant, MoE quant) of a model's shipped checkpoint."""
     q = F.normalize_quant(model.quantization)
@@ -134,6 +137,12 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
     if not p.dense_quant or not p.moe_quant:  # not stated: the model's shipped checkpoint
         dq, mq = model_quants(model)
         p = replace(p, dense_quant=p.dense_quant or dq, moe_quant=p.moe_quant or mq)
+    ck_dense, ck_moe = model_quants(model)
+    if ck_dense == "bf16" and ck_moe in FOUR_BIT and p.dense_quant in FOUR_BIT:
+        # a 4-bit label on a checkpoint that quantizes only its experts (gpt-oss's MXFP4 and Kimi's
+        # INT4 keep attention, shared experts and dense MLPs in bf16: modules_to_not_convert / ignore
+        # of their config.json): the dense GEMMs that ran read bf16 weights
+        p = replace(p, dense_quant="bf16")
     s = F.shapes_of(model)
     rates = F.Rates.of(gpu)
     ep = p.moe_ep if s.is_moe else 1

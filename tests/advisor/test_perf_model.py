@@ -135,6 +135,31 @@ def test_seed_data_parses_and_cites_source():
     assert "AIConfigurator" in sd.SEED_CITATION
 
 
+def test_four_bit_label_on_expert_only_checkpoint_keeps_dense_gemms_bf16():
+    # gpt-oss (MXFP4) and Kimi-K2.5 (INT4) quantize only their experts; a fully 4-bit checkpoint
+    # label (DeepSeek-R1-NVFP4) keeps the row's dense quantization
+    cases = (
+        ("openai/gpt-oss-120b", "nvfp4", "bf16"),
+        ("moonshotai/Kimi-K2.5", "int4", "bf16"),
+        ("nvidia/DeepSeek-R1-NVFP4", "nvfp4", "nvfp4"),
+    )
+    for model, quant, dense in cases:
+        p = sd.point_from_csv_row(
+            _row(
+                model_path=model,
+                system="b200_sxm",
+                gemm_quant_mode=quant,
+                moe_quant_mode=quant,
+                tp_size="8",
+                moe_tp_size="1",
+                moe_ep_size="8",
+            ),
+            "f:1",
+        )
+        dep = pm.prepare(p).dep
+        assert (dep.dense_quant, dep.moe_quant) == (dense, F.normalize_quant(quant)), model
+
+
 def test_quantized_reuploads_resolve_to_base_architecture():
     assert pm.resolve_model("Qwen/Qwen3-235B-A22B-FP8").key == "qwen3-235b-a22b"
     assert pm.resolve_model("nvidia/DeepSeek-R1-NVFP4").key == "deepseek-v3"
