@@ -1,9 +1,9 @@
 """Roofline composition of a serving step: per-operator times from a model profile, a GPU profile and a
 deployment, and the feature vector the serving-level calibration learns from.
 
-Everything here is physics, no fitting: each operator's time is ``max(bytes / copy BW, FLOPs / peak)``
-(its roofline floor) on one rank, using ``GpuProfile.rate`` (measured figures when the profile has
-them, datasheet figures otherwise). Fitted corrections live elsewhere: kernel efficiencies per
+Everything here is physics, no fitting: each operator's time is ``max(bytes / BW, FLOPs / peak)``
+(its roofline floor) on one rank, from the GPU profile's datasheet bandwidth and tensor-core rates for
+every GPU (one basis, so fitted efficiencies transfer between GPUs; see ``Rates.of``). Fitted corrections live elsewhere: kernel efficiencies per
 backend in ``op_efficiency`` and the end-to-end calibration in ``perf_model``.
 
 Conventions (SGLang's): ``n_gpus`` GPUs serve one model replica; attention runs ``attn_dp`` data-parallel
@@ -11,7 +11,8 @@ groups of ``attn_tp = n_gpus / attn_dp`` GPUs each; MoE experts are split ``moe_
 expert ``moe_tp = n_gpus / moe_ep`` ways. ``concurrency`` is the number of requests in flight on the
 replica (all attention-DP groups together). Times are microseconds, bytes are bytes.
 
-Decode step per rank and layer: attention projections (weights), KV read of the batch's contexts,
+Decode step per rank and layer: attention projections (weights), KV read of the batch's contexts
+(plus bounded state: linear-attention recurrent state read and written, sliding-window KV),
 router GEMM, MoE experts touched by the step's tokens (expected distinct experts under uniform
 routing), shared experts / dense FFN, all-reduce (attention TP) or all-gather + reduce-scatter
 (attention DP) or all-to-all (EP) from link bandwidth; plus the LM head once per step. Prefill: the
@@ -112,6 +113,12 @@ class Shapes:
     top_k: int
     vocab: int
     kv_bytes_per_token_layer_bf16: float  # all KV heads of one layer, bf16
+    # bounded per-sequence attention state, all layers, unsplit: linear-attention (Gated DeltaNet)
+    # recurrent state + conv window, read and written every decode step (fp32 state, the profile's
+    # ``LinearAttention.state_bytes`` default), and sliding-window KV (bf16) at its full window
+    state_bytes_per_seq: float = 0.0
+    window_kv_bytes_per_seq_bf16: float = 0.0
+    state_heads: int = 1  # heads the linear-attention state splits over attention-TP ranks
 
     @property
     def is_moe(self) -> bool:
@@ -159,6 +166,12 @@ def shapes_of(model) -> Shapes:
     residual = (float(model.total_params()) - ffn_total - embed) / layers
     gqa_attn = float(hidden * head_dim * (2 * heads + 2 * kv_heads))
     attn_params = max(residual, gqa_attn if model.attention != "mla" else 0.25 * gqa_attn)
+    lin = getattr(model, "linear_attention", None)
+    n_lin = int(getattr(model, "num_linear_attention_layers", 0) or 0)
+    state = float(n_lin * lin.state_bytes()) if lin is not None and n_lin else 0.0
+    n_win = int(getattr(model, "num_sliding_window_layers", 0) or 0)
+    window = int(getattr(model, "sliding_window", 0) or 0)
+    win_kv = float(n_win * window * 2 * kv_heads * head_dim * 2) if n_win and window else 0.0
     return Shapes(
         layers=layers,
         moe_layers=moe_layers,
@@ -175,6 +188,9 @@ def shapes_of(model) -> Shapes:
         top_k=int(model.top_k) if is_moe else 0,
         vocab=vocab,
         kv_bytes_per_token_layer_bf16=float(model.kv_bytes_per_token(2)) / layers,
+        state_bytes_per_seq=state,
+        window_kv_bytes_per_seq_bf16=win_kv,
+        state_heads=int(lin.num_value_heads) if lin is not None and n_lin else 1,
     )
 
 
@@ -259,6 +275,13 @@ def decode_step(
     wm = WEIGHT_BYTES[dep.moe_quant]
     kv_layer = s.kv_bytes_per_token_layer_bf16 * kv_heads_per_rank(s, tp) / s.kv_heads * dep.kv_bytes / 2.0
     attn_kv = s.layers * ctx_sum * kv_layer / rates.bw
+    # bounded-state layers: the recurrent state is read and written back every step (split over the
+    # attention-TP ranks by head); sliding-window KV is read at its window (contexts here exceed it)
+    state = 2.0 * s.state_bytes_per_seq / min(tp, s.state_heads)
+    window = (
+        s.window_kv_bytes_per_seq_bf16 * kv_heads_per_rank(s, tp) / max(s.kv_heads, 1) * dep.kv_bytes / 2.0
+    )
+    attn_kv += lm_tokens * (state + window) / rates.bw
     b, f = _gemm(s.attn_params / tp, batch, wq, rates, dep.dense_quant)
     attn_proj = s.layers * max(b, f)
     dense_layers = s.layers - s.moe_layers

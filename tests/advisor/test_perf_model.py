@@ -80,6 +80,17 @@ def test_mixed_prefill_shares_the_decode_steps_weight_reads():
     assert mixed["lm_head"] == step["lm_head"] and F.total_us(mixed) > F.total_us(step)
 
 
+def test_linear_attention_state_is_read_and_written_every_step():
+    model, gpu = get_model("qwen3.5-397b-a17b"), get_gpu("b200")
+    s, r = F.shapes_of(model), F.Rates.of(gpu)
+    lin = model.linear_attention
+    assert s.state_bytes_per_seq == model.num_linear_attention_layers * lin.state_bytes()
+    step = F.decode_step(s, r, F.Deployment(8), ctx_sum=0.0, batch=16)
+    expect = 16 * 2 * s.state_bytes_per_seq / 8 / (gpu.mem_bw_tbps * 1e6)
+    assert step["attn_kv"] == pytest.approx(expect, rel=1e-9)
+    assert F.shapes_of(get_model("llama-3.1-8b")).state_bytes_per_seq == 0
+
+
 def test_moe_experts_touched_grows_with_tokens():
     lo = F.expected_experts_touched(24, 192, 8, 1)
     hi = F.expected_experts_touched(24, 192, 8, 256)
