@@ -191,8 +191,11 @@ class Ranker:
         kv_heads = F.kv_heads_per_rank(s, attn_tp)
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
         floors, tails = [], []
+        # the attention-kernel model was fitted on bytes over the measured copy bandwidth
+        # (op_efficiency), so its inputs use the same basis, not the serving model's datasheet rate
+        bw = float(self.gpu.rate("copy_bw_tbps")) * 1e6
         for row in ctx:
-            f, t = attention_terms(row, kv_heads, s.head_dim, elem, self.rates.bw)
+            f, t = attention_terms(row, kv_heads, s.head_dim, elem, bw)
             floors.append(f)
             tails.append(t)
         ref = self.attn.predict_us(REFERENCE_ATTENTION, np.array(floors), np.array(tails))
