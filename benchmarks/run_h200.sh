@@ -3,7 +3,13 @@
 # `hpc-advise profile --bench all` into a fresh knowledge base, then the decode-attention sweep and full
 # grid against FlashInfer. Carried folders (ignored by git, see README "Running on a GPU"):
 #   .whl_profile  sqlite-utils & co. (wheels the device image lacks)
-#   .whl_attn     FlashInfer 0.7.2.post1 (stripped wheel zip), apache-tvm-ffi, FlashInfer's JIT cache
+#   .whl_attn     FlashInfer 0.7.2.post1 as flashinfer_strip.zip: the py3-none-any wheel's files minus
+#                 the CUDA sources of kernels the decode benchmark never JIT-compiles (fused MoE, GDN,
+#                 KDA, Blackwell and other csrc/ and cutlass/ trees), so that it fits the 64 MiB carry
+#                 limit; apache-tvm-ffi 0.1.15.post2 (cp312 wheel); fiws/fi_cache.tgz, FlashInfer's JIT
+#                 cache from an earlier call (cuts its first load from ~100 s to seconds)
+#   .whl_moe      fbgemm-gpu-genai 1.6.0 (cp312 wheel) for benchmarks/bench_fused_moe.py's fbgemm peer
+#                 (carry it instead of .whl_attn: both together exceed 64 MiB)
 # Results land in $OUT/results.tgz (re-packed after every stage, so a timeout keeps what finished).
 # ONLY=decode runs the FlashInfer warm-up and the decode-attention stage alone.
 set -o pipefail
