@@ -7,7 +7,7 @@
 #                 the CUDA sources of kernels the decode benchmark never JIT-compiles (fused MoE, GDN,
 #                 KDA, Blackwell and other csrc/ and cutlass/ trees), so that it fits the 64 MiB carry
 #                 limit; apache-tvm-ffi 0.1.15.post2 (cp312 wheel); fiws/fi_cache.tgz, FlashInfer's JIT
-#                 cache from an earlier call (cuts its first load from ~100 s to seconds)
+#                 cache from an earlier call (without it the first compile of its four modules took 102 s)
 #   .whl_moe      fbgemm-gpu-genai 1.6.0 (cp312 wheel) for benchmarks/bench_fused_moe.py's fbgemm peer
 #                 (carry it instead of .whl_attn: both together exceed 64 MiB)
 # Results land in $OUT/results.tgz (re-packed after every stage, so a timeout keeps what finished).
