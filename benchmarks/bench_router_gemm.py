@@ -1,10 +1,11 @@
 """Benchmark the FP32-accurate router GEMM against cuBLAS FP32 / TF32 / BF16 and write the results table.
 
-    python benchmarks/bench_router_gemm.py [--grid full|small] [--no-peers] [--tune] [--no-accuracy]
+    python benchmarks/bench_router_gemm.py [--grid full|small] [--no-peers] [--tune [--tune-m 1,8]] [--no-accuracy]
 
 Writes router_gemm.md/.jsonl under benchmarks/results/ (or $OUT on the device machine). --tune first
-sweeps launch configs and writes router_gemm_configs.json next to them (copy it to
-hpc_advise/kernels/router_gemm/configs.json to use it).
+sweeps launch configs (for the M buckets in --tune-m, default all) and writes router_gemm_configs.json
+next to them: the package table with the tuned buckets replaced. The benchmark that follows in the same
+process uses that table (copy the file to hpc_advise/kernels/router_gemm/configs.json to keep it).
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ def main() -> None:
     ap.add_argument("--grid", choices=("full", "small"), default="full")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--tune", action="store_true", help="sweep launch configs first")
+    ap.add_argument("--tune-m", default=None, help="comma-separated M buckets to tune (default: all)")
     ap.add_argument("--no-accuracy", action="store_true")
     args = ap.parse_args()
     if args.tune:
         out = results_dir()
         out.mkdir(parents=True, exist_ok=True)
-        rb.tune(path=out / "router_gemm_configs.json")
+        ms = [int(m) for m in args.tune_m.split(",")] if args.tune_m else rb.M_FULL
+        tuned = rb.tune(ms=ms, path=out / "router_gemm_trials.json")
+        rb.use_tuned(tuned["entries"], out / "router_gemm_configs.json")
     rows, table, headers = rb.bench(grid=args.grid, peers=not args.no_peers)
     notes = NOTES
     if not args.no_accuracy and args.grid == "full":

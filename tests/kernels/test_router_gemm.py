@@ -15,6 +15,7 @@ import torch
 from hpc_advise.kernels.router_gemm import op
 from hpc_advise.kernels.router_gemm import reference as ref
 from hpc_advise.kernels.router_gemm.configs import Config, heuristic_config, pick_config
+from hpc_advise.runtime.benches.router_gemm import gemv_candidates
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 REL_TOL = 1e-5  # ||y - y64|| / ||y64||, norm-wise over the whole [M, N] output
@@ -127,6 +128,84 @@ def test_router_gemm_forced_configs_tail_and_bias(cfg):
     bias = torch.randn(n, device=DEV) * 0.01
     x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
     _check_accuracy(_run(x, hi, lo, bias, config=cfg), x, w, bias)
+
+
+GEMV = "gemv"
+
+
+@pytest.mark.parametrize(
+    "m,cfg",
+    [
+        (1, Config(1, 1, 1024, 1, 4, 1, GEMV)),  # one expert per program, K in 1024-wide strips + tail
+        (3, Config(1, 4, 256, 1, 4, 2, GEMV)),  # M_PAD 4 (one padded token lane), pipelined K loop
+        (8, Config(1, 8, 2048, 1, 8, 1, GEMV)),  # the most tokens the path takes, K in one strip
+    ],
+)
+def test_router_gemv_small_m_matches_fp64_with_bias_and_tail(m, cfg):
+    n, k = 96, 1056  # K tail in every strip width above
+    w = _weights(n, k)
+    hi, lo = op.prepare(w)
+    bias = torch.randn(n, device=DEV) * 0.01
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    _check_accuracy(_run(x, hi, lo, bias, config=cfg), x, w, bias)
+    _check_accuracy(_run(x, hi, lo, config=cfg), x, w)
+
+
+def test_router_gemv_fp32_x_and_strided_x():
+    n, k, m = 64, 1024, 2
+    w = _weights(n, k)
+    hi, lo = op.prepare(w)
+    cfg = Config(1, 2, 512, 1, 4, 1, GEMV)
+    xf = torch.randn(m, k, device=DEV)
+    _check_accuracy(_run(xf, hi, lo, config=cfg), xf, w)  # fp32 x used as is: fp32-accurate
+    y_round = _run(xf, hi, lo, split_x=False, config=cfg)  # rounded to bf16 = the bf16-x result
+    assert torch.equal(y_round, _run(xf.to(torch.bfloat16), hi, lo, config=cfg))
+    big = torch.randn(m, k + 64, device=DEV).to(torch.bfloat16)
+    xs = big[:, 32 : 32 + k]
+    _check_accuracy(_run(xs, hi, lo, config=cfg), xs, w)
+
+
+def test_router_gemv_agrees_with_tensor_core_path():
+    n, k, m = 64, 1024, 4
+    w = _weights(n, k)
+    hi, lo = op.prepare(w)
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    a = _run(x, hi, lo, config=Config(1, 4, 1024, 1, 4, 1, GEMV))
+    b = _run(x, hi, lo, config=Config(16, 32, 64, 4, 4, 2))
+    # both are within 2^-15 sum|x||w| of the exact value; only the fp32 summation order differs
+    scale = x.float().abs() @ w.abs().t()
+    assert ((a - b).abs() <= 2.0**-14 * scale).all()
+
+
+def test_router_gemv_config_checks():
+    x, hi, lo = _good(m=9)
+    with pytest.raises(ValueError, match="does not serve M=9"):
+        op.router_gemm(x, hi, lo, config=Config(1, 1, 1024, 1, 4, 1, GEMV))
+    for bad, msg in (
+        (Config(16, 1, 1024, 1, 4, 1, GEMV), "block_m=1"),
+        (Config(1, 3, 1024, 1, 4, 1, GEMV), "block_n=3"),
+        (Config(1, 1, 48, 1, 4, 1, GEMV), "block_k=48"),
+        (Config(16, 32, 64, 1, 4, 2, "simt"), "impl"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            bad.validate(1024)
+
+
+def test_config_table_rejects_gemv_bucket_above_its_range(tmp_path, monkeypatch):
+    import json
+
+    from hpc_advise.kernels.router_gemm import configs
+
+    entry = dict(n=64, k=1024, m_max=16, block_m=1, block_n=1, block_k=1024, split_k=1)
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps({"entries": [dict(entry, num_warps=4, num_stages=1, impl=GEMV)]}))
+    monkeypatch.setattr(configs, "CONFIG_FILE", path)
+    configs._table.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="entry 0.*m_max=16"):
+            configs.pick_config(1, 64, 1024, 132)
+    finally:
+        configs._table.cache_clear()
 
 
 def test_router_gemm_fp32_x_split_keeps_fp32_accuracy():
@@ -372,3 +451,48 @@ def test_gpu_cuda_graph_replay_and_determinism():
         torch.cuda.synchronize()
         assert torch.equal(out, op.router_gemm(x, hi, lo, config=cfg))
     _check_accuracy(out, x, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", GPU_SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gpu_router_gemv_real_shapes_and_graph_replay(n, k, m):
+    w = _weights(n, k)
+    hi, lo = op.prepare(w)
+    bias = torch.randn(n, device=DEV) * 0.01
+    x = torch.randn(m, k, device=DEV).to(torch.bfloat16)
+    cfgs = [Config(**c) for c in gemv_candidates(m, k)]
+    assert cfgs
+    for cfg in cfgs[:: max(1, len(cfgs) // 4)]:  # a spread of the tuner's candidates
+        _check_accuracy(_run(x, hi, lo, bias, config=cfg), x, w, bias)
+    cfg = cfgs[0]
+    g = torch.cuda.CUDAGraph()
+    out = torch.empty(m, n, device=DEV)
+    op.router_gemm(x, hi, lo, bias, out=out, config=cfg)  # compiled before capture
+    with torch.cuda.graph(g):
+        op.router_gemm(x, hi, lo, bias, out=out, config=cfg)
+    x.copy_(torch.randn(m, k, device=DEV).to(torch.bfloat16))
+    out.fill_(math.nan)
+    g.replay()
+    torch.cuda.synchronize()
+    _check_accuracy(out, x, w, bias)
+
+
+def test_use_tuned_merges_buckets_and_switches_the_table(tmp_path, monkeypatch):
+    import json
+
+    from hpc_advise.kernels.router_gemm import configs
+    from hpc_advise.runtime.benches.router_gemm import use_tuned
+
+    monkeypatch.setattr(configs, "CONFIG_FILE", configs.CONFIG_FILE)  # restored after the test
+    before = json.loads(configs.CONFIG_FILE.read_text())["entries"]
+    new = dict(n=192, k=4096, m_max=1, block_m=1, block_n=2, block_k=2048, split_k=1, num_warps=4)
+    new.update(num_stages=1, impl="gemv", us=1.0)
+    try:
+        use_tuned([new], tmp_path / "c.json")
+        after = json.loads((tmp_path / "c.json").read_text())["entries"]
+        assert len(after) == len(before) and new in after  # bucket replaced, the others kept
+        assert pick_config(1, 192, 4096, 132) == Config(1, 2, 2048, 1, 4, 1, "gemv")
+        assert pick_config(2, 192, 4096, 132).impl == "mma"  # the M <= 8 bucket is untouched
+    finally:
+        configs._table.cache_clear()

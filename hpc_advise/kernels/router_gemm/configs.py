@@ -1,7 +1,10 @@
 """Launch configurations of the router GEMM: a data table (``configs.json``) plus the fallback rule.
 
 ``configs.json`` holds measured configs per (N, K) and M bucket: ``{"entries": [{"n", "k", "m_max",
-"block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"}, ...]}``. For M the entry with
+"block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "impl"}, ...]}``. ``impl`` is
+"mma" (tensor-core tiles, ``router_gemm_kernel``; the default when absent) or "gemv" (CUDA-core path
+for M <= ``GEMV_MAX_M``, ``router_gemv_kernel``: ``block_n`` = experts per program, ``block_k`` = K
+strip per step, ``block_m`` and ``split_k`` = 1). For M the entry with
 the smallest ``m_max >= M`` of that (N, K) is used (the largest one above the last bucket). Shapes not
 in the table get ``heuristic_config``: tile sizes by M, and for small M a K split that puts about two
 CTAs on every SM. Every config is checked by ``Config.validate`` before use.
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CONFIG_FILE = Path(__file__).with_name("configs.json")
+GEMV_MAX_M = 8  # most tokens the CUDA-core path takes (its lanes are M_PAD x experts per program)
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,14 @@ class Config:
     split_k: int
     num_warps: int
     num_stages: int
+    impl: str = "mma"
 
     def validate(self, K: int) -> None:
+        if self.impl == "gemv":
+            self._validate_gemv()
+            return
+        if self.impl != "mma":
+            raise ValueError(f"router_gemm config: impl={self.impl!r} must be 'mma' or 'gemv'")
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -38,6 +48,24 @@ class Config:
             raise ValueError(
                 f"router_gemm config: bad num_warps/num_stages {self.num_warps}/{self.num_stages}"
             )
+
+    def _validate_gemv(self) -> None:
+        if self.block_m != 1 or self.split_k != 1:
+            raise ValueError("router_gemm config: impl='gemv' takes block_m=1 and split_k=1")
+        if self.block_n not in (1, 2, 4, 8):
+            raise ValueError(f"router_gemm config: gemv block_n={self.block_n} must be 1, 2, 4 or 8")
+        if self.block_k < 64 or self.block_k > 8192 or self.block_k & (self.block_k - 1):
+            raise ValueError(
+                f"router_gemm config: gemv block_k={self.block_k} must be a power of two in 64..8192"
+            )
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(
+                f"router_gemm config: bad num_warps/num_stages {self.num_warps}/{self.num_stages}"
+            )
+
+    def serves(self, M: int) -> bool:
+        """Whether this config can run M tokens (the gemv path stops at GEMV_MAX_M)."""
+        return self.impl != "gemv" or M <= GEMV_MAX_M
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,9 +110,12 @@ def _table() -> dict[tuple[int, int], list[tuple[int, Config]]]:
                 int(e["split_k"]),
                 int(e["num_warps"]),
                 int(e["num_stages"]),
+                str(e.get("impl", "mma")),
             )
             key = (int(e["n"]), int(e["k"]))
             cfg.validate(key[1])
+            if not cfg.serves(int(e["m_max"])):
+                raise ValueError(f"impl 'gemv' serves M <= {GEMV_MAX_M}, not m_max={e['m_max']}")
             table.setdefault(key, []).append((int(e["m_max"]), cfg))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{CONFIG_FILE}: entry {i}: {exc}") from exc
@@ -99,6 +130,9 @@ def pick_config(M: int, N: int, K: int, num_sms: int) -> Config:
     if not entries:
         return heuristic_config(M, N, K, num_sms)
     for m_max, cfg in entries:
-        if M <= m_max:
+        if M <= m_max and cfg.serves(M):
             return cfg
-    return entries[-1][1]
+    for _m_max, cfg in reversed(entries):  # past the last bucket: the largest one that serves M
+        if cfg.serves(M):
+            return cfg
+    return heuristic_config(M, N, K, num_sms)

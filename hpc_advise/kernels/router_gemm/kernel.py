@@ -13,6 +13,9 @@ counter, and the CTA that arrives last sums the SPLIT_K partials in slice order 
 bias, writes the output and resets the counter to 0. The sum order never depends on arrival order, so
 the result is bitwise deterministic, and the whole op is one launch with no zero-fill and no second
 pass over the output.
+
+``router_gemv_kernel`` is the small-M path (a few decode tokens): one program per few experts over the
+whole K on the CUDA cores, same hi/lo split, no split-K and no arrival counters (see its docstring).
 """
 
 from __future__ import annotations
@@ -126,3 +129,59 @@ def router_gemm_kernel(
                 total += bias[None, :]
             tl.store(out_ptrs, total, mask=mask_mn)
             tl.atomic_xchg(count_ptr + pid_mn, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["M"])
+def router_gemv_kernel(
+    x_ptr,  # [M, K] bf16 or fp32; row stride stride_xm, unit column stride
+    hi_ptr,  # [N, K] bf16, contiguous
+    lo_ptr,  # [N, K] bf16, contiguous
+    bias_ptr,  # [N] fp32 (read only when HAS_BIAS)
+    out_ptr,  # [M, N] fp32; row stride stride_om, unit column stride
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    X_MODE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    M_PAD: tl.constexpr,  # power of two >= M
+    ROWS: tl.constexpr,  # weight rows (experts) per program
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Small-M path (decode: a handful of tokens): one program owns ROWS experts and the whole K, so
+    no split-K partials and no reduction pass exist. At M <= 8 a tensor-core tile would be >= 50%
+    padding and the op is a pure weight stream, so the products run on the CUDA cores instead, over the
+    same hi/lo split: a bf16·bf16 product is exact in fp32 and the fp32 sums of x·hi and x·lo are kept
+    apart until the final hi + lo/256, exactly as in the tensor-core path. fp32 x (X_FP32_SPLIT) is used
+    as is: one fp32 FMA per product is at least as accurate as the 3-product split. Lanes are
+    (token, expert) pairs, r = m·ROWS + j, each with a [BLOCK_K] strip of K per step; the weight strip
+    of expert j is loaded once per token, the repeats hitting L1."""
+    pid = tl.program_id(0)
+    R: tl.constexpr = M_PAD * ROWS
+    offs_r = tl.arange(0, R)
+    offs_m = offs_r // ROWS
+    offs_n = pid * ROWS + offs_r % ROWS
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_r = (offs_m < M) & (offs_n < N)
+
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    w_rows = offs_n.to(tl.int64)[:, None] * K
+    acc_hi = tl.zeros((R,), dtype=tl.float32)
+    acc_lo = tl.zeros((R,), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        kk = k0 + offs_k
+        mask = mask_r[:, None] & (kk < K)[None, :]
+        x = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
+        hi = tl.load(hi_ptr + w_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+        lo = tl.load(lo_ptr + w_rows + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+        if X_MODE == 2:
+            x = x.to(tl.bfloat16)
+        x = x.to(tl.float32)
+        acc_hi += tl.sum(x * hi, axis=1)
+        acc_lo += tl.sum(x * lo, axis=1)
+    acc = acc_hi + acc_lo * (1.0 / 256.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)
+    tl.store(out_ptr + offs_m.to(tl.int64) * stride_om + offs_n, acc, mask=mask_r)

@@ -4,7 +4,8 @@
   lo = bf16((W − hi)·256), both bf16 [N, K].
 - ``router_gemm(x, hi, lo, bias=None)``: fp32 logits [M, N] = x·hiᵀ + (x·loᵀ)/256 (+ bias) in one
   Triton launch (``kernel.py``); x bf16 (2 tensor-core products) or fp32 (split into x_hi + x_lo/256
-  in registers: 3 products; ``split_x=False`` rounds fp32 x to bf16 instead, 2 products).
+  in registers: 3 products; ``split_x=False`` rounds fp32 x to bf16 instead, 2 products). Configs with
+  ``impl='gemv'`` (a few tokens) run the same split on the CUDA cores (``router_gemv_kernel``).
 - ``route_topk``: top-k expert choice on those logits (``routing.py``), re-exported here.
 
 Supported shapes: N in 64..512 and a multiple of 16, K in 1024..8192, M in 1..16384; anything else
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .configs import Config, pick_config
-from .kernel import X_BF16, X_FP32_ROUND, X_FP32_SPLIT, router_gemm_kernel
+from .kernel import X_BF16, X_FP32_ROUND, X_FP32_SPLIT, router_gemm_kernel, router_gemv_kernel
 from .routing import route_topk
 
 __all__ = ["prepare", "router_gemm", "route_topk", "Config", "N_RANGE", "K_RANGE", "M_RANGE"]
@@ -170,8 +171,31 @@ def router_gemm(
         x_mode = X_FP32_ROUND if split_x is False else X_FP32_SPLIT
     cfg = config or pick_config(M, N, K, _sm_count(x.device))
     cfg.validate(K)
+    if not cfg.serves(M):
+        raise ValueError(f"router_gemm config: impl={cfg.impl!r} does not serve M={M}")
     if out is None:
         out = torch.empty((M, N), dtype=torch.float32, device=x.device)
+    if cfg.impl == "gemv":
+        router_gemv_kernel[(-(-N // cfg.block_n),)](
+            x,
+            hi,
+            lo,
+            bias if bias is not None else out,
+            out,
+            M,
+            N,
+            K,
+            x.stride(0),
+            out.stride(0),
+            X_MODE=x_mode,
+            HAS_BIAS=bias is not None,
+            M_PAD=1 << (M - 1).bit_length(),
+            ROWS=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            NUM_STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps,
+        )
+        return out
     tiles = -(-M // cfg.block_m) * -(-N // cfg.block_n)
     if cfg.split_k > 1:
         if tiles > _COUNTER_SLICE:

@@ -21,6 +21,7 @@ import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 
+from hpc_advise.kernels.router_gemm.configs import GEMV_MAX_M
 from hpc_advise.runtime.benchmarking import environment, rotating, run_row, time_cuda
 
 SHAPES_FULL = [(192, 4096), (128, 4096), (256, 7168)]  # Hy3, Qwen3-235B, DeepSeek-V3 (N experts, K hidden)
@@ -187,7 +188,7 @@ def _precompile_grid(shapes, ms, x32: bool) -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     jobs = [
-        (N, K, pick_config(M, N, K, sms).to_dict(), xf)
+        (N, K, pick_config(M, N, K, sms).to_dict(), xf, M)
         for N, K in shapes
         for M in ms
         for xf in ((False, True) if x32 else (False,))
@@ -272,6 +273,12 @@ def accuracy(shapes=SHAPES_FULL, M: int = 2048, top_k: int = 8):
 
 
 def _smem_bytes(c, x32: bool) -> int:
+    if c.get("impl") == "gemv":  # stages of (x, hi, lo) strips when the K loop is pipelined
+        return (
+            0
+            if c["num_stages"] == 1
+            else c["num_stages"] * c["block_n"] * c["block_k"] * 3 * (4 if x32 else 2)
+        )
     xb = 4 if x32 else 2
     return c["num_stages"] * (c["block_m"] * c["block_k"] * xb + 2 * c["block_k"] * c["block_n"] * 2)
 
@@ -315,22 +322,49 @@ def candidates(M: int, N: int, K: int, num_sms: int) -> list[dict]:
             for bk in (64, 128):
                 for stages in (3, 4):
                     add(bm, bn, bk, 1, warps, stages)
+    if M <= GEMV_MAX_M:
+        out += gemv_candidates(M, K)
+    return out
+
+
+def gemv_candidates(M: int, K: int) -> list[dict]:
+    """CUDA-core small-M configs: experts per program x K strip x warps x stages, keeping each operand
+    strip at <= 64 elements per thread (more spills registers at M_PAD = 8, sm_90a compile)."""
+    m_pad = 1 << (M - 1).bit_length()
+    k_pow2 = 1 << (K - 1).bit_length()
+    out = []
+    for rows in (1, 2, 4):
+        for bk in (512, 1024, 2048, 4096, 8192):
+            for warps in (4, 8):
+                if bk > k_pow2 or m_pad * rows * bk > 64 * 32 * warps:
+                    continue
+                for stages in (1, 3):
+                    if stages > 1 and bk >= K:  # one strip: nothing to pipeline
+                        continue
+                    c = dict(
+                        block_m=1, block_n=rows, block_k=bk, split_k=1, num_warps=warps, num_stages=stages
+                    )
+                    c["impl"] = "gemv"
+                    if _smem_bytes(c, False) <= 200 * 1024:
+                        out.append(c)
     return out
 
 
 def _compile_jobs(jobs: list[tuple]) -> int:
-    """Worker: launch each (N, K, config, x_fp32) once at M=1 so Triton compiles it into its disk cache
-    (M is not a specialization key, so the kernel found there serves every M)."""
+    """Worker: launch each (N, K, config, x_fp32, M) once so Triton compiles it into its disk cache (M is
+    not a specialization key of the tensor-core kernel, so its compile serves every M; the gemv kernel
+    is specialized on the power of two above M, so it is launched at the job's M)."""
     import torch
 
     from hpc_advise.kernels.router_gemm import op
     from hpc_advise.kernels.router_gemm.configs import Config
 
     done = 0
-    for N, K, cfg, x32 in jobs:
+    for N, K, cfg, x32, M in jobs:
         w = torch.randn(N, K, device="cuda") * 0.02
         hi, lo = op.prepare(w)
-        x = torch.randn(2, K, device="cuda", dtype=torch.float32 if x32 else torch.bfloat16)
+        m = M if cfg.get("impl") == "gemv" else 2
+        x = torch.randn(m, K, device="cuda", dtype=torch.float32 if x32 else torch.bfloat16)
         try:
             op.router_gemm(x, hi, lo, config=Config(**cfg))
             done += 1
@@ -341,7 +375,7 @@ def _compile_jobs(jobs: list[tuple]) -> int:
 
 
 def precompile(jobs: list[tuple], workers: int | None = None) -> int:
-    """Compile (N, K, config dict, x_fp32) jobs in parallel processes (Triton's disk cache is shared)."""
+    """Compile (N, K, config dict, x_fp32, M) jobs in parallel processes (Triton's disk cache is shared)."""
     import multiprocessing as mp
 
     uniq = list({repr(j): j for j in jobs}.values())
@@ -361,7 +395,7 @@ def tune(shapes=SHAPES_FULL, ms=M_FULL, log=print, path=None) -> dict:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     _, _, l2 = _ceilings()
     plan = {(N, K, M): candidates(M, N, K, num_sms) for N, K in shapes for M in ms}
-    jobs = [(N, K, c, False) for (N, K, _), cs in plan.items() for c in cs]
+    jobs = [(N, K, c, False, M) for (N, K, M), cs in plan.items() for c in cs]
     log(f"tune: {len(jobs)} candidate timings, compiling in parallel ...")
     log(f"tune: compiled {precompile(jobs)}")
     entries, trials = [], []
@@ -385,3 +419,18 @@ def tune(shapes=SHAPES_FULL, ms=M_FULL, log=print, path=None) -> dict:
         if path is not None:  # progress survives a time limit
             path.write_text(json.dumps({"entries": entries, "trials": trials}, indent=1) + "\n")
     return {"entries": entries, "trials": trials}
+
+
+def use_tuned(entries: list[dict], path) -> None:
+    """Write the package config table with ``entries`` replacing the buckets they tuned to ``path`` and
+    make this process's ``router_gemm`` read it (the benchmark after ``--tune`` measures those configs)."""
+    from hpc_advise.kernels.router_gemm import configs
+
+    data = json.loads(configs.CONFIG_FILE.read_text()) if configs.CONFIG_FILE.exists() else {}
+    tuned = {(e["n"], e["k"], e["m_max"]) for e in entries}
+    kept = [e for e in data.get("entries", []) if (e["n"], e["k"], e["m_max"]) not in tuned]
+    merged = sorted(kept + list(entries), key=lambda e: (e["n"], e["k"], e["m_max"]))
+    data["entries"] = merged
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    configs.CONFIG_FILE = path
+    configs._table.cache_clear()
