@@ -303,7 +303,8 @@ def test_config_table_and_heuristic():
         for n, k in ((192, 4096), (128, 4096), (256, 7168), (160, 5120)):
             cfg = pick_config(m, n, k, 132)
             cfg.validate(k)
-    h = heuristic_config(1, 192, 4096, 132)
+    assert heuristic_config(1, 160, 5120, 132) == Config(1, 1, 8192, 1, 8, 1, "gemv")
+    h = heuristic_config(2, 192, 4096, 132)
     assert h.split_k > 1 and 4096 // h.block_k % h.split_k == 0
     assert heuristic_config(8192, 192, 4096, 132).split_k == 1
 
