@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument(
         "--variant",
         help="loop and flags as in the sweep, e.g. nested-desc-m128-pc64 (overrides loop, prefetch, desc, "
-        "merge_block, pt_chunk)",
+        "merge_block, pt_chunk, wide_merge, seg_cost, f16_dot)",
     )
     args = ap.parse_args()
 
@@ -70,7 +70,9 @@ def main() -> None:
     }
     if args.variant:
         v = da.variant_config(0, 0, 0, 0, args.variant)
-        cfg |= {k: v[k] for k in ("loop", "prefetch", "desc", "merge_block", "pt_chunk")}
+        cfg |= {
+            k: v[k] for k in da.CONFIG_KEYS if k not in ("tile", "ctas_per_sm", "num_stages", "num_warps")
+        }
     asked = {p for p in args.peers.split(",") if p}
     peers = [p for p in da.PEERS if p in asked]  # table columns in the canonical order
 
@@ -82,7 +84,7 @@ def main() -> None:
             "Timing: CUDA-graph replay (events around each replay of a graph of rotated calls over distinct "
             "page tables; pool >> L2); rows in the .jsonl say 'graph' or 'eager' per provider. Plan excluded "
             "everywhere; 'plan µs' is our plan.update replayed in a graph (eager figure in the jsonl).",
-            f"Launch configuration of ours (dynamic and static): {cfg or 'op.py defaults'}"
+            f"Launch configuration of ours (dynamic and static): {cfg or da.defaults_note()}"
             + (f"; fp8 KV: {best_fp8}" if best_fp8 else "")
             + ".",
         ]

@@ -181,6 +181,108 @@ def test_merge_block_long_segment_over_many_programs(merge_block):
     assert max(p.merge_first.tolist()) >= 0
 
 
+def _cost_of(lens, tile, hkv, seg_cost):
+    """Per unit (request-major, then KV head, then tile): its cost in the planner's model."""
+    costs = []
+    for n in lens:
+        tiles = max(1, math.ceil(n / tile))
+        costs += ([1 + seg_cost] + [1] * (tiles - 1)) * hkv
+    return costs
+
+
+@pytest.mark.parametrize("seg_cost", [0, 3])
+def test_plan_balances_tiles_and_segment_starts(seg_cost):
+    # short requests next to long ones: with seg_cost > 0 a program that starts many segments gets fewer
+    # tiles; every program's cost stays within one share + one segment start of the even split
+    lens = [20] * 12 + [700, 333, 1, 90]
+    hkv, tile, g = 2, 16, 11
+    _, _, _, table, seq_lens = make_case(lens, hq=4, hkv=hkv, d=64, page=16)
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=16,
+        num_q_heads=4,
+        num_kv_heads=hkv,
+        head_dim=64,
+        tile=tile,
+        num_programs=g,
+        seg_cost=seg_cost,
+    )
+    costs = _cost_of(lens, tile, hkv, seg_cost)
+    starts = p.prog_start.tolist()
+    assert starts[0] == 0 and starts[-1] == len(costs) and starts == sorted(starts)
+    share = math.ceil(sum(costs) / g)
+    per_prog = [sum(costs[a:b]) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    assert max(per_prog) <= share + seg_cost, (per_prog, share)
+    if seg_cost:  # the programs over the 12 short requests hold fewer tiles than the others
+        tiles = [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
+        assert tiles[0] < max(tiles), tiles
+    # merge duty: the first participant (merge_first) holds the split segment's first unit
+    firsts, segs = p.merge_first.tolist(), p.merge_seg.tolist()
+    for q, first in enumerate(firsts):
+        if first >= 0:
+            assert starts[first] <= segs[q] < starts[first + 1] and segs[q] < starts[q]
+    check(lens, hq=4, hkv=hkv, d=64, page=16, tile=tile, num_programs=g, seg_cost=seg_cost, desc=True)
+
+
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8])
+def test_wide_merge_takes_segments_over_many_programs(kv_dtype):
+    # 700 tokens = 44 tiles over ~27 of 40 programs (> 16 participants: the wide launch), 300 tokens over
+    # ~12 (the narrow one), 5 tokens in one program (no merge)
+    lens = [700, 300, 5]
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    p, _ = check(
+        lens,
+        hq=4,
+        hkv=1,
+        d=64,
+        page=16,
+        tile=16,
+        num_programs=40,
+        merge_block=16,
+        wide_merge=True,
+        desc=True,
+        kv_dtype=kv_dtype,
+        scales=scales,
+    )
+    firsts = p.merge_first.tolist()
+    wide = [q for q, f in enumerate(firsts) if f >= 0 and q - f + 1 > 16]
+    narrow = [q for q, f in enumerate(firsts) if f >= 0 and q - f + 1 <= 16]
+    assert len(wide) == 1 and len(narrow) == 1, firsts
+    listed = p.wide_list.tolist()
+    assert len(listed) == 40 // 16 + 1 and listed == wide + [-1] * (len(listed) - 1)
+
+
+@pytest.mark.parametrize("q_mag", [3e5, 1.0, 1e-6])
+def test_fp8_products_in_fp16_any_q_magnitude(q_mag):
+    # f16_dot: e4m3 K/V convert to fp16 exactly; q is brought into fp16's range by a power of two per
+    # segment, so q values past fp16's 65504 or under its normal range stay exact (bf16 holds them)
+    lens = [97, 1, 65, 300]
+    q, k, v, table, seq_lens = make_case(lens, hq=4, hkv=2, d=64, page=16, kv_dtype=FP8)
+    q = (q.float() * q_mag).to(q.dtype)
+    # one logit scale for every magnitude: softmax neither flat nor one-hot
+    sm = 0.3 / (q.float().abs().amax().item() * math.sqrt(64))
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=16,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        tile=16,
+        num_programs=5,
+        desc=True,
+        f16_dot=True,
+        kv_dtype=FP8,
+    )
+    out = torch.full_like(q, float("nan"))
+    op.run(p, q, k, v, k_scale=0.37, v_scale=1.9, sm_scale=sm, out=out)
+    ref = decode_attention_reference(
+        q, k, v, table, seq_lens, page_size=16, k_scale=0.37, v_scale=1.9, sm_scale=sm
+    )
+    assert rel_err(out, ref) <= TOL[FP8]
+
+
 def test_head_dim_128_and_256():
     check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
     check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)
@@ -421,7 +523,7 @@ _STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "st
 _STRIDES += ["stride_vh", "stride_ob", "stride_oh"]  # multiples of 16 at the benchmark's shapes
 
 
-def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int) -> list:
+def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = False) -> list:
     types = f"*bf16 *{kv} *{kv} *bf16 " + "*i32 " * 6 + "*fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
     consts = dict(
         GROUP=8,
@@ -434,6 +536,7 @@ def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int) -> list:
         PREFETCH=False,
         DESC=True,
         PT_CHUNK=pt_chunk,
+        F16_DOT=f16_dot,
     )
     return ["hpc_advise.kernels.decode_attention.kernel", "decode_kernel", types, consts, 4, stages, _STRIDES]
 
@@ -470,13 +573,20 @@ def test_sweep_variants_and_best_config_skip_failures():
         desc=True,
         merge_block=128,
         pt_chunk=0,
+        wide_merge=False,
+        seg_cost=0,
+        f16_dot=False,
     )
     assert da.variant_config(128, 2, 3, 4, "nested-desc-m128-pc32")["pt_chunk"] == 32
+    cfg = da.variant_config(64, 2, 3, 4, "nested-desc-w-pc64-s4-f16")
+    assert (cfg["wide_merge"], cfg["seg_cost"], cfg["f16_dot"]) == (True, 4, True)
     assert da.variant_config(64, 2, 1, 4, "nested-prefetch")["prefetch"] is True
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-turbo")
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-m16-m32")
+    with pytest.raises(ValueError, match="unknown variant"):
+        da.variant_config(64, 2, 3, 4, "nested-s2-s4")
     for entry in da.SWEEP_CONFIGS + da.SWEEP_CONFIGS_FP8:  # every candidate is a valid plan
         _, _, _, table, seq_lens = make_case([70], hq=8, hkv=1, d=128, page=64)
         cfg = da.variant_config(*entry)
@@ -510,10 +620,15 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
     kw = dict(page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128)
     tuned = op.TUNED_BY_KV_DTYPE[kv_dtype]
     p = op.plan(seq_lens, table, kv_dtype=kv_dtype, **kw)
-    assert (p.desc, p.merge_block, p.pt_chunk) == (tuned["desc"], tuned["merge_block"], tuned["pt_chunk"])
+    for key, value in tuned.items():
+        assert getattr(p, key) == value, key
     # an explicit knob wins over the tuned one
     p = op.plan(seq_lens, table, kv_dtype=kv_dtype, merge_block=32, **kw)
     assert p.merge_block == 32
     # no dtype given: the module defaults
     p = op.plan(seq_lens, table, **kw)
-    assert (p.desc, p.merge_block, p.pt_chunk) == (op.DEFAULT_DESC, op.DEFAULT_MERGE_BLOCK, op.DEFAULT_PT_CHUNK)
+    assert (p.desc, p.merge_block, p.pt_chunk) == (
+        op.DEFAULT_DESC,
+        op.DEFAULT_MERGE_BLOCK,
+        op.DEFAULT_PT_CHUNK,
+    )

@@ -33,9 +33,13 @@ def plan_kernel(
     merge_bh_ptr,  # [G] int32: b * Hkv + h of that segment
     merge_seg_ptr,  # [G] int32: its first unit
     prog_desc_ptr,  # [G, 8] int32: u_begin, u_end, b, h, t0, n_tiles, seq_len of the first segment, 0
+    req_cost_ptr,  # [max_batch + 1] int32: cost position where each request starts (dynamic schedule)
+    wide_list_ptr,  # [W] int32: programs whose merge has more than BLOCK_P participants, then -1s
     B,
     G,
     splits,  # static schedule: programs per (request, KV head)
+    seg_cost,  # dynamic schedule: cost of starting a segment, in tiles (0: balance tiles alone)
+    W,  # slots of wide_list
     NUM_KV_HEADS: tl.constexpr,
     TILE: tl.constexpr,
     STATIC: tl.constexpr,  # False: dynamic (even share of all units); True: `splits` programs per (b, h)
@@ -43,6 +47,7 @@ def plan_kernel(
     BLOCK_G: tl.constexpr,  # programs handled per step of the loop below
     G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
     SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
+    BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list (0: no list)
 ):
     # One program. Step 1: per-request unit counts and their prefix sum.
     offs_b = tl.arange(0, BLOCK_B)
@@ -55,25 +60,45 @@ def plan_kernel(
     total = tl.sum(units, axis=0)
     tl.store(req_start_ptr + offs_b + 1, ends, mask=in_batch)
     tl.store(req_start_ptr + offs_b * 0, ends * 0, mask=offs_b == 0)
-    tl.debug_barrier()  # req_start is read back below (global memory, same CTA)
+    # cost positions (dynamic): a segment costs seg_cost + n_tiles; its first tile spans
+    # [start, start + seg_cost + 1), tile t > 0 spans [start + seg_cost + t, ... + 1)
+    costs = tl.where(in_batch, (n_tiles + seg_cost) * NUM_KV_HEADS, 0)
+    cost_ends = tl.cumsum(costs, axis=0)
+    total_cost = tl.sum(costs, axis=0)
+    tl.store(req_cost_ptr + offs_b + 1, cost_ends, mask=in_batch)
+    tl.store(req_cost_ptr + offs_b * 0, cost_ends * 0, mask=offs_b == 0)
+    tl.debug_barrier()  # req_start / req_cost are read back below (global memory, same CTA)
 
     # Step 2: every program's first unit and the request that unit belongs to.
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p <= G
         if not STATIC:
-            u = ((p.to(tl.int64) * total) // G).to(tl.int32)
-            # largest b < B with req_start[b] <= u (binary search, vectorised over programs)
+            # program p starts at cost position x = ceil(p * T / G): its first unit is the first one whose
+            # span starts at or after x, so every program gets an equal share of tiles + segment starts
+            x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
+            # largest b < B with req_cost[b] <= x (binary search, vectorised over programs)
             lo = tl.zeros([BLOCK_G], dtype=tl.int32)
             hi = tl.zeros([BLOCK_G], dtype=tl.int32) + B
             for _ in tl.static_range(SEARCH_STEPS):
                 mid = (lo + hi) // 2
-                start = tl.load(req_start_ptr + mid, mask=live & (hi - lo > 1), other=0)
-                go_up = (hi - lo > 1) & (start <= u)
-                go_down = (hi - lo > 1) & (start > u)
+                start = tl.load(req_cost_ptr + mid, mask=live & (hi - lo > 1), other=0)
+                go_up = (hi - lo > 1) & (start <= x)
+                go_down = (hi - lo > 1) & (start > x)
                 lo = tl.where(go_up, mid, lo)
                 hi = tl.where(go_down, mid, hi)
             b = lo
+            lens_b = tl.load(seq_lens_ptr + b, mask=live, other=1)
+            tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
+            local = x - tl.load(req_cost_ptr + b, mask=live, other=0)
+            h = local // (tiles_b + seg_cost)
+            off = local - h * (tiles_b + seg_cost)
+            t = tl.where(off == 0, 0, tl.minimum(tl.maximum(off - seg_cost, 1), tiles_b))
+            u = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b + t
+            u = tl.where(x >= total_cost, total, u)
+            # t == tiles_b of the last KV head is the next request's first unit
+            nxt = tl.load(req_start_ptr + b + 1, mask=live, other=0)
+            b = tl.where((u >= nxt) & (b + 1 < B), b + 1, b)
         else:
             # static split-k: program p = (b, h, s); s-th of `splits` equal chunks of the segment
             per_req = NUM_KV_HEADS * splits
@@ -93,6 +118,7 @@ def plan_kernel(
 
     # Step 3: merge duty. Program p merges the segment its range starts in when that segment began in
     # an earlier program (split) and ends inside p's range (p is its last participant).
+    n_wide = total * 0
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p < G
@@ -109,9 +135,18 @@ def plan_kernel(
         if STATIC:
             first = (b * NUM_KV_HEADS + h) * splits
         else:
-            # even shares: prog_start[q] = q * U // G, so the program holding unit u is ((u + 1) G - 1) // U
-            first = (((seg_start.to(tl.int64) + 1) * G - 1) // tl.maximum(total, 1)).to(tl.int32)
+            # the segment's first unit spans from cost position c; program q starts at ceil(q T / G) <= c
+            # exactly when q <= c G / T, so the program holding it is floor(c G / T)
+            c = tl.load(req_cost_ptr + b, mask=live, other=0) + h * (tiles_b + seg_cost)
+            first = ((c.to(tl.int64) * G) // tl.maximum(total_cost, 1)).to(tl.int32)
         tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
+        if BLOCK_P > 0:
+            # compact list of the programs whose merge has more than BLOCK_P participants (at most one
+            # such segment per BLOCK_P programs, so W = G // BLOCK_P + 1 slots hold them all)
+            wide = duty & (p - first + 1 > BLOCK_P)
+            slot = n_wide + tl.cumsum(wide.to(tl.int32), axis=0) - 1
+            tl.store(wide_list_ptr + slot, p, mask=wide)
+            n_wide += tl.sum(wide.to(tl.int32), axis=0)
         tl.store(merge_bh_ptr + p, b * NUM_KV_HEADS + h, mask=live)
         tl.store(merge_seg_ptr + p, seg_start, mask=live)
         # descriptor of the program's first segment: one 32-byte load in decode_kernel (DESC) instead
@@ -125,6 +160,10 @@ def plan_kernel(
         tl.store(desc + 5, tiles_b, mask=live)
         tl.store(desc + 6, lens_b, mask=live)
         tl.store(desc + 7, u_b * 0, mask=live)
+    if BLOCK_P > 0:
+        for w0 in range(0, W, BLOCK_G):
+            k = w0 + tl.arange(0, BLOCK_G)
+            tl.store(wide_list_ptr + k, k * 0 - 1, mask=(k >= n_wide) & (k < W))
 
 
 @triton.jit
@@ -156,6 +195,28 @@ def _tile_rows(pages, t, stride_p, stride_s, TILE: tl.constexpr, PAGE: tl.conste
     tok = t * TILE + tl.arange(0, TILE)
     slot = (tok % PAGE).to(tl.int64)
     return pages.to(tl.int64) * stride_p + slot * stride_s
+
+
+@triton.jit
+def _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, live, GROUP: tl.constexpr):
+    """q rows of KV head h of request b: [GROUP_PAD, D], rows past the group (or all, if not live) 0."""
+    q_rows = h.to(tl.int64) * GROUP + rows
+    return tl.load(
+        q_ptr + b.to(tl.int64) * stride_qb + q_rows[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & live,
+        other=0.0,
+    )
+
+
+@triton.jit
+def _q_as_f16(q):
+    """q [R, D] (bf16) as fp16 scaled by a power of two so that max |q| lands in [2^13, 2^15): fp16's
+    11-bit significand holds every bf16 value of that range exactly (fp8 K/V convert to fp16 exactly and
+    more cheaply than to bf16 on SM90). Returns (q16, 1 / scale) for the logit scale."""
+    amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0)
+    shift = tl.floor(13.0 - tl.log2(tl.maximum(amax, 1e-30)))
+    scale = tl.exp2(shift)
+    return (q.to(tl.float32) * scale).to(tl.float16), tl.exp2(-shift)
 
 
 @triton.jit
@@ -254,6 +315,7 @@ def decode_kernel(
     PREFETCH: tl.constexpr,  # True: carry the next tile's K/V in registers (and page ids 2 tiles ahead)
     DESC: tl.constexpr,  # True: first segment from the planner's descriptor, later ones by stepping
     PT_CHUNK: tl.constexpr,  # > 0, PAGE >= TILE or == TILE/2: page ids of PT_CHUNK tiles loaded ahead
+    F16_DOT: tl.constexpr = False,  # fp8 KV: products in fp16 (q rescaled by a power of two)
 ):
     pid = tl.program_id(0)
     if DESC:
@@ -286,6 +348,10 @@ def decode_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, TILE)
 
+    if DESC:
+        # the q rows of the range's first segment; later segments' rows (and lengths) are loaded one
+        # segment ahead, so a program walking many short segments does not wait for them each time
+        q_next = _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, u_begin < u_end, GROUP)
     u = u_begin
     while u < u_end:
         if not DESC:
@@ -301,11 +367,21 @@ def decode_kernel(
         b64 = b.to(tl.int64)
         h64 = h.to(tl.int64)
         q_rows = h64 * GROUP + rows
-        q = tl.load(
-            q_ptr + b64 * stride_qb + q_rows[:, None] * stride_qh + offs_d[None, :],
-            mask=row_ok[:, None],
-            other=0.0,
-        )  # [GROUP_PAD, D]
+        if DESC:
+            q = q_next
+            # the next segment of the range is (b, h + 1) or (b + 1, 0) from its first tile
+            new_req = h + 1 >= num_kv_heads
+            b_n = tl.where(new_req, b + 1, b)
+            h_n = tl.where(new_req, 0, h + 1)
+            more = seg_start + t1 < u_end
+            seq_len_n = tl.load(seq_lens_ptr + b_n, mask=more & new_req, other=seq_len)
+            q_next = _load_q(q_ptr, b_n, h_n, rows, row_ok, offs_d, stride_qb, stride_qh, more, GROUP)
+        else:
+            q = _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, u < u_end, GROUP)
+        seg_scale = qk_scale
+        if F16_DOT:
+            q, q_unscale = _q_as_f16(q)
+            seg_scale = qk_scale * q_unscale
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
@@ -333,7 +409,7 @@ def decode_kernel(
                 rows_n = _tile_rows(pg_n, t + 1, stride_vp, stride_vs, TILE, PAGE)
                 v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
                 pg_n = _tile_pages(pt_row, t + 2, t1, seq_len, TILE, PAGE)
-                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, seg_scale)
         elif PT_CHUNK > 0 and (PAGE >= TILE or TILE == 2 * PAGE):
             # no load feeds the K/V addresses inside the tile loop (the page ids of a chunk of tiles come
             # from one vector load before it), so the pipeliner gives K/V their full distance: two
@@ -363,7 +439,7 @@ def decode_kernel(
                     rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
                     k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
                     v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                    m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+                    m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, seg_scale)
         else:
             for t in tl.range(t0, t1, num_stages=NUM_STAGES):
                 valid = (t * TILE + offs_n) < seq_len
@@ -372,7 +448,7 @@ def decode_kernel(
                 rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
                 k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
                 v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, seg_scale)
 
         _finish(
             out_ptr,
@@ -397,13 +473,11 @@ def decode_kernel(
         u = seg_start + t1
         if DESC:
             # the segment ended inside the range (or the range ends here): step to the next one
-            new_req = h + 1 >= num_kv_heads
-            b = tl.where(new_req, b + 1, b)
-            h = tl.where(new_req, 0, h + 1)
+            b = b_n
+            h = h_n
             t0 = t0 * 0
-            if new_req & (u < u_end):
-                seq_len = tl.load(seq_lens_ptr + b)
-                n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
+            seq_len = seq_len_n
+            n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
 
 
 @triton.jit
@@ -550,6 +624,7 @@ def merge_kernel(
     merge_seg_ptr,  # [G]
     ws_o_ptr,  # [2G, GROUP, D] fp32
     ws_lse_ptr,  # [2G, GROUP] fp32
+    wide_list_ptr,  # [W] int32 (plan): programs whose merge has > NARROW participants, then -1s
     stride_ob,
     stride_oh,
     NUM_KV_HEADS: tl.constexpr,
@@ -557,14 +632,23 @@ def merge_kernel(
     HEAD_DIM: tl.constexpr,
     D_CHUNK: tl.constexpr,  # columns of D per program
     BLOCK_P: tl.constexpr,  # partials combined per step
+    NARROW: tl.constexpr,  # 0: merge every split segment; > 0: only those with <= NARROW participants
+    WIDE: tl.constexpr,  # True: axis 0 indexes wide_list (the segments the NARROW launch left out)
 ):
-    # grid (G, GROUP, HEAD_DIM // D_CHUNK): program (p, r, c) combines, for query row r of the group and
-    # columns c, the partials of the split segment that program p of the attention pass merges (its
-    # last participant). Programs with nothing to merge exit after one load.
-    p = tl.program_id(0)
+    # grid (G, GROUP, HEAD_DIM // D_CHUNK), or (W, ...) when WIDE: program (p, r, c) combines, for query
+    # row r of the group and columns c, the partials of the split segment that program p of the
+    # attention pass merges (its last participant). Programs with nothing to merge exit after one load.
     r = tl.program_id(1)
     c = tl.program_id(2)
-    lo = tl.load(merge_first_ptr + p)
+    if WIDE:
+        p = tl.load(wide_list_ptr + tl.program_id(0))
+        lo = tl.load(merge_first_ptr + tl.maximum(p, 0))
+        lo = tl.where(p >= 0, lo, -1)
+    else:
+        p = tl.program_id(0)
+        lo = tl.load(merge_first_ptr + p)
+        if NARROW > 0:
+            lo = tl.where(p - lo + 1 > NARROW, -1, lo)
     if lo >= 0:
         bh = tl.load(merge_bh_ptr + p)
         seg_start = tl.load(merge_seg_ptr + p)

@@ -43,6 +43,17 @@ DEFAULT_DESC = False
 # takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
 DEFAULT_MERGE_BLOCK = 16
 MERGE_BLOCKS = (16, 32, 64, 128)
+# Adaptive merge width: with ``wide_merge`` the merge launch combines merge_block partials per step only for
+# segments with at most merge_block participants; a second, small launch (one program per possible such
+# segment: G // merge_block + 1, listed by the planner on the GPU) merges the others WIDE_MERGE_BLOCK at a
+# time. Small splits keep the light merge, a 128K request over 264 programs takes 3 steps instead of 17.
+DEFAULT_WIDE_MERGE = False
+WIDE_MERGE_BLOCK = 128
+# Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
+# tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
+# program walking many short requests gets fewer tiles (0: tiles alone).
+DEFAULT_SEG_COST = 0
+MAX_SEG_COST = 64
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
 # tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
 DEFAULT_PT_CHUNK = 0
@@ -128,6 +139,9 @@ class DecodePlan:
     pt_chunk: int  # nested loop, page >= tile or page == tile / 2: page ids of this many tiles loaded ahead (0: per tile)
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
+    wide_merge: bool = False  # segments split over > merge_block programs merge in a second, wide launch
+    seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
+    f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -142,6 +156,8 @@ class DecodePlan:
     merge_bh: torch.Tensor = field(repr=False, default=None)
     merge_seg: torch.Tensor = field(repr=False, default=None)
     prog_desc: torch.Tensor = field(repr=False, default=None)
+    req_cost: torch.Tensor = field(repr=False, default=None)
+    wide_list: torch.Tensor = field(repr=False, default=None)
 
     @property
     def group(self) -> int:
@@ -193,9 +209,13 @@ class DecodePlan:
             self.merge_bh,
             self.merge_seg,
             self.prog_desc,
+            self.req_cost,
+            self.wide_list,
             batch,
             g,
             max(1, self.static_splits),
+            self.seg_cost,
+            self.wide_list.shape[0],
             NUM_KV_HEADS=self.num_kv_heads,
             TILE=self.tile,
             STATIC=self.static_splits > 0,
@@ -203,6 +223,7 @@ class DecodePlan:
             BLOCK_G=256,
             G_STEPS=-(-(g + 1) // 256),
             SEARCH_STEPS=int(math.log2(block_b)) + 1,
+            BLOCK_P=self.merge_block if self.wide_merge else 0,
             num_warps=4,
         )
         if self.loop == "flat":
@@ -241,6 +262,9 @@ def plan(
     merge_block: int | None = None,
     pt_chunk: int | None = None,
     loop: str | None = None,
+    wide_merge: bool | None = None,
+    seg_cost: int | None = None,
+    f16_dot: bool | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -258,6 +282,10 @@ def plan(
     desc = tuned.get("desc") if desc is None else desc
     merge_block = tuned.get("merge_block") if merge_block is None else merge_block
     pt_chunk = tuned.get("pt_chunk") if pt_chunk is None else pt_chunk
+    wide_merge = tuned.get("wide_merge") if wide_merge is None else wide_merge
+    seg_cost = tuned.get("seg_cost") if seg_cost is None else seg_cost
+    f16_dot = tuned.get("f16_dot") if f16_dot is None else f16_dot
+    num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     if page_size not in PAGE_SIZES:
         _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
     if head_dim not in HEAD_DIMS:
@@ -300,6 +328,11 @@ def plan(
     loop = DEFAULT_LOOP if loop is None else loop
     if loop not in LOOPS:
         _fail(f"loop must be one of {LOOPS}, got {loop!r}")
+    seg_cost = DEFAULT_SEG_COST if seg_cost is None else seg_cost
+    if not isinstance(seg_cost, int) or not 0 <= seg_cost <= MAX_SEG_COST:
+        _fail(f"seg_cost must be an int in 0..{MAX_SEG_COST}, got {seg_cost!r}")
+    wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
+    wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
     i32 = dict(dtype=torch.int32, device=device)
     # flat loop: one descriptor per unit; at most max_batch * Hkv * tiles of the longest possible request
     max_units = (
@@ -341,6 +374,11 @@ def plan(
         merge_bh=torch.zeros(g, **i32),
         merge_seg=torch.zeros(g, **i32),
         prog_desc=torch.zeros(g, 8, **i32),
+        wide_merge=wide_merge,
+        seg_cost=seg_cost,
+        f16_dot=bool(f16_dot),
+        req_cost=torch.zeros(max_batch + 1, **i32),
+        wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
     )
     return p.update(seq_lens, page_table, validate=validate)
 
@@ -484,10 +522,17 @@ def run(
             PREFETCH=plan.prefetch,
             DESC=plan.desc,
             PT_CHUNK=plan.pt_chunk,
+            F16_DOT=plan.f16_dot and k_cache.dtype == torch.float8_e4m3fn,
             **common,
         )
-    d_chunk = min(64, D)
-    _k.merge_kernel[(g, group, D // d_chunk)](
+    _merge(plan, out)
+    return out
+
+
+def _merge(plan: DecodePlan, out: torch.Tensor) -> None:
+    """The log-sum-exp merge launch(es); see ``WIDE_MERGE_BLOCK``."""
+    d_chunk = min(64, plan.head_dim)
+    args = (
         out,
         plan.prog_start,
         plan.merge_first,
@@ -495,16 +540,24 @@ def run(
         plan.merge_seg,
         plan.ws_o,
         plan.ws_lse,
+        plan.wide_list,
         out.stride(0),
         out.stride(1),
-        NUM_KV_HEADS=plan.num_kv_heads,
-        GROUP=group,
-        HEAD_DIM=D,
-        D_CHUNK=d_chunk,
+    )
+    consts = dict(NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim, D_CHUNK=d_chunk)
+    chunks = plan.head_dim // d_chunk
+    _k.merge_kernel[(plan.grid_size(), plan.group, chunks)](
+        *args,
+        **consts,
         BLOCK_P=plan.merge_block,
+        NARROW=plan.merge_block if plan.wide_merge else 0,
+        WIDE=False,
         num_warps=2 if plan.merge_block <= 32 else 4,
     )
-    return out
+    if plan.wide_merge:
+        _k.merge_kernel[(plan.wide_list.shape[0], plan.group, chunks)](
+            *args, **consts, BLOCK_P=WIDE_MERGE_BLOCK, NARROW=0, WIDE=True, num_warps=4
+        )
 
 
 def decode_attention(

@@ -49,43 +49,43 @@ PEER_TITLES = {
     "torch_fa2": "torch FA2 varlen",
 }
 # Launch configurations tried by sweep() / --tune: (tile, ctas_per_sm, num_stages, num_warps, variant);
-# variant = loop ('nested' | 'flat') plus flags '-desc' (first segment from the planner's per-program
-# descriptor, no request-start lookups), '-prefetch' (hand-written register prefetch) and '-mN' (the merge
-# combines N partials per step instead of 16: a 128K request split over 264 programs merges in 3 dependent
-# steps at 128 instead of 17) and '-pcN' (page >= tile: the page ids of N tiles are loaded before an inner
-# tile loop, so no load feeds the K/V addresses inside it and Triton double-buffers K/V at 3 stages).
-# Measured so far (README.md, "Tuning"): run 1 swept tile {32, 64, 128} x CTAs/SM {1..4} x stages {2, 3, 4}
-# x warps {4, 8} on the nested loop (best: tile 64, 2 CTAs, stages 3 = today's default); run 2 timed the
-# flat loop and register prefetch (slower). The candidates below are NOT measured yet. Registers / shared
-# memory per program are from the offline sm_90a compile (tests/kernels/test_decode_attention.py,
-# test_candidates_compile_for_sm90; numbers from Triton 3.6, ptxas of its wheel), and each CTAs/SM figure
-# is what those allow:
-#   nested tile 64 stages 3: 163 regs, 39 KB: ONE K/V buffer (the next tile's copy starts after the
-#     current tile's dots), 2 tiles in flight per SM at 2 programs/SM.
-#   -desc: 151 regs. -pc64 at stages 3: two K/V buffers (72 KB, 167 regs, 3 programs fit); at stages 4
-#     three (104 KB, 2 programs). fp8 tile 128 -pc32: 2 x 32 KB buffers, 255 regs, 2 programs.
+# variant = loop ('nested' | 'flat') plus flags: '-desc' (first segment from the planner's per-program
+# descriptor, the next segment's q rows and length loaded one segment ahead), '-prefetch' (hand-written
+# register prefetch), '-mN' (the merge combines N partials per step instead of 16), '-w' (adaptive merge:
+# segments split over more than N programs go to a second, wide launch), '-pcN' (page >= tile: the page ids
+# of N tiles are loaded before an inner tile loop, so Triton double-buffers K/V at 3 stages), '-sN' (the
+# planner charges N tiles per segment start when balancing programs) and '-f16' (fp8 KV: products in fp16).
+# Runs 1-4 (README.md, "Tuning") measured the tile / CTAs / stages / warps grid and the loop variants; the
+# run-4 winner (nested-desc-m128-pc64 for bf16, plain nested for fp8) is the baseline here. Registers from
+# the offline sm_90a compile (tests/kernels/sm90_compile.py): bf16 -pc64 168 (3 programs fit), fp8 224-238.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested"),  # today's default (best of run 1): the baseline of this sweep
-    (64, 2, 3, 4, "nested-desc-m128"),  # cheaper prologue + wide merge steps, same tile loop
-    (64, 2, 3, 4, "nested-desc-m128-pc64"),  # + double-buffered K/V: 4 tiles in flight per SM
-    (64, 3, 3, 4, "nested-desc-m128-pc64"),  # 3 programs per SM: 6 tiles in flight per SM
-    (64, 2, 4, 4, "nested-desc-m128-pc64"),  # triple-buffered: 6 tiles in flight per SM
-    # added after the lead's run 3 (2026-11-29 09:16): '-desc' cost ~5 us on 8/1 64 x 4K while '-m128'
-    # won 44% on 1 x 128K; these separate the two.
-    (64, 2, 3, 4, "nested-m128"),
-    (64, 2, 3, 4, "nested-m128-pc64"),
+    (64, 2, 3, 4, "nested-desc-m128-pc64"),  # run 4's bf16 winner: the baseline
+    (64, 2, 3, 4, "nested-desc-w-pc64"),  # adaptive merge width
+    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # + 2 tiles per segment start in the balance
+    (64, 2, 3, 4, "nested-desc-w-pc64-s4"),
+    (64, 2, 3, 4, "nested-desc-w-pc64-s8"),
 ]
-# fp8 KV only: twice the tokens per step (128 = 2 pages of 64), so the same bytes per step as bf16 at tile
-# 64, double-buffered.
+# fp8 KV only (run 4: every double-buffered fp8 variant lost to the plain nested loop, at 224-255 registers)
 SWEEP_CONFIGS_FP8 = [
-    (128, 2, 3, 4, "nested-desc-m128-pc32"),
+    (64, 2, 3, 4, "nested"),  # run 4's fp8 winner: the baseline
+    (64, 2, 3, 4, "nested-desc-w-s4-f16"),  # e4m3 -> fp16 (one cvt per pair) instead of -> bf16
+    (64, 2, 3, 4, "nested-desc-w-pc64-s4"),  # two K/V buffers
+    (64, 2, 3, 4, "nested-desc-w-pc64-s4-f16"),
+    (64, 2, 4, 4, "nested-desc-w-pc64-s4-f16"),  # three K/V buffers (55 KB, 226 registers)
+    (64, 1, 4, 8, "nested-desc-w-pc64-s4-f16"),  # 8 warps (186 registers: 1 program per SM)
+    (128, 1, 3, 8, "nested-desc-w-pc32-s4-f16"),  # 128 tokens per step, two buffers, 8 warps
 ]
 SWEEP_CASES = [
-    ("64 x 4K", 8, 1, "bf16"),
-    ("1 x 128K", 8, 1, "bf16"),
+    ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
     ("64 x 4K", 64, 8, "bf16"),
-    ("64 x 4K", 8, 1, "fp8"),
+    ("1 x 128K + 31 x 4K", 64, 8, "bf16"),
+    ("2 x 32K + 30 x 4K", 64, 8, "bf16"),
+    ("64 x 4K", 8, 1, "bf16"),
+    ("32 x 128 + 32 x 4K", 8, 1, "bf16"),
+    ("1 x 128K", 8, 1, "bf16"),
     ("64 x 4K", 64, 8, "fp8"),
+    ("1 x 128K + 31 x 4K", 64, 8, "fp8"),
+    ("32 x 128 + 32 x 4K", 8, 1, "fp8"),
 ]
 # A configuration whose output differs from the float64 reference by more than this (relative Frobenius
 # norm; the tests' tolerances) is reported as failed and never chosen.
@@ -97,9 +97,10 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     loop, *flags = variant.split("-")
     merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
     chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
-    unknown = set(flags) - {"desc", "prefetch"} - set(merge) - set(chunk)
-    if unknown or len(merge) > 1 or len(chunk) > 1:
-        raise ValueError(f"unknown variant flags {sorted(unknown) or merge + chunk} in {variant!r}")
+    cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
+    unknown = set(flags) - {"desc", "prefetch", "w", "f16"} - set(merge) - set(chunk) - set(cost)
+    if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1:
+        raise ValueError(f"unknown variant flags {sorted(unknown) or merge + chunk + cost} in {variant!r}")
     return dict(
         tile=tile,
         ctas_per_sm=ctas,
@@ -110,6 +111,9 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         desc="desc" in flags,
         merge_block=int(merge[0][1:]) if merge else 16,
         pt_chunk=int(chunk[0][2:]) if chunk else 0,
+        wide_merge="w" in flags,
+        seg_cost=int(cost[0][1:]) if cost else 0,
+        f16_dot="f16" in flags,
     )
 
 
@@ -203,6 +207,7 @@ def _ours(w: Workload, schedule: str, **cfg):
             num_kv_heads=w.hkv,
             head_dim=HEAD_DIM,
             schedule=schedule,
+            kv_dtype=w.kv_dtype,
             **cfg,
         )
         for t in w.tables
@@ -486,7 +491,7 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
         kr, vr = (w.k.to(torch.bfloat16), w.v.to(torch.bfloat16)) if kv == "fp8" else (w.k, w.v)
         ref = decode_attention_reference(w.q, kr, vr, w.tables[0], w.seq_lens, page_size=PAGE)
         del kr, vr
-        for entry in list(configs) + (list(fp8_configs) if kv == "fp8" else []):
+        for entry in fp8_configs if kv == "fp8" else configs:
             cfg = variant_config(*entry)
             calls, _, outs = _ours(w, "dynamic", **cfg)
             calls[0]()
@@ -540,8 +545,40 @@ CONFIG_KEYS = (
     "desc",
     "merge_block",
     "pt_chunk",
+    "wide_merge",
+    "seg_cost",
+    "f16_dot",
 )
-OLD_SWEEP_DEFAULTS = {"desc": False, "merge_block": 16, "pt_chunk": 0}  # keys older sweeps' rows lack
+# keys older sweeps' rows lack, with the value they ran with
+OLD_SWEEP_DEFAULTS = {
+    "desc": False,
+    "merge_block": 16,
+    "pt_chunk": 0,
+    "wide_merge": False,
+    "seg_cost": 0,
+    "f16_dot": False,
+}
+
+
+def defaults_note() -> str:
+    """op.py's launch defaults and its measured variants per KV dtype, for a results table's notes."""
+    from hpc_advise.kernels.decode_attention import op
+
+    base = dict(
+        tile=op.DEFAULT_TILE,
+        ctas_per_sm=op.DEFAULT_CTAS_PER_SM,
+        num_stages=op.DEFAULT_NUM_STAGES,
+        num_warps=op.DEFAULT_NUM_WARPS,
+        loop=op.DEFAULT_LOOP,
+    )
+    tuned = "; ".join(f"{_dtype_name(dt)} KV: {v}" for dt, v in op.TUNED_BY_KV_DTYPE.items() if dt != _fp16())
+    return f"op.py defaults {base}, per KV dtype (op.TUNED_BY_KV_DTYPE) {tuned}"
+
+
+def _fp16():
+    import torch
+
+    return torch.float16
 
 
 def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16") -> dict:
