@@ -24,6 +24,13 @@ ARGS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _sglang_importable():
+    """Every test here may reach SGLang modules through our plugin: install the CPU stand-ins first
+    (tests/runtime/sglang_cpu.py), so each test passes alone too, not only after another one did it."""
+    import_sglang("sglang.srt.plugins")
+
+
 def _parser():
     import_sglang("sglang.srt.server_args")
     from sglang.srt.server_args import ServerArgs
