@@ -494,7 +494,10 @@ def test_gpu_cuda_graph_replay_matches_eager():
     # pages for the longest lengths of any replay; the captured step starts shorter
     q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page)
     lens_buf = torch.tensor([4000, 100, 9000, 64], dtype=torch.int32, device="cuda")
-    p = op.plan(lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+    # the configuration decode_attention() picks (op.TUNED_BY_KV_DTYPE), so replay and eager match bitwise
+    p = op.plan(
+        lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype
+    )
     table_buf, out = table.clone(), torch.empty_like(q)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -537,6 +540,7 @@ def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = 
         DESC=True,
         PT_CHUNK=pt_chunk,
         F16_DOT=f16_dot,
+        ASM_CVT=f16_dot,
     )
     return ["hpc_advise.kernels.decode_attention.kernel", "decode_kernel", types, consts, 4, stages, _STRIDES]
 
@@ -551,6 +555,7 @@ def test_candidates_compile_for_sm90():
         _decode_job("bf16", 64, 3, 0),
         _decode_job("bf16", 64, 3, 64),
         _decode_job("fp8e4nv", 128, 3, 32),
+        _decode_job("fp8e4nv", 64, 3, 64, f16_dot=True),
     ]
     res = compile_sm90(jobs)
     assert all(r["async_copies"] > 0 for r in res), res
@@ -560,6 +565,9 @@ def test_candidates_compile_for_sm90():
     assert res[1]["shared"] >= 64 * 1024 and res[1]["ctas_per_sm"] >= 3, res[1]
     # fp8, 128 tokens (2 pages) per step: two 32 KB buffers, 2 programs per SM
     assert res[2]["shared"] >= 64 * 1024 and res[2]["ctas_per_sm"] >= 2, res[2]
+    # fp8 with fp16 products: V converted on its row-major tile, two buffers and 3 programs per SM (the
+    # bytewise gather of the e4m3 operand took 224 registers, 2 programs)
+    assert res[3]["async_copies"] > 0 and res[3]["ctas_per_sm"] >= 3 and res[3]["stack"] == 0, res[3]
 
 
 def test_sweep_variants_and_best_config_skip_failures():

@@ -17,6 +17,7 @@ float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -100,6 +101,10 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return CPU_NUM_SMS
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _capturing() -> bool:
@@ -455,6 +460,13 @@ def run(
         scales = plan.ws_lse  # unused pointer
         qk_scale, v_arg = sm * ks * math.log2(math.e), vs
 
+    # fp16 products read V as int16 pairs of e4m3: only for even strides and base (else the plain path)
+    f16_dot = (
+        plan.f16_dot
+        and v_cache.dtype == torch.float8_e4m3fn
+        and v_cache.data_ptr() % 2 == 0
+        and all(st % 2 == 0 for st in v_cache.stride()[:3])
+    )
     g = plan.grid_size()
     group = plan.group
     common = dict(
@@ -522,7 +534,8 @@ def run(
             PREFETCH=plan.prefetch,
             DESC=plan.desc,
             PT_CHUNK=plan.pt_chunk,
-            F16_DOT=plan.f16_dot and k_cache.dtype == torch.float8_e4m3fn,
+            F16_DOT=f16_dot,
+            ASM_CVT=f16_dot and not _interpreting(),
             **common,
         )
     _merge(plan, out)

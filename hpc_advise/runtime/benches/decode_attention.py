@@ -65,15 +65,18 @@ SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested-desc-w-pc64-s4"),
     (64, 2, 3, 4, "nested-desc-w-pc64-s8"),
 ]
-# fp8 KV only (run 4: every double-buffered fp8 variant lost to the plain nested loop, at 224-255 registers)
+# fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
+# the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
+# tile, read off the PTX). '-f16' converts V to fp16 on its row-major tile first (ldmatrix.trans after):
+# 160 registers with two buffers, so 3 programs fit an SM.
 SWEEP_CONFIGS_FP8 = [
     (64, 2, 3, 4, "nested"),  # run 4's fp8 winner: the baseline
-    (64, 2, 3, 4, "nested-desc-w-s4-f16"),  # e4m3 -> fp16 (one cvt per pair) instead of -> bf16
-    (64, 2, 3, 4, "nested-desc-w-pc64-s4"),  # two K/V buffers
-    (64, 2, 3, 4, "nested-desc-w-pc64-s4-f16"),
-    (64, 2, 4, 4, "nested-desc-w-pc64-s4-f16"),  # three K/V buffers (55 KB, 226 registers)
-    (64, 1, 4, 8, "nested-desc-w-pc64-s4-f16"),  # 8 warps (186 registers: 1 program per SM)
-    (128, 1, 3, 8, "nested-desc-w-pc32-s4-f16"),  # 128 tokens per step, two buffers, 8 warps
+    (64, 2, 3, 4, "nested-desc-w-pc64-s4"),  # two buffers, V gathered bytewise (224 registers)
+    (64, 2, 3, 4, "nested-desc-w-s4-f16"),  # one buffer, fp16 products
+    (64, 2, 3, 4, "nested-desc-w-pc64-s4-f16"),  # two buffers (160 registers)
+    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # 3 programs per SM
+    (64, 2, 4, 4, "nested-desc-w-pc64-s4-f16"),  # three buffers (190 registers)
+    (128, 2, 3, 4, "nested-desc-w-pc32-s4-f16"),  # 128 tokens per step, two buffers (255 registers)
 ]
 SWEEP_CASES = [
     ("32 x 128 + 32 x 4K", 64, 8, "bf16"),

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Decode-attention call on the H200 (the `device` tool). STAGE=sweep: launch-configuration sweep on the
+# worst cases, then the GPU tests; STAGE=grid: FlashInfer set-up (carry .whl_attn) and the full grid with
+# op.py's defaults. Results in $OUT/res.tgz, re-packed after every stage.
+set -o pipefail
+T0=$SECONDS
+RES=/tmp/res
+mkdir -p "$RES"
+pack() { tar czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HPC_ADVISE_RESULTS=$RES
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+if [ "${STAGE:-sweep}" = sweep ]; then
+  timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
+  grep -v "^sweep " "$RES/sweep.log" | tail -75
+  pack "sweep done"
+  timeout "${TEST_S:-75}" python3 -m pytest -q tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
+    -o addopts="" -rfE -v -k "gpu or fp8_products or wide_merge or balances" > "$RES/gpu_tests.log" 2>&1
+  tail -15 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl_attn/*.whl || exit 1
+  python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
+  export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12 PATH=$PATH:/usr/local/cuda/bin
+  mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
+  pack "flashinfer installed"
+  timeout "${GRID_S:-200}" python3 benchmarks/bench_decode_attention.py --grid full > "$RES/grid.log" 2>&1
+  tail -45 "$RES/grid.log"
+  pack "grid done"
+fi
