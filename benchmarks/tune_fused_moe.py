@@ -1,10 +1,17 @@
 """Sweep launch configs of the FP8 fused MoE and write them as data (configs.json).
 
     python benchmarks/tune_fused_moe.py [--shapes hy3,hy3-tp8,...] [--ts 1,16,128,4096] [--out PATH]
+    python benchmarks/tune_fused_moe.py --breakdown [--shapes ...] [--ts 1024,4096,16384]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
-T) with CUDA-graph replay and keeps the fastest. Default output: $OUT/fused_moe_configs.json on the
-device machine, else hpc_advise/kernels/fused_moe/configs.json (the file ``op.get_config`` reads).
+T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
+candidate's by more than ``TUNE_MAX_REL_DIFF`` is dropped). The output is merged into the file: other
+entries are kept, same (E, H, I, top_k, mode, T) replaced. Default output: $OUT/fused_moe_configs.json
+on the device machine, else hpc_advise/kernels/fused_moe/configs.json (the file ``op.get_config`` reads).
+
+``--breakdown`` tunes nothing: it times each launch of the config ``op.get_config`` picks (the
+single-CTA and the multi-CTA router + input quantization, gate/up, down, reduce) and prints one line
+per (shape, T) with each GEMM's TFLOP/s, so the share of every stage is measured, not guessed.
 """
 
 from __future__ import annotations
@@ -19,12 +26,85 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
 
 
+def _stage_times(launch, w13, w2, x) -> dict:
+    """µs per launch (graph replay) of one prepared ``op._Launch``."""
+    import torch
+
+    from hpc_advise.runtime.benchmarking import time_cuda
+
+    out = torch.empty_like(x)
+    launch.prep(x)
+    return {
+        "gate_up_us": time_cuda(
+            lambda: launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1), inner=4, reps=10
+        ).p50,
+        "down_us": time_cuda(lambda: launch.down(w2, 1.0), inner=4, reps=10).p50,
+        "reduce_us": time_cuda(lambda: launch.reduce(out), inner=4, reps=10).p50,
+    }
+
+
+def _prep_time(op, args: tuple, threshold: int) -> float:
+    """µs of the prep launch(es) with the multi-CTA router from ``threshold`` entries up."""
+    from hpc_advise.runtime.benchmarking import time_cuda
+
+    saved = op.ROUTE_MULTI_MIN_ENTRIES
+    op.ROUTE_MULTI_MIN_ENTRIES = threshold
+    try:
+        launch = op._Launch(*args)
+    finally:
+        op.ROUTE_MULTI_MIN_ENTRIES = saved
+    return time_cuda(lambda: launch.prep(args[0]), inner=4, reps=10).p50
+
+
+def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
+    """Per-launch times (µs, CUDA-graph replay) of ``fused_moe`` at each (shape, T)."""
+    import torch
+
+    from hpc_advise.kernels.fused_moe import op
+
+    rows = []
+    for shape in shapes:
+        e, h, i, k, eg, off = fb.SHAPES[shape]
+        mode = fb.MODES[shape][0]
+        wts = fb.make_weights(e, h, i, mode)
+        kw = fb._kwargs(wts, mode, off)
+        for t in ts:
+            s = fb.make_routings(t, k, eg, h, 1)[0]
+            args = (s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], kw["w13_scale"], kw["w2_scale"])
+            args += (kw.get("a13_scale"), kw.get("a2_scale"), kw.get("block_shape"), off, None)
+            row = dict(shape=shape, mode=mode, T=t)
+            row["prep_single_us"] = _prep_time(op, args, 1 << 62)
+            row["prep_multi_us"] = _prep_time(op, args, 1)
+            launch = op._Launch(*args)
+            if launch.cfg["SPLIT_K"] != 1:
+                log(f"  {shape} T={t}: split-K config, breakdown skipped")
+                continue
+            row.update(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
+            flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
+            row["gate_up_tflops"] = flops * 2 / 3 / (row["gate_up_us"] * 1e-6) / 1e12
+            row["down_tflops"] = flops / 3 / (row["down_us"] * 1e-6) / 1e12
+            row["padded_rows"] = int(launch.num_padded.item())
+            row["rows"] = round(flops / (6 * h * i))
+            row["config"] = launch.cfg
+            log(
+                f"  breakdown {shape} {mode} T={t}: prep single {row['prep_single_us']:.1f} / multi "
+                f"{row['prep_multi_us']:.1f} us, gate/up {row['gate_up_us']:.1f} us "
+                f"({row['gate_up_tflops']:.0f} TF/s), down {row['down_us']:.1f} us ({row['down_tflops']:.0f} "
+                f"TF/s), reduce {row['reduce_us']:.1f} us, rows {row['rows']} padded {row['padded_rows']}"
+            )
+            rows.append(row)
+        del wts, kw
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
     ap.add_argument("--ts", default=",".join(str(t) for t in fb.TUNE_TS))
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget", type=float, default=None, help="seconds; later points are skipped")
+    ap.add_argument("--breakdown", action="store_true", help="time each launch instead of tuning")
     args = ap.parse_args()
     import torch
 
@@ -33,6 +113,14 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(fb.SHAPES)}")
     ts = tuple(int(t) for t in args.ts.split(","))
+    if args.breakdown:
+        import json
+
+        rows = breakdown(shapes, ts)
+        if os.environ.get("OUT"):
+            with open(Path(os.environ["OUT"]) / "fused_moe_breakdown.jsonl", "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        return
     entries = fb.tune(shapes, ts, budget_s=args.budget)
     if args.out:
         out = Path(args.out)

@@ -129,11 +129,17 @@ def run_and_check(p, *, config=None, scaling=1.0, fn=fused_moe, tol=REL_TOL_QUAN
 # routing preprocessing
 
 
+@pytest.mark.parametrize("multi", [False, True], ids=["single-cta", "multi-cta"])
 @pytest.mark.parametrize(
     "t,num_experts,top_k,offset,global_experts",
     [(1, 8, 2, 0, 8), (7, 6, 3, 0, 6), (33, 16, 4, 4, 24), (5, 4, 2, 0, 4)],
 )
-def test_router_matches_torch_reference(t, num_experts, top_k, offset, global_experts):
+def test_router_matches_torch_reference(t, num_experts, top_k, offset, global_experts, multi, monkeypatch):
+    """Single-CTA router (decode) and the multi-CTA one (kernel_route.py, prefill; here forced on with
+    16-entry chunks so that T = 33, k = 4 spreads over 9 chunks with a ragged last one)."""
+    if multi:
+        monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)
+        monkeypatch.setattr(op, "ROUTE_CHUNK", 16)
     seed = _seed()
     ids = torch.randint(-1, global_experts, (t, top_k), dtype=torch.int32)
     p = make_problem(
@@ -153,6 +159,7 @@ def test_router_matches_torch_reference(t, num_experts, top_k, offset, global_ex
         offset,
         CPU_CFG,
     )
+    assert bool(launch.route_chunks) == multi
     launch.sorted_ids.fill_(-7)
     launch.block_expert.fill_(-7)
     launch.prep(p["x"])
@@ -190,6 +197,38 @@ def test_split_k_and_odd_intermediate(mode):
     p = make_problem(5, 4, 384, 192, 3, mode, device="cpu")
     cfg = dict(CPU_CFG, SPLIT_K=3, GU_K=64, DN_K=64)
     run_and_check(p, config=cfg, seed=seed)
+
+
+PREFILL_CFG = dict(  # prefill tile shapes at interpreter sizes: BLOCK_M 64, merged gate|up N = 256
+    CPU_CFG, BLOCK_M=64, GU_N=128, DN_N=128, GU_GROUP_M=4, DN_GROUP_M=4, GU_WARPS=8, DN_WARPS=8
+)
+
+
+@pytest.mark.parametrize(
+    "mode,extra",
+    [
+        ("block-dynamic", {}),
+        ("tensor-static", {}),  # fp32 promotion every BLOCK_K: two dots (TWO_DOTS)
+        ("tensor-static", {"FAST_ACC": 1, "DN_N": 256}),  # one merged dot, tensor-core accumulation
+        ("tensor-dynamic", {}),
+        ("block-static", {"GU_K": 64, "DN_K": 64}),  # two K steps per scale group
+    ],
+)
+def test_prefill_tiles_ragged_and_empty_experts(mode, extra, monkeypatch):
+    """Prefill configs with the multi-CTA router: experts with 0, 1, a few and more than BLOCK_M rows
+    (ragged runs padded to BLOCK_M), an EP slot of another rank."""
+    monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)
+    monkeypatch.setattr(op, "ROUTE_CHUNK", 32)
+    seed = _seed()
+    t, k, e = 45, 3, 6
+    ids = torch.randint(1, e, (t, k), dtype=torch.int32)
+    ids[:, 0] = 4  # expert 4: 45+ rows (more than one 64-row block with the others)
+    ids[:, 1] = torch.where(torch.arange(t) % 2 == 0, 2, 5).to(torch.int32)
+    ids[:, 2] = 3
+    ids[0, 2] = 1  # expert 1: exactly one row; expert 0: none
+    ids[1, 2] = -1  # slot on another EP rank
+    p = make_problem(t, e, 256, 256, k, mode, ids=ids, device="cpu")
+    run_and_check(p, config=dict(PREFILL_CFG, **extra), scaling=1.5, seed=seed)
 
 
 def test_routing_edge_cases():
@@ -326,6 +365,36 @@ def test_gpu_one_expert_takes_every_token_and_graph_capture():
 
 
 @pytest.mark.gpu
+def test_gpu_prefill_multi_cta_router_gives_the_same_output(monkeypatch):
+    """T = 4096 (32768 entries): the multi-CTA router and the single-CTA one order entries inside an
+    expert differently, yet every output row depends only on its own rows, so the layer's output must
+    be bitwise identical."""
+    seed = _seed()
+    p = make_problem(4096, 128, 2048, 768, 8, "block-dynamic", device="cuda")
+    outs = []
+    for threshold in (1 << 62, 1):
+        monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", threshold)
+        out, _, _ = run_and_check(p, seed=seed)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), seed
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_fast_accumulation_error():
+    """Per-tensor scales at T = 1024 on the Hy3 shape: tensor-core fp8 accumulation over the whole K
+    (FAST_ACC, as SGLang's Triton MoE) against fp32 promotion every 128-K step; both within the bound,
+    and the errors are printed (the cost of FAST_ACC in accuracy)."""
+    seed = _seed()
+    p = make_problem(1024, 192, 4096, 1536, 8, "tensor-static", device="cuda")
+    base = op.get_config(1024, 8, 192, 4096, 1536, "tensor-static", False)
+    errs = {}
+    for fast in (0, 1):
+        cfg = dict(base, BLOCK_M=128, GU_N=128, GU_WARPS=8, DN_WARPS=8, FAST_ACC=fast)
+        _, _, errs[fast] = run_and_check(p, config=cfg, seed=seed)
+    print(f"Hy3 T=1024 rel err vs quantized ref: promoted {errs[0]:.2e}, FAST_ACC {errs[1]:.2e}")
+
+
+@pytest.mark.gpu
 def test_gpu_unfused_variant_matches_reference():
     seed = _seed()
     p = make_problem(64, 128, 2048, 768, 8, "block-dynamic", device="cuda")
@@ -406,20 +475,40 @@ def test_kernels_compile_for_sm90_with_pipelined_loads():
         A2_GROUP=False,
         OUT_MODE=0,
         EVEN_K=True,
+        FAST_ACC=False,
+        TWO_DOTS=True,
     )
     jobs = [
         ["_prep_kernel", dict(BLOCK_M=16, E_PAD=256, ROUTE_BLK=256, QROWS=16, GROUP=128, A_GROUP=True), 4, 3],
         ["_gate_up_kernel", gu, 4, 4],
         [
             "_gate_up_kernel",
-            dict(gu, BLOCK_N=128, SPLIT_K=2, A_GROUP=True, W_BLOCK=True, A2_GROUP=True, OUT_MODE=1),
+            dict(
+                gu,
+                BLOCK_N=128,
+                SPLIT_K=2,
+                A_GROUP=True,
+                W_BLOCK=True,
+                A2_GROUP=True,
+                OUT_MODE=1,
+                TWO_DOTS=False,
+            ),
             4,
             4,
         ],
         ["_act_quant_kernel", dict(BLOCK_M=16, SPLIT_K=2, A2_GROUP=True), 4, 3],
         [
             "_down_kernel",
-            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, A_GROUP=True, W_BLOCK=True, EVEN_K=False),
+            dict(
+                BLOCK_M=64,
+                BLOCK_N=128,
+                BLOCK_K=128,
+                GROUP_M=8,
+                A_GROUP=True,
+                W_BLOCK=True,
+                EVEN_K=False,
+                FAST_ACC=False,
+            ),
             4,
             4,
         ],
@@ -429,6 +518,51 @@ def test_kernels_compile_for_sm90_with_pipelined_loads():
     gemms = [r for r in res if r["kernel"] in ("_gate_up_kernel", "_down_kernel")]
     assert gemms and all(r["async_copies"] > 0 for r in gemms), res  # software-pipelined
     assert res[4]["wgmma"] > 0, res  # the down kernel at BLOCK_M 64: Hopper wgmma, not mma.sync
+
+
+@pytest.mark.slow
+def test_prefill_gemm_tiles_compile_without_register_spills():
+    """The prefill tiles the tuner chooses from keep their accumulators in registers on sm_90a: the old
+    block-scaled gate/up tile (BLOCK_M 128, two accumulators + two fresh partial products) spilled
+    ~300 bytes per thread (local-memory traffic in every K step) and ran at 11-13% of the fp8 rate."""
+    gu = dict(
+        BLOCK_M=64,
+        BLOCK_N=128,
+        BLOCK_K=128,
+        GROUP_M=8,
+        SPLIT_K=1,
+        A_GROUP=True,
+        W_BLOCK=True,
+        A2_GROUP=True,
+        OUT_MODE=0,
+        EVEN_K=True,
+        FAST_ACC=False,
+        TWO_DOTS=False,
+    )
+    static = dict(gu, BLOCK_M=128, A_GROUP=False, W_BLOCK=False, A2_GROUP=False)
+    dn = dict(
+        BLOCK_M=64,
+        BLOCK_N=128,
+        BLOCK_K=128,
+        GROUP_M=8,
+        A_GROUP=True,
+        W_BLOCK=True,
+        EVEN_K=True,
+        FAST_ACC=False,
+    )
+    dn_static = dict(dn, BLOCK_M=128, A_GROUP=False, W_BLOCK=False)
+    jobs = [
+        ["_gate_up_kernel", gu, 8, 3],  # block scales, one merged N = 256 dot
+        ["_gate_up_kernel", dict(static, TWO_DOTS=True), 8, 4],  # per-tensor, fp32 promotion
+        ["_gate_up_kernel", dict(static, FAST_ACC=True), 8, 4],  # per-tensor, tensor-core accumulation
+        ["_down_kernel", dn, 8, 3],
+        ["_down_kernel", dict(dn, BLOCK_N=256), 8, 3],
+        ["_down_kernel", dn_static, 8, 4],
+        ["_down_kernel", dict(dn_static, BLOCK_N=256, FAST_ACC=True), 8, 3],
+    ]
+    res = compile_sm90([_sm90_job(*job) for job in jobs])
+    for job, r in zip(jobs, res, strict=True):
+        assert r["stack"] == 0 and r["wgmma"] > 0 and r["async_copies"] > 0, (job, r)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -209,6 +209,24 @@ def _silu_mul_quant_store(
     )
 
 
+@triton.jit
+def _gate_up_two_dots(
+    a_ptrs, w_ptrs, row_ok, n_ok, offs_k, k_lo, k_hi, H, up_offset, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K
+):
+    """Per-tensor scales with fp32 promotion: separate gate and up dots (the promotion's fresh partial
+    accumulator of one N = 2·BLOCK_N dot does not fit in the registers beside the acc at BLOCK_M = 128)."""
+    g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = ((k0 + offs_k) < H) | EVEN_K  # all true when BLOCK_K divides H (folded away)
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        bg = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        bu = tl.load(w_ptrs + up_offset + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        g = tl.dot(a, bg, g, max_num_imprecise_acc=BLOCK_K)
+        u = tl.dot(a, bu, u, max_num_imprecise_acc=BLOCK_K)
+    return g, u
+
+
 @triton.jit(do_not_specialize=["top_k", "n_entries", "max_padded", "stride_wse", "stride_wsn"])
 def _gate_up_kernel(
     xq_ptr,  # fp8 [T, H]
@@ -241,8 +259,14 @@ def _gate_up_kernel(
     A2_GROUP: tl.constexpr,
     OUT_MODE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr,
+    TWO_DOTS: tl.constexpr,
 ):
-    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K)."""
+    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
+    of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
+    the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
+    instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
+    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC)."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(1)
@@ -258,65 +282,88 @@ def _gate_up_kernel(
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
     num_kg = tl.cdiv(H, 128)
-
     a_ptrs = xq_ptr + tok[:, None] * H + offs_k[None, :]
-    wg_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    wu_ptrs = wg_ptrs + I * stride_wn
-    if W_BLOCK:
-        sg_ptrs = ws_ptr + e * stride_wse + (offs_n // 128) * stride_wsn
-        su_ptrs = ws_ptr + e * stride_wse + ((offs_n + I) // 128) * stride_wsn
-
     k_span = tl.cdiv(tl.cdiv(H, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_span
     k_hi = tl.minimum(k_lo + k_span, H)
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 + offs_k) < H
-            a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if A_GROUP or W_BLOCK:
-            dg = tl.dot(a, bg)
-            du = tl.dot(a, bu)
-            if A_GROUP:
-                sa = tl.load(xs_ptr + tok * num_kg + k0 // 128, mask=row_ok, other=0.0)
-                dg = dg * sa[:, None]
-                du = du * sa[:, None]
-            if W_BLOCK:
-                sg = tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)
-                su = tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)
-                dg = dg * sg[None, :]
-                du = du * su[None, :]
-            acc_g += dg
-            acc_u += du
-        else:
-            # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K (sm_90 otherwise keeps
-            # the whole K in its reduced-precision fp8 accumulator)
-            acc_g = tl.dot(a, bg, acc_g, max_num_imprecise_acc=BLOCK_K)
-            acc_u = tl.dot(a, bu, acc_u, max_num_imprecise_acc=BLOCK_K)
+
+    if TWO_DOTS:
+        tl.static_assert(not A_GROUP and not W_BLOCK and not FAST_ACC)
+        wg_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        g, u = _gate_up_two_dots(
+            a_ptrs,
+            wg_ptrs,
+            row_ok,
+            n_ok,
+            offs_k,
+            k_lo,
+            k_hi,
+            H,
+            I * stride_wn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            EVEN_K,
+        )
+    else:
+        offs_j = tl.arange(0, 2 * BLOCK_N)
+        col = pid_n * BLOCK_N + offs_j % BLOCK_N  # column of I (gate half, then up half)
+        j_ok = col < I
+        w_row = col + (offs_j >= BLOCK_N).to(tl.int32) * I  # row of w13
+        w_ptrs = w_ptr + e * stride_we + w_row[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        sa_ptrs = xs_ptr + tok * num_kg
+        sw_ptrs = ws_ptr + e * stride_wse + (w_row // 128) * stride_wsn
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+        # 128-group scales are loaded one K step ahead (loop-carried): their latency hides behind a step
+        if A_GROUP:
+            sa = tl.load(sa_ptrs + k_lo // 128, mask=row_ok, other=0.0)
+        if W_BLOCK:
+            sw = tl.load(sw_ptrs + k_lo // 128, mask=j_ok, other=0.0)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+                b = tl.load(w_ptrs + k0, mask=j_ok[None, :], other=0.0)
+            else:
+                k_ok = (k0 + offs_k) < H
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(w_ptrs + k0, mask=j_ok[None, :] & k_ok[:, None], other=0.0)
+            if A_GROUP or W_BLOCK:
+                # scaled partial product of each step, added in fp32 (promotion every BLOCK_K)
+                kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
+                d = tl.dot(a, b)
+                if A_GROUP:
+                    sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
+                    d = d * sa[:, None]
+                    sa = sa_next
+                if W_BLOCK:
+                    sw_next = tl.load(sw_ptrs + kn, mask=j_ok, other=0.0)
+                    d = d * sw[None, :]
+                    sw = sw_next
+                acc += d
+            elif FAST_ACC:
+                acc = tl.dot(a, b, acc)  # the tensor cores' own fp8 accumulation over the whole K
+            else:
+                # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K (sm_90 otherwise
+                # keeps the whole K in its reduced-precision fp8 accumulator)
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        g, u = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
     if not A_GROUP:
         sa_t = tl.load(a_scale_ptr)
-        acc_g = acc_g * sa_t
-        acc_u = acc_u * sa_t
+        g = g * sa_t
+        u = u * sa_t
     if not W_BLOCK:
         sw_t = tl.load(ws_ptr + e)
-        acc_g = acc_g * sw_t
-        acc_u = acc_u * sw_t
+        g = g * sw_t
+        u = u * sw_t
 
     if OUT_MODE == 0:
         _silu_mul_quant_store(
-            acc_g, acc_u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
+            g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
         )
     else:
         base = out_ptr + (pid_k * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
-        tl.store(base, acc_g, mask=n_ok[None, :])
-        tl.store(base + I, acc_u, mask=n_ok[None, :])
+        tl.store(base, g, mask=n_ok[None, :])
+        tl.store(base + I, u, mask=n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["max_padded"])
@@ -378,6 +425,7 @@ def _down_kernel(
     A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr,
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ)."""
     num_m_blocks = max_padded // BLOCK_M
@@ -396,9 +444,13 @@ def _down_kernel(
 
     a_ptrs = inter_ptr + rows64[:, None] * I + offs_k[None, :]
     w_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    if W_BLOCK:
-        sw_ptrs = ws_ptr + e * stride_wse + (offs_n // 128) * stride_wsn
+    sa_ptrs = inter_s_ptr + rows64 * num_kg
+    sw_ptrs = ws_ptr + e * stride_wse + (offs_n // 128) * stride_wsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if A_GROUP:  # scales one K step ahead, as in the gate/up kernel
+        sa = tl.load(sa_ptrs)
+    if W_BLOCK:
+        sw = tl.load(sw_ptrs, mask=n_ok, other=0.0)
     for k0 in range(0, I, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs + k0)
@@ -408,14 +460,19 @@ def _down_kernel(
             a = tl.load(a_ptrs + k0, mask=k_ok[None, :], other=0.0)
             b = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         if A_GROUP or W_BLOCK:
+            kn = tl.minimum(k0 + BLOCK_K, I - 1) // 128
             d = tl.dot(a, b)
             if A_GROUP:
-                sa = tl.load(inter_s_ptr + rows64 * num_kg + k0 // 128)
+                sa_next = tl.load(sa_ptrs + kn)
                 d = d * sa[:, None]
+                sa = sa_next
             if W_BLOCK:
-                sw = tl.load(sw_ptrs + k0 // 128, mask=n_ok, other=0.0)
+                sw_next = tl.load(sw_ptrs + kn, mask=n_ok, other=0.0)
                 d = d * sw[None, :]
+                sw = sw_next
             acc += d
+        elif FAST_ACC:
+            acc = tl.dot(a, b, acc)
         else:
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
     scale = tl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling

@@ -22,10 +22,15 @@ import torch
 import triton
 
 from . import kernel as K
+from . import kernel_route as KR
 from .reference import FP8, moe_align_reference, quantize_group, quantize_static
 
 GROUP = 128
 NUM_SMS_H200 = 132
+# the router runs on many CTAs (kernel_route.py) from this many (token, slot) entries up; below it the
+# single-CTA router in the prep launch is cheaper (one launch fewer)
+ROUTE_MULTI_MIN_ENTRIES = 4096
+ROUTE_CHUNK = 1024  # entries per routing CTA
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CONFIG_PATH = Path(__file__).with_name("configs.json")
 CONFIG_KEYS = (
@@ -110,22 +115,24 @@ def default_config(
             DN_WARPS=4,
             DN_STAGES=4,
         )
-    # prefill: BLOCK_M from the rows an expert gets on average (every expert pads its rows up to
-    # BLOCK_M, so 43 rows in a 128-row tile waste two thirds of the tensor-core work)
-    block_m = 64 if n / max(num_experts, 1) <= 96 else 128
+    # prefill, as tuned on the H200 (2026-11-29, configs.json): dynamic group scales take BLOCK_M 64
+    # with 8 warps for gate/up (the per-step scaled product needs a second accumulator's registers;
+    # at BLOCK_M 128 it spills) and a 4-warp down kernel; per-tensor scales take BLOCK_M 64 up to ~256
+    # rows per expert (each expert pads its rows up to BLOCK_M), 128 above.
+    block_m = 64 if a2_group or n / max(num_experts, 1) <= 256 else 128
     return dict(
         BLOCK_M=block_m,
         GU_N=128,
         GU_K=128,
         SPLIT_K=1,
         GU_GROUP_M=8,
-        GU_WARPS=8 if block_m == 128 else 4,
-        GU_STAGES=3 if block_m == 128 else 4,
+        GU_WARPS=8,
+        GU_STAGES=3 if a2_group else 4,
         DN_N=128,
         DN_K=128,
         DN_GROUP_M=8,
-        DN_WARPS=8 if block_m == 128 else 4,
-        DN_STAGES=4,
+        DN_WARPS=4 if a2_group else 8,
+        DN_STAGES=3 if a2_group else 4,
     )
 
 
@@ -264,7 +271,9 @@ class _Launch:
         self.block_expert = torch.empty(self.P // bm, dtype=torch.int32, device=dev)
         self.num_padded = torch.empty(1, dtype=torch.int32, device=dev)
         self.e_pad = max(16, triton.next_power_of_2(self.E))
-        self.cursor = torch.empty(self.e_pad, dtype=torch.int32, device=dev)
+        self.route_chunks = triton.cdiv(self.n, ROUTE_CHUNK) if self.n >= ROUTE_MULTI_MIN_ENTRIES else 0
+        self.cursor = torch.empty(max(1, self.route_chunks) * self.e_pad, dtype=torch.int32, device=dev)
+        self.hist = torch.empty(self.route_chunks * self.e_pad, dtype=torch.int32, device=dev)
         self.xq = torch.empty(self.T, self.H, dtype=FP8, device=dev)
         self.xs = torch.empty(self.T, -(-self.H // GROUP), dtype=torch.float32, device=dev)
         self.inter = torch.empty(self.P, self.I, dtype=FP8, device=dev)
@@ -276,6 +285,8 @@ class _Launch:
 
     def prep(self, hidden):
         qrows = 16 if self.T <= 1024 else 64
+        if self.route_chunks:
+            return self._prep_multi(hidden, qrows)
         grid = (1 + triton.cdiv(self.T, qrows) * triton.cdiv(self.H, GROUP),)
         K._prep_kernel[grid](
             self.ids,
@@ -300,6 +311,54 @@ class _Launch:
             QROWS=qrows,
             GROUP=GROUP,
             A_GROUP=self.a1_group,
+            num_warps=4,
+        )
+
+    def _prep_multi(self, hidden, qrows: int):
+        """Prefill routing on route_chunks CTAs (kernel_route.py) + the input quantization."""
+        c = self.route_chunks
+        grid = (c + triton.cdiv(self.T, qrows) * triton.cdiv(self.H, GROUP),)
+        KR._prep_chunks_kernel[grid](
+            self.ids,
+            self.n,
+            self.offset,
+            self.E,
+            self.hist,
+            self.sorted_ids,
+            self.P,
+            c,
+            hidden,
+            self.xq,
+            self.xs,
+            self.a13,
+            self.T,
+            self.H,
+            hidden.stride(0),
+            CHUNK=ROUTE_CHUNK,
+            E_PAD=self.e_pad,
+            ROUTE_BLK=256,
+            QROWS=qrows,
+            GROUP=GROUP,
+            A_GROUP=self.a1_group,
+            num_warps=4,
+        )
+        KR._route_scatter_kernel[(c,)](
+            self.ids,
+            self.n,
+            self.offset,
+            self.E,
+            self.hist,
+            self.cursor,
+            self.sorted_ids,
+            self.block_expert,
+            self.num_padded,
+            self.P,
+            c,
+            BLOCK_M=self.cfg["BLOCK_M"],
+            CHUNK=ROUTE_CHUNK,
+            E_PAD=self.e_pad,
+            ROUTE_BLK=256,
+            HIST_ROWS=max(1, min(16, 4096 // self.e_pad)),
             num_warps=4,
         )
 
@@ -348,6 +407,8 @@ class _Launch:
             A2_GROUP=self.a2_group,
             OUT_MODE=out_mode,
             EVEN_K=self.H % c["GU_K"] == 0,
+            FAST_ACC=bool(c.get("FAST_ACC", 0)),
+            TWO_DOTS=not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)),
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
         )
@@ -398,6 +459,7 @@ class _Launch:
             A_GROUP=self.a2_group,
             W_BLOCK=self.w_block,
             EVEN_K=self.I % c["DN_K"] == 0,
+            FAST_ACC=bool(c.get("FAST_ACC", 0)),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
         )
