@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decode-attention call on the H200 (the `device` tool). STAGE=sweep: launch-configuration sweep on the
-# worst cases, then the GPU tests; STAGE=grid: FlashInfer set-up (carry .whl_attn) and the full grid with
-# op.py's defaults. Results in $OUT/res.tgz, re-packed after every stage.
+# worst cases, then the GPU tests; STAGE=grid: FlashInfer set-up (carry .whl_attn), the full grid with
+# op.py's defaults, then the GPU tests that run those defaults. Results in $OUT/res.tgz, re-packed after every stage.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -13,7 +13,7 @@ if [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
   grep -v "^sweep " "$RES/sweep.log" | tail -75
   pack "sweep done"
-  timeout "${TEST_S:-75}" python3 -m pytest -q tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
+  timeout "${TEST_S:-75}" python3 -m pytest tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
     -o addopts="" -rfE -v -k "gpu or fp8_products or wide_merge or balances" > "$RES/gpu_tests.log" 2>&1
   tail -15 "$RES/gpu_tests.log"
   pack "gpu tests done"
@@ -24,7 +24,12 @@ else
   export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12 PATH=$PATH:/usr/local/cuda/bin
   mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
   pack "flashinfer installed"
-  timeout "${GRID_S:-200}" python3 benchmarks/bench_decode_attention.py --grid full > "$RES/grid.log" 2>&1
+  timeout "${GRID_S:-200}" python3 benchmarks/bench_decode_attention.py ${GRID_ARGS:---grid full} > "$RES/grid.log" 2>&1
   tail -45 "$RES/grid.log"
   pack "grid done"
+  timeout "${TEST_S:-50}" python3 -m pytest tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
+    -o addopts="" -rfE -v -k "real_sizes or cuda_graph or longest or tuned or fp8_products or wide_merge or sweep_candidates" \
+    > "$RES/gpu_tests_defaults.log" 2>&1
+  tail -8 "$RES/gpu_tests_defaults.log"
+  pack "gpu tests (new defaults) done"
 fi

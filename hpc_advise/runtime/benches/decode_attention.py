@@ -55,28 +55,29 @@ PEER_TITLES = {
 # segments split over more than N programs go to a second, wide launch), '-pcN' (page >= tile: the page ids
 # of N tiles are loaded before an inner tile loop, so Triton double-buffers K/V at 3 stages), '-sN' (the
 # planner charges N tiles per segment start when balancing programs) and '-f16' (fp8 KV: products in fp16).
-# Runs 1-4 (README.md, "Tuning") measured the tile / CTAs / stages / warps grid and the loop variants; the
-# run-4 winner (nested-desc-m128-pc64 for bf16, plain nested for fp8) is the baseline here. Registers from
-# the offline sm_90a compile (tests/kernels/sm90_compile.py): bf16 -pc64 168 (3 programs fit), fp8 224-238.
+# Runs 1-5 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
+# CTAs / stages / warps grid, the loop variants and the flags above; run 5's winners are the baselines
+# here. Registers / shared memory from the offline sm_90a compile (tests/kernels/sm90_compile.py) in the
+# comments: bf16 -pc64 168, -pc32 161, -pc16 148; fp8 -pc64-f16 160, -pc32-f16 153.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-m128-pc64"),  # run 4's bf16 winner: the baseline
-    (64, 2, 3, 4, "nested-desc-w-pc64"),  # adaptive merge width
-    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # + 2 tiles per segment start in the balance
-    (64, 2, 3, 4, "nested-desc-w-pc64-s4"),
-    (64, 2, 3, 4, "nested-desc-w-pc64-s8"),
+    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner (today's default): the baseline
+    # page ids of 32 (16) tiles per load: the [32] id vector sits in every warp, so picking a tile's id is
+    # a shuffle reduction instead of a cross-warp one through shared memory with a barrier (pc64), per tile
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2"),
+    (64, 2, 3, 4, "nested-desc-w-pc16-s2"),
+    (64, 3, 3, 4, "nested-desc-w-pc32-s2"),  # 3 programs per SM (161 registers, 3 x 70 KB)
+    (64, 2, 5, 4, "nested-desc-w-s2"),  # page id loaded per tile, 5 stages: still two K/V buffers
 ]
 # fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
 # the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
 # tile, read off the PTX). '-f16' converts V to fp16 on its row-major tile first (ldmatrix.trans after):
-# 160 registers with two buffers, so 3 programs fit an SM.
+# 160 registers with two buffers, so 3 programs fit an SM (run 5: 286 -> 244 us on 64/8 64 x 4K).
 SWEEP_CONFIGS_FP8 = [
-    (64, 2, 3, 4, "nested"),  # run 4's fp8 winner: the baseline
-    (64, 2, 3, 4, "nested-desc-w-pc64-s4"),  # two buffers, V gathered bytewise (224 registers)
-    (64, 2, 3, 4, "nested-desc-w-s4-f16"),  # one buffer, fp16 products
-    (64, 2, 3, 4, "nested-desc-w-pc64-s4-f16"),  # two buffers (160 registers)
-    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # 3 programs per SM
-    (64, 2, 4, 4, "nested-desc-w-pc64-s4-f16"),  # three buffers (190 registers)
-    (128, 2, 3, 4, "nested-desc-w-pc32-s4-f16"),  # 128 tokens per step, two buffers (255 registers)
+    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner (today's default): the baseline
+    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s4-f16"),
+    (64, 3, 4, 4, "nested-desc-w-pc32-s4-f16"),  # three buffers, 3 programs (3 x 70 KB)
+    (128, 2, 3, 4, "nested-desc-w-pc16-s4-f16"),  # 128 tokens per step (255 registers)
 ]
 SWEEP_CASES = [
     ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
