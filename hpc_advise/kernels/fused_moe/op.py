@@ -23,6 +23,14 @@ import triton
 
 from . import kernel as K
 from . import kernel_route as KR
+from .op_small import (
+    SMALL_T_DEFAULT,
+    SMALL_T_MAX,
+    check_small_config,
+    default_small_config,
+    fused_moe_small,
+    is_small,
+)
 from .reference import FP8, moe_align_reference, quantize_group, quantize_static
 
 GROUP = 128
@@ -149,20 +157,35 @@ def _config_table() -> dict:
 
 
 def get_config(
-    t: int, top_k: int, num_experts: int, hidden: int, inter: int, mode: str, a2_group: bool
+    t: int,
+    top_k: int,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    mode: str,
+    a2_group: bool,
+    allow_small: bool = True,
 ) -> dict:
     """Tuned config of the tuned T nearest to t within a factor 2 (configs.json), else
-    ``default_config`` (a decode config is never stretched over prefill sizes, or the reverse)."""
+    ``default_config`` (a decode config is never stretched over prefill sizes, or the reverse).
+    Small-T path configs (``"PATH": "small"``, op_small.py) only with ``allow_small`` and
+    t <= SMALL_T_MAX; untuned shapes take the small path's default up to SMALL_T_DEFAULT."""
+    small_ok = allow_small and t <= SMALL_T_MAX
     per_t = _config_table().get((num_experts, hidden, inter, top_k, mode)) or {}
-    near = [b for b in per_t if b / 2 <= t <= b * 2]
+    near = [b for b in per_t if b / 2 <= t <= b * 2 and (small_ok or not is_small(per_t[b]))]
+    a1_group = mode.endswith("dynamic")
     if near:
         cfg = dict(per_t[min(near, key=lambda b: abs(math.log(b / max(t, 1))))])
+    elif small_ok and t <= SMALL_T_DEFAULT:
+        cfg = default_small_config(t, top_k, num_experts, hidden, inter)
     else:
         cfg = default_config(t, top_k, num_experts, hidden, inter, a2_group)
-    return check_config(cfg, a2_group)
+    return check_config(cfg, a2_group, a1_group)
 
 
-def check_config(cfg: dict, a2_group: bool) -> dict:
+def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
+    if is_small(cfg):
+        return check_small_config(cfg, a2_group if a1_group is None else a1_group, a2_group, FusedMoEError)
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if missing:
         raise FusedMoEError(f"launch config lacks {missing}")
@@ -239,6 +262,7 @@ class _Launch:
         block_shape,
         expert_offset,
         config,
+        allow_small=False,
     ):
         self.w_block = _check_inputs(
             hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, block_shape
@@ -259,12 +283,16 @@ class _Launch:
         self.a13 = one if self.a1_group else _scale_tensor(a13_scale, "a13_scale", dev)
         self.a2 = one if self.a2_group else _scale_tensor(a2_scale, "a2_scale", dev)
         mode = scale_mode(self.w_block, not self.a1_group)
-        if config is None:
-            config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group)
-        self.cfg = check_config(dict(config), self.a2_group)
+        if config is not None and is_small(config) and allow_small and self.T > SMALL_T_MAX:
+            raise FusedMoEError(f"the small-T path serves T <= {SMALL_T_MAX}, got T={self.T}")
+        if config is None or (is_small(config) and not allow_small):
+            config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
+        self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
         self.ids = topk_ids.to(torch.int32).contiguous()
         self.weights = topk_weights.float().contiguous()
         self.offset = int(expert_offset)
+        if is_small(self.cfg):  # the small-T path allocates its own workspace (op_small.py)
+            return
         bm = self.cfg["BLOCK_M"]
         self.P = max_padded_rows(self.n, self.E, bm)
         self.sorted_ids = torch.empty(self.P, dtype=torch.int32, device=dev)
@@ -526,10 +554,30 @@ def fused_moe(
         block_shape,
         expert_offset,
         config,
+        allow_small=True,
     )
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result
+    if is_small(launch.cfg):
+        return fused_moe_small(
+            hidden,
+            w13,
+            w2,
+            launch.weights,
+            launch.ids,
+            w13_scale=launch.w13_scale,
+            w2_scale=launch.w2_scale,
+            a13=launch.a13,
+            a2=launch.a2,
+            a1_group=launch.a1_group,
+            a2_group=launch.a2_group,
+            w_block=launch.w_block,
+            expert_offset=launch.offset,
+            routed_scaling_factor=routed_scaling_factor,
+            out=result,
+            config=launch.cfg,
+        )
     launch.prep(hidden)
     split = launch.cfg["SPLIT_K"]
     if split == 1:

@@ -234,8 +234,9 @@ def _compile_worker(jobs: list[tuple]) -> int:
 
     done = 0
     for mode, cfg, unfused, inter in jobs:
-        wts = make_weights(4, 256, inter, mode, seed=3)
-        s = make_routings(3, 2, 4, 256, 1)[0]
+        # top-8 as every benchmarked shape: the small-T kernels specialize on the padded top-k
+        wts = make_weights(8, 256, inter, mode, seed=3)
+        s = make_routings(3, 8, 8, 256, 1)[0]
         fn = op.moe_unfused if unfused else op.fused_moe
         try:
             fn(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **_kwargs(wts, mode, 0))
@@ -562,9 +563,10 @@ def candidates(t: int, top_k: int, a2_group: bool) -> list[dict]:
             DN_STAGES=dn_s,
         )
 
+    small = small_candidates(a2_group) if t <= SMALL_TUNE_T_MAX else []
     if n <= 256:
         if a2_group:
-            return [
+            return small + [
                 cfg(16, 128, 1, 64),
                 cfg(16, 128, 2, 64),
                 cfg(16, 64, 2, 64),
@@ -572,7 +574,7 @@ def candidates(t: int, top_k: int, a2_group: bool) -> list[dict]:
                 cfg(16, 32, 4, 32),
                 cfg(16, 128, 1, 128),
             ]
-        return [
+        return small + [
             cfg(16, 32, 1, 64),
             cfg(16, 64, 1, 64),
             cfg(16, 64, 2, 64),
@@ -582,19 +584,23 @@ def candidates(t: int, top_k: int, a2_group: bool) -> list[dict]:
         ]
     if n <= 2048:
         if a2_group:
-            return [
+            return small + [
                 cfg(16, 128, 1, 64),
                 cfg(32, 128, 1, 128),
                 cfg(16, 128, 2, 64),
                 cfg(32, 128, 1, 64),
                 cfg(64, 128, 1, 128, gm=4),
             ]
-        return [
+        return small + [
             cfg(16, 64, 1, 64),
             cfg(32, 64, 1, 64),
             cfg(16, 128, 1, 128),
             cfg(32, 128, 1, 128),
             cfg(64, 128, 1, 128, gm=4),
+            # I = 192 shards (Hy3 TP8): a 64-wide down K step (3 unmasked steps), 64-wide gate/up tiles
+            dict(cfg(16, 64, 1, 64), DN_K=64),
+            dict(cfg(32, 64, 1, 64), DN_K=64),
+            dict(cfg(16, 64, 1, 32, dn_s=6), DN_K=64),
         ]
     return prefill_candidates(a2_group, cfg)
 
@@ -631,6 +637,42 @@ def prefill_candidates(a2_group: bool, cfg) -> list[dict]:
 TUNE_MAX_REL_DIFF = 1e-2  # a candidate whose output differs more from the first candidate's is dropped
 
 
+SMALL_TUNE_T_MAX = 16  # the small-T path's candidates are timed up to this T
+
+
+def small_candidates(a2_group: bool) -> list[dict]:
+    """Small-T path configs (op_small.py): gate/up tile width and split-K, down H tile and depth."""
+
+    def cfg(gu_n, split, dn_n, gu_s=4, dn_s=8, dn_w=4, dn_k=128):
+        return dict(
+            PATH="small",
+            GU_N=gu_n,
+            GU_K=128,
+            SPLIT_K=split,
+            GU_WARPS=4,
+            GU_STAGES=gu_s,
+            DN_N=dn_n,
+            DN_K=dn_k,
+            DN_WARPS=dn_w,
+            DN_STAGES=dn_s,
+        )
+
+    out = [
+        cfg(32, 1, 32, dn_s=4),
+        cfg(32, 1, 16),
+        cfg(32, 1, 32),
+        cfg(16, 1, 16),
+        cfg(32, 2, 16),
+        cfg(16, 4, 16),
+        cfg(64, 1, 32, dn_s=6),
+        cfg(32, 1, 16, gu_s=6),
+        cfg(32, 1, 16, dn_w=2),
+    ]
+    if not a2_group:  # static a2: the down K step need not be the 128-wide group
+        out.append(cfg(32, 1, 16, dn_k=64))
+    return out
+
+
 def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
     return lambda s: op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **kw)
 
@@ -638,6 +680,7 @@ def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
 def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> list[dict]:
     """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
     With ``budget_s``, stops starting new points once that many seconds have passed."""
+    import json
     import time
 
     import torch
@@ -679,6 +722,8 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> l
                     except Exception as exc:
                         log(f"  {shape} {mode} T={t} {c}: {type(exc).__name__}: {str(exc)[:200]}")
                         continue
+                    cand = json.dumps(c, sort_keys=True)
+                    log(f"  cand {shape} {mode} T={t} p50 {timing.p50:.2f} us {cand}")
                     if best is None or timing.p50 < best[0]:
                         best = (timing.p50, c)
                 if best:

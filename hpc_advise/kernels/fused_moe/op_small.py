@@ -1,0 +1,183 @@
+"""Launcher of the FP8 fused MoE's small-T path (``kernel_small.py``): two launches, no routing pass.
+
+``op.fused_moe`` calls ``fused_moe_small`` when the launch config it picked (tuned in configs.json, or
+``default_small_config`` for T <= ``SMALL_T_DEFAULT``) has ``"PATH": "small"``. The path serves
+T <= ``SMALL_T_MAX`` (one A-tile row per token); larger T raises (the dispatcher never sends it here).
+Small configs hold GU_N, GU_K, SPLIT_K, GU_WARPS, GU_STAGES (gate/up) and DN_N (= BLOCK_H), DN_K,
+DN_WARPS, DN_STAGES (down).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import kernel_small as KS
+
+GROUP = 128
+NUM_SMS_H200 = 132
+SMALL_T_MAX = 32  # one A-tile row per token: BLOCK_M = 16 up to T = 16, else 32
+# untuned shapes take the small path up to this T; 0 since the first H200 sweep (2026-11-29) measured
+# the small path slower than the regular one at every shape and T (configs.json decides per shape)
+SMALL_T_DEFAULT = 0
+SMALL_KEYS = ("GU_N", "GU_K", "SPLIT_K", "GU_WARPS", "GU_STAGES", "DN_N", "DN_K", "DN_WARPS", "DN_STAGES")
+
+
+def is_small(cfg: dict | None) -> bool:
+    return bool(cfg) and cfg.get("PATH") == "small"
+
+
+def default_small_config(
+    t: int, top_k: int, num_experts: int, hidden: int, inter: int, num_sms: int = NUM_SMS_H200
+) -> dict:
+    """Heuristic small-path config: enough gate/up and down programs to cover every SM."""
+    active = max(1, min(num_experts, t * top_k))
+    gu_n = 32 if active * -(-inter // 32) >= num_sms else 16
+    tiles = active * -(-inter // gu_n)
+    split = 1
+    if tiles < num_sms:
+        split = min(4, -(-num_sms // tiles), max(1, hidden // 1024))
+    dn_n = 32 if t * -(-hidden // 32) >= num_sms else 16
+    return dict(
+        PATH="small",
+        GU_N=gu_n,
+        GU_K=GROUP,
+        SPLIT_K=split,
+        GU_WARPS=4,
+        GU_STAGES=4,
+        DN_N=dn_n,
+        DN_K=GROUP,
+        DN_WARPS=4,
+        DN_STAGES=4,
+    )
+
+
+def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueError) -> dict:
+    """Validate a small-path config (``error``: the exception class to raise)."""
+    missing = [k for k in SMALL_KEYS if k not in cfg]
+    if missing:
+        raise error(f"small-path launch config lacks {missing}")
+    for key in ("GU_N", "GU_K", "DN_N", "DN_K"):
+        v = cfg[key]
+        if v < 16 or v & (v - 1) or (key.endswith("_K") and v > GROUP):
+            raise error(f"{key}={v} must be a power of two in [16, 128]")
+    if (a1_group and cfg["GU_K"] != GROUP) or (a2_group and cfg["DN_K"] != GROUP):
+        raise error("dynamic per-group activation scales need GU_K / DN_K == 128 (the K step is the group)")
+    if not 1 <= int(cfg["SPLIT_K"]) <= 16:
+        raise error(f"SPLIT_K={cfg['SPLIT_K']} must be in [1, 16]")
+    return cfg
+
+
+def fused_moe_small(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    a13: torch.Tensor,
+    a2: torch.Tensor,
+    a1_group: bool,
+    a2_group: bool,
+    w_block: bool,
+    expert_offset: int,
+    routed_scaling_factor: float,
+    out: torch.Tensor,
+    config: dict,
+) -> torch.Tensor:
+    """The two launches on inputs ``op.fused_moe`` has validated; writes and returns ``out``."""
+    t, h = hidden.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    k = topk_ids.shape[1]
+    n = t * k
+    if t > SMALL_T_MAX:
+        raise ValueError(f"the small-T path serves T <= {SMALL_T_MAX}, got T={t}")
+    if t == 0:
+        return out
+    c = config
+    split = int(c["SPLIT_K"])
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.float().contiguous()
+    ws13 = w13_scale.float().contiguous()
+    ws2 = w2_scale.float().contiguous()
+    if split == 1:
+        hbuf = torch.empty(n, inter, dtype=torch.float32, device=hidden.device)
+    else:
+        hbuf = torch.empty(split, n, two_i, dtype=torch.float32, device=hidden.device)
+    s13 = (ws13.stride(0), ws13.stride(1)) if w_block else (0, 0)
+    s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
+    KS._small_gate_up_kernel[(n * triton.cdiv(inter, c["GU_N"]), split)](
+        hidden,
+        a13,
+        ids,
+        w13,
+        ws13,
+        hbuf,
+        t,
+        h,
+        inter,
+        k,
+        n,
+        int(expert_offset),
+        e,
+        hidden.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        *s13,
+        BLOCK_M=16 if t <= 16 else SMALL_T_MAX,
+        BLOCK_N=c["GU_N"],
+        BLOCK_K=c["GU_K"],
+        SPLIT_K=split,
+        K_PAD=triton.next_power_of_2(k),
+        N_PAD=triton.next_power_of_2(SMALL_T_MAX * k),  # fixed per top-k: one compile serves every T
+        A_GROUP=a1_group,
+        W_BLOCK=w_block,
+        EVEN_K=h % c["GU_K"] == 0,
+        num_warps=c["GU_WARPS"],
+        num_stages=c["GU_STAGES"],
+    )
+    KS._small_down_kernel[(t * triton.cdiv(h, c["DN_N"]),)](
+        hbuf,
+        a2,
+        ids,
+        weights,
+        w2,
+        ws2,
+        out,
+        t,
+        h,
+        inter,
+        k,
+        n,
+        int(expert_offset),
+        e,
+        float(routed_scaling_factor),
+        out.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        *s2,
+        BLOCK_H=c["DN_N"],
+        BLOCK_K=c["DN_K"],
+        SPLIT_K=split,
+        K_PAD=triton.next_power_of_2(k),
+        A2_GROUP=a2_group,
+        W_BLOCK=w_block,
+        EVEN_K=inter % c["DN_K"] == 0,
+        num_warps=c["DN_WARPS"],
+        num_stages=c["DN_STAGES"],
+    )
+    return out
+
+
+__all__ = [
+    "SMALL_KEYS",
+    "SMALL_T_DEFAULT",
+    "SMALL_T_MAX",
+    "check_small_config",
+    "default_small_config",
+    "fused_moe_small",
+    "is_small",
+]

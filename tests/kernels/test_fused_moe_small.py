@@ -1,0 +1,251 @@
+"""Tests of the FP8 fused MoE's small-T path (hpc_advise.kernels.fused_moe.kernel_small / op_small).
+
+Same conventions as test_fused_moe.py (whose problem builder, checker and tolerances are reused):
+fresh random inputs (seed in the failure message), NaN-poisoned ``out``, the fp32 reference with the
+same fp8 quantization as ground truth, bound REL_TOL_QUANT_REF = 2e-2 (kernel README, "Tolerances":
+bf16 rounding ~2.4e-3 plus rare one-ulp fp8 flips of re-quantized intermediates; any indexing,
+scale or routing bug gives O(1)). CPU tests run the Triton interpreter at small sizes; ``gpu`` tests
+run the real shapes on the H200.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from hpc_advise.kernels.fused_moe import op, op_small  # noqa: E402
+from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe, moe_unfused  # noqa: E402
+from hpc_advise.kernels.fused_moe.reference import fused_moe_reference, moe_float_reference  # noqa: E402
+from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
+from tests.kernels.test_fused_moe import (  # noqa: E402
+    MODES,
+    REL_TOL_FLOAT_REF,
+    REL_TOL_QUANT_REF,
+    _seed,
+    make_problem,
+    rel_err,
+    run_and_check,
+)
+
+
+def small_cfg(**kw) -> dict:
+    """A small-path config for the CPU sizes (narrow tiles: several N tiles and H tiles)."""
+    cfg = dict(op_small.default_small_config(1, 2, 4, 256, 192), GU_N=32, DN_N=64)
+    cfg.update(kw)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# the small path vs the reference (CPU interpreter)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("t,split", [(1, 1), (3, 3)])
+def test_small_path_matches_reference(mode, t, split):
+    """I = 192 (partial 128-groups and N tiles), H = 384 (3 K groups), k = 3, split-K 1 and 3."""
+    seed = _seed()
+    p = make_problem(t, 6, 384, 192, 3, mode, device="cpu")
+    run_and_check(p, config=small_cfg(SPLIT_K=split), scaling=2.5 if t == 3 else 1.0, seed=seed)
+
+
+@pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
+def test_one_token_with_every_slot_on_one_expert(mode):
+    """Token 0 names expert 2 in all k slots (the result is counted k times, weighted per slot);
+    token 1 shares expert 2 with it in one slot, so one program serves both tokens."""
+    seed = _seed()
+    ids = torch.tensor([[2, 2, 2], [0, 2, 3]], dtype=torch.int32)
+    p = make_problem(2, 4, 256, 128, 3, mode, ids=ids, device="cpu")
+    run_and_check(p, config=small_cfg(SPLIT_K=2), seed=seed)
+
+
+def test_small_path_ids_of_other_ranks_and_minus_one():
+    """EP rank with experts 4..7 of 12: slots of other ranks and -1 are skipped; token 0 has no
+    local slot and gets zeros."""
+    seed = _seed()
+    ids = torch.tensor([[0, 11, -1], [5, -1, 9], [4, 7, 6]], dtype=torch.int32)
+    p = make_problem(3, 4, 256, 64, 3, "block-dynamic", ids=ids, expert_offset=4, device="cpu")
+    out, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    assert (out[0] == 0).all(), seed
+
+
+def test_small_path_rank_without_local_slots_writes_zeros():
+    seed = _seed()
+    ids = torch.randint(0, 8, (2, 3), dtype=torch.int32)  # experts 0..7; this rank holds 8..11
+    p = make_problem(2, 4, 256, 64, 3, "tensor-static", ids=ids, expert_offset=8, device="cpu")
+    out, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    assert (out == 0).all(), seed
+
+
+def test_small_path_error_against_unquantized_math_is_reported():
+    seed = _seed()
+    p = make_problem(2, 4, 256, 128, 2, "block-dynamic", device="cpu")
+    out, _, err_q = run_and_check(p, config=small_cfg(), seed=seed)
+    err_f = rel_err(out, moe_float_reference(p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"]))
+    print(f"small path: rel err vs quantized reference {err_q:.2e}, vs unquantized fp32 {err_f:.2e}")
+    assert err_f <= REL_TOL_FLOAT_REF, seed
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch and config validation (no kernel runs)
+
+
+def test_dispatch_defaults_small_path_only_for_small_t(monkeypatch, tmp_path):
+    monkeypatch.setattr(op, "CONFIG_PATH", tmp_path / "none.json")  # no tuned entries
+    monkeypatch.setattr(op, "SMALL_T_DEFAULT", 8)
+    op._config_table.cache_clear()
+    try:
+        for t in (1, 8):
+            assert op_small.is_small(op.get_config(t, 8, 192, 4096, 1536, "tensor-static", False))
+        assert not op_small.is_small(op.get_config(9, 8, 192, 4096, 1536, "tensor-static", False))
+        assert not op_small.is_small(
+            op.get_config(1, 8, 192, 4096, 1536, "tensor-static", False, allow_small=False)
+        )
+    finally:
+        op._config_table.cache_clear()
+
+
+def test_tuned_small_entry_is_used_near_its_t_and_never_past_the_limit(monkeypatch, tmp_path):
+    tuned = small_cfg(SPLIT_K=2)
+    entry = dict(E=8, H=512, I=256, top_k=2, mode="block-dynamic", config=tuned)
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps({"version": 1, "entries": [dict(entry, T=32)]}))
+    monkeypatch.setattr(op, "CONFIG_PATH", path)
+    op._config_table.cache_clear()
+    try:
+        assert op.get_config(20, 2, 8, 512, 256, "block-dynamic", True) == tuned
+        # T = 64 is within a factor 2 of the tuned 32, but past SMALL_T_MAX: the regular path
+        assert not op_small.is_small(op.get_config(64, 2, 8, 512, 256, "block-dynamic", True))
+    finally:
+        op._config_table.cache_clear()
+
+
+def test_unfused_baseline_never_takes_the_small_path():
+    """moe_unfused given a small config (as the benchmark's precompile does) runs its own path."""
+    seed = _seed()
+    p = make_problem(2, 4, 256, 128, 2, "tensor-static", device="cpu")
+    run_and_check(p, config=small_cfg(), fn=moe_unfused, seed=seed)
+
+
+def test_small_config_errors_are_clear():
+    p = make_problem(2, 4, 256, 128, 2, "block-dynamic", device="cpu")
+    args = (p["x"], p["w13"], p["w2"], p["weights"], p["ids"])
+    with pytest.raises(FusedMoEError, match="GU_K / DN_K == 128"):
+        fused_moe(*args, config=small_cfg(GU_K=64), **p["kw"])
+    with pytest.raises(FusedMoEError, match="lacks"):
+        fused_moe(*args, config={"PATH": "small", "GU_N": 32}, **p["kw"])
+    with pytest.raises(FusedMoEError, match="power of two"):
+        fused_moe(*args, config=small_cfg(DN_N=48), **p["kw"])
+    big = make_problem(op_small.SMALL_T_MAX + 1, 4, 128, 64, 2, "tensor-static", device="cpu")
+    with pytest.raises(FusedMoEError, match="T <= 32"):
+        fused_moe(
+            big["x"], big["w13"], big["w2"], big["weights"], big["ids"], config=small_cfg(), **big["kw"]
+        )
+
+
+def test_default_small_config_covers_the_sms():
+    for t, e, h, i in [(1, 192, 4096, 192), (1, 32, 7168, 2048), (4, 128, 2048, 768), (1, 192, 4096, 1536)]:
+        c = op_small.default_small_config(t, 8, e, h, i)
+        active = min(e, t * 8)
+        assert active * -(-i // c["GU_N"]) * c["SPLIT_K"] >= op_small.NUM_SMS_H200 or c["SPLIT_K"] == 4
+        assert t * -(-h // c["DN_N"]) >= 128
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels compile for SM90 with pipelined loads (no GPU needed)
+
+_SMALL_TYPES = {
+    "_small_gate_up_kernel": "*bf16 *fp32 *i32 *fp8e4nv *fp32 *fp32 " + "i32 " * 12,
+    "_small_down_kernel": "*fp32 *fp32 *i32 *fp32 *fp8e4nv *fp32 *bf16 " + "i32 " * 7 + "fp32 " + "i32 " * 5,
+}
+
+
+@pytest.mark.slow
+def test_small_kernels_compile_for_sm90_with_pipelined_loads():
+    mod = "hpc_advise.kernels.fused_moe.kernel_small"
+    aligned = ["H", "I", "stride_x", "stride_we", "stride_wn", "stride_out"]
+    gu = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, K_PAD=8, N_PAD=16, EVEN_K=True)
+    dn = dict(BLOCK_H=32, BLOCK_K=128, K_PAD=8, EVEN_K=True)
+    jobs = []
+    for group in (False, True):
+        for split in (1, 3):
+            flags = dict(SPLIT_K=split, W_BLOCK=group)
+            jobs.append(
+                [
+                    mod,
+                    "_small_gate_up_kernel",
+                    _SMALL_TYPES["_small_gate_up_kernel"],
+                    dict(gu, A_GROUP=group, **flags),
+                    4,
+                    4,
+                    aligned,
+                ]
+            )
+            jobs.append(
+                [
+                    mod,
+                    "_small_down_kernel",
+                    _SMALL_TYPES["_small_down_kernel"],
+                    dict(dn, A2_GROUP=group, **flags),
+                    4,
+                    4,
+                    aligned,
+                ]
+            )
+    res = compile_sm90(jobs)
+    assert all(r["async_copies"] > 0 and r["stack"] == 0 for r in res), res
+    # the down kernel's weight tiles are multi-buffered across the flattened (slot, K) loop
+    assert all(r["shared"] >= 2 * 128 * 32 for r in res if r["kernel"] == "_small_down_kernel"), res
+
+
+# ---------------------------------------------------------------------------------------------
+# real shapes on the GPU
+
+GPU_SHAPES = {  # name -> (E local, H, I, top_k, global experts, expert offset)
+    "hy3": (192, 4096, 1536, 8, 192, 0),
+    "hy3-tp8": (192, 4096, 192, 8, 192, 0),
+    "qwen3-30b-a3b": (128, 2048, 768, 8, 128, 0),
+    "deepseek-v3-ep8": (32, 7168, 2048, 8, 256, 64),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+@pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
+@pytest.mark.parametrize("t,split", [(1, 1), (3, 2), (16, 1)])
+def test_gpu_small_path_real_shapes(shape, mode, t, split):
+    seed = _seed()
+    e, h, i, k, ge, off = GPU_SHAPES[shape]
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    cfg = dict(op_small.default_small_config(t, k, e, h, i), SPLIT_K=split)
+    out, ref, err = run_and_check(p, config=cfg, scaling=2.5, seed=seed)
+    print(f"small {shape} {mode} T={t} split={split}: rel err vs quantized ref {err:.2e}")
+
+
+@pytest.mark.gpu
+def test_gpu_small_path_graph_replay_is_deterministic_and_tracks_new_routing():
+    seed = _seed()
+    t, k = 4, 8
+    p = make_problem(t, 192, 4096, 1536, k, "block-dynamic", device="cuda")
+    p["ids"][0] = 17  # one token with every slot on one expert
+    cfg = op_small.default_small_config(t, k, 192, 4096, 1536)
+    out = torch.empty_like(p["x"])
+    call = lambda: fused_moe(
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
+    )
+    call()
+    first = out.clone()
+    call()
+    assert torch.equal(out, first), seed  # bitwise reproducible
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    p["ids"].copy_(torch.rand(t, 192, device="cuda").topk(k, dim=1).indices.to(torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **p["kw"])
+    assert rel_err(out, ref) <= REL_TOL_QUANT_REF, seed
