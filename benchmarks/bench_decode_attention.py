@@ -1,7 +1,7 @@
 """Paged decode attention: ours (dynamic, static) vs FlashInfer and torch FA2 on this GPU.
 
 Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RESULTS).
-  python benchmarks/bench_decode_attention.py [--grid full|small] [--no-peers]
+  python benchmarks/bench_decode_attention.py [--grid full|small] [--kv all|bf16|fp8] [--no-peers]
   python benchmarks/bench_decode_attention.py --sweep        # launch-configuration sweep
   python benchmarks/bench_decode_attention.py --tune         # sweep, then the grid with the best config
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
@@ -20,6 +20,7 @@ from hpc_advise.runtime.benchmarking import write_results
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", choices=("full", "small"), default="full")
+    ap.add_argument("--kv", choices=("all", *da.KV_DTYPES), default="all", help="KV dtypes of the full grid")
     ap.add_argument("--no-peers", action="store_true", help="time ours only (dynamic and static)")
     ap.add_argument(
         "--peers", default=",".join(da.PEERS), help="comma-separated subset of " + ",".join(da.PEERS)
@@ -102,7 +103,13 @@ def main() -> None:
         )
 
     rows, table, headers = da.bench(
-        args.grid, peers=not args.no_peers, peer_list=peers, progress=emit, fp8_cfg=best_fp8, **cfg
+        args.grid,
+        peers=not args.no_peers,
+        peer_list=peers,
+        progress=emit,
+        fp8_cfg=best_fp8,
+        kv=args.kv,
+        **cfg,
     )
     md, _ = emit(rows, table, headers, final=True)
     print(md.read_text())

@@ -61,14 +61,25 @@ DEFAULT_PT_CHUNK = 0
 PT_CHUNKS = (0, 16, 32, 64)
 DEFAULT_LOOP = "nested"
 LOOPS = ("flat", "nested")
-# Per KV dtype, what the H200 sweep of 2026-11-29 measured fastest over its cases (geometric mean;
-# benchmarks/results/decode_attention_sweep.md): for bf16 the descriptor prologue, 128-wide merge steps
-# and page ids of 64 tiles per load (two K/V buffers); for fp8 the plain nested loop. Applied by ``plan``
-# when it is told the KV dtype and the caller leaves these knobs unset.
+# Per KV dtype, what the H200 sweeps of 2026-11-29 10:06 and 10:12 UTC (runs 5 and 6) measured fastest
+# over their cases (geometric mean; benchmarks/results/decode_attention_sweep_run5.md / _run6.md): the
+# descriptor prologue with the next segment loaded ahead, page ids of 32 tiles per load (two K/V buffers;
+# 32 ids sit in every warp, so no cross-warp reduction per tile), the adaptive merge, and 2 (bf16) / 4
+# (fp8) tiles charged per segment start; fp8 with fp16 products and 3 programs per SM.
+# Applied by ``plan`` when it is told the KV dtype and the caller leaves these knobs unset.
+_TUNED_BF16 = {"desc": True, "merge_block": 16, "wide_merge": True, "pt_chunk": 32, "seg_cost": 2}
 TUNED_BY_KV_DTYPE = {
-    torch.bfloat16: {"desc": True, "merge_block": 128, "pt_chunk": 64},
-    torch.float16: {"desc": True, "merge_block": 128, "pt_chunk": 64},
-    torch.float8_e4m3fn: {"desc": False, "merge_block": 16, "pt_chunk": 0},
+    torch.bfloat16: _TUNED_BF16,
+    torch.float16: _TUNED_BF16,
+    torch.float8_e4m3fn: {
+        "desc": True,
+        "merge_block": 16,
+        "wide_merge": True,
+        "pt_chunk": 32,
+        "seg_cost": 4,
+        "f16_dot": True,
+        "ctas_per_sm": 3,
+    },
 }
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
@@ -291,6 +302,7 @@ def plan(
     seg_cost = tuned.get("seg_cost") if seg_cost is None else seg_cost
     f16_dot = tuned.get("f16_dot") if f16_dot is None else f16_dot
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
+    ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
     if page_size not in PAGE_SIZES:
         _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
     if head_dim not in HEAD_DIMS:

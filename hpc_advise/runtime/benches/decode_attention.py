@@ -60,10 +60,10 @@ PEER_TITLES = {
 # here. Registers / shared memory from the offline sm_90a compile (tests/kernels/sm90_compile.py) in the
 # comments: bf16 -pc64 168, -pc32 161, -pc16 148; fp8 -pc64-f16 160, -pc32-f16 153.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner (today's default): the baseline
+    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner: run 6's baseline
     # page ids of 32 (16) tiles per load: the [32] id vector sits in every warp, so picking a tile's id is
     # a shuffle reduction instead of a cross-warp one through shared memory with a barrier (pc64), per tile
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2"),  # run 6's winner (today's default)
     (64, 2, 3, 4, "nested-desc-w-pc16-s2"),
     (64, 3, 3, 4, "nested-desc-w-pc32-s2"),  # 3 programs per SM (161 registers, 3 x 70 KB)
     (64, 2, 5, 4, "nested-desc-w-s2"),  # page id loaded per tile, 5 stages: still two K/V buffers
@@ -71,10 +71,11 @@ SWEEP_CONFIGS = [
 # fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
 # the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
 # tile, read off the PTX). '-f16' converts V to fp16 on its row-major tile first (ldmatrix.trans after):
-# 160 registers with two buffers, so 3 programs fit an SM (run 5: 286 -> 244 us on 64/8 64 x 4K).
+# 160 registers with two buffers, so 3 programs fit an SM (64/8 64 x 4K: 286 -> 244 us in run 5, 231 with
+# -pc32 in run 6).
 SWEEP_CONFIGS_FP8 = [
-    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner (today's default): the baseline
-    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),
+    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner: run 6's baseline
+    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),  # run 6's winner (today's default)
     (64, 2, 3, 4, "nested-desc-w-pc32-s4-f16"),
     (64, 3, 4, 4, "nested-desc-w-pc32-s4-f16"),  # three buffers, 3 programs (3 x 70 KB)
     (128, 2, 3, 4, "nested-desc-w-pc16-s4-f16"),  # 128 tokens per step (255 registers)
@@ -432,14 +433,22 @@ def headers(peers=PEERS) -> list[str]:
     )
 
 
-def bench(grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=None, fp8_cfg=None, **cfg):
-    """Run the grid; returns (rows, table, headers). ``peers=False`` times ours only (and static);
+KV_DTYPES = ("bf16", "fp8")
+
+
+def bench(
+    grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=None, fp8_cfg=None, kv="all", **cfg
+):
+    """Run the grid; returns (rows, table, headers). ``kv`` ('bf16', 'fp8' or 'all') picks the KV dtypes of
+    the full grid. ``peers=False`` times ours only (and static);
     ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
     instead for fp8 KV when given)."""
     import torch
 
     if grid not in ("full", "small"):
         raise ValueError(f"grid must be 'full' or 'small', got {grid!r}")
+    if kv != "all" and kv not in KV_DTYPES:
+        raise ValueError(f"kv must be 'all' or one of {KV_DTYPES}, got {kv!r}")
     chosen = tuple(peer_list) if peers else ("static",)
     env = environment()
     copy = copy_ceiling_tbps()
@@ -461,6 +470,7 @@ def bench(grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=N
         todo = [
             (n, hq, hkv, dt)
             for dt in (torch.bfloat16, torch.float8_e4m3fn)
+            if kv in ("all", _dtype_name(dt))
             for hq, hkv in HEADS
             for n in CASES
         ]
