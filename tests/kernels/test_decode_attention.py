@@ -82,8 +82,23 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check(
-    lens, *, hq, hkv, d, page, kv_dtype=torch.bfloat16, schedule="dynamic", scales=(1.0, 1.0), **plan_kw
+    lens,
+    *,
+    hq,
+    hkv,
+    d,
+    page,
+    kv_dtype=torch.bfloat16,
+    schedule="dynamic",
+    scales=(1.0, 1.0),
+    tuned=False,
+    **plan_kw,
 ):
+    """One random case through plan + run against the reference; ``tuned``: the launch variant
+    op.TUNED_BY_KV_DTYPE gives this KV dtype (what decode_attention() and the SGLang backend run) for the
+    knobs ``plan_kw`` leaves unset, else op.py's module defaults."""
+    if tuned:
+        plan_kw["kv_dtype"] = kv_dtype
     q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
     p = op.plan(
         seq_lens,
@@ -283,6 +298,54 @@ def test_fp8_products_in_fp16_any_q_magnitude(q_mag):
     assert rel_err(out, ref) <= TOL[FP8]
 
 
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8])
+def test_tuned_variant_matches_reference(kv_dtype):
+    # the measured defaults per KV dtype (desc + next segment ahead, page-id chunks, adaptive merge,
+    # segment-start cost; fp8: fp16 products) on edge lengths, a long request and two KV heads
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    p, _ = check(
+        [1, 63, 64, 65, 97, 700],
+        hq=6,
+        hkv=2,
+        d=64,
+        page=16,
+        tile=16,
+        num_programs=64,
+        kv_dtype=kv_dtype,
+        scales=scales,
+        tuned=True,
+    )
+    firsts = p.merge_first.tolist()
+    assert max(p.wide_list.tolist()) >= 0, "the 700-token segments should be split over > 16 programs"
+    assert any(f >= 0 and q - f + 1 <= p.merge_block for q, f in enumerate(firsts)), "and some narrowly"
+
+
+def test_fp8_f16_dot_falls_back_on_odd_v_layout():
+    # f16_dot reads V as int16 pairs; a V view with an odd base address and odd strides (a slice of a wider
+    # buffer) must take the plain conversion instead of reading shifted pairs
+    lens = [70, 5, 33]
+    q, k, v, table, seq_lens = make_case(lens, hq=4, hkv=1, d=64, page=16, kv_dtype=FP8)
+    wide = torch.zeros(*v.shape[:3], 65, dtype=torch.uint8, device=DEVICE)
+    wide[..., 1:] = v.view(torch.uint8)
+    v_odd = wide[..., 1:].view(FP8)
+    assert v_odd.data_ptr() % 2 == 1 and v_odd.stride(2) % 2 == 1
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=16,
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        tile=16,
+        num_programs=4,
+        kv_dtype=FP8,
+    )
+    assert p.f16_dot
+    out = op.run(p, q, k, v_odd, k_scale=0.5, v_scale=2.0)
+    ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=16, k_scale=0.5, v_scale=2.0)
+    assert rel_err(out, ref) <= TOL[FP8]
+
+
 def test_head_dim_128_and_256():
     check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
     check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)
@@ -465,7 +528,18 @@ EDGE = [1, 63, 64, 65, 97] + [4096] * 11  # lengths around a tile/page, next to 
 )
 def test_gpu_real_sizes(lens, hq, hkv, d, page, kv_dtype, schedule):
     scales = (0.8, 1.3) if kv_dtype == torch.float8_e4m3fn else (1.0, 1.0)
-    check(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, schedule=schedule, scales=scales)
+    for tuned in (False, True):
+        check(
+            lens,
+            hq=hq,
+            hkv=hkv,
+            d=d,
+            page=page,
+            kv_dtype=kv_dtype,
+            schedule=schedule,
+            scales=scales,
+            tuned=tuned,
+        )
 
 
 @pytest.mark.gpu
@@ -629,7 +703,10 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
     tuned = op.TUNED_BY_KV_DTYPE[kv_dtype]
     p = op.plan(seq_lens, table, kv_dtype=kv_dtype, **kw)
     for key, value in tuned.items():
-        assert getattr(p, key) == value, key
+        if key == "ctas_per_sm":  # the grid: SMs (CPU_NUM_SMS without a GPU) x programs per SM
+            assert p.num_programs == op._num_sms(p.device) * value
+        else:
+            assert getattr(p, key) == value, key
     # an explicit knob wins over the tuned one
     p = op.plan(seq_lens, table, kv_dtype=kv_dtype, merge_block=32, **kw)
     assert p.merge_block == 32
