@@ -55,18 +55,17 @@ PEER_TITLES = {
 # segments split over more than N programs go to a second, wide launch), '-pcN' (page >= tile: the page ids
 # of N tiles are loaded before an inner tile loop, so Triton double-buffers K/V at 3 stages), '-sN' (the
 # planner charges N tiles per segment start when balancing programs) and '-f16' (fp8 KV: products in fp16).
-# Runs 1-5 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
-# CTAs / stages / warps grid, the loop variants and the flags above; run 5's winners are the baselines
-# here. Registers / shared memory from the offline sm_90a compile (tests/kernels/sm90_compile.py) in the
-# comments: bf16 -pc64 168, -pc32 161, -pc16 148; fp8 -pc64-f16 160, -pc32-f16 153.
+# Runs 1-6 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
+# CTAs / stages / warps grid, the loop variants and the flags above. What is left here confirms the
+# defaults against the runner-up of run 6 (16 ids per load, 3 programs/SM for bf16, per-tile ids at 5
+# stages, fp8 at 2 programs/SM, 4 stages or tile 128 were no better there). Registers / shared memory from
+# the offline sm_90a compile (tests/kernels/sm90_compile.py): bf16 -pc64 168, -pc32 161 (70 KB, two K/V
+# buffers); fp8 -pc64-f16 160, -pc32-f16 153 (54 KB).
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner: run 6's baseline
-    # page ids of 32 (16) tiles per load: the [32] id vector sits in every warp, so picking a tile's id is
+    # page ids of 32 tiles per load: the [32] id vector sits whole in every warp, so picking a tile's id is
     # a shuffle reduction instead of a cross-warp one through shared memory with a barrier (pc64), per tile
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2"),  # run 6's winner (today's default)
-    (64, 2, 3, 4, "nested-desc-w-pc16-s2"),
-    (64, 3, 3, 4, "nested-desc-w-pc32-s2"),  # 3 programs per SM (161 registers, 3 x 70 KB)
-    (64, 2, 5, 4, "nested-desc-w-s2"),  # page id loaded per tile, 5 stages: still two K/V buffers
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2"),  # run 6's winner (today's bf16 default)
+    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner
 ]
 # fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
 # the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
@@ -74,11 +73,8 @@ SWEEP_CONFIGS = [
 # 160 registers with two buffers, so 3 programs fit an SM (64/8 64 x 4K: 286 -> 244 us in run 5, 231 with
 # -pc32 in run 6).
 SWEEP_CONFIGS_FP8 = [
-    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner: run 6's baseline
-    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),  # run 6's winner (today's default)
-    (64, 2, 3, 4, "nested-desc-w-pc32-s4-f16"),
-    (64, 3, 4, 4, "nested-desc-w-pc32-s4-f16"),  # three buffers, 3 programs (3 x 70 KB)
-    (128, 2, 3, 4, "nested-desc-w-pc16-s4-f16"),  # 128 tokens per step (255 registers)
+    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),  # run 6's winner (today's fp8 default)
+    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner
 ]
 SWEEP_CASES = [
     ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
