@@ -27,7 +27,8 @@ fbgemm f8f8bf16_rowwise_grouped_stacked) run a row-wise fp8 pipeline (torch rout
 dynamic quant, 2 grouped GEMMs, SiLU·mul, weighted sum); ours runs the shape's checkpoint mode
 (tensor-static: per-tensor weight scales + static a13/a2 scales as Hy3 ships; block-dynamic: 128x128
 weight blocks + dynamic 1x128-group activations). 'unfused' = our GEMM kernels with torch routing,
-gathered copy, torch SiLU/quant/reduce.
+gathered copy, torch SiLU/quant/reduce. 'small-T path' (T <= 16) = our two-launch small-T path
+(kernel_small.py) with op_small.default_small_config, whichever path 'ours' dispatched to.
 """
 
 

@@ -3,7 +3,8 @@
 #   STAGE=1: GPU tests of the small-T path at the real shapes, then the tuner over the small-T path and
 #            the regular path's candidates for every shape at T = 1, 4, 16, 64, 128 (every candidate's
 #            p50 is logged: the sweep of small path vs current path).
-#   STAGE=2: benchmarks/bench_fused_moe.py at T <= 128 with the torch and fbgemm peers (carry .whl_moe).
+#   STAGE=2: a subset of the GPU tests (T = 1, 3, graph replay), then benchmarks/bench_fused_moe.py at
+#            T <= 128 with the torch and fbgemm peers and the small-T path column (carry .whl_moe).
 # Results: $OUT/results.tgz, re-packed after each stage (a timeout keeps what finished).
 set -o pipefail
 T0=$SECONDS
@@ -26,7 +27,12 @@ if [ "${STAGE:-1}" = 1 ]; then
   grep -v "^  cand" "$RES/tune.log" | tail -30
   pack "tune done"
 else
-  timeout "${BENCH_S:-85}" python3 benchmarks/bench_fused_moe.py --ts 1,4,16,64,128 > "$RES/bench.log" 2>&1
-  tail -45 "$RES/bench.log"
+  timeout "${TEST_S:-20}" python3 -m pytest -q -m gpu tests/kernels/test_fused_moe_small.py -n 2 \
+    -p no:cacheprovider -o addopts="" -rfEs -k "${TEST_K:-1-1- or 3-2- or graph}" > "$RES/gpu_tests.log" 2>&1
+  grep -E "passed|failed|Error" "$RES/gpu_tests.log" | tail -8
+  pack "gpu tests done"
+  timeout $(( ${TOTAL_S:-86} - (SECONDS - T0) )) python3 benchmarks/bench_fused_moe.py --ts 1,4,16,64,128 \
+    > "$RES/bench.log" 2>&1
+  grep -v "^ *$" "$RES/bench.log" | tail -42
   pack "bench done"
 fi

@@ -105,6 +105,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--budget", type=float, default=None, help="seconds; later points are skipped")
     ap.add_argument("--breakdown", action="store_true", help="time each launch instead of tuning")
+    ap.add_argument(
+        "--small-vs-tuned",
+        action="store_true",
+        help="time only the small-T path's candidates against the config op.get_config picks now",
+    )
     args = ap.parse_args()
     import torch
 
@@ -121,7 +126,7 @@ def main() -> None:
             with open(Path(os.environ["OUT"]) / "fused_moe_breakdown.jsonl", "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return
-    entries = fb.tune(shapes, ts, budget_s=args.budget)
+    entries = fb.tune(shapes, ts, budget_s=args.budget, small_vs_tuned=args.small_vs_tuned)
     if args.out:
         out = Path(args.out)
     elif os.environ.get("OUT"):

@@ -44,12 +44,25 @@ def small_cfg(**kw) -> dict:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("t,split", [(1, 1), (3, 3)])
-def test_small_path_matches_reference(mode, t, split):
-    """I = 192 (partial 128-groups and N tiles), H = 384 (3 K groups), k = 3, split-K 1 and 3."""
+@pytest.mark.parametrize("t,split,gu_n", [(1, 1, 32), (3, 3, 32), (2, 1, 128)])
+def test_small_path_matches_reference(mode, t, split, gu_n):
+    """I = 192 (partial 128-groups and N tiles), H = 384 (3 K groups), k = 3. The three ways h reaches
+    the down kernel (op_small.h_mode): fp8 from the gate/up epilogue (static a2, or GU_N = 128), fp32
+    (dynamic a2, GU_N = 32), split-K 3 partials."""
     seed = _seed()
     p = make_problem(t, 6, 384, 192, 3, mode, device="cpu")
-    run_and_check(p, config=small_cfg(SPLIT_K=split), scaling=2.5 if t == 3 else 1.0, seed=seed)
+    cfg = small_cfg(SPLIT_K=split, GU_N=gu_n)
+    run_and_check(p, config=cfg, scaling=2.5 if t == 3 else 1.0, seed=seed)
+
+
+def test_small_path_is_deterministic_and_leaves_counters_at_zero():
+    seed = _seed()
+    p = make_problem(3, 4, 256, 128, 3, "block-dynamic", device="cpu")
+    p["ids"][1] = p["ids"][0]  # two tokens on the same experts: one gate/up program serves both
+    out1, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    out2, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    assert torch.equal(out1, out2), seed
+    assert all(int(c.abs().sum()) == 0 for c in op_small._COUNTERS.values()), seed
 
 
 @pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
@@ -146,58 +159,51 @@ def test_small_config_errors_are_clear():
         )
 
 
-def test_default_small_config_covers_the_sms():
-    for t, e, h, i in [(1, 192, 4096, 192), (1, 32, 7168, 2048), (4, 128, 2048, 768), (1, 192, 4096, 1536)]:
-        c = op_small.default_small_config(t, 8, e, h, i)
-        active = min(e, t * 8)
-        assert active * -(-i // c["GU_N"]) * c["SPLIT_K"] >= op_small.NUM_SMS_H200 or c["SPLIT_K"] == 4
-        assert t * -(-h // c["DN_N"]) >= 128
+def test_default_small_config_keeps_h_in_fp8_and_covers_the_sms():
+    for t, e, h, i, a2_group in [
+        (1, 192, 4096, 192, False),
+        (1, 32, 7168, 2048, True),
+        (4, 128, 2048, 768, True),
+    ]:
+        c = op_small.check_small_config(
+            op_small.default_small_config(t, 8, e, h, i, a2_group), a2_group, a2_group
+        )
+        assert op_small.h_mode(c, a2_group) == 1  # quantized once, in the gate/up epilogue
+        assert t * 8 * -(-h // c["DN_N"]) >= 2 * op_small.NUM_SMS_H200
 
 
 # ---------------------------------------------------------------------------------------------
 # the kernels compile for SM90 with pipelined loads (no GPU needed)
 
 _SMALL_TYPES = {
-    "_small_gate_up_kernel": "*bf16 *fp32 *i32 *fp8e4nv *fp32 *fp32 " + "i32 " * 12,
-    "_small_down_kernel": "*fp32 *fp32 *i32 *fp32 *fp8e4nv *fp32 *bf16 " + "i32 " * 7 + "fp32 " + "i32 " * 5,
+    "_small_gate_up_kernel": "*bf16 *fp32 *fp32 *i32 *fp8e4nv *fp32 *fp8e4nv *fp32 " + "i32 " * 12,
+    "_small_down_kernel": "*fp8e4nv *fp32 *fp32 *i32 *fp32 *fp8e4nv *fp32 *fp32 *i32 *bf16 "
+    + "i32 " * 7
+    + "fp32 "
+    + "i32 " * 5,
 }
+
+
+def _small_job(name: str, consts: dict) -> list:
+    types = _SMALL_TYPES[name].split()
+    if consts["H_MODE"] != 1:  # fp32 h or split-K partials
+        types[6 if name == "_small_gate_up_kernel" else 0] = "*fp32"
+    aligned = ["H", "I", "stride_x", "stride_we", "stride_wn", "stride_out"]
+    return ["hpc_advise.kernels.fused_moe.kernel_small", name, " ".join(types), consts, 4, 4, aligned]
 
 
 @pytest.mark.slow
 def test_small_kernels_compile_for_sm90_with_pipelined_loads():
-    mod = "hpc_advise.kernels.fused_moe.kernel_small"
-    aligned = ["H", "I", "stride_x", "stride_we", "stride_wn", "stride_out"]
-    gu = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, K_PAD=8, N_PAD=16, EVEN_K=True)
-    dn = dict(BLOCK_H=32, BLOCK_K=128, K_PAD=8, EVEN_K=True)
     jobs = []
-    for group in (False, True):
-        for split in (1, 3):
-            flags = dict(SPLIT_K=split, W_BLOCK=group)
-            jobs.append(
-                [
-                    mod,
-                    "_small_gate_up_kernel",
-                    _SMALL_TYPES["_small_gate_up_kernel"],
-                    dict(gu, A_GROUP=group, **flags),
-                    4,
-                    4,
-                    aligned,
-                ]
-            )
-            jobs.append(
-                [
-                    mod,
-                    "_small_down_kernel",
-                    _SMALL_TYPES["_small_down_kernel"],
-                    dict(dn, A2_GROUP=group, **flags),
-                    4,
-                    4,
-                    aligned,
-                ]
-            )
+    for group, h_mode, split in [(False, 1, 1), (True, 1, 1), (True, 0, 1), (True, 2, 3)]:
+        flags = dict(SPLIT_K=split, W_BLOCK=group, A2_GROUP=group, H_MODE=h_mode, K_PAD=8, EVEN_K=True)
+        gu_n = 128 if group and h_mode == 1 else 32
+        gu = dict(flags, BLOCK_M=16, BLOCK_N=gu_n, BLOCK_K=128, N_PAD=256, A_GROUP=group)
+        jobs.append(_small_job("_small_gate_up_kernel", gu))
+        jobs.append(_small_job("_small_down_kernel", dict(flags, BLOCK_H=32, BLOCK_K=128)))
     res = compile_sm90(jobs)
     assert all(r["async_copies"] > 0 and r["stack"] == 0 for r in res), res
-    # the down kernel's weight tiles are multi-buffered across the flattened (slot, K) loop
+    # the down kernel's weight tiles are multi-buffered (software-pipelined K loop)
     assert all(r["shared"] >= 2 * 128 * 32 for r in res if r["kernel"] == "_small_down_kernel"), res
 
 
@@ -220,7 +226,7 @@ def test_gpu_small_path_real_shapes(shape, mode, t, split):
     seed = _seed()
     e, h, i, k, ge, off = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
-    cfg = dict(op_small.default_small_config(t, k, e, h, i), SPLIT_K=split)
+    cfg = dict(op_small.default_small_config(t, k, e, h, i, mode.endswith("dynamic")), SPLIT_K=split)
     out, ref, err = run_and_check(p, config=cfg, scaling=2.5, seed=seed)
     print(f"small {shape} {mode} T={t} split={split}: rel err vs quantized ref {err:.2e}")
 

@@ -8,19 +8,19 @@ n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP 
      entry naming e (later entries of the same expert exit at once): each expert's weights are
      streamed once, without sorting the entries. Its A tile holds one row per token (rows of tokens not
      routed to e are zero) and is quantized on the fly from the bf16 hidden rows (static a13 scale, or
-     dynamic per-1×G group: the K step is the group). Output, at every slot j where token t chose e:
-     with SPLIT_K == 1, h = SiLU(gate)·up in fp32 at row t·k + j of ``h_ptr`` [n, I]; with SPLIT_K > 1,
-     the fp32 gate and up partial sums of split s at [s, t·k + j, 0:2I] (summed by the down kernel, so
-     no counters and no atomics).
-  2. ``_small_down_kernel``  grid (T · cdiv(H, BLOCK_H),). One program owns an H tile of one token and
-     walks its k slots in j order (one flattened loop of k · cdiv(I, BLOCK_K) steps, so loads are
-     pipelined across slot boundaries). Each step sums the split-K partials (if any), applies
-     SiLU·up, quantizes the [BLOCK_K] chunk of h like the reference (static a2 or dynamic group),
-     multiplies by the expert's W2 tile and adds it, scaled by routing weight · routed scaling ·
-     activation and weight scales, to an fp32 accumulator. Slots of other EP ranks (or −1) are masked
-     off (no weight bytes are read). The bf16 output row is written once: no reduce launch, no atomics.
+     dynamic per-1×G group: the K step is the group). Output, at every slot j where token t chose e
+     (row t·k + j), by H_MODE: 1 — h = SiLU(gate)·up quantized to fp8 (static a2, or the 1×G group of
+     the BLOCK_N = G tile, scale to ``hs_ptr``); 0 — h in fp32; 2 (SPLIT_K > 1) — the fp32 gate and up
+     partial sums of split p at [p, t·k + j, 0:2I] (summed by the down kernel: no atomics).
+  2. ``_small_down_kernel``  grid (n · cdiv(H, BLOCK_H),): one program per (entry, H tile), the regular
+     path's parallelism without its sorted order. H_MODE 1 reads the fp8 h row; modes 0/2 sum the
+     partials, apply SiLU·up and quantize each BLOCK_K chunk like the reference. The row
+     w_tj · s · W2_e · q(h) of the tile is stored in fp32 to ``y_ptr`` [n, H]; the program then bumps
+     the (token, H tile) arrival counter, and the last of the token's k programs sums the k rows in
+     slot order j = 0..k−1 (slots of other EP ranks, or −1, skipped: they compute nothing), writes the
+     bf16 output and resets the counter to 0. No reduce launch, no atomics on the output.
 
-Each output element is produced by one program in a fixed order, so results are bitwise reproducible.
+Every output element is a fixed-order sum, so results are bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -32,14 +32,17 @@ from .kernel import FP8_MAX, SCALE_EPS
 
 
 @triton.jit
-def _quant_tile(x, a_scale_ptr, GROUP_SCALE: tl.constexpr, dtype: tl.constexpr):
-    """fp32 tile [R, C] → (fp8 tile, per-row fp32 scale [R]); with GROUP_SCALE the C columns are one
-    group (amax / 448 per row), else the static per-tensor scale at ``a_scale_ptr`` (returned per row)."""
+def _quant_rows(x, static_scale, GROUP_SCALE: tl.constexpr, dtype: tl.constexpr):
+    """fp32 tile [R, C] → (fp8 tile, per-row scale [R]). GROUP_SCALE: the C columns are one group,
+    scale = amax / 448 per row; else the per-tensor ``static_scale`` (the returned scale is then 1).
+    IEEE division as torch does: bf16 inputs land exactly on fp8 rounding midpoints often enough that a
+    reciprocal multiply (which breaks such ties either way) moved 14 of 768 elements in a CPU test."""
     if GROUP_SCALE:
         s = tl.maximum(tl.max(tl.abs(x), axis=1), SCALE_EPS) / FP8_MAX
+        q = tl.math.div_rn(x, s[:, None])
     else:
-        s = tl.zeros([x.shape[0]], dtype=tl.float32) + tl.load(a_scale_ptr)
-    q = tl.math.div_rn(x, s[:, None])
+        s = tl.full([x.shape[0]], 1.0, tl.float32)
+        q = tl.math.div_rn(x, static_scale)
     q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
     return q.to(dtype), s
 
@@ -50,10 +53,12 @@ def _quant_tile(x, a_scale_ptr, GROUP_SCALE: tl.constexpr, dtype: tl.constexpr):
 def _small_gate_up_kernel(
     x_ptr,  # bf16 [T, H], row stride stride_x
     a13_scale_ptr,  # fp32 [1] (static)
+    a2_scale_ptr,  # fp32 [1] (static a2, H_MODE 1)
     topk_ids_ptr,  # int32 [T, k]
     w_ptr,  # fp8 [E, 2I, H]
     ws_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
-    h_ptr,  # SPLIT_K == 1: fp32 [n, I] (SiLU(gate)·up); else fp32 [SPLIT_K, n, 2I] (gate | up partials)
+    h_ptr,  # H_MODE 1: fp8 [n, I]; 0: fp32 [n, I]; 2: fp32 [SPLIT_K, n, 2I]
+    hs_ptr,  # H_MODE 1 with A2_GROUP: fp32 [n, cdiv(I, G)]
     T,
     H,
     I,
@@ -67,12 +72,14 @@ def _small_gate_up_kernel(
     stride_wse,
     stride_wsn,
     BLOCK_M: tl.constexpr,  # >= T (one row per token)
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # == G with H_MODE 1 and A2_GROUP
     BLOCK_K: tl.constexpr,  # == G when A_GROUP (the K step is the quantization group)
     SPLIT_K: tl.constexpr,
     K_PAD: tl.constexpr,  # next power of two >= top_k
-    N_PAD: tl.constexpr,  # next power of two >= n_entries
+    N_PAD: tl.constexpr,  # power of two >= n_entries
+    H_MODE: tl.constexpr,
     A_GROUP: tl.constexpr,
+    A2_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,  # H % BLOCK_K == 0
 ):
@@ -112,6 +119,7 @@ def _small_gate_up_kernel(
     if W_BLOCK:
         sg_ptrs = ws_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
         su_ptrs = ws_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
+    a13 = tl.load(a13_scale_ptr)
 
     k_span = tl.cdiv(tl.cdiv(H, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_span
@@ -128,7 +136,7 @@ def _small_gate_up_kernel(
             x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        a, sa = _quant_tile(x.to(tl.float32), a13_scale_ptr, A_GROUP, w_ptr.dtype.element_ty)
+        a, sa = _quant_rows(x.to(tl.float32), a13, A_GROUP, w_ptr.dtype.element_ty)
         if A_GROUP or W_BLOCK:
             dg = tl.dot(a, bg)
             du = tl.dot(a, bu)
@@ -150,13 +158,20 @@ def _small_gate_up_kernel(
     if not W_BLOCK:
         acc_g = acc_g * tl.load(ws_ptr + e64)
         acc_u = acc_u * tl.load(ws_ptr + e64)
-    if SPLIT_K == 1:
+    if H_MODE != 2:
         h = acc_g * tl.sigmoid(acc_g) * acc_u
+        h = tl.where(n_ok[None, :], h, 0.0)
+    if H_MODE == 1:
+        hq, hs = _quant_rows(h, tl.load(a2_scale_ptr), A2_GROUP, h_ptr.dtype.element_ty)
     for jj in tl.static_range(K_PAD):
         at_j = tl.sum(tl.where(offs_j[None, :] == jj, match.to(tl.int32), 0), axis=1) > 0
         m_out = at_j[:, None] & n_ok[None, :]
         entry = offs_m.to(tl.int64) * top_k + jj
-        if SPLIT_K == 1:
+        if H_MODE == 1:
+            tl.store(h_ptr + entry[:, None] * I + offs_n[None, :], hq, mask=m_out)
+            if A2_GROUP:
+                tl.store(hs_ptr + entry * tl.cdiv(I, BLOCK_N) + pid_n, hs, mask=at_j)
+        elif H_MODE == 0:
             tl.store(h_ptr + entry[:, None] * I + offs_n[None, :], h, mask=m_out)
         else:
             base = h_ptr + (pid_k * n_entries + entry)[:, None] * (2 * I) + offs_n[None, :]
@@ -168,12 +183,15 @@ def _small_gate_up_kernel(
     do_not_specialize=["T", "top_k", "n_entries", "expert_offset", "num_experts", "stride_wse", "stride_wsn"]
 )
 def _small_down_kernel(
-    h_ptr,  # as written by _small_gate_up_kernel
+    h_ptr,  # as written by _small_gate_up_kernel (H_MODE)
+    hs_ptr,  # fp32 [n, cdiv(I, G)] (H_MODE 1 with A2_GROUP)
     a2_scale_ptr,  # fp32 [1] (static)
     topk_ids_ptr,  # int32 [T, k]
     topk_w_ptr,  # fp32 [T, k]
     w_ptr,  # fp8 [E, H, I]
     ws_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
+    y_ptr,  # fp32 [n, H] scratch: one weighted row per (token, slot)
+    count_ptr,  # int32 [>= T · cdiv(H, BLOCK_H)] arrival counters, 0 before and after the launch
     out_ptr,  # bf16 [T, H], row stride stride_out
     T,
     H,
@@ -190,68 +208,92 @@ def _small_down_kernel(
     stride_wsn,
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,  # == G when A2_GROUP
-    SPLIT_K: tl.constexpr,  # of the gate/up launch (partials summed here, in split order)
+    SPLIT_K: tl.constexpr,  # of the gate/up launch (H_MODE 2: partials summed here, in split order)
     K_PAD: tl.constexpr,  # next power of two >= top_k
+    H_MODE: tl.constexpr,
     A2_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,  # I % BLOCK_K == 0
 ):
     pid = tl.program_id(0)
-    t = (pid % T).to(tl.int64)  # tokens of one H tile are neighbours: shared experts hit L2
-    pid_h = pid // T
+    s = (pid % n_entries).to(tl.int64)  # the entries of one H tile are neighbours: shared experts hit L2
+    pid_h = pid // n_entries
+    t = s // top_k
+    num_h = tl.cdiv(H, BLOCK_H)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.arange(0, 16)  # the dot's A tile: row 0 holds the token, rows 1.. are zero
-    # the token's experts and routing weights, loaded once: inside the loop the weight addresses then
-    # depend on the induction variable only, so the software pipeliner keeps several tiles in flight
-    offs_j = tl.arange(0, K_PAD)
-    ids_t = tl.load(topk_ids_ptr + t * top_k + offs_j, mask=offs_j < top_k, other=-1) - expert_offset
-    local_t = (ids_t >= 0) & (ids_t < num_experts)
-    coef_t = tl.load(topk_w_ptr + t * top_k + offs_j, mask=local_t, other=0.0) * routed_scaling
-    num_k = tl.cdiv(I, BLOCK_K)
-    acc = tl.zeros([16, BLOCK_H], dtype=tl.float32)
-    for it in range(0, top_k * num_k):
-        j = it // num_k
-        k0 = (it % num_k) * BLOCK_K
-        entry = t * top_k + j
-        e = tl.sum(tl.where(offs_j == j, ids_t, 0), axis=0)
-        local = tl.sum(tl.where((offs_j == j) & local_t, 1, 0), axis=0) > 0
-        e64 = tl.where(local, e, 0).to(tl.int64)
-        cols = k0 + offs_k
-        if EVEN_K:
-            k_ok = local & (cols >= 0)
-        else:
-            k_ok = local & (cols < I)
-        if SPLIT_K == 1:
-            hv = tl.load(h_ptr + entry * I + cols, mask=k_ok, other=0.0)
-        else:
-            g = tl.zeros([BLOCK_K], dtype=tl.float32)
-            u = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for sp in tl.static_range(SPLIT_K):
-                base = h_ptr + (sp * n_entries + entry) * (2 * I) + cols
-                g += tl.load(base, mask=k_ok, other=0.0)
-                u += tl.load(base + I, mask=k_ok, other=0.0)
-            hv = g * tl.sigmoid(g) * u
-        hv2 = tl.where((rows == 0)[:, None], hv[None, :], 0.0)
-        a, sa = _quant_tile(hv2, a2_scale_ptr, A2_GROUP, w_ptr.dtype.element_ty)
-        b = tl.load(
-            w_ptr + e64 * stride_we + offs_h[None, :].to(tl.int64) * stride_wn + cols[:, None],
-            mask=h_ok[None, :] & k_ok[:, None],
-            other=0.0,
-        )
-        d = tl.dot(a, b)
-        coef = tl.sum(tl.where(offs_j == j, coef_t, 0.0), axis=0)
+    e = tl.load(topk_ids_ptr + s) - expert_offset
+    if (e >= 0) & (e < num_experts):
+        e64 = e.to(tl.int64)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows = tl.arange(0, 16)  # the dot's A tile: row 0 holds the entry, rows 1.. are zero
+        first = (rows == 0)[:, None]
+        w_ptrs = w_ptr + e64 * stride_we + offs_h[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         if W_BLOCK:
-            sw = tl.load(
-                ws_ptr + e64 * stride_wse + (offs_h // 128) * stride_wsn + k0 // 128, mask=h_ok, other=0.0
-            )
-            d = d * sw[None, :]
-        else:
+            sw_ptrs = ws_ptr + e64 * stride_wse + (offs_h // 128) * stride_wsn
+        a2 = tl.load(a2_scale_ptr)
+        acc = tl.zeros([16, BLOCK_H], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            cols = k0 + offs_k
+            if EVEN_K:
+                k_ok = cols >= 0
+            else:
+                k_ok = cols < I
+            if H_MODE == 1:
+                a = tl.load(
+                    h_ptr + s * I + cols[None, :] + rows[:, None] * 0, mask=first & k_ok[None, :], other=0.0
+                )
+                if A2_GROUP:
+                    sa = tl.load(hs_ptr + s * tl.cdiv(I, 128) + k0 // 128)
+                else:
+                    sa = 1.0
+            else:
+                if H_MODE == 0:
+                    hv = tl.load(h_ptr + s * I + cols, mask=k_ok, other=0.0)
+                else:
+                    g = tl.zeros([BLOCK_K], dtype=tl.float32)
+                    u = tl.zeros([BLOCK_K], dtype=tl.float32)
+                    for p in tl.static_range(SPLIT_K):
+                        base = h_ptr + (p * n_entries + s) * (2 * I) + cols
+                        g += tl.load(base, mask=k_ok, other=0.0)
+                        u += tl.load(base + I, mask=k_ok, other=0.0)
+                    hv = g * tl.sigmoid(g) * u
+                a, sa_rows = _quant_rows(
+                    tl.where(first, hv[None, :], 0.0), a2, A2_GROUP, w_ptr.dtype.element_ty
+                )
+                sa = tl.sum(tl.where(rows == 0, sa_rows, 0.0), axis=0)
+            b = tl.load(w_ptrs + k0, mask=h_ok[None, :] & k_ok[:, None], other=0.0)
+            if A2_GROUP or W_BLOCK:
+                d = tl.dot(a, b)
+                if W_BLOCK:
+                    d = d * tl.load(sw_ptrs + k0 // 128, mask=h_ok, other=0.0)[None, :]
+                acc += d * sa
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        coef = tl.load(topk_w_ptr + s) * routed_scaling
+        if not A2_GROUP:
+            coef = coef * tl.load(a2_scale_ptr)
+        if not W_BLOCK:
             coef = coef * tl.load(ws_ptr + e64)
-        acc += d * (sa[:, None] * coef)
-    y = tl.sum(acc, axis=0)  # rows 1.. are zero
-    tl.store(out_ptr + t * stride_out + offs_h, y.to(out_ptr.dtype.element_ty), mask=h_ok)
+        y = tl.sum(acc, axis=0) * coef  # rows 1.. are zero
+        tl.store(y_ptr + s * H + offs_h, y, mask=h_ok)
+    # every thread's row store happens before the (gpu-scope, acq_rel) arrival atomic
+    tl.debug_barrier()
+    cnt = count_ptr + t * num_h + pid_h
+    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if arrived == top_k - 1:
+        offs_j = tl.arange(0, K_PAD)
+        ids_t = tl.load(topk_ids_ptr + t * top_k + offs_j, mask=offs_j < top_k, other=-1) - expert_offset
+        local_t = (ids_t >= 0) & (ids_t < num_experts)
+        total = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for j in range(0, top_k):  # slot order: the sum never depends on arrival order
+            local_j = tl.sum(tl.where((offs_j == j) & local_t, 1, 0), axis=0) > 0
+            # .cg: read through L2, never a stale L1 line of another CTA's row
+            total += tl.load(
+                y_ptr + (t * top_k + j) * H + offs_h, mask=h_ok & local_j, other=0.0, cache_modifier=".cg"
+            )
+        tl.store(out_ptr + t * stride_out + offs_h, total.to(out_ptr.dtype.element_ty), mask=h_ok)
+        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 __all__ = ["_small_down_kernel", "_small_gate_up_kernel"]

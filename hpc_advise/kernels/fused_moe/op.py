@@ -177,7 +177,7 @@ def get_config(
     if near:
         cfg = dict(per_t[min(near, key=lambda b: abs(math.log(b / max(t, 1))))])
     elif small_ok and t <= SMALL_T_DEFAULT:
-        cfg = default_small_config(t, top_k, num_experts, hidden, inter)
+        cfg = default_small_config(t, top_k, num_experts, hidden, inter, a2_group)
     else:
         cfg = default_config(t, top_k, num_experts, hidden, inter, a2_group)
     return check_config(cfg, a2_group, a1_group)

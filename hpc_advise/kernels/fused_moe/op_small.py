@@ -13,6 +13,7 @@ import torch
 import triton
 
 from . import kernel_small as KS
+from .reference import FP8
 
 GROUP = 128
 NUM_SMS_H200 = 132
@@ -27,25 +28,58 @@ def is_small(cfg: dict | None) -> bool:
     return bool(cfg) and cfg.get("PATH") == "small"
 
 
+def h_mode(cfg: dict, a2_group: bool) -> int:
+    """How gate/up hands h to the down kernel: 1 fp8 (quantized in the gate/up epilogue: static a2, or
+    a 128-wide tile that holds the whole 1×128 group), 0 fp32, 2 fp32 split-K partials."""
+    if int(cfg["SPLIT_K"]) > 1:
+        return 2
+    return 1 if (not a2_group or cfg["GU_N"] == GROUP) else 0
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, size: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the down launch, one buffer per (device, stream): the kernel
+    leaves them at 0, so the buffer is reused. Created outside graph capture and cached; a buffer first
+    needed inside a capture is allocated there (a memset node of the graph) and not cached, since it
+    lives in the graph's private pool."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _COUNTERS.get(key)
+    if buf is not None and buf.numel() >= size:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(size, dtype=torch.int32, device=device)
+    buf = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
+    _COUNTERS[key] = buf
+    return buf
+
+
 def default_small_config(
-    t: int, top_k: int, num_experts: int, hidden: int, inter: int, num_sms: int = NUM_SMS_H200
+    t: int,
+    top_k: int,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    a2_group: bool = True,
+    num_sms: int = NUM_SMS_H200,
 ) -> dict:
-    """Heuristic small-path config: enough gate/up and down programs to cover every SM."""
+    """Heuristic small-path config. Gate/up: 128-wide tiles (the activation quantization of a K step
+    costs the same at any tile width, so wide tiles amortize it; with dynamic a2 they also let the
+    epilogue quantize h), 64-wide with static a2 when that leaves too few programs. Down: one program
+    per (entry, H tile), 64 wide when that still gives 4 programs per SM."""
     active = max(1, min(num_experts, t * top_k))
-    gu_n = 32 if active * -(-inter // 32) >= num_sms else 16
-    tiles = active * -(-inter // gu_n)
-    split = 1
-    if tiles < num_sms:
-        split = min(4, -(-num_sms // tiles), max(1, hidden // 1024))
-    dn_n = 32 if t * -(-hidden // 32) >= num_sms else 16
+    wide = a2_group or active * -(-inter // GROUP) >= 96
+    n = t * top_k
     return dict(
         PATH="small",
-        GU_N=gu_n,
+        GU_N=GROUP if wide else 64,
         GU_K=GROUP,
-        SPLIT_K=split,
-        GU_WARPS=4,
-        GU_STAGES=4,
-        DN_N=dn_n,
+        SPLIT_K=1,
+        GU_WARPS=8 if wide else 4,
+        GU_STAGES=3 if wide else 4,
+        DN_N=64 if n * -(-hidden // 64) >= 4 * num_sms else 32,
         DN_K=GROUP,
         DN_WARPS=4,
         DN_STAGES=4,
@@ -99,23 +133,33 @@ def fused_moe_small(
         return out
     c = config
     split = int(c["SPLIT_K"])
+    dev = hidden.device
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.float().contiguous()
     ws13 = w13_scale.float().contiguous()
     ws2 = w2_scale.float().contiguous()
-    if split == 1:
-        hbuf = torch.empty(n, inter, dtype=torch.float32, device=hidden.device)
+    mode = h_mode(c, a2_group)
+    hs = torch.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
+    if mode == 1:
+        hbuf = torch.empty(n, inter, dtype=FP8, device=dev)
+    elif mode == 0:
+        hbuf = torch.empty(n, inter, dtype=torch.float32, device=dev)
     else:
-        hbuf = torch.empty(split, n, two_i, dtype=torch.float32, device=hidden.device)
+        hbuf = torch.empty(split, n, two_i, dtype=torch.float32, device=dev)
+    y = torch.empty(n, h, dtype=torch.float32, device=dev)
+    num_h = triton.cdiv(h, c["DN_N"])
+    counters = _counters(dev, t * num_h)
     s13 = (ws13.stride(0), ws13.stride(1)) if w_block else (0, 0)
     s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
     KS._small_gate_up_kernel[(n * triton.cdiv(inter, c["GU_N"]), split)](
         hidden,
         a13,
+        a2,
         ids,
         w13,
         ws13,
         hbuf,
+        hs,
         t,
         h,
         inter,
@@ -133,19 +177,24 @@ def fused_moe_small(
         SPLIT_K=split,
         K_PAD=triton.next_power_of_2(k),
         N_PAD=triton.next_power_of_2(SMALL_T_MAX * k),  # fixed per top-k: one compile serves every T
+        H_MODE=mode,
         A_GROUP=a1_group,
+        A2_GROUP=a2_group,
         W_BLOCK=w_block,
         EVEN_K=h % c["GU_K"] == 0,
         num_warps=c["GU_WARPS"],
         num_stages=c["GU_STAGES"],
     )
-    KS._small_down_kernel[(t * triton.cdiv(h, c["DN_N"]),)](
+    KS._small_down_kernel[(n * num_h,)](
         hbuf,
+        hs,
         a2,
         ids,
         weights,
         w2,
         ws2,
+        y,
+        counters,
         out,
         t,
         h,
@@ -163,6 +212,7 @@ def fused_moe_small(
         BLOCK_K=c["DN_K"],
         SPLIT_K=split,
         K_PAD=triton.next_power_of_2(k),
+        H_MODE=mode,
         A2_GROUP=a2_group,
         W_BLOCK=w_block,
         EVEN_K=inter % c["DN_K"] == 0,

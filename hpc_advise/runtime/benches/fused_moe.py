@@ -63,7 +63,9 @@ HEADERS = [
     "× fbgemm",
     "× unfused",
     "eager-timed",
+    "small-T path µs",
 ]
+SMALL_BENCH_T_MAX = 16  # the small-T path (op_small.default_small_config) is timed beside ours up to here
 FP8_PEAK_TFLOPS = 1410.0  # measured on an H200 (shared/DESIGN.md §7), reported beside our measurement
 
 
@@ -279,7 +281,7 @@ def _time(fn: Callable[[], object], t: int) -> tuple[Timing, str | None]:
         return time_cuda(fn, graph=False, inner=inner, reps=reps, warmup=2), why
 
 
-def providers(shape: str, mode: str, wts: dict, peers: bool, fbgemm_ok: bool) -> dict:
+def providers(shape: str, mode: str, wts: dict, peers: bool, fbgemm_ok: bool, t: int | None = None) -> dict:
     from hpc_advise.kernels.fused_moe import op
 
     e, h, i, k, eg, off = SHAPES[shape]
@@ -288,6 +290,11 @@ def providers(shape: str, mode: str, wts: dict, peers: bool, fbgemm_ok: bool) ->
         "ours": lambda s: op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], **kw),
         "unfused": lambda s: op.moe_unfused(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], **kw),
     }
+    if t is not None and t <= SMALL_BENCH_T_MAX:
+        small = _small_config(shape, mode, t)
+        prov["small"] = lambda s: op.fused_moe(
+            s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=small, **kw
+        )
     if peers:
         if wts["block"]:  # row-wise peers: one scale per output row (the block row's first column)
             r13 = wts["s13"][:, :, 0].repeat_interleave(128, dim=1)[:, : 2 * i].contiguous()
@@ -345,7 +352,7 @@ def bench_case(
     )
     rows, times, errs, eager = [], {}, {}, []
     ours_out = None
-    for name, body in providers(shape, mode, wts, peers, fbgemm_ok).items():
+    for name, body in providers(shape, mode, wts, peers, fbgemm_ok, t).items():
         try:
             if t <= 1024:  # correctness of what we time: ours vs the reference, the rest vs ours
                 s = sets[0]
@@ -405,6 +412,7 @@ def bench_case(
             None,
             None,
             ",".join(eager),
+            _us(times.get("small")),
         ]
     if t <= 128:
         rate = bytes_ / (ours * 1e-6) / 1e12
@@ -430,11 +438,13 @@ def bench_case(
         ratio("fbgemm"),
         ratio("unfused"),
         ",".join(eager),
+        _us(times.get("small")),
     ]
     log(
         "  "
         + "  ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in line)
         + (f"  err {errs['ours']:.2e}" if "ours" in errs else "")
+        + (f"  small-T path diff vs ours {errs['small']:.2e}" if "small" in errs else "")
     )
     return rows, line
 
@@ -442,6 +452,13 @@ def bench_case(
 def _us(v: float | None):
     """Latency for the table: whole µs from 100 µs up (tabulate would print 1.23e+03)."""
     return None if v is None else (round(v) if v >= 100 else round(v, 1))
+
+
+def _small_config(shape: str, mode: str, t: int) -> dict:
+    from hpc_advise.kernels.fused_moe import op_small
+
+    e, h, i, k, eg, off = SHAPES[shape]
+    return op_small.default_small_config(t, k, e, h, i, mode.endswith("dynamic"))
 
 
 def compile_jobs(shapes, ts, modes_of=MODES) -> list[tuple]:
@@ -457,6 +474,8 @@ def compile_jobs(shapes, ts, modes_of=MODES) -> list[tuple]:
                 inter = 256 if i % 128 == 0 else 192
                 jobs.append((mode, cfg, False, inter))
                 jobs.append((mode, cfg, True, inter))
+                if t <= SMALL_BENCH_T_MAX:
+                    jobs.append((mode, _small_config(shape, mode, t), False, inter))
     return jobs
 
 
@@ -643,13 +662,13 @@ SMALL_TUNE_T_MAX = 16  # the small-T path's candidates are timed up to this T
 def small_candidates(a2_group: bool) -> list[dict]:
     """Small-T path configs (op_small.py): gate/up tile width and split-K, down H tile and depth."""
 
-    def cfg(gu_n, split, dn_n, gu_s=4, dn_s=8, dn_w=4, dn_k=128):
+    def cfg(gu_n, split, dn_n, gu_s=4, dn_s=4, dn_w=4, dn_k=128, gu_w=4):
         return dict(
             PATH="small",
             GU_N=gu_n,
             GU_K=128,
             SPLIT_K=split,
-            GU_WARPS=4,
+            GU_WARPS=gu_w,
             GU_STAGES=gu_s,
             DN_N=dn_n,
             DN_K=dn_k,
@@ -657,19 +676,17 @@ def small_candidates(a2_group: bool) -> list[dict]:
             DN_STAGES=dn_s,
         )
 
+    # wide gate/up tiles: the on-the-fly activation quantization costs the same per K step at any
+    # width (run 1: 32-wide tiles were instruction-bound); split-K for shapes with few active experts
     out = [
-        cfg(32, 1, 32, dn_s=4),
-        cfg(32, 1, 16),
-        cfg(32, 1, 32),
-        cfg(16, 1, 16),
-        cfg(32, 2, 16),
-        cfg(16, 4, 16),
-        cfg(64, 1, 32, dn_s=6),
-        cfg(32, 1, 16, gu_s=6),
-        cfg(32, 1, 16, dn_w=2),
+        cfg(128, 1, 32, gu_w=8, gu_s=3),
+        cfg(64, 1, 64),
+        cfg(128, 1, 64, gu_w=8, gu_s=3),
+        cfg(64, 2, 32),
+        cfg(32, 4, 32),
     ]
-    if not a2_group:  # static a2: the down K step need not be the 128-wide group
-        out.append(cfg(32, 1, 16, dn_k=64))
+    if not a2_group:  # static a2: the down K step need not be the 128-wide group (I = 192: 3 steps)
+        out.append(cfg(64, 1, 32, dn_k=64))
     return out
 
 
@@ -677,9 +694,20 @@ def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
     return lambda s: op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **kw)
 
 
-def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> list[dict]:
+def tune(
+    shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None, small_vs_tuned: bool = False
+) -> list[dict]:
     """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
-    With ``budget_s``, stops starting new points once that many seconds have passed."""
+    With ``budget_s``, stops starting new points once that many seconds have passed. With
+    ``small_vs_tuned``, the candidates are the config ``op.get_config`` picks now (first: the accuracy
+    reference) and the small-T path's candidates."""
+
+    def cands(t, k, e, h, i, mode):
+        a2_group = mode.endswith("dynamic")
+        if not small_vs_tuned:
+            return candidates(t, k, a2_group)
+        return [op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)] + small_candidates(a2_group)
+
     import json
     import time
 
@@ -694,7 +722,8 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> l
         for mode in MODES[shape]:
             for t in ts:
                 inter = 256 if SHAPES[shape][2] % 128 == 0 else 192
-                jobs += [(mode, c, False, inter) for c in candidates(t, k, mode.endswith("dynamic"))]
+                e, h, i = SHAPES[shape][:3]
+                jobs += [(mode, c, False, inter) for c in cands(t, k, e, h, i, mode)]
     log(f"tune: precompiled {precompile(jobs)} of {len(jobs)} jobs")
     t0 = time.monotonic()  # the budget covers the timing, not the compilation
     entries = []
@@ -709,7 +738,7 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None) -> l
                     continue
                 sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1)
                 best = first = None
-                for c in candidates(t, k, mode.endswith("dynamic")):
+                for c in cands(t, k, e, h, i, mode):
                     body = _ours_body(op, wts, kw, c)
                     try:
                         out = body(sets[0]).float()  # accuracy check against the first candidate
