@@ -346,6 +346,27 @@ def test_fp8_f16_dot_falls_back_on_odd_v_layout():
     assert rel_err(out, ref) <= TOL[FP8]
 
 
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8])
+def test_pdl_merge_matches_reference(kv_dtype):
+    # pdl: the merge launches as a programmatic dependent of the attention pass (on the GPU; the CPU
+    # interpreter runs the launches in order), narrow and wide merges both present
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    p, _ = check(
+        [700, 300, 5, 64],
+        hq=4,
+        hkv=1,
+        d=64,
+        page=16,
+        tile=16,
+        num_programs=40,
+        kv_dtype=kv_dtype,
+        scales=scales,
+        tuned=True,
+        pdl=True,
+    )
+    assert p.pdl and max(p.wide_list.tolist()) >= 0 and max(p.merge_first.tolist()) >= 0
+
+
 def test_head_dim_128_and_256():
     check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
     check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)
@@ -563,14 +584,23 @@ def test_gpu_longest_context_and_largest_batch():
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_replay_matches_eager():
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_cuda_graph_replay_matches_eager(pdl):
     hq, hkv, d, page = 8, 1, 128, 64
     # pages for the longest lengths of any replay; the captured step starts shorter
     q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page)
     lens_buf = torch.tensor([4000, 100, 9000, 64], dtype=torch.int32, device="cuda")
     # the configuration decode_attention() picks (op.TUNED_BY_KV_DTYPE), so replay and eager match bitwise
+    # (pdl: the merge launches as programmatic dependents, captured as such; same arithmetic, so the same bits)
     p = op.plan(
-        lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, kv_dtype=k.dtype
+        lens_buf,
+        table,
+        page_size=page,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        kv_dtype=k.dtype,
+        pdl=pdl,
     )
     table_buf, out = table.clone(), torch.empty_like(q)
     stream = torch.cuda.Stream()
@@ -615,6 +645,7 @@ def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = 
         PT_CHUNK=pt_chunk,
         F16_DOT=f16_dot,
         ASM_CVT=f16_dot,
+        PDL=False,
     )
     return ["hpc_advise.kernels.decode_attention.kernel", "decode_kernel", types, consts, 4, stages, _STRIDES]
 
@@ -658,10 +689,11 @@ def test_sweep_variants_and_best_config_skip_failures():
         wide_merge=False,
         seg_cost=0,
         f16_dot=False,
+        pdl=False,
     )
     assert da.variant_config(128, 2, 3, 4, "nested-desc-m128-pc32")["pt_chunk"] == 32
-    cfg = da.variant_config(64, 2, 3, 4, "nested-desc-w-pc64-s4-f16")
-    assert (cfg["wide_merge"], cfg["seg_cost"], cfg["f16_dot"]) == (True, 4, True)
+    cfg = da.variant_config(64, 2, 3, 4, "nested-desc-w-pc64-s4-f16-pdl")
+    assert (cfg["wide_merge"], cfg["seg_cost"], cfg["f16_dot"], cfg["pdl"]) == (True, 4, True, True)
     assert da.variant_config(64, 2, 1, 4, "nested-prefetch")["prefetch"] is True
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-turbo")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -348,7 +349,12 @@ def decode_kernel(
     PT_CHUNK: tl.constexpr,  # > 0, PAGE >= TILE or == TILE/2: page ids of PT_CHUNK tiles loaded ahead
     F16_DOT: tl.constexpr = False,  # fp8 KV: products in fp16 (q rescaled by a power of two)
     ASM_CVT: tl.constexpr = False,  # F16_DOT: V's e4m3 -> fp16 by inline PTX (False under the interpreter)
+    PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
 ):
+    if PDL:
+        # every program of the persistent grid is resident from the start: the merge launch may begin
+        # as soon as all of them got here; its programs wait (griddepcontrol.wait) before reading partials
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     if DESC:
         # one 32-byte load gives the range and its first segment; the next segment of a range is always
@@ -675,6 +681,7 @@ def merge_kernel(
     BLOCK_P: tl.constexpr,  # partials combined per step
     NARROW: tl.constexpr,  # 0: merge every split segment; > 0: only those with <= NARROW participants
     WIDE: tl.constexpr,  # True: axis 0 indexes wide_list (the segments the NARROW launch left out)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass (or merge)
 ):
     # grid (G, GROUP, HEAD_DIM // D_CHUNK), or (W, ...) when WIDE: program (p, r, c) combines, for query
     # row r of the group and columns c, the partials of the split segment that program p of the
@@ -690,6 +697,17 @@ def merge_kernel(
         lo = tl.load(merge_first_ptr + p)
         if NARROW > 0:
             lo = tl.where(p - lo + 1 > NARROW, -1, lo)
+    if PDL:
+        # launched before the attention pass finished: everything read above comes from the planner
+        # (done before that pass started); partials may be read only after griddepcontrol.wait. Program
+        # (0, 0, 0) of the first merge launch always waits, so that launch never completes before the
+        # attention pass does (a wide launch behind it waits on it).
+        must_wait = lo >= 0
+        if not WIDE:
+            gdc_launch_dependents()  # the wide launch may start; its listed programs wait on this grid
+            must_wait = must_wait | ((tl.program_id(0) == 0) & (r == 0) & (c == 0))
+        if must_wait:
+            gdc_wait()
     if lo >= 0:
         bh = tl.load(merge_bh_ptr + p)
         seg_start = tl.load(merge_seg_ptr + p)

@@ -158,6 +158,7 @@ class DecodePlan:
     wide_merge: bool = False  # segments split over > merge_block programs merge in a second, wide launch
     seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
+    pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90, not measured)
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -281,6 +282,7 @@ def plan(
     wide_merge: bool | None = None,
     seg_cost: int | None = None,
     f16_dot: bool | None = None,
+    pdl: bool | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -301,6 +303,7 @@ def plan(
     wide_merge = tuned.get("wide_merge") if wide_merge is None else wide_merge
     seg_cost = tuned.get("seg_cost") if seg_cost is None else seg_cost
     f16_dot = tuned.get("f16_dot") if f16_dot is None else f16_dot
+    pdl = tuned.get("pdl") if pdl is None else pdl
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
     if page_size not in PAGE_SIZES:
@@ -394,6 +397,7 @@ def plan(
         wide_merge=wide_merge,
         seg_cost=seg_cost,
         f16_dot=bool(f16_dot),
+        pdl=bool(pdl),
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
     )
@@ -479,6 +483,8 @@ def run(
         and v_cache.data_ptr() % 2 == 0
         and all(st % 2 == 0 for st in v_cache.stride()[:3])
     )
+    # programmatic dependent launch of the merge: a GPU feature (SM90+), nothing to emulate on CPU
+    pdl = plan.pdl and plan.loop == "nested" and not _interpreting() and plan.device.type == "cuda"
     g = plan.grid_size()
     group = plan.group
     common = dict(
@@ -548,13 +554,14 @@ def run(
             PT_CHUNK=plan.pt_chunk,
             F16_DOT=f16_dot,
             ASM_CVT=f16_dot and not _interpreting(),
+            PDL=pdl,
             **common,
         )
-    _merge(plan, out)
+    _merge(plan, out, pdl)
     return out
 
 
-def _merge(plan: DecodePlan, out: torch.Tensor) -> None:
+def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
     """The log-sum-exp merge launch(es); see ``WIDE_MERGE_BLOCK``."""
     d_chunk = min(64, plan.head_dim)
     args = (
@@ -571,17 +578,27 @@ def _merge(plan: DecodePlan, out: torch.Tensor) -> None:
     )
     consts = dict(NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim, D_CHUNK=d_chunk)
     chunks = plan.head_dim // d_chunk
+    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
     _k.merge_kernel[(plan.grid_size(), plan.group, chunks)](
         *args,
         **consts,
         BLOCK_P=plan.merge_block,
         NARROW=plan.merge_block if plan.wide_merge else 0,
         WIDE=False,
+        PDL=pdl,
         num_warps=2 if plan.merge_block <= 32 else 4,
+        **launch,
     )
     if plan.wide_merge:
         _k.merge_kernel[(plan.wide_list.shape[0], plan.group, chunks)](
-            *args, **consts, BLOCK_P=WIDE_MERGE_BLOCK, NARROW=0, WIDE=True, num_warps=4
+            *args,
+            **consts,
+            BLOCK_P=WIDE_MERGE_BLOCK,
+            NARROW=0,
+            WIDE=True,
+            PDL=pdl,
+            num_warps=4,
+            **launch,
         )
 
 

@@ -54,7 +54,9 @@ PEER_TITLES = {
 # register prefetch), '-mN' (the merge combines N partials per step instead of 16), '-w' (adaptive merge:
 # segments split over more than N programs go to a second, wide launch), '-pcN' (page >= tile: the page ids
 # of N tiles are loaded before an inner tile loop, so Triton double-buffers K/V at 3 stages), '-sN' (the
-# planner charges N tiles per segment start when balancing programs) and '-f16' (fp8 KV: products in fp16).
+# planner charges N tiles per segment start when balancing programs), '-f16' (fp8 KV: products in fp16) and
+# '-pdl' (the merge launches as a programmatic dependent of the attention pass: its idle programs exit
+# while that pass still runs, the others wait for it in griddepcontrol.wait; not measured yet).
 # Runs 1-6 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
 # CTAs / stages / warps grid, the loop variants and the flags above. What is left here confirms the
 # defaults against the runner-up of run 6 (16 ids per load, 3 programs/SM for bf16, per-tile ids at 5
@@ -66,6 +68,7 @@ SWEEP_CONFIGS = [
     # a shuffle reduction instead of a cross-warp one through shared memory with a barrier (pc64), per tile
     (64, 2, 3, 4, "nested-desc-w-pc32-s2"),  # run 6's winner (today's bf16 default)
     (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # the merge launch hidden behind the attention pass
 ]
 # fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
 # the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
@@ -75,6 +78,7 @@ SWEEP_CONFIGS = [
 SWEEP_CONFIGS_FP8 = [
     (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),  # run 6's winner (today's fp8 default)
     (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner
+    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl"),
 ]
 SWEEP_CASES = [
     ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
@@ -99,7 +103,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
     chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
-    unknown = set(flags) - {"desc", "prefetch", "w", "f16"} - set(merge) - set(chunk) - set(cost)
+    unknown = set(flags) - {"desc", "prefetch", "w", "f16", "pdl"} - set(merge) - set(chunk) - set(cost)
     if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1:
         raise ValueError(f"unknown variant flags {sorted(unknown) or merge + chunk + cost} in {variant!r}")
     return dict(
@@ -115,6 +119,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         wide_merge="w" in flags,
         seg_cost=int(cost[0][1:]) if cost else 0,
         f16_dot="f16" in flags,
+        pdl="pdl" in flags,
     )
 
 
@@ -558,6 +563,7 @@ CONFIG_KEYS = (
     "wide_merge",
     "seg_cost",
     "f16_dot",
+    "pdl",
 )
 # keys older sweeps' rows lack, with the value they ran with
 OLD_SWEEP_DEFAULTS = {
@@ -567,6 +573,7 @@ OLD_SWEEP_DEFAULTS = {
     "wide_merge": False,
     "seg_cost": 0,
     "f16_dot": False,
+    "pdl": False,
 }
 
 
