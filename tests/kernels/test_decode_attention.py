@@ -508,6 +508,8 @@ def test_bad_inputs_raise_clear_errors(mutate, exc, msg):
         (dict(max_batch=2000), "max_batch"),
         (dict(merge_block=24), "merge_block"),
         (dict(pt_chunk=8), "pt_chunk"),
+        (dict(seg_cost=-1), "seg_cost"),
+        (dict(seg_cost=2.5), "seg_cost"),
     ],
 )
 def test_plan_rejects_unsupported_shapes(kw, msg):

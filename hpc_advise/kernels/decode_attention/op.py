@@ -5,8 +5,9 @@ from ``max_batch`` and the page-table width) and fills them with one Triton laun
 plus one copy of the page table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
 ``update`` + ``run`` calls can be captured in one CUDA graph and replayed with new lengths.
 ``run(plan, q, k_cache, v_cache, ...)`` launches the persistent attention pass, then the log-sum-exp merge
-grid, whose programs without merge duty exit after one load (the merge always launches, so a captured
-graph stays valid whatever the lengths are).
+grid, whose programs without merge duty exit after one load, and with ``wide_merge`` a small second merge
+launch for segments split over many programs (the merges always launch, so a captured graph stays valid
+whatever the lengths are).
 
 Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv, D]`` of q's dtype or
 float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on the device); head_dim
@@ -134,7 +135,9 @@ class DecodePlan:
     ``req_start[max_batch + 1]`` (first work unit of each request), ``prog_start[G + 1]`` (first unit of
     each program), ``prog_b[G]`` (request of each program's first unit), ``ws_o[2G, group, D]`` and
     ``ws_lse[2G, group]`` fp32 (partial results of split segments), ``prog_desc[G, 8]`` (each program's
-    range and first segment, read by the nested loop when ``desc``).
+    range and first segment, read by the nested loop when ``desc``), ``req_cost[max_batch + 1]`` (cost
+    position where each request starts: tiles + ``seg_cost`` per segment), ``wide_list[W]`` (programs whose
+    merge goes to the wide launch, then -1s).
     """
 
     page_size: int
