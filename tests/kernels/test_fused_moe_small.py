@@ -159,17 +159,22 @@ def test_small_config_errors_are_clear():
         )
 
 
-def test_default_small_config_keeps_h_in_fp8_and_covers_the_sms():
+def test_default_small_config_uses_wgmma_tiles_and_covers_the_sms():
+    sms = op_small.NUM_SMS_H200
     for t, e, h, i, a2_group in [
         (1, 192, 4096, 192, False),
+        (1, 192, 4096, 1536, False),
         (1, 32, 7168, 2048, True),
+        (1, 128, 2048, 768, True),
         (4, 128, 2048, 768, True),
     ]:
-        c = op_small.check_small_config(
-            op_small.default_small_config(t, 8, e, h, i, a2_group), a2_group, a2_group
-        )
-        assert op_small.h_mode(c, a2_group) == 1  # quantized once, in the gate/up epilogue
-        assert t * 8 * -(-h // c["DN_N"]) >= 2 * op_small.NUM_SMS_H200
+        cfg = op_small.default_small_config(t, 8, e, h, i, a2_group)
+        c = op_small.check_small_config(cfg, a2_group, a2_group)
+        assert c["GU_N"] >= 64 and c["DN_N"] >= 64  # the dot's M side: wgmma needs 64 rows
+        assert 2 * min(e, 8 * t) * -(-i // c["GU_N"]) * c["SPLIT_K"] >= sms or c["SPLIT_K"] == 4
+        assert t * 8 * -(-h // c["DN_N"]) >= sms
+        if c["SPLIT_K"] == 1:
+            assert op_small.h_mode(c, a2_group) == 1  # quantized once, in the gate/up epilogue
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,12 +202,14 @@ def test_small_kernels_compile_for_sm90_with_pipelined_loads():
     jobs = []
     for group, h_mode, split in [(False, 1, 1), (True, 1, 1), (True, 0, 1), (True, 2, 3)]:
         flags = dict(SPLIT_K=split, W_BLOCK=group, A2_GROUP=group, H_MODE=h_mode, K_PAD=8, EVEN_K=True)
-        gu_n = 128 if group and h_mode == 1 else 32
+        gu_n = 128 if group and h_mode == 1 else 64
         gu = dict(flags, BLOCK_M=16, BLOCK_N=gu_n, BLOCK_K=128, N_PAD=256, A_GROUP=group)
         jobs.append(_small_job("_small_gate_up_kernel", gu))
-        jobs.append(_small_job("_small_down_kernel", dict(flags, BLOCK_H=32, BLOCK_K=128)))
+        jobs.append(_small_job("_small_down_kernel", dict(flags, BLOCK_H=64, BLOCK_K=128)))
     res = compile_sm90(jobs)
     assert all(r["async_copies"] > 0 and r["stack"] == 0 for r in res), res
+    # weight rows on the dot's M side: Hopper wgmma reads the fp8 tiles from shared memory
+    assert all(r["wgmma"] > 0 for r in res), res
     # the down kernel's weight tiles are multi-buffered (software-pipelined K loop)
     assert all(r["shared"] >= 2 * 128 * 32 for r in res if r["kernel"] == "_small_down_kernel"), res
 

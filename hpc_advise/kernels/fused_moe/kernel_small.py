@@ -114,7 +114,9 @@ def _small_gate_up_kernel(
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-    wg_ptrs = w_ptr + e64 * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    # swap A and B: weight rows are the dot's M side (BLOCK_N >= 64: a Hopper wgmma reads the fp8 tile
+    # straight from shared memory, no fp8 -> f16 conversion as mma.sync needs), the tokens its N side
+    wg_ptrs = w_ptr + e64 * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     wu_ptrs = wg_ptrs + I * stride_wn
     if W_BLOCK:
         sg_ptrs = ws_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
@@ -124,34 +126,37 @@ def _small_gate_up_kernel(
     k_span = tl.cdiv(tl.cdiv(H, BLOCK_K), SPLIT_K) * BLOCK_K
     k_lo = pid_k * k_span
     k_hi = tl.minimum(k_lo + k_span, H)
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # transposed: [columns of I, tokens]
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs + k0, mask=row_ok[:, None], other=0.0)
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :], other=0.0)
+            bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None], other=0.0)
+            bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None], other=0.0)
         else:
             k_ok = (k0 + offs_k) < H
             x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         a, sa = _quant_rows(x.to(tl.float32), a13, A_GROUP, w_ptr.dtype.element_ty)
+        at = tl.trans(a)  # [BLOCK_K, BLOCK_M]
         if A_GROUP or W_BLOCK:
-            dg = tl.dot(a, bg)
-            du = tl.dot(a, bu)
+            dg = tl.dot(bg, at)
+            du = tl.dot(bu, at)
             if A_GROUP:
-                dg = dg * sa[:, None]
-                du = du * sa[:, None]
+                dg = dg * sa[None, :]
+                du = du * sa[None, :]
             if W_BLOCK:
-                dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[None, :]
-                du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[None, :]
+                dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+                du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
             acc_g += dg
             acc_u += du
         else:
             # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K
-            acc_g = tl.dot(a, bg, acc_g, max_num_imprecise_acc=BLOCK_K)
-            acc_u = tl.dot(a, bu, acc_u, max_num_imprecise_acc=BLOCK_K)
+            acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
+            acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+    acc_g = tl.trans(acc_g)  # [BLOCK_M, BLOCK_N] again: one row per token
+    acc_u = tl.trans(acc_u)
     if not A_GROUP:
         acc_g = acc_g * tl.load(a13_scale_ptr)
         acc_u = acc_u * tl.load(a13_scale_ptr)
@@ -226,13 +231,14 @@ def _small_down_kernel(
     if (e >= 0) & (e < num_experts):
         e64 = e.to(tl.int64)
         offs_k = tl.arange(0, BLOCK_K)
-        rows = tl.arange(0, 16)  # the dot's A tile: row 0 holds the entry, rows 1.. are zero
+        rows = tl.arange(0, 16)  # the dot's N side: column 0 holds the entry, columns 1.. are zero
         first = (rows == 0)[:, None]
-        w_ptrs = w_ptr + e64 * stride_we + offs_h[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        # weight rows are the dot's M side (see the gate/up kernel)
+        w_ptrs = w_ptr + e64 * stride_we + offs_h[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
         if W_BLOCK:
             sw_ptrs = ws_ptr + e64 * stride_wse + (offs_h // 128) * stride_wsn
         a2 = tl.load(a2_scale_ptr)
-        acc = tl.zeros([16, BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, 16], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             cols = k0 + offs_k
             if EVEN_K:
@@ -262,20 +268,21 @@ def _small_down_kernel(
                     tl.where(first, hv[None, :], 0.0), a2, A2_GROUP, w_ptr.dtype.element_ty
                 )
                 sa = tl.sum(tl.where(rows == 0, sa_rows, 0.0), axis=0)
-            b = tl.load(w_ptrs + k0, mask=h_ok[None, :] & k_ok[:, None], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
+            at = tl.trans(a)  # [BLOCK_K, 16]
             if A2_GROUP or W_BLOCK:
-                d = tl.dot(a, b)
+                d = tl.dot(b, at)
                 if W_BLOCK:
-                    d = d * tl.load(sw_ptrs + k0 // 128, mask=h_ok, other=0.0)[None, :]
+                    d = d * tl.load(sw_ptrs + k0 // 128, mask=h_ok, other=0.0)[:, None]
                 acc += d * sa
             else:
-                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+                acc = tl.dot(b, at, acc, max_num_imprecise_acc=BLOCK_K)
         coef = tl.load(topk_w_ptr + s) * routed_scaling
         if not A2_GROUP:
             coef = coef * tl.load(a2_scale_ptr)
         if not W_BLOCK:
             coef = coef * tl.load(ws_ptr + e64)
-        y = tl.sum(acc, axis=0) * coef  # rows 1.. are zero
+        y = tl.sum(acc, axis=1) * coef  # columns 1.. are zero
         tl.store(y_ptr + s * H + offs_h, y, mask=h_ok)
     # every thread's row store happens before the (gpu-scope, acq_rel) arrival atomic
     tl.debug_barrier()

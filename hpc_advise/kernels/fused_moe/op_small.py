@@ -36,24 +36,34 @@ def h_mode(cfg: dict, a2_group: bool) -> int:
     return 1 if (not a2_group or cfg["GU_N"] == GROUP) else 0
 
 
-_COUNTERS: dict[tuple, torch.Tensor] = {}
+COUNTER_SLICE = 16384  # arrival counters per stream: T <= 32 tokens x H / DN_N <= 512 tiles
+COUNTER_SLICES = 16  # streams per device
+_COUNTERS: dict[str, torch.Tensor] = {}  # device -> zeroed int32 [COUNTER_SLICES, COUNTER_SLICE]
+_SLICES: dict[str, dict[int, int]] = {}  # device -> stream -> slice
 
 
 def _counters(device: torch.device, size: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters of the down launch, one buffer per (device, stream): the kernel
-    leaves them at 0, so the buffer is reused. Created outside graph capture and cached; a buffer first
-    needed inside a capture is allocated there (a memset node of the graph) and not cached, since it
-    lives in the graph's private pool."""
+    """Zeroed int32 arrival counters of the down launch: one slice per stream of a per-device buffer
+    (the kernel leaves them at 0, so they are reused). The buffer is zero-filled at the first call
+    outside a graph capture; a capture's stream (torch.cuda.graph uses a side stream) then takes a free
+    slice, so the captured graph holds no memset. Only a call whose first use of the device is inside a
+    capture, or a 17th stream, gets a fresh zeroed buffer there (a memset node in the graph)."""
+    if size > COUNTER_SLICE:
+        raise ValueError(f"small-T path: {size} (token, H tile) counters > {COUNTER_SLICE}")
+    dev = str(device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if dev not in _COUNTERS:
+        if capturing:
+            return torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS[dev] = torch.zeros(COUNTER_SLICES, COUNTER_SLICE, dtype=torch.int32, device=device)
+        _SLICES[dev] = {}
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _COUNTERS.get(key)
-    if buf is not None and buf.numel() >= size:
-        return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(size, dtype=torch.int32, device=device)
-    buf = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
-    _COUNTERS[key] = buf
-    return buf
+    slices = _SLICES[dev]
+    if stream not in slices:
+        if len(slices) == COUNTER_SLICES:
+            return torch.zeros(size, dtype=torch.int32, device=device)
+        slices[stream] = len(slices)
+    return _COUNTERS[dev][slices[stream]]
 
 
 def default_small_config(
@@ -65,21 +75,26 @@ def default_small_config(
     a2_group: bool = True,
     num_sms: int = NUM_SMS_H200,
 ) -> dict:
-    """Heuristic small-path config. Gate/up: 128-wide tiles (the activation quantization of a K step
-    costs the same at any tile width, so wide tiles amortize it; with dynamic a2 they also let the
-    epilogue quantize h), 64-wide with static a2 when that leaves too few programs. Down: one program
-    per (entry, H tile), 64 wide when that still gives 4 programs per SM."""
+    """Heuristic small-path config. Tiles of >= 64 weight rows (the dot's M side: Hopper wgmma, fp8
+    straight from shared memory). Gate/up: 128-wide tiles (the activation quantization of a K step
+    costs the same at any width, so wide tiles amortize it; with dynamic a2 they also let the epilogue
+    quantize h), 64-wide with static a2 when that leaves too few programs, and split-K when the
+    active experts' tiles cover less than half the SMs. Down: 64-wide H tiles."""
     active = max(1, min(num_experts, t * top_k))
     wide = a2_group or active * -(-inter // GROUP) >= 96
-    n = t * top_k
+    gu_n = GROUP if wide else 64
+    tiles = active * -(-inter // gu_n)
+    split = 1
+    if 2 * tiles < num_sms:
+        split = max(1, min(4, -(-num_sms // tiles), hidden // 1024))
     return dict(
         PATH="small",
-        GU_N=GROUP if wide else 64,
+        GU_N=gu_n,
         GU_K=GROUP,
-        SPLIT_K=1,
+        SPLIT_K=split,
         GU_WARPS=8 if wide else 4,
         GU_STAGES=3 if wide else 4,
-        DN_N=64 if n * -(-hidden // 64) >= 4 * num_sms else 32,
+        DN_N=64,
         DN_K=GROUP,
         DN_WARPS=4,
         DN_STAGES=4,

@@ -678,15 +678,17 @@ def small_candidates(a2_group: bool) -> list[dict]:
 
     # wide gate/up tiles: the on-the-fly activation quantization costs the same per K step at any
     # width (run 1: 32-wide tiles were instruction-bound); split-K for shapes with few active experts
+    # tiles of >= 64 weight rows (Hopper wgmma); wide gate/up tiles amortize the on-the-fly activation
+    # quantization (run 1: 32-wide tiles were instruction-bound); split-K for few active experts
     out = [
-        cfg(128, 1, 32, gu_w=8, gu_s=3),
-        cfg(64, 1, 64),
         cfg(128, 1, 64, gu_w=8, gu_s=3),
-        cfg(64, 2, 32),
-        cfg(32, 4, 32),
+        cfg(64, 1, 64),
+        cfg(128, 1, 128, gu_w=8, gu_s=3),
+        cfg(128, 2, 64, gu_w=8, gu_s=3),
+        cfg(64, 4, 64),
     ]
     if not a2_group:  # static a2: the down K step need not be the 128-wide group (I = 192: 3 steps)
-        out.append(cfg(64, 1, 32, dn_k=64))
+        out.append(cfg(64, 1, 64, dn_k=64))
     return out
 
 
