@@ -44,14 +44,14 @@ def small_cfg(**kw) -> dict:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("t,split,gu_n", [(1, 1, 32), (3, 3, 32), (2, 1, 128)])
-def test_small_path_matches_reference(mode, t, split, gu_n):
+@pytest.mark.parametrize("t,split,gu_n,pre_q", [(1, 1, 32, 0), (3, 3, 64, 1), (2, 1, 128, 1)])
+def test_small_path_matches_reference(mode, t, split, gu_n, pre_q):
     """I = 192 (partial 128-groups and N tiles), H = 384 (3 K groups), k = 3. The three ways h reaches
     the down kernel (op_small.h_mode): fp8 from the gate/up epilogue (static a2, or GU_N = 128), fp32
-    (dynamic a2, GU_N = 32), split-K 3 partials."""
+    (dynamic a2, GU_N < 128), split-K 3 partials; inputs quantized per K step or by launch 0 (PRE_Q)."""
     seed = _seed()
     p = make_problem(t, 6, 384, 192, 3, mode, device="cpu")
-    cfg = small_cfg(SPLIT_K=split, GU_N=gu_n)
+    cfg = small_cfg(SPLIT_K=split, GU_N=gu_n, PRE_Q=pre_q)
     run_and_check(p, config=cfg, scaling=2.5 if t == 3 else 1.0, seed=seed)
 
 
@@ -181,7 +181,9 @@ def test_default_small_config_uses_wgmma_tiles_and_covers_the_sms():
 # the kernels compile for SM90 with pipelined loads (no GPU needed)
 
 _SMALL_TYPES = {
-    "_small_gate_up_kernel": "*bf16 *fp32 *fp32 *i32 *fp8e4nv *fp32 *fp8e4nv *fp32 " + "i32 " * 12,
+    "_small_quant_kernel": "*bf16 *fp8e4nv *fp32 *fp32 i32 i32 i32",
+    "_small_gate_up_kernel": "*bf16 *fp8e4nv *fp32 *fp32 *fp32 *i32 *fp8e4nv *fp32 *fp8e4nv *fp32 "
+    + "i32 " * 12,
     "_small_down_kernel": "*fp8e4nv *fp32 *fp32 *i32 *fp32 *fp8e4nv *fp32 *fp32 *i32 *bf16 "
     + "i32 " * 7
     + "fp32 "
@@ -191,8 +193,8 @@ _SMALL_TYPES = {
 
 def _small_job(name: str, consts: dict) -> list:
     types = _SMALL_TYPES[name].split()
-    if consts["H_MODE"] != 1:  # fp32 h or split-K partials
-        types[6 if name == "_small_gate_up_kernel" else 0] = "*fp32"
+    if consts.get("H_MODE", 1) != 1:  # fp32 h or split-K partials
+        types[8 if name == "_small_gate_up_kernel" else 0] = "*fp32"
     aligned = ["H", "I", "stride_x", "stride_we", "stride_wn", "stride_out"]
     return ["hpc_advise.kernels.fused_moe.kernel_small", name, " ".join(types), consts, 4, 4, aligned]
 
@@ -200,13 +202,16 @@ def _small_job(name: str, consts: dict) -> list:
 @pytest.mark.slow
 def test_small_kernels_compile_for_sm90_with_pipelined_loads():
     jobs = []
-    for group, h_mode, split in [(False, 1, 1), (True, 1, 1), (True, 0, 1), (True, 2, 3)]:
+    for group, h_mode, split, pre_q in [(False, 1, 1, 0), (True, 1, 1, 1), (True, 0, 1, 0), (True, 2, 3, 1)]:
         flags = dict(SPLIT_K=split, W_BLOCK=group, A2_GROUP=group, H_MODE=h_mode, K_PAD=8, EVEN_K=True)
         gu_n = 128 if group and h_mode == 1 else 64
-        gu = dict(flags, BLOCK_M=16, BLOCK_N=gu_n, BLOCK_K=128, N_PAD=256, A_GROUP=group)
+        gu = dict(flags, BLOCK_M=16, BLOCK_N=gu_n, BLOCK_K=128, N_PAD=256, A_GROUP=group, PRE_Q=pre_q)
         jobs.append(_small_job("_small_gate_up_kernel", gu))
         jobs.append(_small_job("_small_down_kernel", dict(flags, BLOCK_H=64, BLOCK_K=128)))
+    jobs.append(_small_job("_small_quant_kernel", dict(QROWS=16, GROUP=128, A_GROUP=True)))
     res = compile_sm90(jobs)
+    quant = res.pop()
+    assert quant["stack"] == 0, quant
     assert all(r["async_copies"] > 0 and r["stack"] == 0 for r in res), res
     # weight rows on the dot's M side: Hopper wgmma reads the fp8 tiles from shared memory
     assert all(r["wgmma"] > 0 for r in res), res

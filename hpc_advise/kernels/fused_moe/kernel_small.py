@@ -3,12 +3,14 @@
 Launched by ``op_small.py``. Notation as in ``kernel.py``: T tokens (T <= BLOCK_M), k = top_k,
 n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP shard), G = 128.
 
+  0. ``_small_quant_kernel``  (PRE_Q configs only) the inputs quantized once, as the regular path's
+     prep launch does, minus its router; then the gate/up loop only streams fp8 tiles.
   1. ``_small_gate_up_kernel``  grid (n · cdiv(I, BLOCK_N), SPLIT_K). The program of entry s serves the
      local expert e = topk_ids[s] − offset for *every* token routed to e, but only if s is the first
      entry naming e (later entries of the same expert exit at once): each expert's weights are
      streamed once, without sorting the entries. Its A tile holds one row per token (rows of tokens not
      routed to e are zero) and is quantized on the fly from the bf16 hidden rows (static a13 scale, or
-     dynamic per-1×G group: the K step is the group). Output, at every slot j where token t chose e
+     dynamic per-1×G group: the K step is the group), or read from launch 0's output (PRE_Q). Output, at every slot j where token t chose e
      (row t·k + j), by H_MODE: 1 — h = SiLU(gate)·up quantized to fp8 (static a2, or the 1×G group of
      the BLOCK_N = G tile, scale to ``hs_ptr``); 0 — h in fp32; 2 (SPLIT_K > 1) — the fp32 gate and up
      partial sums of split p at [p, t·k + j, 0:2I] (summed by the down kernel: no atomics).
@@ -29,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .kernel import FP8_MAX, SCALE_EPS
+from .kernel import _quant_rows as _quant_hidden_tile
 
 
 @triton.jit
@@ -47,11 +50,33 @@ def _quant_rows(x, static_scale, GROUP_SCALE: tl.constexpr, dtype: tl.constexpr)
     return q.to(dtype), s
 
 
+@triton.jit(do_not_specialize=["T"])
+def _small_quant_kernel(
+    x_ptr,  # bf16 [T, H], row stride stride_x
+    xq_ptr,  # fp8 [T, H]
+    xs_ptr,  # fp32 [T, cdiv(H, G)] (A_GROUP)
+    a_scale_ptr,  # fp32 [1] (static)
+    T,
+    H,
+    stride_x,
+    QROWS: tl.constexpr,
+    GROUP: tl.constexpr,
+    A_GROUP: tl.constexpr,
+):
+    """PRE_Q launch 0, grid (cdiv(T, QROWS) · cdiv(H, G),): the regular path's input quantization of one
+    [QROWS, G] tile (kernel._quant_rows) without its router."""
+    _quant_hidden_tile(
+        x_ptr, xq_ptr, xs_ptr, a_scale_ptr, tl.program_id(0), T, H, stride_x, QROWS, GROUP, A_GROUP
+    )
+
+
 @triton.jit(
     do_not_specialize=["T", "top_k", "n_entries", "expert_offset", "num_experts", "stride_wse", "stride_wsn"]
 )
 def _small_gate_up_kernel(
     x_ptr,  # bf16 [T, H], row stride stride_x
+    xq_ptr,  # PRE_Q: fp8 [T, H] from _small_quant_kernel
+    xs_ptr,  # PRE_Q with A_GROUP: fp32 [T, cdiv(H, G)]
     a13_scale_ptr,  # fp32 [1] (static)
     a2_scale_ptr,  # fp32 [1] (static a2, H_MODE 1)
     topk_ids_ptr,  # int32 [T, k]
@@ -78,6 +103,7 @@ def _small_gate_up_kernel(
     K_PAD: tl.constexpr,  # next power of two >= top_k
     N_PAD: tl.constexpr,  # power of two >= n_entries
     H_MODE: tl.constexpr,
+    PRE_Q: tl.constexpr,  # read the inputs quantized by _small_quant_kernel (else quantize per K step)
     A_GROUP: tl.constexpr,
     A2_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
@@ -114,6 +140,7 @@ def _small_gate_up_kernel(
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
+    xq_ptrs = xq_ptr + offs_m.to(tl.int64)[None, :] * H + offs_k[:, None]  # transposed: [BLOCK_K, BLOCK_M]
     # swap A and B: weight rows are the dot's M side (BLOCK_N >= 64: a Hopper wgmma reads the fp8 tile
     # straight from shared memory, no fp8 -> f16 conversion as mma.sync needs), the tokens its N side
     wg_ptrs = w_ptr + e64 * stride_we + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
@@ -130,16 +157,21 @@ def _small_gate_up_kernel(
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
-            x = tl.load(x_ptrs + k0, mask=row_ok[:, None], other=0.0)
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None], other=0.0)
+            k_ok = offs_k >= 0
         else:
             k_ok = (k0 + offs_k) < H
+        bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if PRE_Q:
+            at = tl.load(xq_ptrs + k0, mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
+            if A_GROUP:
+                sa = tl.load(
+                    xs_ptr + offs_m.to(tl.int64) * tl.cdiv(H, 128) + k0 // 128, mask=row_ok, other=0.0
+                )
+        else:
             x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        a, sa = _quant_rows(x.to(tl.float32), a13, A_GROUP, w_ptr.dtype.element_ty)
-        at = tl.trans(a)  # [BLOCK_K, BLOCK_M]
+            a, sa = _quant_rows(x.to(tl.float32), a13, A_GROUP, w_ptr.dtype.element_ty)
+            at = tl.trans(a)  # [BLOCK_K, BLOCK_M]
         if A_GROUP or W_BLOCK:
             dg = tl.dot(bg, at)
             du = tl.dot(bu, at)
@@ -303,4 +335,4 @@ def _small_down_kernel(
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
-__all__ = ["_small_down_kernel", "_small_gate_up_kernel"]
+__all__ = ["_small_down_kernel", "_small_gate_up_kernel", "_small_quant_kernel"]

@@ -4,7 +4,8 @@
 ``default_small_config`` for T <= ``SMALL_T_DEFAULT``) has ``"PATH": "small"``. The path serves
 T <= ``SMALL_T_MAX`` (one A-tile row per token); larger T raises (the dispatcher never sends it here).
 Small configs hold GU_N, GU_K, SPLIT_K, GU_WARPS, GU_STAGES (gate/up) and DN_N (= BLOCK_H), DN_K,
-DN_WARPS, DN_STAGES (down).
+DN_WARPS, DN_STAGES (down), and optionally PRE_Q = 1: quantize the inputs in a launch of their own
+first (three launches) instead of in every gate/up K step.
 """
 
 from __future__ import annotations
@@ -75,13 +76,14 @@ def default_small_config(
     a2_group: bool = True,
     num_sms: int = NUM_SMS_H200,
 ) -> dict:
-    """Heuristic small-path config. Tiles of >= 64 weight rows (the dot's M side: Hopper wgmma, fp8
-    straight from shared memory). Gate/up: 128-wide tiles (the activation quantization of a K step
-    costs the same at any width, so wide tiles amortize it; with dynamic a2 they also let the epilogue
-    quantize h), 64-wide with static a2 when that leaves too few programs, and split-K when the
-    active experts' tiles cover less than half the SMs. Down: 64-wide H tiles."""
+    """Heuristic small-path config (not measured as a whole: the H200 run of 2026-11-29 timed the
+    version without PRE_Q). Inputs quantized by a launch of their own (PRE_Q), so the gate/up loop
+    only streams fp8 tiles; tiles of >= 64 weight rows (the dot's M side: Hopper wgmma, fp8 straight
+    from shared memory). Gate/up: 64-wide tiles (more programs), 128-wide with dynamic a2 (the
+    epilogue then quantizes whole 1×128 groups of h), split-K when the active experts' tiles cover
+    less than half the SMs. Down: 64-wide H tiles."""
     active = max(1, min(num_experts, t * top_k))
-    wide = a2_group or active * -(-inter // GROUP) >= 96
+    wide = a2_group
     gu_n = GROUP if wide else 64
     tiles = active * -(-inter // gu_n)
     split = 1
@@ -98,6 +100,7 @@ def default_small_config(
         DN_K=GROUP,
         DN_WARPS=4,
         DN_STAGES=4,
+        PRE_Q=1,
     )
 
 
@@ -114,6 +117,10 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         raise error("dynamic per-group activation scales need GU_K / DN_K == 128 (the K step is the group)")
     if not 1 <= int(cfg["SPLIT_K"]) <= 16:
         raise error(f"SPLIT_K={cfg['SPLIT_K']} must be in [1, 16]")
+    if cfg.get("PRE_Q", 0) not in (0, 1):
+        raise error(
+            f"PRE_Q={cfg['PRE_Q']} must be 0 (quantize per K step) or 1 (a quantization launch first)"
+        )
     return cfg
 
 
@@ -154,6 +161,15 @@ def fused_moe_small(
     ws13 = w13_scale.float().contiguous()
     ws2 = w2_scale.float().contiguous()
     mode = h_mode(c, a2_group)
+    pre_q = bool(c.get("PRE_Q", 0))
+    if pre_q:  # launch 0: the inputs quantized once (kernel._quant_rows tiles), no router
+        xq = torch.empty(t, h, dtype=FP8, device=dev)
+        xs = torch.empty(t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
+        KS._small_quant_kernel[(triton.cdiv(t, 16) * triton.cdiv(h, GROUP),)](
+            hidden, xq, xs, a13, t, h, hidden.stride(0), QROWS=16, GROUP=GROUP, A_GROUP=a1_group, num_warps=4
+        )
+    else:
+        xq, xs = hidden, a13  # unused
     hs = torch.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
     if mode == 1:
         hbuf = torch.empty(n, inter, dtype=FP8, device=dev)
@@ -168,6 +184,8 @@ def fused_moe_small(
     s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
     KS._small_gate_up_kernel[(n * triton.cdiv(inter, c["GU_N"]), split)](
         hidden,
+        xq,
+        xs,
         a13,
         a2,
         ids,
@@ -193,6 +211,7 @@ def fused_moe_small(
         K_PAD=triton.next_power_of_2(k),
         N_PAD=triton.next_power_of_2(SMALL_T_MAX * k),  # fixed per top-k: one compile serves every T
         H_MODE=mode,
+        PRE_Q=pre_q,
         A_GROUP=a1_group,
         A2_GROUP=a2_group,
         W_BLOCK=w_block,

@@ -662,9 +662,10 @@ SMALL_TUNE_T_MAX = 16  # the small-T path's candidates are timed up to this T
 def small_candidates(a2_group: bool) -> list[dict]:
     """Small-T path configs (op_small.py): gate/up tile width and split-K, down H tile and depth."""
 
-    def cfg(gu_n, split, dn_n, gu_s=4, dn_s=4, dn_w=4, dn_k=128, gu_w=4):
+    def cfg(gu_n, split, dn_n, gu_s=4, dn_s=4, dn_w=4, dn_k=128, gu_w=4, pre_q=1):
         return dict(
             PATH="small",
+            PRE_Q=pre_q,
             GU_N=gu_n,
             GU_K=128,
             SPLIT_K=split,
@@ -680,12 +681,14 @@ def small_candidates(a2_group: bool) -> list[dict]:
     # width (run 1: 32-wide tiles were instruction-bound); split-K for shapes with few active experts
     # tiles of >= 64 weight rows (Hopper wgmma); wide gate/up tiles amortize the on-the-fly activation
     # quantization (run 1: 32-wide tiles were instruction-bound); split-K for few active experts
+    # PRE_Q = 0 is the version the H200 bench of 2026-11-29 measured (slower than the regular path)
     out = [
-        cfg(128, 1, 64, gu_w=8, gu_s=3),
         cfg(64, 1, 64),
-        cfg(128, 1, 128, gu_w=8, gu_s=3),
+        cfg(128, 1, 64, gu_w=8, gu_s=3),
         cfg(128, 2, 64, gu_w=8, gu_s=3),
         cfg(64, 4, 64),
+        cfg(64, 1, 64, gu_s=6),
+        cfg(128, 1, 64, gu_w=8, gu_s=3, pre_q=0),
     ]
     if not a2_group:  # static a2: the down K step need not be the 128-wide group (I = 192: 3 steps)
         out.append(cfg(64, 1, 64, dn_k=64))
