@@ -582,35 +582,36 @@ def candidates(t: int, top_k: int, a2_group: bool) -> list[dict]:
             DN_STAGES=dn_s,
         )
 
+    # the small-T path's candidates last: the tuner's accuracy reference is the first candidate
     small = small_candidates(a2_group) if t <= SMALL_TUNE_T_MAX else []
     if n <= 256:
         if a2_group:
-            return small + [
+            return [
                 cfg(16, 128, 1, 64),
                 cfg(16, 128, 2, 64),
                 cfg(16, 64, 2, 64),
                 cfg(16, 64, 4, 64),
                 cfg(16, 32, 4, 32),
                 cfg(16, 128, 1, 128),
-            ]
-        return small + [
+            ] + small
+        return [
             cfg(16, 32, 1, 64),
             cfg(16, 64, 1, 64),
             cfg(16, 64, 2, 64),
             cfg(16, 32, 1, 32),
             cfg(16, 128, 1, 128),
             cfg(16, 32, 4, 64),
-        ]
+        ] + small
     if n <= 2048:
         if a2_group:
-            return small + [
+            return [
                 cfg(16, 128, 1, 64),
                 cfg(32, 128, 1, 128),
                 cfg(16, 128, 2, 64),
                 cfg(32, 128, 1, 64),
                 cfg(64, 128, 1, 128, gm=4),
-            ]
-        return small + [
+            ] + small
+        return [
             cfg(16, 64, 1, 64),
             cfg(32, 64, 1, 64),
             cfg(16, 128, 1, 128),
@@ -620,7 +621,7 @@ def candidates(t: int, top_k: int, a2_group: bool) -> list[dict]:
             dict(cfg(16, 64, 1, 64), DN_K=64),
             dict(cfg(32, 64, 1, 64), DN_K=64),
             dict(cfg(16, 64, 1, 32, dn_s=6), DN_K=64),
-        ]
+        ] + small
     return prefill_candidates(a2_group, cfg)
 
 
