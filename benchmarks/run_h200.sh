@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# One integrated call on the H200 machine (the `device` tool): GPU tests at real sizes, then
-# `hpc-advise profile --bench all` into a fresh knowledge base, then the decode-attention sweep and full
-# grid against FlashInfer. Carried folders (ignored by git, see README "Running on a GPU"):
+# The lead's integrated call on the H200 machine (the `device` tool), in stages chosen by STAGES
+# (default "tests profile decode"), each under its own time limit:
+#   tests         GPU tests of tests/kernels and tests/runtime at real sizes (-n 2; more runs out of memory)
+#   profile       `hpc-advise profile --bench all` into a fresh knowledge base, then `runs list`
+#   decode        decode attention full grid against FlashInfer (KV=all|bf16|fp8, GRID_ARGS adds e.g. --tune)
+#   moe-small     fused MoE: the small-T path's candidates against the tuned configs (T = 1, 4, 16)
+#   moe-breakdown fused MoE: per-launch times of the tuned configs (MOE_SHAPES, BREAKDOWN_TS)
+#   moe-tune      fused MoE: tuner over TUNE_SHAPES (default MOE_SHAPES) x MOE_TS, merged configs in $RES/fused_moe_configs.json
+# Carried folders (ignored by git, see README "Running on a GPU"):
 #   .whl_profile  sqlite-utils & co. (wheels the device image lacks)
 #   .whl_attn     FlashInfer 0.7.2.post1 as flashinfer_strip.zip: the py3-none-any wheel's files minus
 #                 the CUDA sources of kernels the decode benchmark never JIT-compiles (fused MoE, GDN,
@@ -11,38 +17,64 @@
 #   .whl_moe      fbgemm-gpu-genai 1.6.0 (cp312 wheel) for benchmarks/bench_fused_moe.py's fbgemm peer
 #                 (carry it instead of .whl_attn: both together exceed 64 MiB)
 # Results land in $OUT/results.tgz (re-packed after every stage, so a timeout keeps what finished).
-# ONLY=decode runs the FlashInfer warm-up and the decode-attention stage alone.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
+STAGES=" ${STAGES:-tests profile decode} "
 mkdir -p "$RES"
 pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl_profile/*.whl .whl_attn/*.whl || exit 1
-python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12
+has() { [[ "$STAGES" == *" $1 "* ]]; }
+WHEELS=".whl_profile/*.whl"
+[ -d .whl_attn ] && WHEELS="$WHEELS .whl_attn/*.whl"
+[ -d .whl_moe ] && WHEELS="$WHEELS .whl_moe/*.whl"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $WHEELS || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MAX_JOBS=12
 export PATH=$PATH:/usr/local/cuda/bin HPC_ADVISE_HOME=$RES/home HPC_ADVISE_RESULTS=$RES
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
+if [ -d .whl_attn ]; then
+  python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
+  export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
+  mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
+  has decode && (timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1) &
+fi
 
-( timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1 ) &
-if [ "${ONLY:-}" != decode ]; then
-timeout "${TEST_S:-110}" python3 -m pytest -q -m gpu tests/kernels tests/runtime -n 2 --timeout 100 \
-  --continue-on-collection-errors -p no:cacheprovider -o addopts="" -rfEs > "$RES/gpu_tests.log" 2>&1
-tail -12 "$RES/gpu_tests.log"
-wait
-pack "gpu tests done"
-
-timeout "${PROFILE_S:-130}" python3 -m hpc_advise profile --bench all --write-results profile_bench_h200 \
-  > "$RES/profile.log" 2>&1
-tail -40 "$RES/profile_bench_h200.md" 2>/dev/null
-python3 -m hpc_advise runs list > "$RES/runs_list.txt" 2>&1; head -5 "$RES/runs_list.txt"; wc -l "$RES/runs_list.txt"
-pack "profile --bench done"
+if has tests; then
+  timeout "${TEST_S:-150}" python3 -m pytest -v -m gpu tests/kernels tests/runtime -n 2 --timeout 100 \
+    --continue-on-collection-errors -p no:cacheprovider -o addopts="" -rfEs > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head -20; tail -3 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+fi
+if has profile; then
+  timeout "${PROFILE_S:-130}" python3 -m hpc_advise profile --bench all --write-results profile_bench_h200 \
+    > "$RES/profile.log" 2>&1
+  tail -40 "$RES/profile_bench_h200.md" 2>/dev/null
+  python3 -m hpc_advise runs list > "$RES/runs_list.txt" 2>&1; wc -l "$RES/runs_list.txt"
+  pack "profile --bench done"
 fi
 wait
-
-REMAIN=$(( ${TOTAL_S:-500} - (SECONDS - T0) ))
-timeout "$REMAIN" python3 benchmarks/bench_decode_attention.py --tune --grid full > "$RES/decode.log" 2>&1
-tail -60 "$RES/decode.log"
-pack "decode attention done"
+if has decode; then
+  timeout "${DECODE_S:-200}" python3 benchmarks/bench_decode_attention.py --grid full --kv "${KV:-all}" \
+    ${GRID_ARGS:-} > "$RES/decode.log" 2>&1
+  tail -30 "$RES/decode.log"
+  pack "decode attention done"
+fi
+MOE_SHAPES=${MOE_SHAPES:-hy3,qwen3-235b,hy3-tp8,qwen3-30b-a3b,deepseek-v3-ep8}
+if has moe-small; then
+  timeout "${SMALL_S:-50}" python3 benchmarks/tune_fused_moe.py --small-vs-tuned --shapes "$MOE_SHAPES" \
+    --ts 1,4,16 --out "$RES/fused_moe_small_vs_tuned.json" > "$RES/moe_small.log" 2>&1
+  grep -v "^  cand" "$RES/moe_small.log" | tail -20
+  pack "moe small-vs-tuned done"
+fi
+if has moe-breakdown; then
+  OUT=$RES timeout "${BREAKDOWN_S:-40}" python3 benchmarks/tune_fused_moe.py --breakdown --shapes "$MOE_SHAPES" \
+    --ts "${BREAKDOWN_TS:-1,16,128}" > "$RES/moe_breakdown.log" 2>&1
+  tail -20 "$RES/moe_breakdown.log"
+  pack "moe breakdown done"
+fi
+if has moe-tune; then
+  timeout "${TUNE_S:-60}" python3 benchmarks/tune_fused_moe.py --shapes "${TUNE_SHAPES:-$MOE_SHAPES}" --ts "${MOE_TS:-16,64,128}" \
+    --budget "${TUNE_BUDGET:-45}" --out "$RES/fused_moe_configs.json" > "$RES/moe_tune.log" 2>&1
+  grep -v "^  cand" "$RES/moe_tune.log" | tail -20
+  pack "moe tune done"
+fi
