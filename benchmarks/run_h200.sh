@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The lead's integrated call on the H200 machine (the `device` tool), in stages chosen by STAGES
 # (default "tests profile decode"), each under its own time limit:
-#   tests         GPU tests of tests/kernels and tests/runtime at real sizes (-n 2; more runs out of memory)
+#   tests         GPU tests at real sizes (-n 2; more runs out of memory) of TEST_PATHS (tests/kernels tests/runtime)
 #   profile       `hpc-advise profile --bench all` into a fresh knowledge base, then `runs list`
 #   decode        decode attention full grid against FlashInfer (KV=all|bf16|fp8, GRID_ARGS adds e.g. --tune)
 #   moe-small     fused MoE: the small-T path's candidates against the tuned configs (T = 1, 4, 16)
 #   moe-breakdown fused MoE: per-launch times of the tuned configs (MOE_SHAPES, BREAKDOWN_TS)
+#   moe-bench     fused MoE benchmark at T in MOE_BENCH_TS with its peers (carry .whl_moe for fbgemm)
 #   moe-tune      fused MoE: tuner over TUNE_SHAPES (default MOE_SHAPES) x MOE_TS, merged configs in $RES/fused_moe_configs.json
 # Carried folders (ignored by git, see README "Running on a GPU"):
 #   .whl_profile  sqlite-utils & co. (wheels the device image lacks)
@@ -40,7 +41,7 @@ if [ -d .whl_attn ]; then
 fi
 
 if has tests; then
-  timeout "${TEST_S:-150}" python3 -m pytest -v -m gpu tests/kernels tests/runtime -n 2 --timeout 100 \
+  timeout "${TEST_S:-150}" python3 -m pytest -v -m gpu ${TEST_PATHS:-tests/kernels tests/runtime} -n 2 --timeout 100 \
     --continue-on-collection-errors -p no:cacheprovider -o addopts="" -rfEs > "$RES/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head -20; tail -3 "$RES/gpu_tests.log"
   pack "gpu tests done"
@@ -71,6 +72,12 @@ if has moe-breakdown; then
     --ts "${BREAKDOWN_TS:-1,16,128}" > "$RES/moe_breakdown.log" 2>&1
   tail -20 "$RES/moe_breakdown.log"
   pack "moe breakdown done"
+fi
+if has moe-bench; then
+  timeout "${MOE_BENCH_S:-120}" python3 benchmarks/bench_fused_moe.py --ts "${MOE_BENCH_TS:-1,4,16,64,128}" \
+    > "$RES/moe_bench.log" 2>&1
+  grep -v "^ *$" "$RES/moe_bench.log" | tail -42
+  pack "moe bench done"
 fi
 if has moe-tune; then
   timeout "${TUNE_S:-60}" python3 benchmarks/tune_fused_moe.py --shapes "${TUNE_SHAPES:-$MOE_SHAPES}" --ts "${MOE_TS:-16,64,128}" \
