@@ -328,6 +328,8 @@ def bench_case(
     shape: str, mode: str, t: int, wts: dict, peers: bool, fbgemm_ok: bool, ceil: dict, env: dict, log=print
 ) -> tuple[list[dict], list]:
     """Rows and the table line of one (shape, mode, T)."""
+    import torch
+
     from hpc_advise.kernels.fused_moe import op
     from hpc_advise.kernels.fused_moe.reference import fused_moe_reference
 
@@ -351,10 +353,12 @@ def bench_case(
         routings=len(sets),
     )
     rows, times, errs, eager = [], {}, {}, []
-    ours_out = None
-    for name, body in providers(shape, mode, wts, peers, fbgemm_ok, t).items():
-        try:
-            if t <= 1024:  # correctness of what we time: ours vs the reference, the rest vs ours
+    provs = providers(shape, mode, wts, peers, fbgemm_ok, t)
+    failed = set()
+    if t <= 1024:  # correctness of what we time: ours vs the reference, the rest vs ours
+        ours_out = None
+        for name, body in provs.items():
+            try:
                 s = sets[0]
                 out = body(s).float()
                 if name == "ours":
@@ -367,10 +371,29 @@ def bench_case(
                 den = ref.norm().clamp(min=1e-30)
                 errs[name] = float((out - ref).norm() / den)
                 del ref
-            timing, graph_error = _time(rotating(sets, body), t)
-        except Exception as exc:
-            log(f"  {shape} {mode} T={t} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
-            continue
+            except Exception as exc:
+                failed.add(name)
+                log(f"  {shape} {mode} T={t} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+        ours_out = out = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    # Decode sizes are timed in two passes over all providers and the second pass is kept: in a
+    # single pass the provider timed first ("ours") measured 5-10% slower than the same config timed
+    # later in the run and than both timed alone, back to back (H200, 2026-11-29).
+    timings, first = {}, {}
+    for _ in range(2 if t <= 128 else 1):
+        for name, body in provs.items():
+            if name in failed:
+                continue
+            try:
+                if name in timings:
+                    first[name] = timings[name][0].p50
+                timings[name] = _time(rotating(sets, body), t)
+            except Exception as exc:
+                log(f"  {shape} {mode} T={t} {name}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                failed.add(name)
+                timings.pop(name, None)
+    for name, (timing, graph_error) in timings.items():
         times[name] = timing.p50
         extra = {"graphed": graph_error is None, "bytes": bytes_, "flops": flops}
         if graph_error:
@@ -379,6 +402,8 @@ def bench_case(
             log(f"  {shape} {mode} T={t} {name}: not capturable, timed eagerly ({graph_error})")
         if name in errs:
             extra["rel_err_vs_ref" if name == "ours" else "rel_diff_vs_ours"] = errs[name]
+        if name in first:
+            extra["first_pass_us"] = first[name]
         if t <= 128:
             extra["tbps"] = bytes_ / (timing.p50 * 1e-6) / 1e12
         else:
