@@ -126,12 +126,21 @@ def _dispatch(gen: torch.Generator, *, nonlocal_slot: bool):
     )
 
 
+@pytest.mark.parametrize("path", ["regular", "small-T"])
 @pytest.mark.parametrize("block", [False, True], ids=["per-tensor-static", "block128-dynamic"])
-def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block):
+def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block, path, monkeypatch):
     from sglang.srt.layers.moe.fused_moe_native import fused_moe_forward_native
 
+    from hpc_advise.kernels.fused_moe import op as moe_op
     from hpc_advise.kernels.fused_moe.reference import dequantize_weight, fused_moe_reference
 
+    small_calls = []
+    if path == "small-T":  # the path the tuned table picks for Hy3 / Qwen3 at decode T (op_small.py)
+        monkeypatch.setattr(moe_op, "SMALL_T_DEFAULT", moe_op.SMALL_T_MAX)
+        run_small = moe_op.fused_moe_small
+        monkeypatch.setattr(
+            moe_op, "fused_moe_small", lambda *a, **kw: small_calls.append(1) or run_small(*a, **kw)
+        )
     gen = torch.Generator().manual_seed(13 + block)
     method, layer = _method(block), _layer(block, gen)
     method.create_moe_runner(layer, _config(routed_scaling_factor=1.5))
@@ -139,6 +148,7 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block):
     dispatch_output = _dispatch(gen, nonlocal_slot=True)
     got = method.apply(layer, dispatch_output).hidden_states
     assert got.dtype == torch.bfloat16 and got.shape == (T, H) and torch.isfinite(got).all()
+    assert bool(small_calls) == (path == "small-T")
 
     w, ids, _ = dispatch_output.topk_output
     info = dict(
