@@ -17,9 +17,11 @@ profiles, so it answers for a GPU you do not have.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from hpc_advise.profiles import GpuProfile, ModelProfile
 
@@ -100,6 +102,7 @@ class Conditions:
     router_family: str | None
     router_opt_in: bool
     interpreter: bool = False  # Triton interpreter on CPU (tests)
+    top_k: int = 0  # experts per token (MoE models)
 
     @property
     def group(self) -> float:
@@ -144,6 +147,7 @@ def conditions(
         num_experts=model.num_experts,
         hidden_size=model.hidden_size,
         moe_inter=inter,
+        top_k=model.top_k if model.is_moe else 0,
         router_dtype=model.router_dtype,
         router_family=router_family(model.key, architecture),
         router_opt_in=router_env_enabled() if router_opt_in is None else router_opt_in,
@@ -304,8 +308,45 @@ def _ours_reason(op: str, c: Conditions) -> str:
             "prefill/extend stay on SGLang's prefill backend"
         )
     if op == "fused_moe":
-        return f"{c.quantization} experts, {c.num_experts} experts, width {c.moe_inter} per rank"
+        return (
+            f"{c.quantization} experts, {c.num_experts} experts, width {c.moe_inter} per rank; "
+            + _moe_tuning(c)
+        )
     return f"{c.router_dtype} gate weight -> fp32 logits, {c.num_experts} experts x hidden {c.hidden_size}"
+
+
+# The fused MoE's launch-config table (hpc_advise/kernels/fused_moe/configs.json, written by
+# benchmarks/tune_fused_moe.py), read as data: importing the kernel package would import torch.
+MOE_CONFIGS = Path(__file__).resolve().parents[1] / "kernels" / "fused_moe" / "configs.json"
+
+
+def moe_tuned_points(num_experts: int, hidden: int, inter: int, top_k: int) -> dict[str, dict[int, str]]:
+    """{scale mode: {T: 'small'|'regular'}} of the tuned configs for this MoE shape ({} = none: the
+    kernel then runs its heuristic configs)."""
+    try:
+        entries = json.loads(MOE_CONFIGS.read_text(encoding="utf-8")).get("entries", [])
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, dict[int, str]] = {}
+    for e in entries:
+        if (e.get("E"), e.get("H"), e.get("I"), e.get("top_k")) == (num_experts, hidden, inter, top_k):
+            path = "small" if (e.get("config") or {}).get("PATH") == "small" else "regular"
+            out.setdefault(str(e.get("mode")), {})[int(e["T"])] = path
+    return {mode: dict(sorted(per_t.items())) for mode, per_t in out.items()}
+
+
+def _moe_tuning(c: Conditions) -> str:
+    """Whether the fused MoE's launch configs for this shape were measured or not."""
+    points = moe_tuned_points(c.num_experts, c.hidden_size, c.moe_inter, c.top_k)
+    if not points:
+        return "no tuned launch configs for this shape (heuristic configs, not measured)"
+    parts = []
+    for mode, per_t in sorted(points.items()):
+        small = [t for t, path in per_t.items() if path == "small"]
+        ts = f"T = {min(per_t)}-{max(per_t)}" if len(per_t) > 1 else f"T = {min(per_t)}"
+        tuned_small = f" (small-T path at T = {', '.join(map(str, small))})" if small else ""
+        parts.append(f"{mode} {ts}{tuned_small}")
+    return "launch configs tuned on the H200: " + ", ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -190,3 +190,18 @@ def test_config_json_model_uses_its_architecture(tmp_path):
     assert not rows["fused_moe"]["use_ours"] and "use --ep-size" in rows["fused_moe"]["reason"]
     tp1 = CliRunner().invoke(runtime, ["check", "--model", str(path.parent), "--gpu", "h200", "--json"])
     assert {d["op"]: d for d in json.loads(tp1.output)["dispatch"]}["fused_moe"]["use_ours"]
+
+
+def test_fused_moe_reason_says_whether_launch_configs_were_tuned():
+    from hpc_advise.kernels.fused_moe import op
+
+    h200 = get_gpu("h200")
+    hy3 = {d.op: d for d in dispatch.table(dispatch.conditions(get_model("hy3"), h200))}["fused_moe"]
+    points = dispatch.moe_tuned_points(192, 4096, 1536, 8)  # Hy3 at TP1, as shipped in configs.json
+    assert dispatch.MOE_CONFIGS == op.CONFIG_PATH  # the file the kernel reads
+    assert hy3.use_ours and points and "launch configs tuned on the H200" in hy3.reason
+    small = [t for t, path in points["tensor-static"].items() if path == "small"]
+    assert (f"small-T path at T = {', '.join(map(str, small))}" in hy3.reason) == bool(small)
+    # DeepSeek-V3 at TP1 (256 experts of width 2048): only its EP8 shard (32 local experts) was tuned
+    ds = {d.op: d for d in dispatch.table(dispatch.conditions(get_model("deepseek-v3"), h200))}["fused_moe"]
+    assert ds.use_ours and "no tuned launch configs for this shape" in ds.reason
