@@ -17,6 +17,7 @@ profiles, so it answers for a GPU you do not have.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -320,15 +321,20 @@ def _ours_reason(op: str, c: Conditions) -> str:
 MOE_CONFIGS = Path(__file__).resolve().parents[1] / "kernels" / "fused_moe" / "configs.json"
 
 
+@functools.lru_cache(maxsize=1)
+def _moe_config_entries() -> tuple[dict, ...]:
+    """configs.json's entries, read once per process (the plugin asks once per MoE layer)."""
+    try:
+        return tuple(json.loads(MOE_CONFIGS.read_text(encoding="utf-8")).get("entries", []))
+    except (OSError, ValueError):
+        return ()
+
+
 def moe_tuned_points(num_experts: int, hidden: int, inter: int, top_k: int) -> dict[str, dict[int, str]]:
     """{scale mode: {T: 'small'|'regular'}} of the tuned configs for this MoE shape ({} = none: the
     kernel then runs its heuristic configs)."""
-    try:
-        entries = json.loads(MOE_CONFIGS.read_text(encoding="utf-8")).get("entries", [])
-    except (OSError, ValueError):
-        return {}
     out: dict[str, dict[int, str]] = {}
-    for e in entries:
+    for e in _moe_config_entries():
         if (e.get("E"), e.get("H"), e.get("I"), e.get("top_k")) == (num_experts, hidden, inter, top_k):
             path = "small" if (e.get("config") or {}).get("PATH") == "small" else "regular"
             out.setdefault(str(e.get("mode")), {})[int(e["T"])] = path

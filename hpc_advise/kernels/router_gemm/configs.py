@@ -34,9 +34,16 @@ class Config:
     def validate(self, K: int) -> None:
         if self.impl == "gemv":
             self._validate_gemv()
-            return
-        if self.impl != "mma":
+        elif self.impl == "mma":
+            self._validate_mma(K)
+        else:
             raise ValueError(f"router_gemm config: impl={self.impl!r} must be 'mma' or 'gemv'")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(
+                f"router_gemm config: bad num_warps/num_stages {self.num_warps}/{self.num_stages}"
+            )
+
+    def _validate_mma(self, K: int) -> None:
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -44,10 +51,6 @@ class Config:
         k_blocks = -(-K // self.block_k)
         if not 1 <= self.split_k <= k_blocks:
             raise ValueError(f"router_gemm config: split_k={self.split_k} outside 1..{k_blocks} for K={K}")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(
-                f"router_gemm config: bad num_warps/num_stages {self.num_warps}/{self.num_stages}"
-            )
 
     def _validate_gemv(self) -> None:
         if self.block_m != 1 or self.split_k != 1:
@@ -57,10 +60,6 @@ class Config:
         if self.block_k < 64 or self.block_k > 8192 or self.block_k & (self.block_k - 1):
             raise ValueError(
                 f"router_gemm config: gemv block_k={self.block_k} must be a power of two in 64..8192"
-            )
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(
-                f"router_gemm config: bad num_warps/num_stages {self.num_warps}/{self.num_stages}"
             )
 
     def serves(self, M: int) -> bool:
