@@ -703,11 +703,10 @@ def small_candidates(a2_group: bool) -> list[dict]:
             DN_STAGES=dn_s,
         )
 
-    # wide gate/up tiles: the on-the-fly activation quantization costs the same per K step at any
-    # width (run 1: 32-wide tiles were instruction-bound); split-K for shapes with few active experts
     # tiles of >= 64 weight rows (Hopper wgmma); wide gate/up tiles amortize the on-the-fly activation
-    # quantization (run 1: 32-wide tiles were instruction-bound); split-K for few active experts
-    # PRE_Q = 0 is the version the H200 bench of 2026-11-29 measured (slower than the regular path)
+    # quantization of PRE_Q = 0 (run 1: 32-wide tiles were instruction-bound); split-K for few active
+    # experts. PRE_Q = 1 (inputs quantized by a launch of their own) won the H200 sweep of 2026-11-29
+    # where the small path won at all; PRE_Q = 0 lost everywhere.
     out = [
         cfg(64, 1, 64),
         cfg(128, 1, 64, gu_w=8, gu_s=3),
