@@ -23,6 +23,7 @@ SPLIT_BOUND = 2.0**-16  # |W - hi - lo/256| <= 2^-16 |W| element-wise
 ELEM_FACTOR = 2.0**-15  # |y_i - y64_i| <= 2^-15 * sum_k |x_k W_ik|: split bound x2 for fp32 sums
 TIE_FACTOR = 2.0**-12  # near tie: gap(k-th, k+1-th) < 2^-12 * max_i ||x o W_i||_2 (README)
 TOP_K = 8
+ROUTE_TIE_REL = 2.0**-20  # fp32 score (+ bias) rounding, a few ulp each, with margin: closer pairs may swap
 
 
 # The interpreter's cost is per program and per K step: big tiles keep the large-M CPU cases fast.
@@ -350,8 +351,23 @@ def test_route_topk_matches_reference(kw):
     w, ids = op.route_topk(logits, TOP_K, **kw)
     w64, ids64 = ref.route_topk_reference(logits, TOP_K, **kw)
     assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.shape == (m, TOP_K)
-    assert torch.equal(ids.long(), ids64)  # random fp32 logits: no exact ties
-    assert torch.allclose(w.double(), w64, rtol=1e-5, atol=1e-7)
+    # The op ranks fp32 scores, the reference fp64 ones: two experts whose fp64 selection scores are
+    # within fp32 rounding (ROUTE_TIE_REL) may swap places. Such rows are allowed, counted and rare;
+    # every rank of them must still pick an expert whose fp64 selection score equals the reference's.
+    z = logits.double()
+    choice = torch.softmax(z, -1) if kw["scoring"] == "softmax" else torch.sigmoid(z)
+    magnitude = choice.clone()  # what the fp32 rounding is relative to (score + |bias| when biased)
+    if "correction_bias" in kw:
+        choice = choice + kw["correction_bias"].double()
+        magnitude = magnitude + kw["correction_bias"].double().abs()
+    differ = (ids.long() != ids64).any(dim=-1)
+    mine, theirs = choice.gather(1, ids.long()), choice.gather(1, ids64)
+    tol = ROUTE_TIE_REL * magnitude.gather(1, ids64)
+    tie_ok = ((mine - theirs).abs() <= tol).all(dim=-1)
+    assert not (differ & ~tie_ok).any(), f"{int((differ & ~tie_ok).sum())} rows differ beyond a tie"
+    assert int(differ.sum()) <= 2, f"{int(differ.sum())} of {m} rows hit fp32 near-ties"
+    same = ~differ
+    assert torch.allclose(w[same].double(), w64[same], rtol=1e-5, atol=1e-7)
     if kw.get("renormalize", True):
         scale = kw.get("routed_scaling_factor", 1.0)
         assert torch.allclose(
