@@ -161,7 +161,7 @@ def _body(text: str | None, file: str | None) -> str | None:
 @notes.command("add")
 @click.argument("text", required=False)
 @click.option("--title", help="Short title (searched, and weighted above the body).")
-@tag_option
+@click.option("--tag", "tags", multiple=True, help="Tag the note (repeatable).")
 @click.option("--run", "run_ids", type=int, multiple=True, help="Link to a run id (repeatable).")
 @click.option(
     "--file",
