@@ -579,9 +579,46 @@ def _fake_grouped_gemm(xq, w, sa, sw, ends, counts):
     return out.to(torch.bfloat16)
 
 
+def _rowwise_fp8_reference(p, scaling):
+    """The MoE layer with the peers' row-wise fp8 activation quantization, one (token, slot) at a time
+    in plain torch: what the peer pipeline must compute, without its routing, gather and reduce."""
+    from hpc_advise.runtime.benches.fused_moe import _rowwise_quant
+
+    x, w13, w2, kw = p["x"], p["w13"], p["w2"], p["kw"]
+    e, inter = w13.shape[0], w2.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t, j in torch.cartesian_prod(*map(torch.arange, p["ids"].shape)).tolist():
+        local = int(p["ids"][t, j]) - kw["expert_offset"]
+        if not 0 <= local < e:
+            continue
+        xq, sa = _rowwise_quant(x[t : t + 1])
+        gu = ((xq.float() @ w13[local].float().t()) * sa * kw["w13_scale"][local]).to(torch.bfloat16).float()
+        hq, sh = _rowwise_quant(torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        y = ((hq.float() @ w2[local].float().t()) * sh * kw["w2_scale"][local]).to(torch.bfloat16)
+        out[t] += y[0].float() * p["weights"][t, j] * scaling
+    return out
+
+
+def test_rowwise_quant_error_is_half_an_e4m3_step():
+    """The peers' row-wise activation quantization (the reference below reuses it): each element within
+    half an e4m3 step of its value (2^-4 relative for normals, 2^-10 of the scale for subnormals), the
+    row's largest magnitude exactly 448 steps of the scale."""
+    from hpc_advise.runtime.benches.fused_moe import _rowwise_quant
+
+    x = torch.randn(33, 256) * torch.logspace(-3, 3, 33)[:, None]
+    x[:, 7] *= 20.0  # an outlier column: the other elements of each row land in e4m3's low range
+    xq, s = _rowwise_quant(x)
+    back = xq.float() * s[:, None]
+    assert ((back - x).abs() <= 2.0**-4 * x.abs() + 2.0**-10 * s[:, None]).all()
+    assert torch.equal(xq.float().abs().amax(dim=1), torch.full((33,), 448.0))
+
+
 def test_peer_pipeline_routing_gather_and_reduce_with_fake_grouped_gemm():
     """The torch/fbgemm peers' routing, gather, quantization and weighted sum (their grouped GEMM
-    replaced by a loop): the result must be the MoE layer, to row-wise fp8 accuracy."""
+    replaced by a loop) against the same row-wise fp8 math done one (token, slot) at a time: the
+    kernel's bound REL_TOL_QUANT_REF (README: bf16 roundings, rare one-step fp8 flips when summation
+    orders differ). Against unquantized math two row-wise fp8 quantizations give 3.4-6.0% (1000 seeds):
+    too close to any bound that would still catch a wrong scale."""
     from hpc_advise.runtime.benches.fused_moe import peer_pipeline
 
     seed = _seed()
@@ -602,16 +639,11 @@ def test_peer_pipeline_routing_gather_and_reduce_with_fake_grouped_gemm():
         expert_offset=2,
         routed_scaling_factor=1.5,
     )
-    ref = moe_float_reference(
-        p["x"],
-        p["w13"].float() * p["kw"]["w13_scale"][:, None, None],
-        p["w2"].float() * p["kw"]["w2_scale"][:, None, None],
-        p["weights"],
-        p["ids"],
-        expert_offset=2,
-        routed_scaling_factor=1.5,
-    )
-    assert rel_err(out, ref) <= 1e-1, seed  # two row-wise fp8 quantizations: ~5% measured on CPU
+    ref = _rowwise_fp8_reference(p, 1.5)
+    if ref.abs().max() == 0:  # no token routed to this rank's experts
+        assert (out == 0).all(), seed
+        return
+    assert rel_err(out, ref) <= REL_TOL_QUANT_REF, seed
 
 
 def test_tune_output_round_trips_through_config_lookup(tmp_path, monkeypatch):
