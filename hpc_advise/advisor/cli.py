@@ -98,17 +98,25 @@ def model_fit(db, refit) -> None:
 
 @model.command("eval")
 @db_option
-@click.option("--by", "by", type=click.Choice(["model", "gpu", "both"]), default="both", show_default=True)
+@click.option(
+    "--by",
+    "by",
+    type=click.Choice(["model", "gpu", "engine_family", "both", "all"]),
+    default="all",
+    show_default=True,
+    help="Grouping to hold out: 'both' = model and gpu, 'all' = model, gpu and engine x GPU family.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def model_eval(db, by, as_json) -> None:
-    """Grouped cross-validation: hold out each model (and each GPU); median/p90 APE of TPOT, TTFT."""
+    """Grouped cross-validation: hold out each model, each GPU, each engine x GPU family (e.g. every
+    vLLM row on Hopper); median/p90 APE of TPOT, TTFT."""
     from tabulate import tabulate
 
     from hpc_advise.advisor import perf_model as pm
 
     points, _ = pm.training_points(db)
     preps, _ = pm.prepare_all(points)
-    groups = ("model", "gpu") if by == "both" else (by,)
+    groups = {"all": pm.GROUPINGS, "both": ("model", "gpu")}.get(by, (by,))
     rows = pm.evaluate(preps, by=groups)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -3,8 +3,9 @@ deployment, and the feature vector the serving-level calibration learns from.
 
 Everything here is physics, no fitting: each operator's time is ``max(bytes / BW, FLOPs / peak)``
 (its roofline floor) on one rank, from the GPU profile's datasheet bandwidth and tensor-core rates for
-every GPU (one basis, so fitted efficiencies transfer between GPUs; see ``Rates.of``). Fitted corrections live elsewhere: kernel efficiencies per
-backend in ``op_efficiency`` and the end-to-end calibration in ``perf_model``.
+every GPU (one basis, so fitted efficiencies transfer between GPUs; see ``Rates.of``; 4-bit weights
+compute at the bf16 rate on GPUs without FP4 tensor cores). Fitted corrections live elsewhere: kernel
+efficiencies per backend in ``op_efficiency`` and the end-to-end calibration in ``perf_model``.
 
 Conventions (SGLang's): ``n_gpus`` GPUs serve one model replica; attention runs ``attn_dp`` data-parallel
 groups of ``attn_tp = n_gpus / attn_dp`` GPUs each; MoE experts are split ``moe_ep`` ways and each
@@ -12,11 +13,13 @@ expert ``moe_tp = n_gpus / moe_ep`` ways. ``concurrency`` is the number of reque
 replica (all attention-DP groups together). Times are microseconds, bytes are bytes.
 
 Decode step per rank and layer: attention projections (weights), KV read of the batch's contexts
-(plus bounded state: linear-attention recurrent state read and written, sliding-window KV),
-router GEMM, MoE experts touched by the step's tokens (expected distinct experts under uniform
-routing), shared experts / dense FFN, all-reduce (attention TP) or all-gather + reduce-scatter
-(attention DP) or all-to-all (EP) from link bandwidth; plus the LM head once per step. Prefill: the
-same operators at ``tokens`` tokens, compute-bound for long prompts, plus causal attention FLOPs.
+(plus bounded state: linear-attention recurrent state read and written, sliding-window KV), router
+GEMM, MoE experts touched by the step's tokens (expected distinct experts under uniform routing),
+shared experts / dense FFN; the all-reduces of attention TP (which also combine the experts' outputs
+under EP without attention DP: every rank holds every token, so no all-to-all) or all-gather +
+reduce-scatter around the MoE under attention DP, from link bandwidth; plus the LM head once per
+step. Prefill: the same operators at ``tokens`` tokens, compute-bound for long prompts, plus causal
+attention FLOPs.
 """
 
 from __future__ import annotations
@@ -212,7 +215,9 @@ class Rates:
         bw = float(gpu.mem_bw_tbps) * 1e6
         bf16 = float(gpu.bf16_tflops)
         fp8 = gpu.fp8_tflops or bf16
-        fp4 = getattr(gpu, "fp4_tflops", None) or fp8
+        # no FP4 tensor cores (Hopper and older): 4-bit weights are dequantized in the kernel and
+        # multiplied in bf16 (Marlin / Triton W4A16 paths of SGLang, vLLM, TensorRT-LLM on H100/H200)
+        fp4 = getattr(gpu, "fp4_tflops", None) or bf16
         flops = {"bf16_tflops": bf16 * 1e6, "fp8_tflops": float(fp8) * 1e6, "fp4_tflops": float(fp4) * 1e6}
         link = gpu.rate("allreduce_busbw_gbps") or getattr(gpu, "pcie_gbps", None) or 25.0
         return cls(bw=bw, flops=flops, link=float(link) * 1e3)
@@ -310,13 +315,10 @@ def decode_step(
                 + _collective(tokens_all * act, dep.n_gpus, rates.link, "reducescatter")
             )
             n_coll += 2 * s.moe_layers
-        elif dep.moe_ep > 1:
-            comm += (
-                s.moe_layers
-                * 2
-                * _collective(tokens_all * s.top_k * act / dep.moe_ep, dep.moe_ep, rates.link, "alltoall")
-            )
-            n_coll += 2 * s.moe_layers
+        # EP under attention TP (no attention DP): every rank already holds every token after the
+        # attention all-reduce, runs its local experts on them, and the all-reduce after the MoE
+        # sums the experts' outputs (SGLang's --ep-size with --tp-size, vLLM's expert parallel at
+        # DP 1, TensorRT-LLM's moe_ep without attention DP): no all-to-all of its own
     # attention-TP all-reduces: after attention, after the FFN/MoE
     if tp > 1:
         comm += s.layers * 2 * _collective(batch * act, tp, rates.link, "allreduce")
@@ -362,7 +364,7 @@ def prefill(
         flops = 2.0 * tokens * s.top_k * s.expert_params / dep.n_gpus
         b_sh, f_sh = _gemm(s.shared_params / tp, tokens, wq, rates, dep.dense_quant)
         moe = s.moe_layers * (max(wbytes / rates.bw, flops / rates.peak(dep.moe_quant)) + max(b_sh, f_sh))
-        if dep.moe_ep > 1 or dep.attn_dp > 1:
+        if dep.attn_dp > 1:  # dispatch to / combine from the experts across groups
             comm += (
                 s.moe_layers
                 * 2

@@ -2,21 +2,28 @@
 
 Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge base's serving runs):
 
-1. A non-negative linear model over the roofline's terms (pooled over engines, times one factor per engine) (``features``): TPOT =
-   θ · [1 ms, per-layer overhead, collectives, KV read, weight read, MoE, communication, prefill
-   interference]; TTFT = θ · [1 ms, per-layer overhead, prefill, queueing wait, decode step,
-   collectives]. Fitted with NNLS on relative error (each row divided by its measurement), so it
-   keeps the physics' shape and extrapolates across GPUs and models. Each engine with at least
-   ``min_engine_rows`` rows gets its median ratio as a factor (per-engine NNLS fitted narrow data,
-   e.g. SGLang rows that are mostly one model, into unphysical shapes); others use the pooled fit.
+1. A non-negative linear model over the roofline's terms (``features``), pooled over engines, times
+   one factor per engine: TPOT = θ · [1 ms, per-layer overhead, collectives, KV read (+ bounded
+   state), weight read, MoE, communication, prefill interference mixed in / run alone]; TTFT = θ ·
+   [1 ms, per-layer overhead, prefill, queueing wait, decode step, collectives].
+   Fitted on relative error (each row divided by its measurement) by NNLS; for TPOT then reweighted
+   toward least absolute relative error (``_nnls_rel``): the score is a median percentage error, and
+   a few rows the roofline misdescribes no longer pull the shape. Each engine with at least
+   ``min_engine_rows`` rows gets its median ratio as a factor (per-engine NNLS fitted narrow data into
+   unphysical shapes); other engines use the pooled fit.
 2. A small gradient-boosted correction (scikit-learn HistGradientBoosting, absolute loss) of the log
    ratio measured / stage 1, on dimensionless features (``features.FEATURE_NAMES``), no GPU or model
-   identity.
+   identity. For TPOT its target is taken within each training model (``gbm_target =
+   "within_model"``: each model's median log ratio removed), so it learns how the error moves with
+   batch, lengths, parallelism and GPU, not the level of the models it saw, which does not transfer
+   to a new one. TTFT keeps the version-1 fit (``SETTINGS["ttft"]``: least squares, raw target).
 
-``evaluate`` runs grouped cross-validation (hold out every model, then every GPU) and reports the
-median and p90 absolute percentage error per held-out group. ``load_or_fit`` caches the fitted model
-under ``hpc_advise.paths.cache_dir()`` keyed by a hash of its training rows and settings. Predictions
-carry ``out_of_range`` notes when an input lies outside what the model was trained on.
+``evaluate`` runs grouped cross-validation (hold out every model, every GPU, every engine x GPU family
+such as all vLLM rows on Hopper) and reports the median and p90 absolute percentage error per held-out
+group; nothing fitted (θ, engine factors, the correction) sees a held-out row. ``load_or_fit`` caches
+the fitted model under ``hpc_advise.paths.cache_dir()`` keyed by a hash of its training rows and
+settings. Predictions carry ``out_of_range`` notes when an input lies outside what the model was
+trained on.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import numpy as np
 from hpc_advise.advisor import features as F
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 
-MODEL_VERSION = 1
+MODEL_VERSION = 2
 SETTINGS: dict = {
     "version": MODEL_VERSION,
     "min_engine_rows": 150,
@@ -46,12 +53,19 @@ SETTINGS: dict = {
         "max_leaf_nodes": 15,
         "min_samples_leaf": 60,
         "l2_regularization": 1.0,
-        "loss": "squared_error",
+        # the score is a median percentage error: absolute loss here as in stage 1
+        "loss": "absolute_error",
         "random_state": 0,
     },
     "stage1": "pooled",  # or "per_engine" (its own NNLS per engine: fits better, transfers worse)
+    "stage1_loss": "l1",  # or "l2" (plain NNLS on relative error, the version-1 fit)
     "use_gbm": True,
+    "gbm_target": "within_model",  # or "pooled" (the raw log ratio, offsets of each model included)
     "residual_clip": 1.5,  # |log ratio| the correction may apply
+    # TTFT keeps the version-1 fit (least squares, the raw log ratio, squared loss): ``recommend``
+    # reads its prefill coefficient and correction as the GPU time a prefill occupies, and the
+    # saturation that follows from them is not validated against traces yet
+    "ttft": {"stage1_loss": "l2", "gbm_target": "pooled", "gbm": {"loss": "squared_error"}},
 }
 
 TPOT_TERMS = (
@@ -221,10 +235,23 @@ def _one_thread():
     return _controller().limit(limits=1)
 
 
-def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _nnls_rel(X: np.ndarray, y: np.ndarray, l1: bool = True) -> np.ndarray:
+    """Non-negative θ minimising the relative error of ``X @ θ`` against ``y``: least squares, then
+    (``l1``) iteratively reweighted toward least absolute relative error (weights 1/|r|, floored at
+    1 % so exact fits do not dominate), which is what the median percentage error measures and which
+    a few badly described rows cannot pull. Stops when θ moves less than 1e-4 relative, or after 30
+    rounds."""
     from scipy.optimize import nnls
 
-    theta, _ = nnls(X / y[:, None], np.ones(len(y)), maxiter=50 * X.shape[1])
+    A = X / y[:, None]
+    theta, _ = nnls(A, np.ones(len(y)), maxiter=50 * X.shape[1])
+    for _ in range(30 if l1 else 0):
+        w = 1.0 / np.sqrt(np.maximum(np.abs(A @ theta - 1.0), 0.01))
+        new, _ = nnls(A * w[:, None], w, maxiter=50 * X.shape[1])
+        moved = np.abs(new - theta).sum() / max(np.abs(theta).sum(), 1e-12)
+        theta = new
+        if moved < 1e-4:
+            break
     return theta
 
 
@@ -242,13 +269,8 @@ class ServingModel:
     left_out: list = field(default_factory=list)  # (where, reason) of training rows not used
 
     def _base(self, preps: list[Prepared], which: str) -> np.ndarray:
-        th = self.theta[which]
-        out = np.empty(len(preps))
-        for i, pr in enumerate(preps):
-            t = np.asarray(th.get(pr.point.engine, th["*"]))
-            x = pr.x_tpot if which == "tpot" else pr.x_ttft
-            out[i] = max(float(x @ t), 1.0)
-        return out
+        X = np.array([pr.x_tpot if which == "tpot" else pr.x_ttft for pr in preps]).reshape(len(preps), -1)
+        return _base_of(X, np.array([pr.point.engine for pr in preps]), self.theta[which])
 
     def predict(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
         """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms'} arrays for the points."""
@@ -344,38 +366,78 @@ def _ranges(preps: list[Prepared]) -> dict:
     }
 
 
+def _stage1(X: np.ndarray, y: np.ndarray, engines: np.ndarray, settings: dict) -> dict:
+    """θ per engine ('*' = pooled) fitted on the rows given (see the module docstring)."""
+    l1 = settings.get("stage1_loss", "l1") == "l1"
+    pooled = _nnls_rel(X, y, l1)
+    th = {"*": pooled.tolist()}
+    for eng in sorted(set(engines)):
+        idx = engines == eng
+        if idx.sum() < settings["min_engine_rows"]:
+            continue
+        if settings.get("stage1") == "per_engine":
+            th[eng] = _nnls_rel(X[idx], y[idx], l1).tolist()
+        else:  # pooled shape, one scale factor per engine
+            factor = float(np.exp(np.median(np.log(y[idx] / np.maximum(X[idx] @ pooled, 1.0)))))
+            th[eng] = (pooled * factor).tolist()
+    return th
+
+
+def _base_of(X: np.ndarray, engines: np.ndarray, th: dict) -> np.ndarray:
+    """Stage-1 µs of rows ``X`` with each row's engine's θ ('*' for engines without their own)."""
+    if not len(X):
+        return np.empty(0)
+    T = np.array([th.get(e, th["*"]) for e in engines], dtype=float)
+    return np.maximum(np.einsum("ij,ij->i", X, T), 1.0)
+
+
+def _target_settings(settings: dict, which: str) -> dict:
+    """The settings for one target: ``settings[which]`` (e.g. ``{"stage1_loss": "l2"}``) over the rest,
+    its ``gbm`` dict merged key by key."""
+    over = dict(settings.get(which) or {})
+    st = {**settings, **over}
+    st["gbm"] = {**settings["gbm"], **(over.get("gbm") or {})}
+    return st
+
+
+def _group_medians(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Each row's group median of ``values``."""
+    out = np.empty(len(values))
+    for g in set(groups):
+        idx = groups == g
+        out[idx] = np.median(values[idx])
+    return out
+
+
 def fit(preps: list[Prepared], settings: dict | None = None, key: str = "") -> ServingModel:
     """Fit both stages on prepared points with measured TTFT and TPOT."""
     settings = dict(settings or SETTINGS)
     if len(preps) < 20:
         raise ValueError(f"need at least 20 measured rows to fit, got {len(preps)}")
     engines = np.array([p.point.engine for p in preps])
+    models = np.array([p.model_key for p in preps])
+    feats = np.array([p.feats for p in preps])
     theta: dict = {}
     gbm: dict = {}
     for which in ("tpot", "ttft"):
+        st = _target_settings(settings, which)
         X = np.array([p.x_tpot if which == "tpot" else p.x_ttft for p in preps])
         y = np.array([(p.point.tpot_ms if which == "tpot" else p.point.ttft_ms) * 1e3 for p in preps])
-        pooled = _nnls_rel(X, y)
-        th = {"*": pooled.tolist()}
-        for eng in sorted(set(engines)):
-            idx = engines == eng
-            if idx.sum() < settings["min_engine_rows"]:
-                continue
-            if settings.get("stage1") == "per_engine":
-                th[eng] = _nnls_rel(X[idx], y[idx]).tolist()
-            else:  # pooled shape, one scale factor per engine
-                factor = float(np.exp(np.median(np.log(y[idx] / np.maximum(X[idx] @ pooled, 1.0)))))
-                th[eng] = (pooled * factor).tolist()
-        theta[which] = th
+        theta[which] = _stage1(X, y, engines, st)
         gbm[which] = None
-        if settings.get("use_gbm"):
-            from sklearn.ensemble import HistGradientBoostingRegressor
+        if not st.get("use_gbm"):
+            continue
+        from sklearn.ensemble import HistGradientBoostingRegressor
 
-            tmp = ServingModel(theta, {}, {}, 0, "", settings)
-            base = tmp._base(preps, which)
-            Z = np.column_stack([np.array([p.feats for p in preps]), np.log(base)])
-            with _one_thread():
-                gbm[which] = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, np.log(y / base))
+        base = _base_of(X, engines, theta[which])
+        Z = np.column_stack([feats, np.log(base)])
+        target = np.log(y / base)
+        if st.get("gbm_target") == "within_model":
+            # what is left of a model's offset cannot be learned for a model not seen: the correction
+            # learns the shape within each model (batch, lengths, parallelism, GPU), not its level
+            target = target - _group_medians(target, models)
+        with _one_thread():
+            gbm[which] = HistGradientBoostingRegressor(**st["gbm"]).fit(Z, target)
     counts: dict = {}
     for e in engines:
         counts[str(e)] = counts.get(str(e), 0) + 1
@@ -386,42 +448,76 @@ def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
     return np.abs(pred / meas - 1.0) * 100.0
 
 
+GROUPINGS = ("model", "gpu", "engine_family")
+
+
+def gpu_family(gpu_key: str) -> str:
+    """Architecture family of a GPU profile from its compute capability (9.x hopper, 10.x blackwell)."""
+    major = int(resolve_gpu(gpu_key).compute_capability[0])
+    return {8: "ampere", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major, f"sm{major}")
+
+
+def group_key(pr: Prepared, kind: str) -> str:
+    """The group a prepared point belongs to under a cross-validation grouping (``GROUPINGS``)."""
+    if kind == "model":
+        return pr.model_key
+    if kind == "gpu":
+        return pr.gpu_key
+    if kind == "engine_family":
+        return f"{pr.point.engine}@{gpu_family(pr.gpu_key)}"
+    raise ValueError(f"unknown grouping {kind!r}; known: {GROUPINGS}")
+
+
+def cv_predictions(preps: list[Prepared], kind: str, settings: dict | None = None) -> dict:
+    """Held-out predictions for every point under one grouping: each group is predicted by a model
+    fitted on the other groups only (nothing of the held-out group influences the fit).
+    Returns {'groups': array of group keys, 'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms':
+    arrays aligned with ``preps`` (NaN where a group had too little training data left)}."""
+    keys = np.array([group_key(p, kind) for p in preps])
+    out = {"groups": keys}
+    for k in ("tpot_ms", "ttft_ms", "tpot_base_ms", "ttft_base_ms"):
+        out[k] = np.full(len(preps), np.nan)
+    for g in sorted(set(keys)):
+        idx = np.flatnonzero(keys == g)
+        train = [p for p, k in zip(preps, keys, strict=True) if k != g]
+        if len(train) < 20:
+            continue
+        pred = fit(train, settings).predict([preps[i] for i in idx])
+        for k in ("tpot_ms", "ttft_ms", "tpot_base_ms", "ttft_base_ms"):
+            out[k][idx] = pred[k]
+    return out
+
+
+def _score(row: dict, pred: dict, meas: dict, idx: np.ndarray) -> dict:
+    for which in ("tpot", "ttft"):
+        ape = _ape(pred[f"{which}_ms"][idx], meas[which][idx])
+        ape0 = _ape(pred[f"{which}_base_ms"][idx], meas[which][idx])
+        row[f"{which}_median_ape"] = float(np.median(ape))
+        row[f"{which}_p90_ape"] = float(np.percentile(ape, 90))
+        row[f"{which}_stage1_median_ape"] = float(np.median(ape0))
+    return row
+
+
 def evaluate(
-    preps: list[Prepared], settings: dict | None = None, by: tuple[str, ...] = ("model", "gpu")
+    preps: list[Prepared], settings: dict | None = None, by: tuple[str, ...] = GROUPINGS
 ) -> list[dict]:
-    """Grouped cross-validation: for each held-out model (and each held-out GPU) fit on the rest and
-    score the held-out rows. One dict per group plus an 'all' row per grouping (every held-out
-    prediction pooled): median/p90 APE of TPOT and TTFT, and of stage 1 alone."""
+    """Grouped cross-validation: for each held-out model (each GPU, each engine x GPU family) fit on
+    the rest and score the held-out rows. One dict per group plus an 'all' row per grouping (every
+    held-out prediction pooled): median/p90 APE of TPOT and TTFT, and of stage 1 alone."""
+    meas = {
+        "tpot": np.array([p.point.tpot_ms for p in preps], dtype=float),
+        "ttft": np.array([p.point.ttft_ms for p in preps], dtype=float),
+    }
     out: list[dict] = []
     for kind in by:
-        keys = np.array([p.model_key if kind == "model" else p.gpu_key for p in preps])
-        pooled = {"tpot": [], "ttft": [], "tpot_base": [], "ttft_base": []}
-        for g in sorted(set(keys)):
-            test = [p for p, k in zip(preps, keys, strict=True) if k == g]
-            train = [p for p, k in zip(preps, keys, strict=True) if k != g]
-            if len(train) < 20:
-                continue
-            m = fit(train, settings)
-            pred = m.predict(test)
-            row = {"held_out": kind, "group": g, "n": len(test)}
-            for which in ("tpot", "ttft"):
-                meas = np.array([(p.point.tpot_ms if which == "tpot" else p.point.ttft_ms) for p in test])
-                ape = _ape(pred[f"{which}_ms"], meas)
-                ape0 = _ape(pred[f"{which}_base_ms"], meas)
-                pooled[which].append(ape)
-                pooled[f"{which}_base"].append(ape0)
-                row[f"{which}_median_ape"] = float(np.median(ape))
-                row[f"{which}_p90_ape"] = float(np.percentile(ape, 90))
-                row[f"{which}_stage1_median_ape"] = float(np.median(ape0))
-            out.append(row)
-        if pooled["tpot"]:
-            row = {"held_out": kind, "group": "all", "n": int(sum(len(a) for a in pooled["tpot"]))}
-            for which in ("tpot", "ttft"):
-                a = np.concatenate(pooled[which])
-                row[f"{which}_median_ape"] = float(np.median(a))
-                row[f"{which}_p90_ape"] = float(np.percentile(a, 90))
-                row[f"{which}_stage1_median_ape"] = float(np.median(np.concatenate(pooled[f"{which}_base"])))
-            out.append(row)
+        pred = cv_predictions(preps, kind, settings)
+        done = np.isfinite(pred["tpot_ms"])
+        for g in sorted(set(pred["groups"][done])):
+            idx = np.flatnonzero(pred["groups"] == g)
+            out.append(_score({"held_out": kind, "group": str(g), "n": len(idx)}, pred, meas, idx))
+        if done.any():
+            idx = np.flatnonzero(done)
+            out.append(_score({"held_out": kind, "group": "all", "n": len(idx)}, pred, meas, idx))
     return out
 
 

@@ -4,7 +4,9 @@ knowledge base's ``serving`` runs; each row either parses or says why not (FILE:
 The CSV format is shared/data/serving_measurements_train.csv (NVIDIA AIConfigurator's
 ``silicon_sample.csv`` columns). Only aggregated-mode rows are modelled. In that format ``tp_size`` is
 the attention-TP width and ``batch_size`` the concurrency per attention-DP group, so a replica has
-``tp_size * attention_dp_size`` GPUs and ``batch_size * attention_dp_size`` requests in flight.
+``tp_size * attention_dp_size`` GPUs and ``batch_size * attention_dp_size`` requests in flight. Rows
+that write the replica multiplied by its EP width (16 or 64 GPUs with ``moe_tp_size == moe_ep_size``)
+are read as the deployment they ran (``_fold_moe_group_quirk``).
 """
 
 from __future__ import annotations
@@ -134,6 +136,26 @@ def default_kv_bytes(engine: str, quant: str) -> float:
     return 2.0
 
 
+NODE_GPUS = 8  # GPUs of one HGX H100/H200/B200/B300 node (the *_sxm systems of the seed file)
+
+
+def _fold_moe_group_quirk(tp: int, dp: int, ep: int, moe_tp: int) -> tuple[int, int, int]:
+    """(attention TP, attention DP, EP) of a row whose columns multiply the replica by its EP width.
+
+    Some rows of the seed file (DeepSeek and Qwen3.5 on B200/B300/H200, SGLang and TensorRT-LLM) state
+    ``moe_tp_size == moe_ep_size = E`` and ``tp_size x attention_dp_size = E x E`` (16 or 64 GPUs):
+    the same measurements (identical TTFT and TPOT to the last digit) appear again in the file as
+    ``E`` GPUs with ``moe_tp 1, moe_ep E`` and ``tp_size`` / ``attention_dp_size`` divided by ``E``
+    (e.g. tp 64, moe 8 x 8 next to tp 8, moe 1 x 8), and 64 GPUs is more than the 8-GPU node these
+    single-node benchmarks ran on. Such rows are read as the ``E``-GPU deployment."""
+    if ep > 1 and moe_tp == ep and tp * dp == ep * ep and tp * dp > NODE_GPUS:
+        if tp % ep == 0:
+            return tp // ep, dp, ep
+        if dp % ep == 0:
+            return tp, dp // ep, ep
+    return tp, dp, ep
+
+
 def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
     """Parse one CSV row (DictReader dict). Raises RowError with the reason it cannot be modelled."""
     mode = (d.get("mode") or "agg").strip()
@@ -156,23 +178,24 @@ def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
         # a DP x TP group, docs.vllm.ai serving/data_parallel_deployment), so a larger MoE group
         # than tp_size means attention data parallelism over moe_group / tp_size groups
         dp = moe_group // tp if moe_group > tp and moe_group % tp == 0 else 1
-    n = tp * dp
-    if n % ep:
-        # dense models carry meaningless MoE columns; the MoE split is checked against the model later
-        ep = 1
     batch = _int(d, "batch_size")
     if batch < 1:
         raise RowError(f"batch_size {batch} must be >= 1")
     concurrency = batch * dp
+    tp, dp, ep = _fold_moe_group_quirk(tp, dp, ep, moe_group // ep if ep else 0)
+    n = tp * dp
+    if n % ep:
+        # dense models carry meaningless MoE columns; the MoE split is checked against the model later
+        ep = 1
     measured = _silicon_concurrency(d)
     if measured is not None:
         # the benchmark client's concurrency, when the source records it, is what was measured; rows
         # where it matches neither reading of batch_size (per attention-DP group or per replica) were
         # run with a deployment the row's columns do not describe
-        if measured not in (batch, batch * dp):
+        if measured not in (batch, concurrency):
             raise RowError(
                 f"silicon_concurrency {measured} matches neither batch_size {batch} nor batch_size x "
-                f"attention_dp_size {batch * dp}: the row's parallel columns do not describe its run"
+                f"attention_dp_size {concurrency}: the row's parallel columns do not describe its run"
             )
         concurrency = measured
     isl, osl = _int(d, "isl"), _int(d, "osl")

@@ -268,3 +268,107 @@ def test_model_cli_fit_and_show(advisor_home, serving_model):  # noqa: F811
     shown = json.loads(res.output)
     assert shown["key"] == serving_model.key and set(shown["theta"]) == {"tpot", "ttft"}
     assert shown["ranges"]["engines"] == ["sglang", "trtllm", "vllm"]
+
+
+def test_rows_that_multiply_the_replica_by_ep_fold_to_the_deployment_that_ran():
+    # tp 64 with moe 8 x 8 (64 GPUs) is the same run as tp 8, moe 1 x 8 on one 8-GPU node
+    folded = sd.point_from_csv_row(
+        _row(tp_size="64", moe_tp_size="8", moe_ep_size="8", batch_size="16"), "f:1"
+    )
+    assert (folded.n_gpus, folded.attn_dp, folded.moe_ep, folded.concurrency) == (8, 1, 8, 16.0)
+    src = "a; silicon_concurrency=256; b"
+    dp = sd.point_from_csv_row(
+        _row(tp_size="1", attention_dp_size="64", moe_tp_size="8", moe_ep_size="8", batch_size="4",
+             silicon_data_source=src),
+        "f:2",
+    )  # fmt: skip
+    assert (dp.n_gpus, dp.attn_dp, dp.moe_ep, dp.concurrency) == (8, 8, 8, 256.0)
+    # a deployment inside one node keeps its columns (tp 4 = moe_tp 2 x moe_ep 2)
+    kept = sd.point_from_csv_row(_row(tp_size="4", moe_tp_size="2", moe_ep_size="2"), "f:3")
+    assert (kept.n_gpus, kept.moe_ep) == (4, 2)
+    # in the seed, such rows repeat measurements of the folded deployment to the last digit
+    rows = [r for _, r in sd.read_csv_rows(None) if r["mode"] == "agg" and r["silicon_tpot_ms"]]
+    by_meas: dict = {}
+    for r in rows:
+        by_meas.setdefault((r["silicon_tpot_ms"], r["silicon_ttft_ms"]), []).append(r)
+    twins = 0
+    for r in rows:
+        if r["tp_size"] == "64" and r["moe_tp_size"] == r["moe_ep_size"] == "8":
+            p = sd.point_from_csv_row(r, "seed")
+            others = [o for o in by_meas[(r["silicon_tpot_ms"], r["silicon_ttft_ms"])] if o["tp_size"] == "8"]
+            twins += bool(others)
+            assert all(int(o["tp_size"]) * int(o["attention_dp_size"] or 1) == p.n_gpus for o in others)
+    assert twins >= 10
+
+
+def test_ep_without_attention_dp_adds_no_all_to_all():
+    s, r = F.shapes_of(get_model("qwen3-235b-a22b")), F.Rates.of(get_gpu("h200"))
+    tp8 = F.decode_step(s, r, F.Deployment(8, dense_quant="fp8", moe_quant="fp8"), 64 * 2048, 64)
+    ep8 = F.decode_step(s, r, F.Deployment(8, moe_ep=8, dense_quant="fp8", moe_quant="fp8"), 64 * 2048, 64)
+    # TP attention + EP experts: the all-reduces after attention and after the MoE are all it needs
+    assert ep8["n_collectives"] == tp8["n_collectives"] == 2 * s.layers
+    assert ep8["comm"] == pytest.approx(tp8["comm"])
+    dep_dp = F.Deployment(8, attn_dp=8, moe_ep=8, dense_quant="fp8", moe_quant="fp8")
+    dp8 = F.decode_step(s, r, dep_dp, 8 * 2048, 8)
+    assert dp8["n_collectives"] == 2 * s.moe_layers and dp8["comm"] > 0  # gather / scatter per MoE layer
+    pf_ep = F.prefill(s, r, F.Deployment(8, moe_ep=8), 2048)
+    pf_tp = F.prefill(s, r, F.Deployment(8), 2048)
+    assert pf_ep["comm"] == pytest.approx(pf_tp["comm"])
+
+
+def test_four_bit_weights_compute_at_bf16_without_fp4_tensor_cores():
+    h200, b200 = F.Rates.of(get_gpu("h200")), F.Rates.of(get_gpu("b200"))
+    assert h200.peak("nvfp4") == h200.peak("mxfp4") == h200.peak("bf16") < h200.peak("fp8")
+    assert b200.peak("nvfp4") == pytest.approx(get_gpu("b200").fp4_tflops * 1e6)
+    assert b200.peak("nvfp4") > b200.peak("fp8")
+
+
+def test_stage1_fit_is_not_pulled_by_a_few_wrong_rows():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0.1, 1.0, size=(400, 4)) * [1.0, 10.0, 100.0, 5.0]
+    theta = np.array([3.0, 0.5, 0.02, 1.0])
+    y = X @ theta
+    y[:40] *= 3.0  # a tenth of the rows measured something else
+    l1, l2 = pm._nnls_rel(X, y, l1=True), pm._nnls_rel(X, y, l1=False)
+    assert np.abs(l1 / theta - 1).max() < 0.02
+    assert np.abs(l2 / theta - 1).max() > 0.05
+
+
+def test_correction_learns_within_model_shape_not_each_models_level():
+    points, _ = pm.training_points()
+    preps, _ = pm.prepare_all(points[::4])
+    gbm = dict(pm.SETTINGS["gbm"], max_iter=40)
+    models = np.array([p.model_key for p in preps])
+
+    def level_spread(target: str) -> float:
+        m = pm.fit(preps, dict(pm.SETTINGS, gbm=gbm, gbm_target=target))
+        pred = m.predict(preps)
+        corr = np.log(pred["tpot_ms"] / pred["tpot_base_ms"])
+        return float(np.ptp([np.median(corr[models == k]) for k in set(models)]))
+
+    # pooled: the correction moves whole models up or down; within-model: it cannot
+    assert level_spread("within_model") < 0.5 * level_spread("pooled")
+    v = np.array([1.0, 2.0, 9.0, 5.0, 7.0])
+    assert pm._group_medians(v, np.array(list("aabbb"))).tolist() == [1.5, 1.5, 7.0, 7.0, 7.0]
+
+
+def test_engine_family_cv_never_trains_on_the_held_out_group(monkeypatch):
+    points, _ = pm.training_points()
+    preps, _ = pm.prepare_all(points[::5])
+    calls = []
+    real_fit = pm.fit
+
+    def spy(train, settings=None, key=""):
+        calls.append({pm.group_key(p, "engine_family") for p in train})
+        return real_fit(train, settings, key)
+
+    monkeypatch.setattr(pm, "fit", spy)
+    out = pm.cv_predictions(preps, "engine_family", dict(pm.SETTINGS, use_gbm=False))
+    groups = sorted(set(out["groups"]))
+    assert {"vllm@hopper", "trtllm@hopper", "sglang@blackwell", "vllm@blackwell"} <= set(groups)
+    assert len(calls) == len(groups)
+    for held, seen in zip(groups, calls, strict=True):
+        assert held not in seen and len(seen) == len(groups) - 1
+    assert np.isfinite(out["tpot_ms"]).all()
+    assert pm.gpu_family("h100") == pm.gpu_family("h200") == "hopper"
+    assert pm.gpu_family("b300") == "blackwell"
