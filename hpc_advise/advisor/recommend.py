@@ -17,7 +17,21 @@ Per candidate (``candidates``), at the trace's mean lengths:
 3. TTFT p50/p99: each sampled request's prefill is the calibrated prefill scaled by its roofline
    prefill; with arrival times, an M/G/1 queue per attention group adds waiting (mean by
    Pollaczek-Khinchine, zero with probability 1 - rho, exponential otherwise); rho >= 1 marks the
-   candidate as saturated.
+   candidate as saturated. The queue's service time is the GPU time a prefill occupies, not its
+   calibrated TTFT: the sampled prompt's roofline prefill times ``ServingModel.prefill_occupancy``
+   (the TPOT fit's prefill-interference coefficients, ~1.7 for SGLang: fitted on how much decode
+   slowed for the prefills beside it). The calibrated TTFT (~10x the roofline for SGLang) is a
+   latency: it holds the scheduling and the queueing of the runs it was measured on, so as a
+   service time it would count that queueing twice and call an idle GPU saturated. ``rho`` is
+   reported per candidate (``prefill_utilisation``).
+
+Output tokens/s per GPU: with arrival times, what the trace offers (rate * osl / GPUs), or what the
+prefill capacity admits when saturated (rate / rho): a candidate that keeps up cannot produce more
+than arrives, so among those the TPOT tie-break below decides. Without them (a closed loop at the
+given concurrency), Little's law: a replica's ``concurrency`` requests complete at ``concurrency /
+(TTFT + osl * TPOT)`` per second (calibrated mean TTFT, sampled mean TPOT) with ``osl`` tokens each;
+requests still waiting for their first token produce none, so ``concurrency / TPOT`` (the version
+before) overstated it for candidates with a long TTFT.
 
 Ranking: candidates meeting the SLOs first; among them, with SLOs given, the highest output
 tokens/s per GPU (those within 5 % of the best, below the model's error, by the lowest TPOT p50),
@@ -89,6 +103,7 @@ class Ranked:
     reasons: list = field(default_factory=list)
     ctx_cv: float = 0.0
     attn_delta_ms: float = 0.0  # per decode step vs the reference attention backend (p50 batch)
+    rho: float | None = None  # prefill utilisation per attention group (None: no arrival times)
 
     def to_dict(self) -> dict:
         """JSON-ready; an unbounded TTFT (saturated prefill) is null."""
@@ -104,6 +119,7 @@ class Ranked:
             "output_tok_s_per_gpu": self.tok_s_per_gpu,
             "concurrency_per_replica": self.concurrency,
             "memory_headroom_gib": num(self.headroom_gib),
+            "prefill_utilisation": self.rho,
             "meets_slo": self.meets_slo,
             "confidence": "ok" if not self.flags else "low",
             "flags": self.flags,
@@ -160,9 +176,11 @@ class Ranker:
         preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
         pred = self.serving.predict(preps)
         split = self.serving.ttft_split(preps)
+        occupancy = self.serving.prefill_occupancy("sglang")
         out = {}
         for i, k in enumerate(keys):
             parts = tuple(float(split[n][i]) for n in ("overhead_ms", "prefill_coef", "correction"))
+            parts += (occupancy,)
             out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i], parts)
         return out
 
@@ -234,7 +252,7 @@ class Ranker:
         self, chk: Checked, conc: float, pred: tuple, slo_tpot: float | None, slo_ttft: float | None
     ) -> Ranked:
         c = chk.candidate
-        tpot_mean, ttft_mean, prep, (over, coef, corr) = pred
+        tpot_mean, ttft_mean, prep, (over, coef, corr, occupancy) = pred
         w = self.w
         batch = max(int(round(conc / c.attn_dp)), 1)
         if batch not in self._batch_cache:
@@ -251,9 +269,10 @@ class Ranker:
         tpot = np.maximum(tpot, 0.05 * tpot_mean)
         # TTFT: overhead + calibrated prefill of each sampled prompt, plus queueing
         rng = np.random.default_rng(1)
-        service_ms = coef * pf_ms * corr  # GPU time the prefill occupies
-        base_ms = (over + coef * pf_ms) * corr
+        service_ms = occupancy * pf_ms  # GPU time the prefill occupies (module docstring, 3.)
+        base_ms = (over + coef * pf_ms) * corr  # its latency without this trace's queue
         saturated = False
+        rho = None
         if w.rate_rps:
             lam = w.rate_rps / (c.replicas * c.attn_dp) / 1e3  # arrivals per ms per attention group
             es, es2 = float(service_ms.mean()), float((service_ms**2).mean())
@@ -269,17 +288,23 @@ class Ranker:
         else:
             # closed loop: the calibrated TTFT already holds its queueing; spread it by prefill size
             ttft = base_ms * ttft_mean / max(float(base_ms.mean()), 1e-9)
+        if w.rate_rps:  # every arriving request is served, or as many as the prefill capacity admits
+            tok_s_per_gpu = w.rate_rps / max(rho, 1.0) * w.osl_mean / c.n_gpus
+        else:  # closed loop: Little's law, calibrated mean TTFT and sampled TPOT (backend included)
+            latency_s = (ttft_mean + w.osl_mean * float(tpot.mean())) / 1e3
+            tok_s_per_gpu = conc * w.osl_mean / latency_s / c.tp
         r = Ranked(
             candidate=c,
             tpot_p50=float(np.percentile(tpot, 50)),
             tpot_p99=float(np.percentile(tpot, 99)),
             ttft_p50=math.inf if saturated else float(np.percentile(ttft, 50)),
             ttft_p99=math.inf if saturated else float(np.percentile(ttft, 99)),
-            tok_s_per_gpu=float(conc / (np.percentile(tpot, 50) / 1e3) / c.tp),
+            tok_s_per_gpu=float(tok_s_per_gpu),
             concurrency=float(conc),
             headroom_gib=float(chk.memory.get("headroom_gib", float("nan"))),
             meets_slo=True,
             flags=list(flags),
+            rho=rho,
         )
         ctx_cv = float(np.median(ctx.std(axis=1) / np.maximum(ctx.mean(axis=1), 1)))
         r.ctx_cv = ctx_cv
@@ -324,7 +349,7 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
         )
     if c.replicas > 1:
         out.append(
-            f"{c.replicas} replicas of TP{c.tp}: the model fits in {c.tp} GPUs with {r.headroom_gib:.0f} GiB headroom, so data parallelism raises throughput per GPU"
+            f"{c.replicas} replicas of TP{c.tp}: the model fits in {c.tp} GPUs with {r.headroom_gib:.0f} GiB headroom; each replica serves 1/{c.replicas} of the requests ({r.concurrency:.0f} in flight)"
         )
     elif c.tp > 1:
         out.append(f"TP{c.tp}: splits weights and KV over {c.tp} GPUs, the lowest step time per token")
