@@ -176,6 +176,19 @@ def _fmt(x: float) -> str:
     return "inf" if x == math.inf else f"{x:.1f}"
 
 
+def _load_x(cap) -> str:
+    """Capacity multiple for the table: '>=64' at the search bound, '<0.02' below it."""
+    from hpc_advise.advisor.capacity import BOUND
+
+    if cap is None:
+        return "-"
+    if cap.fail_at is None:
+        return f">={BOUND:g}"
+    if cap.x == 0:
+        return f"<{1 / BOUND:.2f}"
+    return f"{cap.x:.2f}" if cap.x < 10 else f"{cap.x:.1f}"
+
+
 @click.command("recommend")
 @click.option("--trace", "trace", required=True, help="Trace file (any supported format; '-' = stdin).")
 @click.option("--model", "model_name", required=True, help="Model profile name, HF id or config.json path.")
@@ -286,7 +299,8 @@ def recommend(
             _fmt(r.tpot_p99),
             _fmt(r.ttft_p50),
             _fmt(r.ttft_p99),
-            f"{r.tok_s_per_gpu:.0f}",
+            f"{r.max_tok_s_per_gpu:.0f}",
+            _load_x(r.capacity),
             f"{r.headroom_gib:.1f}",
             "ok" if not r.flags else "low",
             "yes" if r.meets_slo else "no",
@@ -307,7 +321,8 @@ def recommend(
                 "TPOT p99",
                 "TTFT p50",
                 "TTFT p99",
-                "out tok/s/GPU",
+                "max tok/s/GPU",
+                "load x",
                 "headroom GiB",
                 "confidence",
                 "SLO",
@@ -315,8 +330,22 @@ def recommend(
             tablefmt="github",
         )
     )
+    if ranked:
+        over = ranked[0].capacity.over if ranked[0].capacity else "arrival rate"
+        conds = "prefill rho < 1, KV memory" if over == "arrival rate" else "KV memory"
+        conds += "".join(f", {n} SLO p99" for n, v in (("TPOT", slo_tpot_ms), ("TTFT", slo_ttft_ms)) if v)
+        click.echo(
+            f"load x: capacity, the largest multiple of the trace's {over} that still meets {conds} "
+            f"(2 % steps); max tok/s/GPU: output tokens/s per GPU at that load"
+        )
     for r in ranked[: min(top, 3)]:
         click.echo(f"\n{r.candidate.label()}:")
+        cap = r.capacity
+        if cap is not None:
+            edge = f"; {cap.limit} fails at {cap.fail_at:.2f}x" if cap.fail_at else " (search bound)"
+            click.echo(
+                f"  capacity {_load_x(cap)}x the {over}: {cap.max_tok_s_per_gpu:.0f} out tok/s/GPU{edge}"
+            )
         for why in r.reasons:
             click.echo(f"  - {why}")
         for f in r.flags[:3]:

@@ -25,21 +25,31 @@ Per candidate (``candidates``), at the trace's mean lengths:
    service time it would count that queueing twice and call an idle GPU saturated. ``rho`` is
    reported per candidate (``prefill_utilisation``).
 
-Output tokens/s per GPU: with arrival times, what the trace offers (rate * osl / GPUs), or what the
-prefill capacity admits when saturated (rate / rho): a candidate that keeps up cannot produce more
-than arrives, so among those the TPOT tie-break below decides. Without them (a closed loop at the
-given concurrency), Little's law: a replica's ``concurrency`` requests complete at ``concurrency /
-(TTFT + osl * TPOT)`` per second (calibrated mean TTFT, sampled mean TPOT) with ``osl`` tokens each;
-requests still waiting for their first token produce none, so ``concurrency / TPOT`` (the version
-before) overstated it for candidates with a long TTFT.
+Output tokens/s per GPU (``tok_s_per_gpu``, JSON ``output_tok_s_per_gpu``): with arrival times, what
+the trace offers (rate * osl / GPUs), or what the prefill capacity admits when saturated (rate / rho);
+in steady state a candidate that keeps up serves what arrives, so this is the same for all of them.
+Without arrival times (a closed loop at the given concurrency), Little's law: a replica's
+``concurrency`` requests complete at ``concurrency / (TTFT + osl * TPOT)`` per second (calibrated
+mean TTFT, sampled mean TPOT) with ``osl`` tokens each.
 
-Ranking: candidates meeting the SLOs first; among them, with SLOs given, the highest output
-tokens/s per GPU (those within 5 % of the best, below the model's error, by the lowest mean request
-latency), otherwise the lowest mean request latency; measured backends win ties. Candidates missing
-an SLO follow, closest to meeting it first. Mean request latency = mean TTFT + mean osl * mean TPOT
-(the sampled ones, queueing and attention backend included): per-token time for decode-heavy traces,
-and TTFT where prompts dominate. Ranking by TPOT p50 alone let 0.4 % of TPOT decide between TP8 and
-2 x TP4 on the agentic example while TP8's TTFT p99 was 37 % lower.
+Capacity (``capacity`` module; table "load x" and "max tok/s/GPU", JSON ``capacity_x``,
+``max_output_tok_s_per_gpu`` and ``capacity``): the largest multiple x of the trace's arrival rate
+(same length mix and burstiness) at which the candidate is not prefill-saturated, fits its KV cache
+for the concurrency Little's law gives and meets the SLOs given; max tok/s/GPU = x * the offered
+tokens/s per GPU. Without arrival times it is over the concurrency instead (the largest multiple of it
+that fits and meets the SLOs; tokens/s by Little's law there). Found by bisection on log x to 2 %,
+up to 64x.
+
+Ranking: candidates meeting the SLOs first; among them, with SLOs given, the highest max output
+tokens/s per GPU (goodput per GPU at capacity: what an operator buys GPUs for; those within 5 % of
+the best, below the model's error, by the lowest mean request latency), otherwise the lowest mean
+request latency, with capacity shown; measured backends win ties. Candidates missing an SLO follow,
+closest to meeting it first. Mean request latency = mean TTFT + mean osl * mean TPOT (the sampled
+ones, queueing and attention backend included): per-token time for decode-heavy traces, and TTFT
+where prompts dominate. Ranking by TPOT p50 alone let 0.4 % of TPOT decide between TP8 and 2 x TP4 on
+the agentic example while TP8's TTFT p99 was 37 % lower. The top picks' reasons name a capacity
+difference of more than 10 % against the best-ranked other deployment (and, without SLOs, against
+the highest-capacity candidate).
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ import numpy as np
 
 from hpc_advise.advisor import features as F
 from hpc_advise.advisor.candidates import Candidate, Checked, check_all
+from hpc_advise.advisor.capacity import Capacity, assign_capacities, failed_condition
 from hpc_advise.advisor.op_efficiency import AttentionModel, attention_terms
 from hpc_advise.advisor.perf_model import ServingModel, model_quants, prepare
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
@@ -108,6 +119,12 @@ class Ranked:
     attn_delta_ms: float = 0.0  # per decode step vs the reference attention backend (p50 batch)
     rho: float | None = None  # prefill utilisation per attention group (None: no arrival times)
     latency_ms: float = 0.0  # mean request latency: mean TTFT + osl * mean TPOT
+    capacity: Capacity | None = None  # how much more load it takes (``capacity`` module)
+
+    @property
+    def max_tok_s_per_gpu(self) -> float:
+        """Output tokens/s per GPU at the capacity (the current throughput until it is known)."""
+        return self.capacity.max_tok_s_per_gpu if self.capacity else self.tok_s_per_gpu
 
     def to_dict(self) -> dict:
         """JSON-ready; an unbounded TTFT (saturated prefill) is null."""
@@ -121,6 +138,9 @@ class Ranked:
             "tpot_ms": {"p50": num(self.tpot_p50), "p99": num(self.tpot_p99)},
             "ttft_ms": {"p50": num(self.ttft_p50), "p99": num(self.ttft_p99)},
             "output_tok_s_per_gpu": self.tok_s_per_gpu,
+            "max_output_tok_s_per_gpu": self.max_tok_s_per_gpu,
+            "capacity_x": self.capacity.x if self.capacity else None,
+            "capacity": self.capacity.to_dict() if self.capacity else None,
             "concurrency_per_replica": self.concurrency,
             "memory_headroom_gib": num(self.headroom_gib),
             "prefill_utilisation": self.rho,
@@ -132,12 +152,22 @@ class Ranked:
         }
 
 
+BATCH_BLOCK = 64  # requests per block of the batch sample (``_batches``)
+
+
 def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
-    """[N_BATCHES, batch] context lengths drawn as trace_summary.context_spread does."""
-    rng = np.random.default_rng(seed)
+    """[N_BATCHES, batch] context lengths drawn as trace_summary.context_spread does. Batches of b
+    requests are the first b of the batches of b + 1 (columns come in blocks of BATCH_BLOCK, each
+    from its own seeded stream): common random numbers, so predictions move smoothly with the batch
+    size instead of redrawing it, which the capacity search's bisection relies on."""
     weights = np.maximum(w.pairs[:, 1], 1.0)
-    idx = rng.choice(w.pairs.shape[0], size=(N_BATCHES, batch), p=weights / weights.sum())
-    return w.pairs[idx, 0] + np.floor(rng.random((N_BATCHES, batch)) * w.pairs[idx, 1])
+    p = weights / weights.sum()
+    blocks = []
+    for k in range(-(-batch // BATCH_BLOCK)):
+        rng = np.random.default_rng((seed, k))
+        idx = rng.choice(w.pairs.shape[0], size=(N_BATCHES, BATCH_BLOCK), p=p)
+        blocks.append(w.pairs[idx, 0] + np.floor(rng.random((N_BATCHES, BATCH_BLOCK)) * w.pairs[idx, 1]))
+    return np.concatenate(blocks, axis=1)[:, :batch]
 
 
 class Ranker:
@@ -151,6 +181,8 @@ class Ranker:
         self.dense_q, self.moe_q = model_quants(model)
         self._batch_cache: dict[int, np.ndarray] = {}
         self._physics_cache: dict = {}
+        self._prefill_cache: dict = {}
+        self._attn_cache: dict = {}
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
         self._prompts = w.pairs[pick, 0]
 
@@ -172,12 +204,16 @@ class Ranker:
             moe_ep=c.ep,
         )
 
+    @staticmethod
+    def pred_key(c: Candidate, conc: float) -> tuple:
+        """What the serving model's prediction for ``c`` depends on (``serving_predictions``' keys)."""
+        return (c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc, 3))
+
     def serving_predictions(self, cands: list[Candidate], conc: dict) -> dict:
         """Calibrated mean TPOT/TTFT per distinct (tp, ep, attn_dp, kv) at concurrency ``conc[c]``."""
         keys = {}
         for c in cands:
-            k = (c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))
-            keys.setdefault(k, c)
+            keys.setdefault(self.pred_key(c, conc[c]), c)
         preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
         pred = self.serving.predict(preps)
         split = self.serving.ttft_split(preps)
@@ -189,23 +225,37 @@ class Ranker:
             out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i], parts)
         return out
 
-    def concurrency(self, cands: list[Candidate], fixed: float | None) -> dict:
+    def concurrency(self, cands: list[Candidate], fixed: float | None, load: dict | None = None) -> dict:
+        """Requests in flight per replica. ``load[c]`` (default 1) multiplies the offered load: the
+        arrival rate in Little's law's fixed point, or the fixed / default concurrency itself."""
+        x = {c: (load or {}).get(c, 1.0) for c in cands}
         if fixed is not None or not self.w.rate_rps:
             total = fixed if fixed is not None else float(self.w.default_concurrency)
-            return {c: max(total / c.replicas, 1.0) for c in cands}
-        conc = {c: max(self.w.rate_rps / c.replicas * (self.w.osl_mean * 0.02), 1.0) for c in cands}
+            return {c: max(total * x[c] / c.replicas, 1.0) for c in cands}
+        rate = {c: self.w.rate_rps * x[c] / c.replicas for c in cands}
+        conc = {c: max(rate[c] * (self.w.osl_mean * 0.02), 1.0) for c in cands}
         for _ in range(3):
             preds = self.serving_predictions(cands, conc)
             new = {}
             for c in cands:
-                tpot, ttft, *_ = preds[(c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))]
+                tpot, ttft, *_ = preds[self.pred_key(c, conc[c])]
                 latency_s = (ttft + self.w.osl_mean * tpot) / 1e3
-                new[c] = max(self.w.rate_rps / c.replicas * latency_s, 1.0)
+                new[c] = max(rate[c] * latency_s, 1.0)
             conc = new
         return conc
 
-    def _attn_times(self, c: Candidate, ctx: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Per-step µs difference of c's attention backend vs the reference, for each batch."""
+    def _attn_times(self, c: Candidate, batch: int) -> tuple[np.ndarray, list[str]]:
+        """Per-step µs difference of c's attention backend vs the reference, for each sampled batch
+        of ``batch`` requests; cached per (backend, attention-TP, KV dtype, batch): capacity
+        searches repeat them."""
+        key = (c.attention_backend, c.tp // c.attn_dp, c.kv_dtype, batch)
+        ctx = self._batch_cache[batch]
+        if key not in self._attn_cache:
+            self._attn_cache[key] = self._attn_times_uncached(c, ctx)
+        delta, flags = self._attn_cache[key]
+        return delta, list(flags)
+
+    def _attn_times_uncached(self, c: Candidate, ctx: np.ndarray) -> tuple[np.ndarray, list[str]]:
         s = self.shapes
         n_layers = int(getattr(self.model, "num_full_attention_layers", s.layers))
         if s.mla:
@@ -241,31 +291,42 @@ class Ranker:
         """Roofline decode steps of the sampled batches and of the mean batch (µs), and roofline
         prefill (ms) of the sampled prompts; cached per deployment (backends share them)."""
         key = (dep, batch)
+        s, w, r = self.shapes, self.w, self.rates
         if key not in self._physics_cache:
-            s, w, r = self.shapes, self.w, self.rates
             mean_ctx = batch * (w.isl_mean + w.osl_mean / 2)
             mean_step = F.total_us(F.decode_step(s, r, dep, ctx_sum=mean_ctx, batch=batch))
             steps = [F.total_us(F.decode_step(s, r, dep, ctx_sum=float(x.sum()), batch=batch)) for x in ctx]
+            self._physics_cache[key] = (np.array(steps), mean_step)
+        if dep not in self._prefill_cache:  # the prompts' prefill does not depend on the batch
             reuse = w.prefix_reuse
             pf = [
                 F.total_us(F.prefill(s, r, dep, max(x * (1 - reuse), 1.0), x * reuse)) for x in self._prompts
             ]
-            self._physics_cache[key] = (np.array(steps), mean_step, np.array(pf) / 1e3)
-        return self._physics_cache[key]
+            self._prefill_cache[dep] = np.array(pf) / 1e3
+        return (*self._physics_cache[key], self._prefill_cache[dep])
 
     def rank_one(
-        self, chk: Checked, conc: float, pred: tuple, slo_tpot: float | None, slo_ttft: float | None
+        self,
+        chk: Checked,
+        conc: float,
+        pred: tuple,
+        slo_tpot: float | None,
+        slo_ttft: float | None,
+        load: float = 1.0,
     ) -> Ranked:
+        """Predictions for one candidate at ``conc`` requests per replica; ``load`` multiplies the
+        trace's arrival rate (the capacity search's probes)."""
         c = chk.candidate
         tpot_mean, ttft_mean, prep, (over, coef, corr, occupancy) = pred
         w = self.w
+        rate = w.rate_rps * load if w.rate_rps else None
         batch = max(int(round(conc / c.attn_dp)), 1)
         if batch not in self._batch_cache:
             self._batch_cache[batch] = _batches(w, batch)
         ctx = self._batch_cache[batch]
         dep = prep.dep
         steps, mean_step, pf_ms = self._physics(dep, batch, ctx)
-        delta_us, flags = self._attn_times(c, ctx)
+        delta_us, flags = self._attn_times(c, batch)
         if c.moe_runner not in (None, "auto"):
             flags.append(
                 f"no kernel comparison for MoE runner {c.moe_runner} in the knowledge base: predicted as SGLang's default"
@@ -278,8 +339,8 @@ class Ranker:
         base_ms = (over + coef * pf_ms) * corr  # its latency without this trace's queue
         saturated = False
         rho = None
-        if w.rate_rps:
-            lam = w.rate_rps / (c.replicas * c.attn_dp) / 1e3  # arrivals per ms per attention group
+        if rate:
+            lam = rate / (c.replicas * c.attn_dp) / 1e3  # arrivals per ms per attention group
             es, es2 = float(service_ms.mean()), float((service_ms**2).mean())
             rho = lam * es
             if rho >= 1.0:
@@ -293,8 +354,8 @@ class Ranker:
         else:
             # closed loop: the calibrated TTFT already holds its queueing; spread it by prefill size
             ttft = base_ms * ttft_mean / max(float(base_ms.mean()), 1e-9)
-        if w.rate_rps:  # every arriving request is served, or as many as the prefill capacity admits
-            tok_s_per_gpu = w.rate_rps / max(rho, 1.0) * w.osl_mean / c.n_gpus
+        if rate:  # every arriving request is served, or as many as the prefill capacity admits
+            tok_s_per_gpu = rate / max(rho, 1.0) * w.osl_mean / c.n_gpus
         else:  # closed loop: Little's law, calibrated mean TTFT and sampled TPOT (backend included)
             latency_s = (ttft_mean + w.osl_mean * float(tpot.mean())) / 1e3
             tok_s_per_gpu = conc * w.osl_mean / latency_s / c.tp
@@ -318,11 +379,7 @@ class Ranker:
         if saturated:
             r.flags.append("prefill saturated: arrivals exceed prefill capacity (rho >= 1)")
         r.flags += self.serving.out_of_range(prep)
-        r.meets_slo = (
-            not saturated
-            and (slo_tpot is None or r.tpot_p99 <= slo_tpot)
-            and (slo_ttft is None or r.ttft_p99 <= slo_ttft)
-        )
+        r.meets_slo = failed_condition(r, slo_tpot, slo_ttft) is None
         return r
 
 
@@ -376,12 +433,38 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
         out.append(
             f"vs {alt.candidate.label()}: TTFT p50 {r.ttft_p50:.0f} vs {alt.ttft_p50:.0f} ms, TPOT p50 {r.tpot_p50:.1f} vs {alt.tpot_p50:.1f} ms"
         )
+        capacity = _capacity_contrast(r, alt)
+        if capacity:  # ahead of the backend and KV lines, which the cut below may drop
+            out.insert(0, capacity)
+    most = max((x for x in ranked if x.meets_slo), key=lambda x: x.max_tok_s_per_gpu, default=None)
+    if most is not None and (not other or most is not other[0]):
+        capacity = _capacity_contrast(r, most)
+        if capacity and most.max_tok_s_per_gpu > r.max_tok_s_per_gpu:  # only without SLOs
+            out.insert(0, capacity.replace(" for ", " for the highest-capacity ", 1))
     same = [x for x in ranked if x.candidate.tp == c.tp and x.candidate.kv_dtype == c.kv_dtype and x is not r]
     if same:
         alt = min(same, key=lambda x: x.tpot_p50)
         if alt.tpot_p50 > r.tpot_p50:
             out.append(f"vs {alt.candidate.label()}: TPOT p50 {r.tpot_p50:.1f} vs {alt.tpot_p50:.1f} ms")
     return out[:5]
+
+
+def _capacity_contrast(r: Ranked, alt: Ranked) -> str | None:
+    """A reason when the capacities of ``r`` and ``alt`` differ by more than 10 %."""
+    a, b = r.capacity, alt.capacity
+    if a is None or b is None or not b.max_tok_s_per_gpu:
+        return None
+    ratio = a.max_tok_s_per_gpu / b.max_tok_s_per_gpu
+    if 1 / 1.1 <= ratio <= 1.1:
+        return None
+    what = "the trace's load" if a.over == "arrival rate" else "the concurrency"
+    text = (
+        f"capacity {a.x:.2f}x {what} ({a.max_tok_s_per_gpu:.0f} out tok/s/GPU, limited by {a.limit}) vs "
+        f"{b.x:.2f}x ({b.max_tok_s_per_gpu:.0f}) for {alt.candidate.label()}: "
+    )
+    if ratio > 1:
+        return text + f"{(ratio - 1) * 100:.0f} % more load per GPU"
+    return text + f"{(1 - ratio) * 100:.0f} % less, ranked ahead on mean request latency"
 
 
 def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
@@ -439,11 +522,12 @@ def rank_candidates(
     for chk in ok:
         c = chk.candidate
         try:
-            pred = preds[(c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc[c], 3))]
+            pred = preds[ranker.pred_key(c, conc[c])]
             ranked.append(ranker.rank_one(chk, conc[c], pred, slo_tpot, slo_ttft))
         except RowError as exc:
             excluded.append(Checked(c, False, f"cannot predict: {exc}"))
     slo_given = slo_tpot is not None or slo_ttft is not None
+    assign_capacities(ranker, ranked, slo_tpot, slo_ttft, concurrency)
 
     def overshoot(r: Ranked) -> float:
         """How far the worse of the two SLOs is missed (1.0 = exactly met)."""
@@ -459,13 +543,13 @@ def rank_candidates(
         if not r.meets_slo:  # none of these meets the SLOs: the closest first
             return (True, round(overshoot(r), 6), unmeasured, r.tpot_p50, r.ttft_p99)
         latency = (round(r.latency_ms, 6), r.tpot_p50)
-        if slo_given:  # within 5 % of the best throughput per GPU (below the model's error): by latency
-            if r.tok_s_per_gpu >= 0.95 * best_tok:
+        if slo_given:  # within 5 % of the best goodput per GPU (below the model's error): by latency
+            if r.max_tok_s_per_gpu >= 0.95 * best_tok:
                 return (False, 0, 0.0, unmeasured, *latency)
-            return (False, 1, round(-r.tok_s_per_gpu, 6), unmeasured, *latency)
+            return (False, 1, round(-r.max_tok_s_per_gpu, 6), unmeasured, *latency)
         return (False, 0, 0.0, unmeasured, *latency)
 
-    best_tok = max((r.tok_s_per_gpu for r in ranked if r.meets_slo), default=0.0)
+    best_tok = max((r.max_tok_s_per_gpu for r in ranked if r.meets_slo), default=0.0)
 
     ranked.sort(key=key)
     ranked = _drop_twins(ranked)

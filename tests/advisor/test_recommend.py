@@ -101,6 +101,11 @@ def test_top_pick_follows_the_length_mix_and_is_logged(advisor_home, tmp_path): 
         assert top["tpot_ms"]["p50"] > 0 and top["tpot_ms"]["p99"] >= top["tpot_ms"]["p50"]
         assert top["ttft_ms"]["p99"] >= top["ttft_ms"]["p50"] > 0
         assert top["output_tok_s_per_gpu"] > 0 and top["memory_headroom_gib"] >= 0
+        # it meets the SLO at the trace's rate, so it takes at least that load
+        assert top["capacity_x"] >= 1 and top["capacity"]["over"] == "arrival rate"
+        assert top["max_output_tok_s_per_gpu"] == pytest.approx(
+            top["capacity_x"] * top["output_tok_s_per_gpu"]
+        )
         assert 0 < top["prefill_utilisation"] < 1
         assert top["reasons"] and top["confidence"] in ("ok", "low")
         assert out["launch"]["argv"][:2] == ["-m", "sglang.launch_server"]
@@ -280,11 +285,13 @@ def test_slo_ranking(advisor_home):  # noqa: F811
     assert [r.tpot_p99 for r in mid if not r.meets_slo] == sorted(r.tpot_p99 for r in mid if not r.meets_slo)
 
 
-def test_slo_ranking_puts_throughput_first_in_a_closed_loop(advisor_home):  # noqa: F811
-    """Without arrival times (a closed loop at 64 requests) throughput per GPU differs between
-    candidates: with an SLO the ranking takes those within 5 % of the best, by TPOT, then the rest by
-    throughput. Four TP1 replicas are >20 % below the best here, so the ordering is exercised. Closed
-    loop: throughput is Little's law, concurrency * osl / (TTFT + osl * TPOT) per replica."""
+def test_slo_ranking_puts_capacity_first_in_a_closed_loop(advisor_home):  # noqa: F811
+    """Without arrival times (a closed loop at 64 requests) capacity is over the concurrency: the
+    largest multiple of 64 that still fits the KV cache (and meets the SLO), with Little's law's
+    tokens/s there. With an SLO the ranking takes those within 5 % of the best max tokens/s per GPU
+    by mean request latency, then the rest by max tokens/s per GPU. The tokens/s at 64 requests stays
+    Little's law, concurrency * osl / (TTFT + osl * TPOT) per replica."""
+    from hpc_advise.advisor.capacity import evaluate
     from hpc_advise.advisor.recommend import rank_candidates
 
     ranker = _qwen_ranker(rate_rps=None)
@@ -296,16 +303,170 @@ def test_slo_ranking_puts_throughput_first_in_a_closed_loop(advisor_home):  # no
         little = r.concurrency * ranker_w_osl / (r.latency_ms / 1e3) / r.candidate.tp
         assert r.tok_s_per_gpu == pytest.approx(little, rel=1e-9)
         assert r.tok_s_per_gpu < r.concurrency / (r.tpot_p50 / 1e3) / r.candidate.tp  # not C / TPOT
-    best = max(r.tok_s_per_gpu for r in loose)
-    band = [r.tok_s_per_gpu >= 0.95 * best for r in loose]
+        assert r.capacity.over == "concurrency" and 1 < r.capacity.x < 64
+    # the max tokens/s per GPU is Little's law at x * 64 requests
+    top = loose[0]
+    base = {top.candidate: top}
+    ((why, at_x),) = evaluate(
+        ranker, base, {top.candidate: top.capacity.x}, 10_000.0, None, 64, True
+    ).values()
+    assert why is None and at_x.concurrency == pytest.approx(top.capacity.x * 64 / top.candidate.replicas)
+    assert top.capacity.max_tok_s_per_gpu == pytest.approx(at_x.tok_s_per_gpu, rel=1e-12)
+    best = max(r.max_tok_s_per_gpu for r in loose)
+    band = [r.max_tok_s_per_gpu >= 0.95 * best for r in loose]
     assert band == sorted(band, reverse=True) and 0 < sum(band) < len(band)
-    assert min(r.tok_s_per_gpu for r in loose) < 0.85 * best
-    rest = [r.tok_s_per_gpu for r in loose if r.tok_s_per_gpu < 0.95 * best]
+    assert min(r.max_tok_s_per_gpu for r in loose) < 0.85 * best
+    rest = [r.max_tok_s_per_gpu for r in loose if r.max_tok_s_per_gpu < 0.95 * best]
     assert rest == sorted(rest, reverse=True)
     inside = [
-        r for r in loose if r.tok_s_per_gpu >= 0.95 * best and not any("no kernel" in f for f in r.flags)
+        r for r in loose if r.max_tok_s_per_gpu >= 0.95 * best and not any("no kernel" in f for f in r.flags)
     ]
     assert inside[0].latency_ms == min(r.latency_ms for r in inside)
+
+
+def _distinct_capacities(ranked):
+    """One ranked candidate per capacity search (candidates differing by MoE runner share one)."""
+    seen = {}
+    for r in ranked:
+        seen.setdefault(dataclasses.replace(r.candidate, moe_runner=None), r)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("slo_tpot,slo_ttft", [(None, None), (20.0, None), (None, 8000.0)])
+def test_capacity_is_a_pass_fail_edge_of_the_named_condition(advisor_home, slo_tpot, slo_ttft):  # noqa: F811
+    """qwen3-32b, 4 x H200, the chat example (4.9 req/s). At the reported multiple x of the arrival
+    rate a candidate passes every condition (rho < 1, KV fits at Little's law's concurrency, SLOs);
+    at the first failing multiple found (<= x * 1.02) and at x * 1.02 it fails, and the condition
+    named is the one that fails there. Without SLOs only prefill saturation and KV memory can limit
+    (here both do, for different candidates); with a 20 ms TPOT p99 SLO it is the SLO, some
+    candidates already miss it at the trace's rate (x < 1) and four TP1 replicas miss it even at
+    1/64 of it (capacity 0: TPOT p99 ~28 ms at a handful of requests); with an 8 s TTFT p99 SLO it
+    is the TTFT SLO (the prefill queue's wait grows with the rate), well before saturation."""
+    from hpc_advise.advisor.capacity import MEMORY, RESOLUTION, SATURATED, TPOT_SLO, TTFT_SLO, evaluate
+    from hpc_advise.advisor.recommend import rank_candidates
+
+    ranker = _qwen_ranker()
+    ranked, _ = rank_candidates(ranker, 4, slo_tpot=slo_tpot, slo_ttft=slo_ttft)
+    reps = _distinct_capacities(ranked)
+    base = {r.candidate: r for r in reps}
+    caps = {r.candidate: r.capacity for r in reps}
+    zero = {c for c, cap in caps.items() if cap.x == 0}
+    assert all(cap.fail_at == 1 / 64 for c, cap in caps.items() if c in zero)
+    caps_x = {c: cap for c, cap in caps.items() if c not in zero}
+    assert all(cap.x < 64 and cap.over == "arrival rate" for cap in caps.values())
+    assert all(1 < cap.fail_at / cap.x <= 1 + RESOLUTION for cap in caps_x.values())
+    passing = evaluate(ranker, base, {c: cap.x for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None)
+    assert all(why is None for why, _ in passing.values()), passing
+    for c, (_, at_x) in passing.items():  # predicted at x times the rate: rho, hence the queue, scales
+        assert at_x is None or at_x.rho == pytest.approx(caps[c].x * base[c].rho, rel=1e-9)
+    slo_given = slo_tpot is not None or slo_ttft is not None  # without SLOs: no prediction needed
+    assert any(at_x is not None for _, at_x in passing.values()) == slo_given
+    edge = evaluate(ranker, base, {c: cap.fail_at for c, cap in caps.items()}, slo_tpot, slo_ttft, None)
+    assert {c: why for c, (why, _) in edge.items()} == {c: cap.limit for c, cap in caps.items()}
+    above = evaluate(
+        ranker, base, {c: cap.x * (1 + RESOLUTION) for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None
+    )
+    assert all(why is not None for why, _ in above.values()), above
+    # capacity 0 with the SLO: four TP1 replicas, every attention backend and KV dtype
+    assert {(c.tp, c.kv_dtype) for c in zero} == (
+        set() if slo_tpot is None else {(1, "auto"), (1, "fp8_e4m3")}
+    )
+    limits = {cap.limit for cap in caps.values()}
+    if slo_tpot is None and slo_ttft is None:
+        assert limits == {SATURATED, MEMORY}
+        for r in reps:  # prefill-limited: x is 1 / rho within the resolution
+            if r.capacity.limit == SATURATED:
+                assert r.capacity.x < 1 / r.rho <= r.capacity.fail_at
+    elif slo_tpot is not None:
+        assert limits == {TPOT_SLO}
+        assert {r.meets_slo for r in reps} == {True, False}
+    else:
+        assert limits == {TTFT_SLO}
+        assert all(r.capacity.x * r.rho < 0.9 for r in reps)  # the SLO binds before saturation
+    assert all((r.capacity.x >= 1) is r.meets_slo for r in reps)
+    for r in ranked:  # with arrival times: x times the offered output tokens/s per GPU
+        offered = ranker.w.rate_rps * ranker.w.osl_mean / r.candidate.n_gpus
+        assert r.max_tok_s_per_gpu == pytest.approx(r.capacity.x * offered, rel=1e-12)
+        assert r.tok_s_per_gpu == pytest.approx(offered, rel=1e-12)
+
+
+def test_capacity_is_monotone_in_the_slo_and_the_rate(advisor_home):  # noqa: F811
+    """A looser SLO never lowers a candidate's capacity (no SLO >= 40 >= 25 >= 20 >= 17 ms TPOT p99),
+    and the same trace at twice the arrival rate halves it within the bisection's resolution."""
+    from hpc_advise.advisor.capacity import RESOLUTION
+    from hpc_advise.advisor.recommend import rank_candidates
+
+    ranker = _qwen_ranker()
+    caps = []
+    for slo in (None, 40.0, 25.0, 20.0, 17.0):
+        ranked, _ = rank_candidates(ranker, 4, slo_tpot=slo)
+        caps.append({r.candidate: r.capacity.x for r in ranked})
+    for looser, stricter in zip(caps, caps[1:], strict=False):
+        assert looser.keys() == stricter.keys()
+        assert all(looser[c] >= stricter[c] for c in looser), (looser, stricter)
+    assert any(caps[0][c] > caps[-1][c] * 2 for c in caps[0])  # the SLO binds somewhere
+    doubled = _qwen_ranker(rate_rps=2 * ranker.w.rate_rps)
+    for slo, before in ((None, caps[0]), (20.0, caps[3])):
+        after = {r.candidate: r.capacity.x for r in rank_candidates(doubled, 4, slo_tpot=slo)[0]}
+        assert after.keys() == before.keys()
+        for c, x in before.items():
+            if x == 0:  # misses the SLO at 1/64 of the rate, so at 1/64 of twice the rate too
+                assert after[c] == 0
+                continue
+            assert abs(math.log(2 * after[c] / x)) <= math.log(1 + RESOLUTION), (c.label(), x, after[c])
+
+
+def test_slo_ranking_orders_by_max_tokens_per_gpu(advisor_home):  # noqa: F811
+    """With arrival times every candidate that keeps up serves the offered load, so tokens/s per GPU
+    at the trace's rate is one number for all; the SLO ranking orders by max tokens/s per GPU at
+    capacity instead (within 5 % of the best by mean request latency), and it spreads by > 10 %."""
+    from hpc_advise.advisor.recommend import rank_candidates
+
+    ranked, _ = rank_candidates(_qwen_ranker(), 4, slo_tpot=25.0)
+    meets = [r for r in ranked if r.meets_slo]
+    # lowest latency (TP4) is not the most capacity (2 x TP2) here: the order tells the rules apart
+    assert sorted(meets, key=lambda r: r.latency_ms) != meets
+    assert len({round(r.tok_s_per_gpu, 6) for r in meets}) == 1  # the offered load: no ranking signal
+    best = max(r.max_tok_s_per_gpu for r in meets)
+    assert ranked[0].max_tok_s_per_gpu >= 0.95 * best
+    assert min(r.max_tok_s_per_gpu for r in meets) < best / 1.1
+    band = [r.max_tok_s_per_gpu >= 0.95 * best for r in meets]
+    assert band == sorted(band, reverse=True) and 0 < sum(band) < len(band)
+    rest = [r.max_tok_s_per_gpu for r in meets if r.max_tok_s_per_gpu < 0.95 * best]
+    assert rest == sorted(rest, reverse=True)
+    assert [r.meets_slo for r in ranked] == sorted((r.meets_slo for r in ranked), reverse=True)
+
+
+def test_reasons_and_table_show_capacity(advisor_home, tmp_path):  # noqa: F811
+    """hy3 on 8 x H200, the chat example, TPOT p99 <= 35 ms: the pick (attention DP + EP) takes
+    more than 10 % more load per GPU than the best-ranked other deployment, and its reasons say so
+    with both numbers; the table has the capacity columns."""
+    out = _recommend("chat_uniform.csv", tmp_path / "kb.db", "--slo-tpot-ms", "35", "--top", "500")
+    top = out["top"]
+    other = next(r for r in out["ranked"] if _shape(r)[:4] != _shape(top)[:4])
+    cap, alt = top["capacity"], other["capacity"]
+    assert (
+        top["capacity_x"] == cap["x"] and top["max_output_tok_s_per_gpu"] == cap["max_output_tok_s_per_gpu"]
+    )
+    assert cap["max_output_tok_s_per_gpu"] > 1.1 * alt["max_output_tok_s_per_gpu"]
+    pct = (cap["max_output_tok_s_per_gpu"] / alt["max_output_tok_s_per_gpu"] - 1) * 100
+    said = [x for x in top["reasons"] if x.startswith("capacity ")]
+    assert said == [
+        f"capacity {cap['x']:.2f}x the trace's load ({cap['max_output_tok_s_per_gpu']:.0f} out tok/s/GPU, "
+        f"limited by {cap['limit']}) vs {alt['x']:.2f}x ({alt['max_output_tok_s_per_gpu']:.0f}) for "
+        f"{other['config']}: {pct:.0f} % more load per GPU"
+    ]
+    args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "hy3", "--gpu", "h200", "--gpus", "8"]
+    res = CliRunner().invoke(
+        recommend, [*args, "--db", str(tmp_path / "kb.db"), "--slo-tpot-ms", "35", "--top", "2"]
+    )
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "config" in line)
+    assert "max tok/s/GPU" in header and "load x" in header and "out tok/s/GPU" not in header
+    row = next(line for line in res.output.splitlines() if line.startswith("|   1 |"))
+    cells = [x.strip() for x in row.split("|")[1:-1]]
+    assert cells[6:8] == [f"{cap['max_output_tok_s_per_gpu']:.0f}", f"{cap['x']:.2f}"], cells
+    assert f"capacity {cap['x']:.2f}x the arrival rate" in res.output
 
 
 def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F811
