@@ -258,8 +258,15 @@ class Ranker:
     def _attn_times_uncached(self, c: Candidate, ctx: np.ndarray) -> tuple[np.ndarray, list[str]]:
         s = self.shapes
         n_layers = int(getattr(self.model, "num_full_attention_layers", s.layers))
-        if s.mla:
-            return np.zeros(len(ctx)), ([] if c.attention_backend != "hpc_advise" else ["MLA"])
+        if s.mla:  # the attention-kernel models were fitted on GQA paged decode only
+            flag = (
+                []
+                if c.attention_backend == REFERENCE_ATTENTION
+                else [
+                    f"no kernel measurement for attention backend {c.attention_backend} on MLA: assumed equal to {REFERENCE_ATTENTION}"
+                ]
+            )
+            return np.zeros(len(ctx)), flag
         attn_tp = c.tp // c.attn_dp
         kv_heads = F.kv_heads_per_rank(s, attn_tp)
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
@@ -405,7 +412,12 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
             f"{spread}: {kind} {verb} {abs(r.attn_delta_ms) * 1e3:.0f} us per decode step vs {REFERENCE_ATTENTION} (fitted kernel timings)"
         )
     elif c.attention_backend == REFERENCE_ATTENTION:
-        out.append(f"{spread}: attention on {REFERENCE_ATTENTION}, the measured baseline")
+        basis = (
+            "the serving data's baseline (no MLA kernel measured)"
+            if ranker.shapes.mla
+            else "the measured baseline"
+        )
+        out.append(f"{spread}: attention on {REFERENCE_ATTENTION}, {basis}")
     if c.kv_dtype.startswith("fp8"):
         out.append(
             "FP8 KV cache halves KV bytes (decode attention reads and memory); check accuracy on your evals"
@@ -414,14 +426,18 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
         out.append(
             f"{c.replicas} replicas of TP{c.tp}: the model fits in {c.tp} GPUs with {r.headroom_gib:.0f} GiB headroom; each replica serves 1/{c.replicas} of the requests ({r.concurrency:.0f} in flight)"
         )
-    elif c.tp > 1:
+    elif c.tp > 1 and c.attn_dp == 1:
         out.append(f"TP{c.tp}: one replica, weights and KV split over {c.tp} GPUs")
+    if c.attn_dp > 1:
+        sh = ranker.shapes
+        avoid = ""
+        if sh.mla or sh.kv_heads < c.tp:  # under attention TP{c.tp} these would be stored on several GPUs
+            avoid = f", avoiding replicated {'MLA latent' if sh.mla else 'KV heads'}"
+        out.append(
+            f"TP{c.tp} with attention data-parallel {c.attn_dp}: weights split over {c.tp} GPUs, each attention group keeps its own requests' KV{avoid}"
+        )
     if c.ep > 1:
         out.append(f"EP{c.ep}: each GPU holds {ranker.model.num_experts // c.ep} whole experts")
-    if c.attn_dp > 1:
-        out.append(
-            f"attention data-parallel {c.attn_dp}: each group keeps its own KV, avoiding replicated {'MLA latent' if ranker.shapes.mla else 'KV heads'}"
-        )
     shape = (c.tp, c.replicas, c.ep, c.attn_dp)
     other = [
         x
@@ -444,7 +460,7 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
     same = [x for x in ranked if x.candidate.tp == c.tp and x.candidate.kv_dtype == c.kv_dtype and x is not r]
     if same:
         alt = min(same, key=lambda x: x.tpot_p50)
-        if alt.tpot_p50 > r.tpot_p50:
+        if alt.tpot_p50 > r.tpot_p50 and not (other and alt is other[0]):  # not said above already
             out.append(f"vs {alt.candidate.label()}: TPOT p50 {r.tpot_p50:.1f} vs {alt.tpot_p50:.1f} ms")
     return out[:5]
 

@@ -515,3 +515,26 @@ def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F
     # queueing: the unsaturated candidates wait longer at the higher rate
     before = {r.candidate: r.ttft_p99 for r in base}
     assert all(r.ttft_p99 > before[r.candidate] for r, s in zip(ranked, sat, strict=True) if not s)
+
+
+def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_home, tmp_path):  # noqa: F811
+    """DeepSeek-V3 (MLA): the attention-kernel models are GQA-only, so fa3/triton must not rank as if
+    measured: they fold into flashinfer's row as named unmeasured alternatives. No reason line repeats
+    a comparison, and the attention-DP line claims avoided replication only where TP would replicate."""
+    args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "deepseek-v3", "--gpu", "h200"]
+    args += ["--gpus", "8", "--db", str(tmp_path / "kb.db"), "--json", "--top", "5"]
+    res = CliRunner().invoke(recommend, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    backends = {r["candidate"]["attention_backend"] for r in out["ranked"]}
+    assert backends == {"flashinfer"}, backends
+    folded = [f for r in out["ranked"] for f in r["flags"] if f.startswith("unmeasured alternatives")]
+    assert any("attn=fa3" in f for f in folded), folded
+    for r in out["ranked"][:5]:
+        vs = [x.split(":")[0] for x in r["reasons"] if x.startswith("vs ")]
+        assert len(vs) == len(set(vs)), r["reasons"]
+        dp = [x for x in r["reasons"] if "attention data-parallel" in x]
+        assert all("avoiding replicated MLA latent" in x for x in dp), dp
+    hy3 = _recommend("chat_uniform.csv", tmp_path / "kb2.db", "--slo-tpot-ms", "35", "--top", "5")
+    dp = [x for r in hy3["ranked"][:5] for x in r["reasons"] if "attention data-parallel 8" in x]
+    assert dp and not any("avoiding replicated" in x for x in dp), dp  # hy3: 8 KV heads, TP8 splits them
