@@ -21,7 +21,8 @@ two multicast variables as the rank-0 process saw them)}: what a communication-t
 from __future__ import annotations
 
 import os
-import socket
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable
 
@@ -62,12 +63,6 @@ def world_sizes(n_devices: int) -> list[int]:
         return [1]
     sizes = {1 << p for p in range(1, n_devices.bit_length()) if 1 << p <= n_devices}
     return sorted(sizes | {n_devices})
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _iters_for(nbytes: int, base: int) -> int:
@@ -162,10 +157,9 @@ def _time_op(fn, iters: int, warmup: int, device) -> list[float]:
 
 
 def _worker(
-    rank: int, ws: int, port: int, device_kind: str, ops, sizes, iters: int, warmup: int, queue
+    rank: int, ws: int, store_file: str, device_kind: str, ops, sizes, iters: int, warmup: int, queue
 ) -> None:
     os.environ.update(MULTICAST_OFF)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
     import torch.distributed as dist
 
@@ -175,7 +169,8 @@ def _worker(
     else:
         torch.set_num_threads(1)
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=ws)
+    # rendezvous through a file (one host): no TCP port to pick, so no race for a free one
+    dist.init_process_group(backend, init_method=f"file://{store_file}", rank=rank, world_size=ws)
     results: list[tuple[str, int, int, list[float]]] = []
     try:
         for op in ops:
@@ -229,10 +224,12 @@ def measure(
     sizes = tuple(sorted({max(unit, s - s % unit) for s in sizes}))
     saved = {k: os.environ.get(k) for k in MULTICAST_OFF}
     os.environ.update(MULTICAST_OFF)  # inherited by the spawned processes
+    store_dir = tempfile.mkdtemp(prefix="hpc_advise_comm_")
     try:
         ctx = mp.get_context("spawn")
         queue = ctx.SimpleQueue()
-        args = (world_size, _free_port(), device, ops, sizes, iters, warmup, queue)
+        store_file = os.path.join(store_dir, "store")  # must not exist yet: FileStore creates it
+        args = (world_size, store_file, device, ops, sizes, iters, warmup, queue)
         procs = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         while not procs.join(timeout=1.0):
@@ -242,6 +239,7 @@ def measure(
                 raise TimeoutError(f"communication benchmark did not finish within {timeout_s:.0f} s")
         seen_env, results = queue.get()
     finally:
+        shutil.rmtree(store_dir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
