@@ -10,6 +10,10 @@ imported at module level (``InterpolationMode`` and the module tree) and nothing
 of it raises AttributeError. transformers is asked first whether torchvision is available (it caches the answer
 False), so transformers never routes image processing through the stand-in. This is a packaging
 boundary of CPU-only CI (the same reason there is no GPU), not a mock of anything we test.
+
+Also the runtime tests' random inputs: ``fresh_seed()`` draws a new seed per test (team rule: fresh
+inputs every run; ``HPC_ADVISE_TEST_SEED=N`` replays one), and ``assert_close_seeded`` puts it in the
+failure message and records the error / tolerance ratio in ``ERROR_RATIOS`` (read by seed sweeps).
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import enum
 import importlib
 import importlib.machinery
 import json
+import os
 import sys
 import types
 
 import pytest
+import torch
 
 _STAND_IN_MODULES = (
     "torchvision",
@@ -75,6 +81,39 @@ def _install_torchvision_stand_in() -> None:
         setattr(sys.modules[parent], child, sys.modules[name])
     sys.modules["torchvision.transforms"].InterpolationMode = _InterpolationMode
     sys.modules["torchvision.transforms.functional"].InterpolationMode = _InterpolationMode
+
+
+ERROR_RATIOS: list[float] = []  # worst |got - want| / tolerance of each seeded check, in call order
+
+
+def fresh_seed() -> tuple[int, torch.Generator]:
+    """A seed drawn fresh for this test (``HPC_ADVISE_TEST_SEED`` replays one) and a CPU generator
+    seeded with it; the global torch RNG is seeded too, for tensors made on the GPU."""
+    env = os.environ.get("HPC_ADVISE_TEST_SEED")
+    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    return seed, torch.Generator().manual_seed(seed)
+
+
+def record_ratio(error: float, tolerance: float) -> float:
+    ERROR_RATIOS.append(error / tolerance)
+    return ERROR_RATIOS[-1]
+
+
+def assert_close_seeded(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, seed: int):
+    """``torch.testing.assert_close`` (shapes, dtypes, |got - want| <= atol + rtol |want| everywhere)
+    with the seed in its message; records max |got - want| / (atol + rtol |want|)."""
+    if got.shape == want.shape:  # else assert_close reports the shapes
+        err = (got.double() - want.double()).abs()
+        ratio = torch.where(err == 0, 0.0, err / (atol + rtol * want.double().abs()))
+        record_ratio(float(ratio.max()) if ratio.numel() else 0.0, 1.0)
+    torch.testing.assert_close(
+        got,
+        want,
+        atol=atol,
+        rtol=rtol,
+        msg=lambda m: f"{m}\n(seed {seed}: HPC_ADVISE_TEST_SEED={seed} replays it)",
+    )
 
 
 def import_sglang(*modules: str):

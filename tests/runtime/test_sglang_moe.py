@@ -11,8 +11,12 @@ SGLang's: ``Fp8Config``, ``Fp8MoEMethod``, ``MoeRunnerConfig``, ``MoeRunner``, `
 Two references: ``fused_moe_reference`` is the triton path's quantized math (static per-tensor
 activation quantization with the layer's input scales, or dynamic 1x128 groups for block weights;
 SiLU(gate)*up; weighted top-k sum; routed scaling factor), compared tightly; SGLang's own
-``fused_moe_forward_native`` on the dequantized weights is compared loosely (it does not quantize
-activations, so the fp8 rounding of the activations separates the two).
+``fused_moe_forward_native`` on the dequantized weights and on x rounded to fp8 as SGLang's fp8 path
+rounds it (``_sglang_fp8_x``, written from SGLang's convention, not with our reference's quantizer)
+is compared loosely: it does not re-quantize h = SiLU(gate)*up, so h's fp8 rounding separates the two.
+Static input scales are calibrated on the batch (amax / 448, as a calibrated checkpoint's are): with a
+fixed h scale (6/448) some fresh draws saturated an h element, which alone moved the output past the
+loose bound (at least 3 of 3300 torch-only draws, up to 0.124).
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ import logging
 import pytest
 import torch
 
-from tests.runtime.sglang_cpu import import_sglang, tiny_model_dir
+from tests.kernels.fp8_midpoint import reference_with_flips
+from tests.runtime.sglang_cpu import fresh_seed, import_sglang, record_ratio, tiny_model_dir
 
 E, H, I, T, K = 4, 256, 128, 5, 2  # noqa: E741
 FP8 = torch.float8_e4m3fn
-REL_TOL_QUANT_REF = 2e-2
+REL_TOL_QUANT_REF = 2e-2  # the kernel's bound against its reference (hpc_advise/kernels/fused_moe/README.md)
+# vs SGLang's native math on the same fp8 x: h's fp8 rounding (concentrated: 2000 torch-only draws per
+# mode, mean 2.6 / 2.3 %, sd 0.23 / 0.17, worst 3.7 / 2.9 % per-tensor / block); a wrong scale or
+# activation is far outside it
+REL_TOL_NATIVE = 8e-2
 
 
 @pytest.fixture
@@ -100,6 +109,28 @@ def _layer(block: bool, gen: torch.Generator) -> torch.nn.Module:
     return layer
 
 
+def _calibrate_static_scales(layer: torch.nn.Module, x: torch.Tensor) -> None:
+    """Per-tensor static input scales from this batch: amax / 448 of x and of h over every expert."""
+    from hpc_advise.kernels.fused_moe.reference import dequantize_weight
+
+    gu = torch.einsum("th,eoh->teo", x.float(), dequantize_weight(layer.w13_weight, layer.w13_weight_scale))
+    h = torch.nn.functional.silu(gu[..., :I]) * gu[..., I:]
+    layer.w13_input_scale.data = x.float().abs().max() / 448
+    layer.w2_input_scale.data = h.abs().max() / 448
+
+
+def _sglang_fp8_x(x: torch.Tensor, layer: torch.nn.Module, block: bool) -> torch.Tensor:
+    """x as SGLang's fp8 MoE path feeds it to the first GEMM, dequantized: divided by the static input
+    scale and saturated to ±448, or per 1x128 group scaled by its amax / 448."""
+    x = x.float()
+    if not block:
+        s = layer.w13_input_scale.float()
+        return (x / s).clamp(-448, 448).to(FP8).float() * s
+    g = x.view(len(x), -1, 128)
+    s = g.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448
+    return ((g / s).to(FP8).float() * s).view(x.shape)
+
+
 def _method(block: bool):
     from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8MoEMethod
 
@@ -141,14 +172,16 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block, p
         monkeypatch.setattr(
             moe_op, "fused_moe_small", lambda *a, **kw: small_calls.append(1) or run_small(*a, **kw)
         )
-    gen = torch.Generator().manual_seed(13 + block)
+    seed, gen = fresh_seed()
     method, layer = _method(block), _layer(block, gen)
+    dispatch_output = _dispatch(gen, nonlocal_slot=True)
+    if not block:
+        _calibrate_static_scales(layer, dispatch_output.hidden_states)
     method.create_moe_runner(layer, _config(routed_scaling_factor=1.5))
     assert method.runner.runner_backend.value == "hpc_advise"
-    dispatch_output = _dispatch(gen, nonlocal_slot=True)
     got = method.apply(layer, dispatch_output).hidden_states
-    assert got.dtype == torch.bfloat16 and got.shape == (T, H) and torch.isfinite(got).all()
-    assert bool(small_calls) == (path == "small-T")
+    assert got.dtype == torch.bfloat16 and got.shape == (T, H) and torch.isfinite(got).all(), seed
+    assert bool(small_calls) == (path == "small-T"), seed
 
     w, ids, _ = dispatch_output.topk_output
     info = dict(
@@ -166,9 +199,16 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block, p
     # accumulation-order difference may flip an fp8 rounding of an intermediate, so the bound is on the
     # relative Frobenius error, not element-wise
     rel = float((got.double() - want.double()).norm() / want.double().norm())
-    assert rel <= REL_TOL_QUANT_REF, f"relative error {rel:.2e} against the triton path's math"
+    if rel > REL_TOL_QUANT_REF:  # the kernel test's second look (tests/kernels/fp8_midpoint.py)
+        kw = {k: v for k, v in info.items() if k not in ("block_shape", "routed_scaling_factor")}
+        problem = dict(x=dispatch_output.hidden_states, w13=layer.w13_weight, w2=layer.w2_weight)
+        problem.update(weights=w, ids=ids, kw=dict(kw, expert_offset=0))
+        flipped = reference_with_flips(got, want, problem, 1.5, seed)
+        rel = float((got.double() - flipped.double()).norm() / flipped.double().norm())
+    record_ratio(rel, REL_TOL_QUANT_REF)
+    assert rel <= REL_TOL_QUANT_REF, f"relative error {rel:.2e} against the triton path's math (seed {seed})"
 
-    # SGLang's own torch-native MoE math on the dequantized weights (no activation quantization)
+    # SGLang's own torch-native MoE math on the dequantized weights and fp8 x (h is not re-quantized)
     ref_layer = torch.nn.Module()
     ref_layer.w13_weight = dequantize_weight(layer.w13_weight, info["w13_scale"])
     ref_layer.w2_weight = dequantize_weight(layer.w2_weight, info["w2_scale"])
@@ -180,18 +220,19 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block, p
         fused_moe_forward_native(
             ref_layer,
             dispatch_output._replace(
-                hidden_states=dispatch_output.hidden_states.float(),
+                hidden_states=_sglang_fp8_x(dispatch_output.hidden_states, layer, block),
                 topk_output=StandardTopKOutput(keep_w, ids.clamp(min=0).long(), None),
             ),
         ).hidden_states
         * 1.5
     )
-    rel = (got.float() - native).norm() / native.norm()
-    assert rel < 0.08, f"relative error {rel:.3f} against SGLang's native MoE math"
+    rel = float((got.float() - native).norm() / native.norm())
+    record_ratio(rel, REL_TOL_NATIVE)
+    assert rel < REL_TOL_NATIVE, f"relative error {rel:.3f} against SGLang's native MoE math (seed {seed})"
 
 
 def test_uncovered_config_falls_back_to_triton_once(sglang_moe, caplog):
-    gen = torch.Generator().manual_seed(1)
+    _, gen = fresh_seed()
     with caplog.at_level(logging.WARNING, logger="hpc_advise.runtime.sglang_moe"):
         for _ in range(2):
             method, layer = _method(False), _layer(False, gen)
@@ -203,7 +244,7 @@ def test_uncovered_config_falls_back_to_triton_once(sglang_moe, caplog):
 def test_unsupported_loaded_weights_fall_back_at_first_apply(sglang_moe, caplog):
     """Per-expert input scales were not reduced to one scale: the layer moves to triton with the reason
     (the triton path itself needs CUDA, so its call is replaced by a marker here)."""
-    gen = torch.Generator().manual_seed(2)
+    _, gen = fresh_seed()
     method, layer = _method(False), _layer(False, gen)
     layer.w13_input_scale = torch.nn.Parameter(torch.full((E,), 4.0 / 448), requires_grad=False)
     method.create_moe_runner(layer, _config())
@@ -228,7 +269,7 @@ def test_backend_not_selected_leaves_sglang_alone(sglang_moe):
     from sglang.srt.runtime_context import get_flags
 
     get_flags().moe.runner_backend = MoeRunnerBackend.TRITON
-    method, layer = _method(False), _layer(False, torch.Generator().manual_seed(3))
+    method, layer = _method(False), _layer(False, fresh_seed()[1])
     method.create_moe_runner(layer, _config())
     assert method.runner.runner_backend == MoeRunnerBackend.TRITON
 
@@ -247,7 +288,7 @@ def test_real_shapes_on_gpu(sglang_moe, shape):
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-    torch.manual_seed(0)
+    seed, _ = fresh_seed()
     dev = "cuda"
     layer = torch.nn.Module()
     q13, s13 = quantize_weight(
@@ -295,4 +336,4 @@ def test_real_shapes_on_gpu(sglang_moe, shape):
             routed_scaling_factor=2.5,
         )
         rel = float((out.hidden_states.double() - ref.double()).norm() / ref.double().norm())
-        assert rel <= REL_TOL_QUANT_REF, (shape, t, rel)
+        assert rel <= REL_TOL_QUANT_REF, (shape, t, rel, f"seed {seed}")

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from tests.runtime.sglang_cpu import import_sglang
+from tests.runtime.sglang_cpu import assert_close_seeded, fresh_seed, import_sglang
 
 ARGS = [
     "--model-path",
@@ -156,7 +156,7 @@ def test_replicated_gate_gives_fp32_logits(monkeypatch):
 
     from hpc_advise.runtime import sglang_router
 
-    gen = torch.Generator().manual_seed(5)
+    seed, gen = fresh_seed()
     gate = ReplicatedLinear(1024, 64, bias=False, params_dtype=torch.bfloat16, quant_config=None)
     gate.weight.data.copy_(torch.randn(64, 1024, generator=gen).to(torch.bfloat16) * 0.02)
     x = torch.randn(3, 1024, generator=gen).to(torch.bfloat16)
@@ -166,8 +166,8 @@ def test_replicated_gate_gives_fp32_logits(monkeypatch):
     ours, bias = gate(x)
     assert bias is None and ours.dtype == torch.float32
     want = sglang_router.gate_reference(gate.weight, x)
-    torch.testing.assert_close(ours, want, **_router_tolerance(x, gate.weight))
-    assert (ours - want).abs().max() < (sglang_logits.float() - want).abs().max()
+    assert_close_seeded(ours, want, **_router_tolerance(x, gate.weight), seed=seed)
+    assert (ours - want).abs().max() < (sglang_logits.float() - want).abs().max(), seed
 
 
 def test_deepseek_fp32_moegate_hooked(monkeypatch):
@@ -177,15 +177,15 @@ def test_deepseek_fp32_moegate_hooked(monkeypatch):
     from hpc_advise.runtime import sglang_plugin, sglang_router
 
     sglang_plugin.register()
-    gen = torch.Generator().manual_seed(9)
+    seed, gen = fresh_seed()
     cfg = types.SimpleNamespace(n_routed_experts=64, hidden_size=1024, router_fp32=True, topk_method="greedy")
     gate = dv2.MoEGate(cfg, None)
     gate.weight.data.copy_(torch.randn(64, 1024, generator=gen) * 0.02)
     x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
     got = gate(x)
     assert getattr(gate, sglang_router.MARK)[1] is not None, "our kernel did not serve the fp32 gate"
-    torch.testing.assert_close(
-        got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight)
+    assert_close_seeded(
+        got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight), seed=seed
     )
 
 
@@ -198,7 +198,7 @@ def test_hy3_fp32_gate_on_gpu():
 
     from hpc_advise.runtime import sglang_router
 
-    torch.manual_seed(0)
+    seed, _ = fresh_seed()
     gate = ReplicatedLinear(4096, 192, bias=False, params_dtype=torch.float32, quant_config=None).cuda()
     gate.weight.data.copy_(torch.randn(192, 4096, device="cuda") * 0.02)
     sglang_router.install_on_gate(gate)
@@ -207,7 +207,7 @@ def test_hy3_fp32_gate_on_gpu():
         got, _ = gate(x)
         want = x.double() @ gate.weight.double().t()
         err = float(((got.double() - want).abs() / want.abs().clamp(min=1e-3)).median())
-        assert err < 1e-5, (m, err)
+        assert err < 1e-5, (m, err, f"seed {seed}")
 
 
 def test_sglang_plugins_whitelist_turns_us_off(monkeypatch):
@@ -237,11 +237,14 @@ def test_gates_prepared_after_weight_loading():
     model.bf16_gate = dv2.MoEGate(cfg_bf16, None).to(
         torch.bfloat16
     )  # built under bf16 default dtype in SGLang
+    seed, gen = fresh_seed()
     for p in model.parameters():
-        p.data.normal_()
+        p.data.copy_(torch.randn(p.shape, generator=gen))
     sglang_router.after_load_hook(None, model)
     for gate in (model.qwen_gate, model.fp32_gate):
         ptr, hi, lo = getattr(gate, sglang_router.MARK)
         assert ptr == gate.weight.data_ptr() and hi.dtype == lo.dtype == torch.bfloat16
-        torch.testing.assert_close(hi.float() + lo.float() / 256, gate.weight.float(), atol=0, rtol=2**-15)
+        assert_close_seeded(
+            hi.float() + lo.float() / 256, gate.weight.float(), atol=0, rtol=2**-15, seed=seed
+        )
     assert not hasattr(model.bf16_gate, sglang_router.MARK)  # SGLang's bf16 MoEGate path is already exact
