@@ -70,8 +70,8 @@ SETTINGS: dict = {
     "use_gbm": True,
     "gbm_target": "within_model",  # or "pooled" (the raw log ratio, offsets of each model included)
     "residual_clip": 1.5,  # |log ratio| the correction may apply
-    # per-target overrides: ``SETTINGS["ttft"] = {...}`` (merged by ``_target_settings``). None since
-    # version 3: the version-1 TTFT fit (least squares, raw log ratio, squared loss) held out by model
+    # TPOT and TTFT share these settings since version 3: the version-1 TTFT fit (least squares, raw
+    # log ratio, squared loss) held out by model
     # scored 38.6 / 121.9 % (median / p90), this one 33.2 / 95.6 %; by GPU 29.8 / 85.8 -> 34.0 / 81.8;
     # by engine x GPU family 37.2 / 90.2 -> 35.5 / 85.9 (`hpc-advise model eval`, 2,876 rows)
 }
@@ -435,15 +435,6 @@ def _base_of(X: np.ndarray, engines: np.ndarray, th: dict) -> np.ndarray:
     return np.maximum(np.einsum("ij,ij->i", X, T), 1.0)
 
 
-def _target_settings(settings: dict, which: str) -> dict:
-    """The settings for one target: ``settings[which]`` (e.g. ``{"stage1_loss": "l2"}``) over the rest,
-    its ``gbm`` dict merged key by key."""
-    over = dict(settings.get(which) or {})
-    st = {**settings, **over}
-    st["gbm"] = {**settings["gbm"], **(over.get("gbm") or {})}
-    return st
-
-
 def _group_medians(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """Each row's group median of ``values``."""
     out = np.empty(len(values))
@@ -464,24 +455,23 @@ def fit(preps: list[Prepared], settings: dict | None = None, key: str = "") -> S
     theta: dict = {}
     gbm: dict = {}
     for which in ("tpot", "ttft"):
-        st = _target_settings(settings, which)
         X = np.array([p.x_tpot if which == "tpot" else p.x_ttft for p in preps])
         y = np.array([(p.point.tpot_ms if which == "tpot" else p.point.ttft_ms) * 1e3 for p in preps])
-        theta[which] = _stage1(X, y, engines, st)
+        theta[which] = _stage1(X, y, engines, settings)
         gbm[which] = None
-        if not st.get("use_gbm"):
+        if not settings.get("use_gbm"):
             continue
         from sklearn.ensemble import HistGradientBoostingRegressor
 
         base = _base_of(X, engines, theta[which])
         Z = np.column_stack([feats, np.log(base)])
         target = np.log(y / base)
-        if st.get("gbm_target") == "within_model":
+        if settings.get("gbm_target") == "within_model":
             # what is left of a model's offset cannot be learned for a model not seen: the correction
             # learns the shape within each model (batch, lengths, parallelism, GPU), not its level
             target = target - _group_medians(target, models)
         with _one_thread():
-            gbm[which] = HistGradientBoostingRegressor(**st["gbm"]).fit(Z, target)
+            gbm[which] = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, target)
     counts: dict = {}
     for e in engines:
         counts[str(e)] = counts.get(str(e), 0) + 1
