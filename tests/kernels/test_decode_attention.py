@@ -367,6 +367,53 @@ def test_pdl_merge_matches_reference(kv_dtype):
     assert p.pdl and max(p.wide_list.tolist()) >= 0 and max(p.merge_first.tolist()) >= 0
 
 
+@pytest.mark.parametrize(
+    "lens,hq,hkv,d,warps,kv_dtype",
+    [
+        ([1, 63, 64, 65, 97, 300], 8, 1, 64, 4, BF16),  # edge lengths; 4 warps x 16 tokens per tile
+        ([1, 63, 64, 65, 97, 300], 8, 1, 64, 4, FP8),  # fp16 products, V as e4m3 pairs per warp
+        ([130, 17, 64, 200], 6, 2, 128, 4, BF16),  # two KV heads, odd group, D 128
+        ([97, 260, 3], 16, 1, 64, 2, FP8),  # group 16, 2 warps x 32 tokens
+    ],
+)
+def test_warp_split_matches_reference(lens, hq, hkv, d, warps, kv_dtype):
+    # warp_split: each warp takes 64 / warps tokens of every tile with its own softmax state, merged at the
+    # segment's end (tokens past the length leave a warp empty: lengths 1 and 17); 5 programs split segments
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    p, _ = check(
+        lens,
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        page=64,
+        kv_dtype=kv_dtype,
+        tile=64,
+        num_warps=warps,
+        num_programs=5,
+        desc=True,
+        pt_chunk=16,
+        warp_split=True,
+        tuned=True,
+        scales=scales,
+    )
+    assert op._warp_split(p) == warps and max(p.merge_first.tolist()) >= 0
+
+
+def test_warp_split_falls_back_where_it_does_not_apply():
+    # page smaller than the tile, per-tile page ids (pt_chunk 0) or fewer than 16 tokens per warp: the
+    # plain tile loop runs (same results)
+    for kw in (
+        dict(page=16, tile=64, pt_chunk=16),
+        dict(page=64, tile=64, pt_chunk=0),
+        dict(page=16, tile=16),
+    ):
+        page = kw.pop("page")
+        p, _ = check(
+            [1, 65, 150], hq=4, hkv=1, d=64, page=page, num_programs=3, warp_split=True, desc=True, **kw
+        )
+        assert p.warp_split and op._warp_split(p) == 0
+
+
 def test_head_dim_128_and_256():
     check([33, 70], hq=2, hkv=1, d=128, page=16, tile=16, num_programs=3)
     check([20], hq=2, hkv=2, d=256, page=16, tile=16, num_programs=3)
@@ -586,8 +633,8 @@ def test_gpu_longest_context_and_largest_batch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [False, True])
-def test_gpu_cuda_graph_replay_matches_eager(pdl):
+@pytest.mark.parametrize("pdl,warp_split", [(False, None), (True, None), (False, True)])
+def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split):
     hq, hkv, d, page = 8, 1, 128, 64
     # pages for the longest lengths of any replay; the captured step starts shorter
     q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page)
@@ -603,6 +650,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl):
         head_dim=d,
         kv_dtype=k.dtype,
         pdl=pdl,
+        warp_split=warp_split,
     )
     table_buf, out = table.clone(), torch.empty_like(q)
     stream = torch.cuda.Stream()
@@ -621,6 +669,8 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl):
         graph.replay()
         torch.cuda.synchronize()
         eager = op.decode_attention(q, k, v, table_buf, lens_buf, page_size=page)
+        if warp_split:  # other arithmetic than decode_attention()'s variant: eager with the same plan
+            eager = op.run(p.update(lens_buf, table_buf), q, k, v)
         assert torch.equal(out, eager), new
         ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
         assert rel_err(out, ref) <= TOL[torch.bfloat16]
@@ -632,7 +682,7 @@ _STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "st
 _STRIDES += ["stride_vh", "stride_ob", "stride_oh"]  # multiples of 16 at the benchmark's shapes
 
 
-def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = False) -> list:
+def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = False, ws: int = 0) -> list:
     types = f"*bf16 *{kv} *{kv} *bf16 " + "*i32 " * 6 + "*fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
     consts = dict(
         GROUP=8,
@@ -648,6 +698,7 @@ def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = 
         F16_DOT=f16_dot,
         ASM_CVT=f16_dot,
         PDL=False,
+        WARP_SPLIT=ws,
     )
     return ["hpc_advise.kernels.decode_attention.kernel", "decode_kernel", types, consts, 4, stages, _STRIDES]
 
@@ -663,6 +714,8 @@ def test_candidates_compile_for_sm90():
         _decode_job("bf16", 64, 3, 64),
         _decode_job("fp8e4nv", 128, 3, 32),
         _decode_job("fp8e4nv", 64, 3, 64, f16_dot=True),
+        _decode_job("bf16", 64, 3, 32, ws=4),
+        _decode_job("fp8e4nv", 64, 3, 32, f16_dot=True, ws=4),
     ]
     res = compile_sm90(jobs)
     assert all(r["async_copies"] > 0 for r in res), res
@@ -675,6 +728,10 @@ def test_candidates_compile_for_sm90():
     # fp8 with fp16 products: V converted on its row-major tile, two buffers and 3 programs per SM (the
     # bytewise gather of the e4m3 operand took 224 registers, 2 programs)
     assert res[3]["async_copies"] > 0 and res[3]["ctas_per_sm"] >= 3 and res[3]["stack"] == 0, res[3]
+    # tokens split over the 4 warps: pipelined K/V, 2 programs per SM (each warp's [16, D] fp32 accumulator
+    # makes it 255 registers; ptxas spills 16-48 bytes, read off this compile)
+    for r in res[4:]:
+        assert r["async_copies"] > 0 and r["ctas_per_sm"] >= 2 and r["stack"] <= 64, r
 
 
 def test_sweep_variants_and_best_config_skip_failures():
@@ -692,8 +749,10 @@ def test_sweep_variants_and_best_config_skip_failures():
         seg_cost=0,
         f16_dot=False,
         pdl=False,
+        warp_split=False,
     )
     assert da.variant_config(128, 2, 3, 4, "nested-desc-m128-pc32")["pt_chunk"] == 32
+    assert da.variant_config(64, 2, 3, 4, "nested-desc-pc32-ws")["warp_split"] is True
     cfg = da.variant_config(64, 2, 3, 4, "nested-desc-w-pc64-s4-f16-pdl")
     assert (cfg["wide_merge"], cfg["seg_cost"], cfg["f16_dot"], cfg["pdl"]) == (True, 4, True, True)
     assert da.variant_config(64, 2, 1, 4, "nested-prefetch")["prefetch"] is True

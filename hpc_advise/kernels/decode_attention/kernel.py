@@ -236,19 +236,20 @@ def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
 
 
 @triton.jit
-def _load_v_f16(v_head, rows, offs_d2, valid, ASM: tl.constexpr):
+def _load_v_f16(v_head, rows, offs_d2, valid, ASM: tl.constexpr, RANK3: tl.constexpr = False):
     """fp8 e4m3 V rows of a tile as fp16 [TILE, D] (exact), read as int16 pairs (2 e4m3 each, the lower
     address in the low byte; V's strides and base are even, checked by op.py). Converting here, on the
     row-major tile, with a join/reshape between the conversion and the P.V product keeps Triton from
     moving the conversion behind the operand load: the product then reads fp16 through ldmatrix.trans
     instead of gathering single e4m3 bytes from shared memory into the transposed operand layout
     (64 one-byte shared loads per thread per 64-token tile, 224 registers; 160 this way, offline sm_90a).
-    ASM: one cvt.rn.f16x2.e4m3x2 per pair (GPU); else the same conversion in Triton ops (interpreter)."""
-    x = tl.load(
-        v_head.to(tl.pointer_type(tl.int16), bitcast=True) + (rows // 2)[:, None] + offs_d2[None, :],
-        mask=valid[:, None],
-        other=0,
-    )
+    ASM: one cvt.rn.f16x2.e4m3x2 per pair (GPU); else the same conversion in Triton ops (interpreter).
+    RANK3: rows / valid are [W, TILE / W] (the warp-split loop) and the result is [W, TILE / W, D]."""
+    base = v_head.to(tl.pointer_type(tl.int16), bitcast=True)
+    if RANK3:
+        x = tl.load(base + (rows // 2)[:, :, None] + offs_d2[None, None, :], mask=valid[:, :, None], other=0)
+    else:
+        x = tl.load(base + (rows // 2)[:, None] + offs_d2[None, :], mask=valid[:, None], other=0)
     if ASM:
         pair = tl.inline_asm_elementwise(
             asm="cvt.rn.f16x2.e4m3x2 $0, $1;",
@@ -263,7 +264,37 @@ def _load_v_f16(v_head, rows, offs_d2, valid, ASM: tl.constexpr):
     else:
         lo = (x & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         hi = ((x >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    return tl.reshape(tl.join(lo, hi), [x.shape[0], 2 * x.shape[1]])
+    if RANK3:
+        v = tl.reshape(tl.join(lo, hi), [x.shape[0], x.shape[1], 2 * x.shape[2]])
+    else:
+        v = tl.reshape(tl.join(lo, hi), [x.shape[0], 2 * x.shape[1]])
+    return v
+
+
+@triton.jit
+def _attend_split(q3, k, v, valid, m3, l3, acc3, qk_scale):
+    """_attend with the tile's tokens split over W warps: q3 [W, R, D] (q broadcast), k/v [W, TILE / W, D],
+    valid [W, TILE / W]; every warp keeps its own running max / sum / accumulator ([W, R], [W, R, D]), so
+    the row max and sum are reductions inside a warp (no shared memory, no barrier) and P stays in
+    registers between the two products. _combine_split merges the W states once per segment."""
+    s = tl.dot(q3, tl.trans(k.to(q3.dtype), (0, 2, 1))) * qk_scale  # [W, R, TILE / W]
+    s = tl.where(valid[:, None, :], s, float("-inf"))
+    m_new = tl.maximum(m3, tl.max(s, axis=2))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m3 - m_use)
+    p = tl.exp2(s - m_use[:, :, None])
+    l3 = l3 * alpha + tl.sum(p, axis=2)
+    acc3 = acc3 * alpha[:, :, None] + tl.dot(p.to(q3.dtype), v.to(q3.dtype))
+    return m_new, l3, acc3
+
+
+@triton.jit
+def _combine_split(m3, l3, acc3):
+    """(m, l, acc) of a segment from the per-warp states of _attend_split: [R], [R], [R, D]."""
+    m_i = tl.max(m3, axis=0)
+    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+    w = tl.exp2(m3 - m_use[None, :])  # [W, R]; 0 for a warp that saw no token
+    return m_i, tl.sum(l3 * w, axis=0), tl.sum(acc3 * w[:, :, None], axis=0)
 
 
 @triton.jit
@@ -350,6 +381,7 @@ def decode_kernel(
     F16_DOT: tl.constexpr = False,  # fp8 KV: products in fp16 (q rescaled by a power of two)
     ASM_CVT: tl.constexpr = False,  # F16_DOT: V's e4m3 -> fp16 by inline PTX (False under the interpreter)
     PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
+    WARP_SPLIT: tl.constexpr = 0,  # > 0 (PT_CHUNK, PAGE >= TILE): the tile's tokens split over this many warps
 ):
     if PDL:
         # every program of the persistent grid is resident from the start: the merge launch may begin
@@ -449,6 +481,40 @@ def decode_kernel(
                 v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
                 pg_n = _tile_pages(pt_row, t + 2, t1, seq_len, TILE, PAGE)
                 m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, seg_scale)
+        elif WARP_SPLIT > 0:
+            # (op.py: PT_CHUNK > 0, PAGE >= TILE, TILE / WARP_SPLIT >= 16) the page ids of PT_CHUNK tiles per
+            # load as below; warp w takes tokens [w * TW, (w + 1) * TW) of every tile with its own online
+            # softmax state, merged once at the segment's end
+            TW: tl.constexpr = TILE // WARP_SPLIT
+            offs_c = tl.arange(0, PT_CHUNK)
+            offs_w = tl.arange(0, WARP_SPLIT)[:, None] * TW + tl.arange(0, TW)[None, :]  # [W, TW]
+            q3 = tl.broadcast_to(q[None, :, :], [WARP_SPLIT, GROUP_PAD, HEAD_DIM])
+            m3 = tl.full([WARP_SPLIT, GROUP_PAD], float("-inf"), dtype=tl.float32)
+            l3 = tl.zeros([WARP_SPLIT, GROUP_PAD], dtype=tl.float32)
+            acc3 = tl.zeros([WARP_SPLIT, GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+            for c0 in range(t0, t1, PT_CHUNK):
+                c1 = tl.minimum(c0 + PT_CHUNK, t1)
+                pgs = tl.load(pt_row + ((c0 + offs_c) * TILE) // PAGE, mask=(c0 + offs_c) < c1, other=0)
+                for t in tl.range(c0, c1, num_stages=NUM_STAGES):
+                    tok = t * TILE + offs_w
+                    valid = tok < seq_len
+                    pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0).to(tl.int64)
+                    slot = (tok % PAGE).to(tl.int64)
+                    rows_k = pg * stride_kp + slot * stride_ks
+                    rows_v = pg * stride_vp + slot * stride_vs
+                    k = tl.load(
+                        k_head + rows_k[:, :, None] + offs_d[None, None, :], mask=valid[:, :, None], other=0.0
+                    )
+                    if F16_DOT:
+                        v = _load_v_f16(v_head, rows_v, offs_d2, valid, ASM_CVT, True)
+                    else:
+                        v = tl.load(
+                            v_head + rows_v[:, :, None] + offs_d[None, None, :],
+                            mask=valid[:, :, None],
+                            other=0.0,
+                        )
+                    m3, l3, acc3 = _attend_split(q3, k, v, valid, m3, l3, acc3, seg_scale)
+            m_i, l_i, acc = _combine_split(m3, l3, acc3)
         elif PT_CHUNK > 0 and (PAGE >= TILE or TILE == 2 * PAGE):
             # no load feeds the K/V addresses inside the tile loop (the page ids of a chunk of tiles come
             # from one vector load before it), so the pipeliner gives K/V their full distance: two

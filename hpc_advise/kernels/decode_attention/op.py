@@ -61,6 +61,11 @@ MAX_SEG_COST = 64
 DEFAULT_PT_CHUNK = 0
 PT_CHUNKS = (0, 16, 32, 64)
 DEFAULT_LOOP = "nested"
+# Nested loop with pt_chunk > 0 and page >= tile: split every tile's tokens over the program's warps, each
+# warp with its own online-softmax state (row max / sum inside the warp, no shared-memory reduction or
+# barrier per tile), merged once per segment. Needs tile / num_warps >= 16 (mma's K); otherwise the plain
+# loop runs.
+DEFAULT_WARP_SPLIT = False
 LOOPS = ("flat", "nested")
 # Per KV dtype, what the H200 sweeps of 2026-11-29 10:06 and 10:12 UTC (runs 5 and 6) measured fastest
 # over their cases (geometric mean; benchmarks/results/decode_attention_sweep_run5.md / _run6.md): the
@@ -162,6 +167,7 @@ class DecodePlan:
     seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
     pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90, not timed)
+    warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -286,6 +292,7 @@ def plan(
     seg_cost: int | None = None,
     f16_dot: bool | None = None,
     pdl: bool | None = None,
+    warp_split: bool | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -307,6 +314,7 @@ def plan(
     seg_cost = tuned.get("seg_cost") if seg_cost is None else seg_cost
     f16_dot = tuned.get("f16_dot") if f16_dot is None else f16_dot
     pdl = tuned.get("pdl") if pdl is None else pdl
+    warp_split = tuned.get("warp_split", DEFAULT_WARP_SPLIT) if warp_split is None else warp_split
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
     if page_size not in PAGE_SIZES:
@@ -401,6 +409,7 @@ def plan(
         seg_cost=seg_cost,
         f16_dot=bool(f16_dot),
         pdl=bool(pdl),
+        warp_split=bool(warp_split),
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
     )
@@ -490,6 +499,7 @@ def run(
     pdl = plan.pdl and plan.loop == "nested" and not _interpreting() and plan.device.type == "cuda"
     g = plan.grid_size()
     group = plan.group
+    warp_split = _warp_split(plan)
     common = dict(
         GROUP=group,
         GROUP_PAD=max(16, _next_pow2(group)),
@@ -558,10 +568,24 @@ def run(
             F16_DOT=f16_dot,
             ASM_CVT=f16_dot and not _interpreting(),
             PDL=pdl,
+            WARP_SPLIT=warp_split,
             **common,
         )
     _merge(plan, out, pdl)
     return out
+
+
+def _warp_split(plan: DecodePlan) -> int:
+    """Warps a tile's tokens are split over (0: the plain tile loop), see ``DEFAULT_WARP_SPLIT``."""
+    ok = (
+        plan.warp_split
+        and plan.loop == "nested"
+        and not plan.prefetch
+        and plan.pt_chunk > 0
+        and plan.page_size >= plan.tile
+        and plan.tile // plan.num_warps >= 16
+    )
+    return plan.num_warps if ok else 0
 
 
 def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:

@@ -64,31 +64,40 @@ PEER_TITLES = {
 # the offline sm_90a compile (tests/kernels/sm90_compile.py): bf16 -pc64 168, -pc32 161 (70 KB, two K/V
 # buffers); fp8 -pc64-f16 160, -pc32-f16 153 (54 KB).
 SWEEP_CONFIGS = [
-    # page ids of 32 tiles per load: the [32] id vector sits whole in every warp, so picking a tile's id is
-    # a shuffle reduction instead of a cross-warp one through shared memory with a barrier (pc64), per tile
     (64, 2, 3, 4, "nested-desc-w-pc32-s2"),  # run 6's winner (today's bf16 default)
-    (64, 2, 3, 4, "nested-desc-w-pc64-s2"),  # run 5's winner
     (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # the merge launch hidden behind the attention pass
+    # '-ws': the tile's tokens split over the warps, each with its own softmax state: no shared-memory
+    # reduction or barrier per tile (2 barriers per tile in the SASS instead of 8), but 255 registers
+    # (offline sm_90a): 2 programs/SM at 4 warps, 3 at 2 warps x 32 tokens
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-ws"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-ws-pdl"),
+    (64, 3, 3, 2, "nested-desc-w-pc32-s2-ws"),
 ]
 # fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
 # the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
 # tile, read off the PTX). '-f16' converts V to fp16 on its row-major tile first (ldmatrix.trans after):
 # 160 registers with two buffers, so 3 programs fit an SM (64/8 64 x 4K: 286 -> 244 us in run 5, 231 with
-# -pc32 in run 6).
+# -pc32 in run 6). fp8 moves half of bf16's bytes per tile in ~90 % of its time: the per-tile work (8
+# barriers, 576 instructions per warp in the SASS of the tile loop) bounds it, which '-ws' cuts.
 SWEEP_CONFIGS_FP8 = [
     (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),  # run 6's winner (today's fp8 default)
-    (64, 3, 3, 4, "nested-desc-w-pc64-s4-f16"),  # run 5's winner
     (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s4-f16-ws"),  # 255 registers, 16 bytes spilled
+    (64, 2, 2, 4, "nested-desc-w-pc32-s4-f16-ws"),  # one stage less: no spill
+    (64, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws"),  # 2 warps x 32 tokens, 4 programs/SM
+    (64, 2, 3, 8, "nested-desc-w-pc32-s4-f16"),  # 8 warps (8 tokens each), 128 registers, 2 programs/SM
 ]
 SWEEP_CASES = [
     ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
     ("64 x 4K", 64, 8, "bf16"),
+    ("1 x 64K + 15 x 4K", 64, 8, "bf16"),
     ("1 x 128K + 31 x 4K", 64, 8, "bf16"),
     ("2 x 32K + 30 x 4K", 64, 8, "bf16"),
     ("64 x 4K", 8, 1, "bf16"),
     ("32 x 128 + 32 x 4K", 8, 1, "bf16"),
     ("1 x 128K", 8, 1, "bf16"),
     ("64 x 4K", 64, 8, "fp8"),
+    ("32 x 128 + 32 x 4K", 64, 8, "fp8"),
     ("1 x 128K + 31 x 4K", 64, 8, "fp8"),
     ("32 x 128 + 32 x 4K", 8, 1, "fp8"),
 ]
@@ -103,7 +112,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
     chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
-    unknown = set(flags) - {"desc", "prefetch", "w", "f16", "pdl"} - set(merge) - set(chunk) - set(cost)
+    unknown = set(flags) - {"desc", "prefetch", "w", "f16", "pdl", "ws"} - set(merge) - set(chunk) - set(cost)
     if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1:
         raise ValueError(f"unknown variant flags {sorted(unknown) or merge + chunk + cost} in {variant!r}")
     return dict(
@@ -120,6 +129,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         seg_cost=int(cost[0][1:]) if cost else 0,
         f16_dot="f16" in flags,
         pdl="pdl" in flags,
+        warp_split="ws" in flags,
     )
 
 
@@ -564,6 +574,7 @@ CONFIG_KEYS = (
     "seg_cost",
     "f16_dot",
     "pdl",
+    "warp_split",
 )
 # keys older sweeps' rows lack, with the value they ran with
 OLD_SWEEP_DEFAULTS = {
@@ -574,6 +585,7 @@ OLD_SWEEP_DEFAULTS = {
     "seg_cost": 0,
     "f16_dot": False,
     "pdl": False,
+    "warp_split": False,
 }
 
 
