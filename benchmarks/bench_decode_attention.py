@@ -21,6 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", choices=("full", "small"), default="full")
     ap.add_argument("--kv", choices=("all", *da.KV_DTYPES), default="all", help="KV dtypes of the full grid")
+    ap.add_argument("--heads", choices=("all", "8/1", "64/8"), default="all", help="Hq/Hkv of the full grid")
     ap.add_argument("--no-peers", action="store_true", help="time ours only (dynamic and static)")
     ap.add_argument(
         "--peers", default=",".join(da.PEERS), help="comma-separated subset of " + ",".join(da.PEERS)
@@ -109,6 +110,7 @@ def main() -> None:
         progress=emit,
         fp8_cfg=best_fp8,
         kv=args.kv,
+        heads=args.heads,
         **cfg,
     )
     md, _ = emit(rows, table, headers, final=True)

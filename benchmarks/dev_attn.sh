@@ -11,12 +11,15 @@ export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HPC_ADVISE_RESULTS=$RES
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 if [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
-  grep -v "^sweep " "$RES/sweep.log" | tail -75
   pack "sweep done"
-  timeout "${TEST_S:-75}" python3 -m pytest tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
-    -o addopts="" -rfE -v -k "gpu or fp8_products or wide_merge or balances" > "$RES/gpu_tests.log" 2>&1
-  tail -15 "$RES/gpu_tests.log"
+  timeout "${TEST_S:-60}" python3 -m pytest tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
+    -o addopts="" -rfE -v -k "${TEST_K:-sweep_candidates or cuda_graph or warp_split or longest or fp8_products}" \
+    > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -2 "$RES/gpu_tests.log"
   pack "gpu tests done"
+  # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err
+  grep "^sweep " "$RES/sweep.log" | cut -c7- | sed 's/nested-desc-w-//'
+  grep -i "error\|Traceback" "$RES/sweep.log" | grep -v "^sweep" | head -5
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl_attn/*.whl || exit 1

@@ -810,3 +810,11 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
         op.DEFAULT_MERGE_BLOCK,
         op.DEFAULT_PT_CHUNK,
     )
+
+
+def test_bench_rejects_unknown_grid_filters():
+    # checked before anything touches a GPU
+    with pytest.raises(ValueError, match="heads must be"):
+        da.bench(heads="3/1")
+    with pytest.raises(ValueError, match="kv must be"):
+        da.bench(kv="int4")

@@ -72,6 +72,8 @@ SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested-desc-w-pc32-s2-ws"),
     (64, 2, 3, 4, "nested-desc-w-pc32-s2-ws-pdl"),
     (64, 3, 3, 2, "nested-desc-w-pc32-s2-ws"),
+    # 32 partials per merge step: a 64K request split over ~17 programs stays in the first merge launch
+    (64, 2, 3, 4, "nested-desc-w-m32-pc32-s2"),
 ]
 # fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
 # the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
@@ -448,16 +450,28 @@ KV_DTYPES = ("bf16", "fp8")
 
 
 def bench(
-    grid: str = "full", peers: bool = True, *, peer_list=PEERS, progress=None, fp8_cfg=None, kv="all", **cfg
+    grid: str = "full",
+    peers: bool = True,
+    *,
+    peer_list=PEERS,
+    progress=None,
+    fp8_cfg=None,
+    kv="all",
+    heads="all",
+    **cfg,
 ):
     """Run the grid; returns (rows, table, headers). ``kv`` ('bf16', 'fp8' or 'all') picks the KV dtypes of
-    the full grid. ``peers=False`` times ours only (and static);
+    the full grid, ``heads`` ('all' or 'Hq/Hkv' of HEADS, e.g. '64/8') its head counts. ``peers=False`` times ours only (and static);
     ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
     instead for fp8 KV when given)."""
     import torch
 
     if grid not in ("full", "small"):
         raise ValueError(f"grid must be 'full' or 'small', got {grid!r}")
+    if heads != "all" and heads not in {f"{hq}/{hkv}" for hq, hkv in HEADS}:
+        raise ValueError(
+            f"heads must be 'all' or one of {[f'{hq}/{hkv}' for hq, hkv in HEADS]}, got {heads!r}"
+        )
     if kv != "all" and kv not in KV_DTYPES:
         raise ValueError(f"kv must be 'all' or one of {KV_DTYPES}, got {kv!r}")
     chosen = tuple(peer_list) if peers else ("static",)
@@ -483,6 +497,7 @@ def bench(
             for dt in (torch.bfloat16, torch.float8_e4m3fn)
             if kv in ("all", _dtype_name(dt))
             for hq, hkv in HEADS
+            if heads in ("all", f"{hq}/{hkv}")
             for n in CASES
         ]
     table, failures = [], {}
@@ -518,9 +533,22 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
         del kr, vr
         for entry in fp8_configs if kv == "fp8" else configs:
             cfg = variant_config(*entry)
-            calls, _, outs = _ours(w, "dynamic", **cfg)
-            calls[0]()
-            torch.cuda.synchronize()
+            try:
+                calls, _, outs = _ours(w, "dynamic", **cfg)
+                calls[0]()
+                torch.cuda.synchronize()
+            except Exception as exc:  # a candidate that does not build or launch here: say so, go on
+                print(
+                    f"sweep {time.time() - t0:5.1f}s",
+                    name,
+                    f"{hq}/{hkv}",
+                    kv,
+                    *entry,
+                    "ERROR",
+                    repr(exc)[:300],
+                )
+                table.append([name, f"{hq}/{hkv}", kv, *entry, "n/a", "ERROR " + type(exc).__name__])
+                continue
             err = ((outs[0].double() - ref).norm() / ref.norm()).item()  # NaN compares False: fails
             ok = err <= SWEEP_TOL[kv]
             t, how = _time(calls)
