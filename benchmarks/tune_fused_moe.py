@@ -2,12 +2,17 @@
 
     python benchmarks/tune_fused_moe.py [--shapes hy3,hy3-tp8,...] [--ts 1,16,128,4096] [--out PATH]
     python benchmarks/tune_fused_moe.py --breakdown [--shapes ...] [--ts 1024,4096,16384]
+    python benchmarks/tune_fused_moe.py --variants [--shapes ...] [--ts 1,16,64,128]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
 candidate's by more than ``TUNE_MAX_REL_DIFF`` is dropped). The output is merged into the file: other
 entries are kept, same (E, H, I, top_k, mode, T) replaced. Default output: $OUT/fused_moe_configs.json
 on the device machine, else hpc_advise/kernels/fused_moe/configs.json (the file ``op.get_config`` reads).
+
+``--variants`` times, per point, the config ``op.get_config`` picks now against the same with
+programmatic dependent launches and the new decode variants (``fb.variant_candidates``: split sums
+in the small-T path, PDL), old and new in one process, and keeps the fastest.
 
 ``--breakdown`` tunes nothing: it times each launch of the config ``op.get_config`` picks (the
 single-CTA and the multi-CTA router + input quantization, gate/up, down, reduce) and prints one line
@@ -110,6 +115,11 @@ def main() -> None:
         action="store_true",
         help="time only the small-T path's candidates against the config op.get_config picks now",
     )
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="time the current pick against its PDL form and the new decode variants",
+    )
     args = ap.parse_args()
     import torch
 
@@ -126,7 +136,9 @@ def main() -> None:
             with open(Path(os.environ["OUT"]) / "fused_moe_breakdown.jsonl", "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return
-    entries = fb.tune(shapes, ts, budget_s=args.budget, small_vs_tuned=args.small_vs_tuned)
+    entries = fb.tune(
+        shapes, ts, budget_s=args.budget, small_vs_tuned=args.small_vs_tuned, variants=args.variants
+    )
     if args.out:
         out = Path(args.out)
     elif os.environ.get("OUT"):

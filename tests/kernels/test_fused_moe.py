@@ -404,6 +404,40 @@ def test_gpu_one_expert_takes_every_token_and_graph_capture():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t,split", [(1, 4), (16, 1), (128, 1)])
+def test_gpu_programmatic_launches_give_the_same_output_and_replay(t, split):
+    """PDL = 1 (every launch of the regular path a programmatic dependent launch, griddepcontrol.wait
+    before its first read; PREFETCH = 1 adds the down grid's L2 weight prefetch before its wait):
+    bitwise the output of the plain launches, at DeepSeek-V3 EP8's shape
+    (split-K: five launches), and captured in a CUDA graph with fresh routing."""
+    seed = _seed()
+    e, h, i, k, ge, off = 32, 7168, 2048, 8, 256, 64
+    p = make_problem(t, e, h, i, k, "block-dynamic", device="cuda", global_experts=ge, expert_offset=off)
+    base = dict(op.default_config(t, k, e, h, i, True), SPLIT_K=split)
+    plain, _, _ = run_and_check(p, config=base, seed=seed)
+    pdl, _, _ = run_and_check(p, config=dict(base, PDL=1), seed=seed)
+    assert torch.equal(plain, pdl), seed
+    cfg = dict(base, PDL=1, PREFETCH=1)  # + the down grid's L2 weight prefetch before its wait
+    prefetched, _, _ = run_and_check(p, config=cfg, seed=seed)
+    assert torch.equal(plain, prefetched), seed
+    out = torch.empty_like(plain)
+    call = lambda: fused_moe(
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
+    )
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+        call()  # back to back: the second call's first launch overlaps the first call's last
+    p["ids"].copy_(torch.randint(0, ge, (t, k), device="cuda", dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **p["kw"])
+    assert rel_err(out, ref) <= REL_TOL_QUANT_REF, seed
+
+
+@pytest.mark.gpu
 def test_gpu_prefill_multi_cta_router_gives_the_same_output(monkeypatch):
     """T = 4096 (32768 entries): the multi-CTA router and the single-CTA one order entries inside an
     expert differently, yet every output row depends only on its own rows, so the layer's output must
@@ -494,6 +528,9 @@ SM90_ALIGNED = ["H", "I", "stride_we", "stride_wn", "stride_x", "stride_out"]  #
 def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
     from hpc_advise.kernels.fused_moe import kernel as K
 
+    consts = dict(consts, USE_PDL=consts.get("USE_PDL", False))
+    if name == "_down_kernel":
+        consts.setdefault("PREFETCH", consts["USE_PDL"])
     types = SM90_TYPES[name].split()
     if name == "_gate_up_kernel" and consts["OUT_MODE"] == 1:  # split-K partials are fp32
         args = [a for a in getattr(K, name).arg_names if a not in consts]
@@ -553,6 +590,8 @@ def test_kernels_compile_for_sm90_with_pipelined_loads():
         ],
         ["_reduce_kernel", dict(BLOCK_H=1024), 4, 3],
     ]
+    # programmatic dependent launches (config PDL = 1): griddepcontrol in every launch of the path
+    jobs += [[name, dict(consts, USE_PDL=True), w, st] for name, consts, w, st in jobs]
     res = compile_sm90([_sm90_job(*job) for job in jobs])
     gemms = [r for r in res if r["kernel"] in ("_gate_up_kernel", "_down_kernel")]
     assert gemms and all(r["async_copies"] > 0 for r in gemms), res  # software-pipelined

@@ -55,41 +55,64 @@ def test_small_path_matches_reference(mode, t, split, gu_n, pre_q):
     run_and_check(p, config=cfg, scaling=2.5 if t == 3 else 1.0, seed=seed)
 
 
-def test_small_path_is_deterministic_and_leaves_counters_at_zero():
+# GU_RED (split-K partials summed in the gate/up kernel by the last-arriving split) and DN_SPLIT (the
+# down kernel's K split over programs, summed in split order by the token's last arrival)
+SPLIT_SUMS = dict(SPLIT_K=3, GU_RED=1, GU_N=128, DN_SPLIT=2)
+VARIANTS = {"base": {}, "split-sums": SPLIT_SUMS}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("t,split,dn_split", [(1, 3, 1), (3, 2, 2), (2, 1, 3)])
+def test_small_path_split_sums_match_reference(mode, t, split, dn_split):
+    """I = 192 (a partial second N tile), H = 384: split 3 leaves one 128-K step per split, split 2
+    an uneven share; DN_SPLIT 3 over I's two K steps leaves one split without K steps (zeros)."""
+    seed = _seed()
+    p = make_problem(t, 6, 384, 192, 3, mode, device="cpu")
+    cfg = small_cfg(SPLIT_K=split, GU_RED=1, GU_N=128, DN_SPLIT=dn_split)
+    run_and_check(p, config=cfg, scaling=2.5 if t == 3 else 1.0, seed=seed)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_small_path_is_deterministic_and_leaves_counters_at_zero(variant):
     seed = _seed()
     p = make_problem(3, 4, 256, 128, 3, "block-dynamic", device="cpu")
     p["ids"][1] = p["ids"][0]  # two tokens on the same experts: one gate/up program serves both
-    out1, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
-    out2, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    cfg = small_cfg(**VARIANTS[variant])
+    out1, _, _ = run_and_check(p, config=cfg, seed=seed)
+    out2, _, _ = run_and_check(p, config=cfg, seed=seed)
     assert torch.equal(out1, out2), seed
     assert all(int(c.abs().sum()) == 0 for c in op_small._COUNTERS.values()), seed
 
 
 @pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
-def test_one_token_with_every_slot_on_one_expert(mode):
+@pytest.mark.parametrize("variant", ["split-k-2", "split-sums"])
+def test_one_token_with_every_slot_on_one_expert(mode, variant):
     """Token 0 names expert 2 in all k slots (the result is counted k times, weighted per slot);
     token 1 shares expert 2 with it in one slot, so one program serves both tokens."""
     seed = _seed()
     ids = torch.tensor([[2, 2, 2], [0, 2, 3]], dtype=torch.int32)
     p = make_problem(2, 4, 256, 128, 3, mode, ids=ids, device="cpu")
-    run_and_check(p, config=small_cfg(SPLIT_K=2), seed=seed)
+    cfg = small_cfg(SPLIT_K=2) if variant == "split-k-2" else small_cfg(**SPLIT_SUMS)
+    run_and_check(p, config=cfg, seed=seed)
 
 
-def test_small_path_ids_of_other_ranks_and_minus_one():
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_small_path_ids_of_other_ranks_and_minus_one(variant):
     """EP rank with experts 4..7 of 12: slots of other ranks and -1 are skipped; token 0 has no
     local slot and gets zeros."""
     seed = _seed()
     ids = torch.tensor([[0, 11, -1], [5, -1, 9], [4, 7, 6]], dtype=torch.int32)
-    p = make_problem(3, 4, 256, 64, 3, "block-dynamic", ids=ids, expert_offset=4, device="cpu")
-    out, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    p = make_problem(3, 4, 256, 128, 3, "block-dynamic", ids=ids, expert_offset=4, device="cpu")
+    out, _, _ = run_and_check(p, config=small_cfg(**VARIANTS[variant]), seed=seed)
     assert (out[0] == 0).all(), seed
 
 
-def test_small_path_rank_without_local_slots_writes_zeros():
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_small_path_rank_without_local_slots_writes_zeros(variant):
     seed = _seed()
     ids = torch.randint(0, 8, (2, 3), dtype=torch.int32)  # experts 0..7; this rank holds 8..11
-    p = make_problem(2, 4, 256, 64, 3, "tensor-static", ids=ids, expert_offset=8, device="cpu")
-    out, _, _ = run_and_check(p, config=small_cfg(), seed=seed)
+    p = make_problem(2, 4, 256, 128, 3, "tensor-static", ids=ids, expert_offset=8, device="cpu")
+    out, _, _ = run_and_check(p, config=small_cfg(**VARIANTS[variant]), seed=seed)
     assert (out == 0).all(), seed
 
 
@@ -100,6 +123,16 @@ def test_small_path_error_against_unquantized_math_is_reported():
     err_f = rel_err(out, moe_float_reference(p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"]))
     print(f"small path: rel err vs quantized reference {err_q:.2e}, vs unquantized fp32 {err_f:.2e}")
     assert err_f <= REL_TOL_FLOAT_REF, seed
+
+
+def test_programmatic_launch_flags_are_ignored_off_sm90():
+    """PDL / PREFETCH need SM90 (griddepcontrol, inline PTX); elsewhere (here: the CPU interpreter) the
+    path runs plain launches and gives bitwise the output of the config without them."""
+    seed = _seed()
+    p = make_problem(2, 4, 256, 128, 3, "block-dynamic", device="cpu")
+    plain, _, _ = run_and_check(p, config=small_cfg(**SPLIT_SUMS), seed=seed)
+    flagged, _, _ = run_and_check(p, config=small_cfg(**SPLIT_SUMS, PDL=1, PREFETCH=1), seed=seed)
+    assert torch.equal(plain, flagged), seed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +185,11 @@ def test_small_config_errors_are_clear():
         fused_moe(*args, config={"PATH": "small", "GU_N": 32}, **p["kw"])
     with pytest.raises(FusedMoEError, match="power of two"):
         fused_moe(*args, config=small_cfg(DN_N=48), **p["kw"])
+    with pytest.raises(FusedMoEError, match="DN_SPLIT=9"):
+        fused_moe(*args, config=small_cfg(DN_SPLIT=9), **p["kw"])
+    for key in ("GU_RED", "PDL"):
+        with pytest.raises(FusedMoEError, match=f"{key}=2 must be 0 or 1"):
+            fused_moe(*args, config=small_cfg(**{key: 2}), **p["kw"])
     big = make_problem(op_small.SMALL_T_MAX + 1, 4, 128, 64, 2, "tensor-static", device="cpu")
     with pytest.raises(FusedMoEError, match="T <= 32"):
         fused_moe(
@@ -182,7 +220,7 @@ def test_default_small_config_uses_wgmma_tiles_and_covers_the_sms():
 
 _SMALL_TYPES = {
     "_small_quant_kernel": "*bf16 *fp8e4nv *fp32 *fp32 i32 i32 i32",
-    "_small_gate_up_kernel": "*bf16 *fp8e4nv *fp32 *fp32 *fp32 *i32 *fp8e4nv *fp32 *fp8e4nv *fp32 "
+    "_small_gate_up_kernel": "*bf16 *fp8e4nv *fp32 *fp32 *fp32 *i32 *fp8e4nv *fp32 *fp8e4nv *fp32 *fp32 *i32 "
     + "i32 " * 12,
     "_small_down_kernel": "*fp8e4nv *fp32 *fp32 *i32 *fp32 *fp8e4nv *fp32 *fp32 *i32 *bf16 "
     + "i32 " * 7
@@ -192,6 +230,13 @@ _SMALL_TYPES = {
 
 
 def _small_job(name: str, consts: dict) -> list:
+    consts = dict(consts, USE_PDL=consts.get("USE_PDL", False))
+    if name != "_small_quant_kernel":
+        consts.setdefault("PREFETCH", False)
+    if name == "_small_gate_up_kernel":
+        consts.setdefault("GU_RED", False)
+    if name == "_small_down_kernel":
+        consts.setdefault("DN_SPLIT", 1)
     types = _SMALL_TYPES[name].split()
     if consts.get("H_MODE", 1) != 1:  # fp32 h or split-K partials
         types[8 if name == "_small_gate_up_kernel" else 0] = "*fp32"
@@ -208,7 +253,13 @@ def test_small_kernels_compile_for_sm90_with_pipelined_loads():
         gu = dict(flags, BLOCK_M=16, BLOCK_N=gu_n, BLOCK_K=128, N_PAD=256, A_GROUP=group, PRE_Q=pre_q)
         jobs.append(_small_job("_small_gate_up_kernel", gu))
         jobs.append(_small_job("_small_down_kernel", dict(flags, BLOCK_H=64, BLOCK_K=128)))
-    jobs.append(_small_job("_small_quant_kernel", dict(QROWS=16, GROUP=128, A_GROUP=True)))
+    # split-K summed in the gate/up kernel (h handed over as fp8), split down K, programmatic launches
+    flags = dict(SPLIT_K=4, W_BLOCK=True, A2_GROUP=True, H_MODE=1, K_PAD=8, EVEN_K=True, USE_PDL=True)
+    flags["PREFETCH"] = True  # weights prefetched to L2 before each grid's wait
+    gu = dict(flags, BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, N_PAD=256, A_GROUP=True, PRE_Q=1, GU_RED=True)
+    jobs.append(_small_job("_small_gate_up_kernel", gu))
+    jobs.append(_small_job("_small_down_kernel", dict(flags, BLOCK_H=64, BLOCK_K=128, DN_SPLIT=2)))
+    jobs.append(_small_job("_small_quant_kernel", dict(QROWS=16, GROUP=128, A_GROUP=True, USE_PDL=True)))
     res = compile_sm90(jobs)
     quant = res.pop()
     assert quant["stack"] == 0, quant
@@ -244,12 +295,39 @@ def test_gpu_small_path_real_shapes(shape, mode, t, split):
 
 
 @pytest.mark.gpu
-def test_gpu_small_path_graph_replay_is_deterministic_and_tracks_new_routing():
+@pytest.mark.parametrize("shape", list(GPU_SHAPES))
+@pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
+@pytest.mark.parametrize("t,split,dn_split", [(1, 8, 4), (3, 4, 2)])
+def test_gpu_small_path_split_sums_and_pdl_real_shapes(shape, mode, t, split, dn_split):
+    """GU_RED + DN_SPLIT with programmatic dependent launches and L2 weight prefetch, real shapes."""
+    seed = _seed()
+    e, h, i, k, ge, off = GPU_SHAPES[shape]
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    cfg = dict(
+        op_small.default_small_config(t, k, e, h, i, mode.endswith("dynamic")),
+        GU_N=128,
+        GU_WARPS=8,
+        GU_STAGES=3,
+        SPLIT_K=split,
+        GU_RED=1,
+        DN_SPLIT=dn_split,
+        PDL=1,
+        PREFETCH=1,
+    )
+    out, ref, err = run_and_check(p, config=cfg, scaling=2.5, seed=seed)
+    print(f"small {shape} {mode} T={t} split={split}/{dn_split} PDL: rel err vs quantized ref {err:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["default", "split-sums-pdl"])
+def test_gpu_small_path_graph_replay_is_deterministic_and_tracks_new_routing(variant):
     seed = _seed()
     t, k = 4, 8
     p = make_problem(t, 192, 4096, 1536, k, "block-dynamic", device="cuda")
     p["ids"][0] = 17  # one token with every slot on one expert
     cfg = op_small.default_small_config(t, k, 192, 4096, 1536)
+    if variant != "default":
+        cfg = dict(cfg, GU_N=128, SPLIT_K=4, GU_RED=1, DN_SPLIT=2, PDL=1, PREFETCH=1)
     out = torch.empty_like(p["x"])
     call = lambda: fused_moe(
         p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]

@@ -15,6 +15,9 @@ Launches, in order:
   4. ``_down_kernel``     down GEMM over the padded intermediate; epilogue multiplies by the routing
                           weight (and routed scaling factor) and writes one bf16 row per (token, slot).
   5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16.
+USE_PDL (config PDL = 1, SM90+): each launch is a programmatic dependent launch whose programs wait
+(griddepcontrol.wait) for the prior grid before reading or writing anything, so only the launch
+latency and the prior grid's tail overlap.
 """
 
 from __future__ import annotations
@@ -24,6 +27,20 @@ import triton.language as tl
 
 FP8_MAX = tl.constexpr(448.0)  # largest finite float8_e4m3fn
 SCALE_EPS = tl.constexpr(1e-10)  # group scale floor, so an all-zero group quantizes to zeros, not NaN
+
+
+@triton.jit
+def _prefetch_l2(ptrs, mask):
+    """prefetch.global.L2 of the line holding each address where ``mask`` (a hint: no data, no fault on
+    masked lanes). Only under USE_PDL guards: the interpreter runs no inline PTX."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r",
+        [ptrs, mask.to(tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -138,9 +155,13 @@ def _prep_kernel(
     QROWS: tl.constexpr,
     GROUP: tl.constexpr,
     A_GROUP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Grid (1 + cdiv(T, QROWS) · cdiv(H, GROUP),): program 0 routes, each other program quantizes one
     [QROWS, GROUP] tile of the hidden rows."""
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     if pid == 0:
         _route(
@@ -261,12 +282,16 @@ def _gate_up_kernel(
     EVEN_K: tl.constexpr,
     FAST_ACC: tl.constexpr,
     TWO_DOTS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
     the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
     instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
     ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC)."""
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(1)
@@ -379,8 +404,12 @@ def _act_quant_kernel(
     BLOCK_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     A2_GROUP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M, cdiv(I, 128)): sum split-K partials, SiLU(gate)·up, fp8 quantization."""
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
@@ -426,10 +455,26 @@ def _down_kernel(
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
     FAST_ACC: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
-    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ)."""
+    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
+    PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
+    (two launches back, so complete: the launch in between let this grid start only once all its
+    programs had passed their own wait) and prefetch this tile's weights into L2."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
+    if PREFETCH:
+        tl.static_assert(USE_PDL)
+        if pid_m * BLOCK_M < tl.load(num_padded_ptr, cache_modifier=".cg"):
+            e_pf = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
+            rows_pf = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_ptrs = w_ptr + e_pf * stride_we + rows_pf.to(tl.int64) * stride_wn
+            for k0 in range(0, I, 128):
+                _prefetch_l2(row_ptrs + k0, rows_pf < H)
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
         return
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -496,8 +541,12 @@ def _reduce_kernel(
     num_experts,
     stride_out,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Grid (T, cdiv(H, BLOCK_H)): out[t] = Σ_j y[t·k + j] over this rank's slots (0 if none)."""
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs < H
@@ -511,6 +560,7 @@ def _reduce_kernel(
 
 __all__ = [
     "FP8_MAX",
+    "_prefetch_l2",
     "SCALE_EPS",
     "_act_quant_kernel",
     "_down_kernel",

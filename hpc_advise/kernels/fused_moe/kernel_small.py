@@ -13,14 +13,20 @@ n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP 
      dynamic per-1×G group: the K step is the group), or read from launch 0's output (PRE_Q). Output, at every slot j where token t chose e
      (row t·k + j), by H_MODE: 1 — h = SiLU(gate)·up quantized to fp8 (static a2, or the 1×G group of
      the BLOCK_N = G tile, scale to ``hs_ptr``); 0 — h in fp32; 2 (SPLIT_K > 1) — the fp32 gate and up
-     partial sums of split p at [p, t·k + j, 0:2I] (summed by the down kernel: no atomics).
+     partial sums of split p at [p, t·k + j, 0:2I] (summed by the down kernel: no atomics). GU_RED
+     (SPLIT_K > 1): the splits of a tile store fp32 partials and bump the tile's arrival counter; the
+     last to arrive sums them in split order and runs the mode 1/0 epilogue (more programs than
+     experts × N tiles at T = 1, without mode 2's per-H-tile SiLU/quantization in the down kernel).
   2. ``_small_down_kernel``  grid (n · cdiv(H, BLOCK_H),): one program per (entry, H tile), the regular
      path's parallelism without its sorted order. H_MODE 1 reads the fp8 h row; modes 0/2 sum the
      partials, apply SiLU·up and quantize each BLOCK_K chunk like the reference. The row
      w_tj · s · W2_e · q(h) of the tile is stored in fp32 to ``y_ptr`` [n, H]; the program then bumps
      the (token, H tile) arrival counter, and the last of the token's k programs sums the k rows in
      slot order j = 0..k−1 (slots of other EP ranks, or −1, skipped: they compute nothing), writes the
-     bf16 output and resets the counter to 0. No reduce launch, no atomics on the output.
+     bf16 output and resets the counter to 0. No reduce launch, no atomics on the output. DN_SPLIT
+     programs per (entry, H tile) split the K = I steps; their rows are summed in split order too.
+  USE_PDL: each kernel is a programmatic dependent launch that waits (griddepcontrol.wait) for the
+     prior grid before touching anything it wrote, and lets the next grid launch at once.
 
 Every output element is a fixed-order sum, so results are bitwise reproducible.
 """
@@ -30,7 +36,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel import FP8_MAX, SCALE_EPS
+from .kernel import FP8_MAX, SCALE_EPS, _prefetch_l2
 from .kernel import _quant_rows as _quant_hidden_tile
 
 
@@ -62,9 +68,13 @@ def _small_quant_kernel(
     QROWS: tl.constexpr,
     GROUP: tl.constexpr,
     A_GROUP: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """PRE_Q launch 0, grid (cdiv(T, QROWS) · cdiv(H, G),): the regular path's input quantization of one
     [QROWS, G] tile (kernel._quant_rows) without its router."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     _quant_hidden_tile(
         x_ptr, xq_ptr, xs_ptr, a_scale_ptr, tl.program_id(0), T, H, stride_x, QROWS, GROUP, A_GROUP
     )
@@ -84,6 +94,8 @@ def _small_gate_up_kernel(
     ws_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
     h_ptr,  # H_MODE 1: fp8 [n, I]; 0: fp32 [n, I]; 2: fp32 [SPLIT_K, n, 2I]
     hs_ptr,  # H_MODE 1 with A2_GROUP: fp32 [n, cdiv(I, G)]
+    part_ptr,  # GU_RED: fp32 [SPLIT_K, n, 2I] split partials (row t·k + first slot of e)
+    count_ptr,  # GU_RED: int32 [>= n · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
     T,
     H,
     I,
@@ -108,12 +120,33 @@ def _small_gate_up_kernel(
     A2_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,  # H % BLOCK_K == 0
+    GU_RED: tl.constexpr,  # SPLIT_K > 1 summed here: the last-arriving split runs the H_MODE 1 epilogue
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (wait for the prior grid here)
+    PREFETCH: tl.constexpr,  # (USE_PDL and PRE_Q) prefetch this tile's weights to L2 before the wait
 ):
     num_n = tl.cdiv(I, BLOCK_N)
     pid = tl.program_id(0)
     s_entry = pid // num_n
     pid_n = pid % num_n
     pid_k = tl.program_id(1)
+    k_span = tl.cdiv(tl.cdiv(H, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = pid_k * k_span
+    k_hi = tl.minimum(k_lo + k_span, H)
+    if PREFETCH:
+        # topk_ids come from before the quantization launch, which let this grid start only after all its
+        # programs had passed their wait: complete. The weights are constant.
+        tl.static_assert(USE_PDL)
+        tl.static_assert(PRE_Q != 0)
+        e_pf = tl.load(topk_ids_ptr + s_entry, cache_modifier=".cg") - expert_offset
+        if (e_pf >= 0) & (e_pf < num_experts):
+            rows_pf = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_ptrs = w_ptr + e_pf.to(tl.int64) * stride_we + rows_pf.to(tl.int64) * stride_wn
+            for k0 in range(k_lo, k_hi, 128):
+                _prefetch_l2(row_ptrs + k0, rows_pf < I)
+                _prefetch_l2(row_ptrs + I * stride_wn + k0, rows_pf < I)
+    if USE_PDL:  # everything below reads what earlier launches wrote (ids, quantized inputs)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     e = tl.load(topk_ids_ptr + s_entry) - expert_offset
     if (e < 0) | (e >= num_experts):
         return
@@ -150,9 +183,6 @@ def _small_gate_up_kernel(
         su_ptrs = ws_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
     a13 = tl.load(a13_scale_ptr)
 
-    k_span = tl.cdiv(tl.cdiv(H, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_lo = pid_k * k_span
-    k_hi = tl.minimum(k_lo + k_span, H)
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # transposed: [columns of I, tokens]
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -187,6 +217,30 @@ def _small_gate_up_kernel(
             # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K
             acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
             acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+    if GU_RED:
+        # this split's partial sums go to row (p, t·k + j) for the first slot j where token t chose e;
+        # the split that arrives last sums all SPLIT_K partials in split order (deterministic) and
+        # runs the epilogue, the others exit (router_gemm's arrival counter)
+        j_first = tl.min(tl.where(match, offs_j[None, :], K_PAD), axis=1)
+        row_first = offs_m.to(tl.int64) * top_k + j_first
+        p_ofs = row_first[None, :] * (2 * I) + offs_n[:, None]  # [BLOCK_N, BLOCK_M]
+        p_ok = n_ok[:, None] & row_ok[None, :]
+        mine = part_ptr + pid_k * n_entries * (2 * I) + p_ofs
+        tl.store(mine, acc_g, mask=p_ok)
+        tl.store(mine + I, acc_u, mask=p_ok)
+        tl.debug_barrier()  # every thread's partial store before the (gpu-scope, acq_rel) arrival
+        cnt = count_ptr + s_entry * num_n + pid_n
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived != SPLIT_K - 1:
+            return
+        acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for p in tl.static_range(SPLIT_K):
+            part = part_ptr + p * n_entries * (2 * I) + p_ofs
+            # .cg: through L2, never a stale L1 line of another CTA's partial
+            acc_g += tl.load(part, mask=p_ok, other=0.0, cache_modifier=".cg")
+            acc_u += tl.load(part + I, mask=p_ok, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     acc_g = tl.trans(acc_g)  # [BLOCK_M, BLOCK_N] again: one row per token
     acc_u = tl.trans(acc_u)
     if not A_GROUP:
@@ -227,7 +281,7 @@ def _small_down_kernel(
     topk_w_ptr,  # fp32 [T, k]
     w_ptr,  # fp8 [E, H, I]
     ws_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
-    y_ptr,  # fp32 [n, H] scratch: one weighted row per (token, slot)
+    y_ptr,  # fp32 [DN_SPLIT, n, H] scratch: one weighted row per (K split, token, slot)
     count_ptr,  # int32 [>= T · cdiv(H, BLOCK_H)] arrival counters, 0 before and after the launch
     out_ptr,  # bf16 [T, H], row stride stride_out
     T,
@@ -251,12 +305,32 @@ def _small_down_kernel(
     A2_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,  # I % BLOCK_K == 0
+    DN_SPLIT: tl.constexpr,  # programs per (entry, H tile), each over a 1/DN_SPLIT share of the K = I steps
+    USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,  # (USE_PDL) prefetch this tile's weights to L2 before the wait
 ):
     pid = tl.program_id(0)
     s = (pid % n_entries).to(tl.int64)  # the entries of one H tile are neighbours: shared experts hit L2
-    pid_h = pid // n_entries
-    t = s // top_k
     num_h = tl.cdiv(H, BLOCK_H)
+    pid_h = (pid // n_entries) % num_h
+    pid_p = pid // (n_entries * num_h)
+    t = s // top_k
+    k_span = tl.cdiv(tl.cdiv(I, BLOCK_K), DN_SPLIT) * BLOCK_K
+    k_lo = pid_p * k_span
+    k_hi = tl.minimum(k_lo + k_span, I)
+    if PREFETCH:
+        # this grid starts only once every gate/up program has passed its wait, so the launches before
+        # gate/up (topk_ids) are complete; the weights are constant
+        tl.static_assert(USE_PDL)
+        e_pf = tl.load(topk_ids_ptr + s, cache_modifier=".cg") - expert_offset
+        if (e_pf >= 0) & (e_pf < num_experts):
+            rows_pf = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+            row_ptrs = w_ptr + e_pf.to(tl.int64) * stride_we + rows_pf.to(tl.int64) * stride_wn
+            for k0 in range(k_lo, k_hi, 128):
+                _prefetch_l2(row_ptrs + k0, rows_pf < H)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < H
     e = tl.load(topk_ids_ptr + s) - expert_offset
@@ -271,7 +345,7 @@ def _small_down_kernel(
             sw_ptrs = ws_ptr + e64 * stride_wse + (offs_h // 128) * stride_wsn
         a2 = tl.load(a2_scale_ptr)
         acc = tl.zeros([BLOCK_H, 16], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             cols = k0 + offs_k
             if EVEN_K:
                 k_ok = cols >= 0
@@ -315,22 +389,26 @@ def _small_down_kernel(
         if not W_BLOCK:
             coef = coef * tl.load(ws_ptr + e64)
         y = tl.sum(acc, axis=1) * coef  # columns 1.. are zero
-        tl.store(y_ptr + s * H + offs_h, y, mask=h_ok)
+        tl.store(y_ptr + (pid_p * n_entries + s) * H + offs_h, y, mask=h_ok)
     # every thread's row store happens before the (gpu-scope, acq_rel) arrival atomic
     tl.debug_barrier()
     cnt = count_ptr + t * num_h + pid_h
     arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == top_k - 1:
+    if arrived == top_k * DN_SPLIT - 1:
         offs_j = tl.arange(0, K_PAD)
         ids_t = tl.load(topk_ids_ptr + t * top_k + offs_j, mask=offs_j < top_k, other=-1) - expert_offset
         local_t = (ids_t >= 0) & (ids_t < num_experts)
         total = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for j in range(0, top_k):  # slot order: the sum never depends on arrival order
+        for j in range(0, top_k):  # slot order, then split order: never the arrival order
             local_j = tl.sum(tl.where((offs_j == j) & local_t, 1, 0), axis=0) > 0
-            # .cg: read through L2, never a stale L1 line of another CTA's row
-            total += tl.load(
-                y_ptr + (t * top_k + j) * H + offs_h, mask=h_ok & local_j, other=0.0, cache_modifier=".cg"
-            )
+            for p in tl.static_range(DN_SPLIT):
+                # .cg: read through L2, never a stale L1 line of another CTA's row
+                total += tl.load(
+                    y_ptr + ((p * n_entries + t * top_k + j) * H + offs_h),
+                    mask=h_ok & local_j,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
         tl.store(out_ptr + t * stride_out + offs_h, total.to(out_ptr.dtype.element_ty), mask=h_ok)
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 

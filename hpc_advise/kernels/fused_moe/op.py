@@ -30,6 +30,7 @@ from .op_small import (
     default_small_config,
     fused_moe_small,
     is_small,
+    use_pdl,
 )
 from .reference import FP8, moe_align_reference, quantize_group, quantize_static
 
@@ -197,6 +198,9 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         raise FusedMoEError("BLOCK_K must divide the 128-wide scale groups (<= 128)")
     if a2_group and cfg["SPLIT_K"] == 1 and cfg["GU_N"] != GROUP:
         raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
+    for key in ("PDL", "PREFETCH"):
+        if cfg.get(key, 0) not in (0, 1):
+            raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
     return cfg
 
 
@@ -293,6 +297,8 @@ class _Launch:
         self.offset = int(expert_offset)
         if is_small(self.cfg):  # the small-T path allocates its own workspace (op_small.py)
             return
+        self.pdl = use_pdl(self.cfg, dev)  # programmatic dependent launches (config PDL = 1, SM90+)
+        self.launch_kw = {"launch_pdl": True} if self.pdl else {}
         bm = self.cfg["BLOCK_M"]
         self.P = max_padded_rows(self.n, self.E, bm)
         self.sorted_ids = torch.empty(self.P, dtype=torch.int32, device=dev)
@@ -339,7 +345,9 @@ class _Launch:
             QROWS=qrows,
             GROUP=GROUP,
             A_GROUP=self.a1_group,
+            USE_PDL=self.pdl,
             num_warps=4,
+            **self.launch_kw,
         )
 
     def _prep_multi(self, hidden, qrows: int):
@@ -437,8 +445,10 @@ class _Launch:
             EVEN_K=self.H % c["GU_K"] == 0,
             FAST_ACC=bool(c.get("FAST_ACC", 0)),
             TWO_DOTS=not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)),
+            USE_PDL=self.pdl,
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
+            **self.launch_kw,
         )
 
     def act_quant(self, part, split_k: int):
@@ -455,7 +465,9 @@ class _Launch:
             BLOCK_M=self.cfg["BLOCK_M"],
             SPLIT_K=split_k,
             A2_GROUP=self.a2_group,
+            USE_PDL=self.pdl,
             num_warps=4,
+            **self.launch_kw,
         )
 
     def down(self, w2, routed_scaling: float):
@@ -488,8 +500,11 @@ class _Launch:
             W_BLOCK=self.w_block,
             EVEN_K=self.I % c["DN_K"] == 0,
             FAST_ACC=bool(c.get("FAST_ACC", 0)),
+            USE_PDL=self.pdl,
+            PREFETCH=self.pdl and bool(c.get("PREFETCH", 0)),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
+            **self.launch_kw,
         )
 
     def reduce(self, out):
@@ -504,7 +519,9 @@ class _Launch:
             self.E,
             out.stride(0),
             BLOCK_H=block_h,
+            USE_PDL=self.pdl,
             num_warps=4,
+            **self.launch_kw,
         )
 
 
@@ -625,6 +642,7 @@ def moe_unfused(
         expert_offset,
         config,
     )
+    launch.pdl, launch.launch_kw = False, {}  # the baseline's stages are plain launches
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result

@@ -5,7 +5,12 @@
 T <= ``SMALL_T_MAX`` (one A-tile row per token); larger T raises (the dispatcher never sends it here).
 Small configs hold GU_N, GU_K, SPLIT_K, GU_WARPS, GU_STAGES (gate/up) and DN_N (= BLOCK_H), DN_K,
 DN_WARPS, DN_STAGES (down), and optionally PRE_Q = 1: quantize the inputs in a launch of their own
-first (three launches) instead of in every gate/up K step.
+first (three launches) instead of in every gate/up K step; GU_RED = 1 (with SPLIT_K > 1): the gate/up
+kernel sums its split-K partials itself (the last-arriving split of each tile, in split order) and
+hands the down kernel h as with one split; DN_SPLIT = s: s programs per (entry, H tile) over the K = I
+steps, summed in split order by the token's last-arriving program; PDL = 1: programmatic dependent
+launches (``use_pdl``); PREFETCH = 1 (with PDL): each GEMM grid prefetches its weight tiles into L2
+before it waits for the previous grid (the gate/up grid only with PRE_Q).
 """
 
 from __future__ import annotations
@@ -31,10 +36,20 @@ def is_small(cfg: dict | None) -> bool:
 
 def h_mode(cfg: dict, a2_group: bool) -> int:
     """How gate/up hands h to the down kernel: 1 fp8 (quantized in the gate/up epilogue: static a2, or
-    a 128-wide tile that holds the whole 1×128 group), 0 fp32, 2 fp32 split-K partials."""
-    if int(cfg["SPLIT_K"]) > 1:
+    a 128-wide tile that holds the whole 1×128 group), 0 fp32, 2 fp32 split-K partials (summed by the
+    down kernel; with GU_RED the gate/up kernel sums them itself and hands over h as with one split)."""
+    if int(cfg["SPLIT_K"]) > 1 and not cfg.get("GU_RED", 0):
         return 2
     return 1 if (not a2_group or cfg["GU_N"] == GROUP) else 0
+
+
+def use_pdl(cfg: dict, device: torch.device) -> bool:
+    """Programmatic dependent launch (config key PDL = 1): on SM90+ GPUs only (the interpreter and older
+    GPUs run the launches plainly). Each kernel of the path waits for the prior grid (griddepcontrol.wait)
+    before it reads or writes anything but weights, so the launch overlaps only the prior grid's tail."""
+    return (
+        bool(cfg.get("PDL", 0)) and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 COUNTER_SLICE = 16384  # arrival counters per stream: T <= 32 tokens x H / DN_N <= 512 tiles
@@ -121,6 +136,11 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         raise error(
             f"PRE_Q={cfg['PRE_Q']} must be 0 (quantize per K step) or 1 (a quantization launch first)"
         )
+    for key in ("GU_RED", "PDL", "PREFETCH"):
+        if cfg.get(key, 0) not in (0, 1):
+            raise error(f"{key}={cfg[key]} must be 0 or 1")
+    if not 1 <= int(cfg.get("DN_SPLIT", 1)) <= 8:
+        raise error(f"DN_SPLIT={cfg['DN_SPLIT']} must be in [1, 8]")
     return cfg
 
 
@@ -162,11 +182,28 @@ def fused_moe_small(
     ws2 = w2_scale.float().contiguous()
     mode = h_mode(c, a2_group)
     pre_q = bool(c.get("PRE_Q", 0))
+    gu_red = split > 1 and bool(c.get("GU_RED", 0))
+    dn_split = int(c.get("DN_SPLIT", 1))
+    pdl = use_pdl(c, dev)
+    launch_kw = {"launch_pdl": True} if pdl else {}
+    prefetch = pdl and bool(c.get("PREFETCH", 0))  # weights to L2 before each grid's wait
     if pre_q:  # launch 0: the inputs quantized once (kernel._quant_rows tiles), no router
         xq = torch.empty(t, h, dtype=FP8, device=dev)
         xs = torch.empty(t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
         KS._small_quant_kernel[(triton.cdiv(t, 16) * triton.cdiv(h, GROUP),)](
-            hidden, xq, xs, a13, t, h, hidden.stride(0), QROWS=16, GROUP=GROUP, A_GROUP=a1_group, num_warps=4
+            hidden,
+            xq,
+            xs,
+            a13,
+            t,
+            h,
+            hidden.stride(0),
+            QROWS=16,
+            GROUP=GROUP,
+            A_GROUP=a1_group,
+            USE_PDL=pdl,
+            num_warps=4,
+            **launch_kw,
         )
     else:
         xq, xs = hidden, a13  # unused
@@ -177,9 +214,13 @@ def fused_moe_small(
         hbuf = torch.empty(n, inter, dtype=torch.float32, device=dev)
     else:
         hbuf = torch.empty(split, n, two_i, dtype=torch.float32, device=dev)
-    y = torch.empty(n, h, dtype=torch.float32, device=dev)
+    y = torch.empty(dn_split, n, h, dtype=torch.float32, device=dev)
+    # GU_RED: split partials, summed by the gate/up kernel's last-arriving split (else unused)
+    part = torch.empty(split, n, two_i, dtype=torch.float32, device=dev) if gu_red else y
     num_h = triton.cdiv(h, c["DN_N"])
-    counters = _counters(dev, t * num_h)
+    num_n = triton.cdiv(inter, c["GU_N"])
+    # one zeroed slice: the down launch's (token, H tile) counters, then gate/up's (entry, N tile) ones
+    counters = _counters(dev, t * num_h + (n * num_n if gu_red else 0))
     s13 = (ws13.stride(0), ws13.stride(1)) if w_block else (0, 0)
     s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
     KS._small_gate_up_kernel[(n * triton.cdiv(inter, c["GU_N"]), split)](
@@ -193,6 +234,8 @@ def fused_moe_small(
         ws13,
         hbuf,
         hs,
+        part,
+        counters[t * num_h :],
         t,
         h,
         inter,
@@ -216,10 +259,14 @@ def fused_moe_small(
         A2_GROUP=a2_group,
         W_BLOCK=w_block,
         EVEN_K=h % c["GU_K"] == 0,
+        GU_RED=gu_red,
+        USE_PDL=pdl,
+        PREFETCH=prefetch and pre_q,
         num_warps=c["GU_WARPS"],
         num_stages=c["GU_STAGES"],
+        **launch_kw,
     )
-    KS._small_down_kernel[(n * num_h,)](
+    KS._small_down_kernel[(n * num_h * dn_split,)](
         hbuf,
         hs,
         a2,
@@ -250,8 +297,12 @@ def fused_moe_small(
         A2_GROUP=a2_group,
         W_BLOCK=w_block,
         EVEN_K=inter % c["DN_K"] == 0,
+        DN_SPLIT=dn_split,
+        USE_PDL=pdl,
+        PREFETCH=prefetch,
         num_warps=c["DN_WARPS"],
         num_stages=c["DN_STAGES"],
+        **launch_kw,
     )
     return out
 

@@ -26,6 +26,7 @@ same run.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -720,20 +721,68 @@ def small_candidates(a2_group: bool) -> list[dict]:
     return out
 
 
+def split_sum_candidates(a2_group: bool) -> list[dict]:
+    """Small-T path configs with more programs at T = 1, with programmatic dependent launches and L2
+    prefetch of each grid's weights before its wait: gate/up split-K summed in the gate/up kernel
+    (GU_RED) and the down K split over DN_SPLIT programs (DeepSeek-V3 EP8 at T = 1 has ~one local
+    expert: 16 gate/up tiles of 128 and 112 down tiles of 64 without splits; Qwen3-30B 48 and 256).
+    One candidate without the prefetch shows what it adds."""
+    base = dict(small_candidates(a2_group)[1], PDL=1, PREFETCH=1, GU_RED=1)  # GU_N 128, 8 warps, 3 stages
+    out = [
+        dict(base, SPLIT_K=split, DN_SPLIT=dn)
+        for split, dn in ((2, 1), (2, 2), (4, 1), (4, 2), (8, 2), (8, 4))
+    ]
+    out.append(dict(base, SPLIT_K=4, DN_SPLIT=2, PREFETCH=0))
+    if not a2_group:  # static a2: 64-wide gate/up tiles still quantize h in the epilogue
+        small64 = dict(small_candidates(a2_group)[0], PDL=1, PREFETCH=1, GU_RED=1)
+        out += [dict(small64, SPLIT_K=2, DN_SPLIT=2), dict(small64, SPLIT_K=4, DN_SPLIT=2)]
+    return out
+
+
+def variant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """Old vs new in one process: the config ``op.get_config`` picks now (first: the tuner's accuracy
+    reference), the same with programmatic dependent launches (PDL = 1) and with the down grid's L2
+    weight prefetch (PREFETCH = 1), and the new variants — ``split_sum_candidates`` up to
+    SMALL_TUNE_T_MAX, above it the regular decode candidates with PDL plus 3-stage gate/up tiles
+    (102 KB of shared memory: two programs per SM instead of one)."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    out = [cur, dict(cur, PDL=1), dict(cur, PDL=1, PREFETCH=1)]
+    if t <= SMALL_TUNE_T_MAX:
+        out += split_sum_candidates(a2_group)
+    else:
+        regular = [c for c in candidates(t, k, a2_group) if c.get("PATH") != "small"]
+        out += [dict(c, PDL=1) for c in regular]
+        if not _is_small_cfg(cur):
+            out += [dict(cur, PDL=1, GU_STAGES=3), dict(cur, PDL=1, PREFETCH=1, GU_STAGES=3, DN_STAGES=3)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+def _is_small_cfg(cfg: dict) -> bool:
+    return cfg.get("PATH") == "small"
+
+
 def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
     return lambda s: op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **kw)
 
 
 def tune(
-    shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None, small_vs_tuned: bool = False
+    shapes=None,
+    ts=TUNE_TS,
+    log=print,
+    budget_s: float | None = None,
+    small_vs_tuned: bool = False,
+    variants: bool = False,
 ) -> list[dict]:
     """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
     With ``budget_s``, stops starting new points once that many seconds have passed. With
     ``small_vs_tuned``, the candidates are the config ``op.get_config`` picks now (first: the accuracy
-    reference) and the small-T path's candidates."""
+    reference) and the small-T path's candidates; with ``variants``, ``variant_candidates``."""
 
     def cands(t, k, e, h, i, mode):
         a2_group = mode.endswith("dynamic")
+        if variants:
+            return variant_candidates(op, t, k, e, h, i, mode)
         if not small_vs_tuned:
             return candidates(t, k, a2_group)
         return [op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)] + small_candidates(a2_group)
@@ -767,7 +816,8 @@ def tune(
                     log(f"  tune: budget of {budget_s:.0f} s spent, skipping {shape} {mode} T={t}")
                     continue
                 sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1)
-                best = first = None
+                first = None
+                timed = []  # (p50 µs, config, timed call)
                 for c in cands(t, k, e, h, i, mode):
                     body = _ours_body(op, wts, kw, c)
                     try:
@@ -777,14 +827,27 @@ def tune(
                         if diff > TUNE_MAX_REL_DIFF:
                             log(f"  {shape} {mode} T={t} {c}: dropped, rel diff {diff:.2e} vs first")
                             continue
-                        timing, _ = _time(rotating(sets, body), t)
+                        fn = rotating(sets, body)
+                        timing, why = _time(fn, t)
                     except Exception as exc:
                         log(f"  {shape} {mode} T={t} {c}: {type(exc).__name__}: {str(exc)[:200]}")
                         continue
-                    cand = json.dumps(c, sort_keys=True)
-                    log(f"  cand {shape} {mode} T={t} p50 {timing.p50:.2f} us {cand}")
-                    if best is None or timing.p50 < best[0]:
-                        best = (timing.p50, c)
+                    if why is not None:  # eager timing is not comparable with the others' graph replay
+                        log(f"  {shape} {mode} T={t} {c}: dropped, graph capture failed: {why}")
+                        continue
+                    log(
+                        f"  cand {shape} {mode} T={t} p50 {timing.p50:.2f} us {json.dumps(c, sort_keys=True)}"
+                    )
+                    timed.append((timing.p50, c, fn))
+                if variants and timed:
+                    # the first candidate (the current pick) was timed first, which read up to 11% slow
+                    # in the benchmark's first pass: time it again last and keep the faster of the two
+                    again = _time(timed[0][2], t)[0].p50
+                    log(
+                        f"  cand {shape} {mode} T={t} first re-timed last: {timed[0][0]:.2f} -> {again:.2f} us"
+                    )
+                    timed[0] = (min(timed[0][0], again), timed[0][1], timed[0][2])
+                best = min(timed, key=lambda x: x[0])[:2] if timed else None
                 if best:
                     log(f"  {shape} {mode} T={t}: {best[0]:.1f} us {best[1]}")
                     entries.append(
