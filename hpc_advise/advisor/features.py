@@ -17,8 +17,9 @@ Decode step per rank and layer: attention projections (weights), KV read of the 
 GEMM, MoE experts touched by the step's tokens (expected distinct experts under uniform routing),
 shared experts / dense FFN; the all-reduces of attention TP (which also combine the experts' outputs
 under EP without attention DP: every rank holds every token, so no all-to-all) or all-gather +
-reduce-scatter around the MoE under attention DP, from link bandwidth; plus the LM head once per
-step. Prefill: the same operators at ``tokens`` tokens, compute-bound for long prompts, plus causal
+reduce-scatter around the MoE under attention DP: the collective's fitted time where the GPU profile's
+measured figures hold one for that op and world size (``comm_model``), else bytes over link bandwidth;
+plus the LM head once per step. Prefill: the same operators at ``tokens`` tokens, compute-bound for long prompts, plus causal
 attention FLOPs.
 """
 
@@ -28,6 +29,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from hpc_advise.advisor import comm_model
 
 # Bytes per weight parameter for a quantization mode (scales included: NVFP4 = 4 bit + one fp8 scale
 # per 16 values; MXFP4 = 4 bit + one e8m0 scale per 32; int4 weight-only with a bf16 scale per 128).
@@ -204,6 +207,8 @@ class Rates:
     bw: float
     flops: dict[str, float]
     link: float  # all-reduce bus bandwidth, bytes/µs
+    # measured collective times: ((op, world size), CommFit) pairs from the profile's figures
+    comm: tuple = ()
 
     @classmethod
     def of(cls, gpu) -> Rates:
@@ -220,7 +225,8 @@ class Rates:
         fp4 = getattr(gpu, "fp4_tflops", None) or bf16
         flops = {"bf16_tflops": bf16 * 1e6, "fp8_tflops": float(fp8) * 1e6, "fp4_tflops": float(fp4) * 1e6}
         link = gpu.rate("allreduce_busbw_gbps") or getattr(gpu, "pcie_gbps", None) or 25.0
-        return cls(bw=bw, flops=flops, link=float(link) * 1e3)
+        comm = tuple(sorted(comm_model.fits_from_figures(getattr(gpu, "measured", None) or {}).items()))
+        return cls(bw=bw, flops=flops, link=float(link) * 1e3, comm=comm)
 
     def peak(self, quant: str) -> float:
         return self.flops[COMPUTE_RATE[quant]]
@@ -253,13 +259,16 @@ def _gemm(params: float, tokens: float, wbytes: float, rates: Rates, quant: str)
     return params * wbytes / rates.bw, 2.0 * params * tokens / rates.peak(quant)
 
 
-def _collective(nbytes: float, ranks: int, link: float, kind: str) -> float:
-    """Bandwidth term of one collective on ``ranks`` GPUs (ring algorithm bus-bandwidth factors)."""
+def _collective(nbytes: float, ranks: int, rates: Rates, kind: str) -> float:
+    """µs of one collective on ``ranks`` GPUs: the measured fit (latency + size / bandwidth, piecewise)
+    when the GPU profile has one for ``kind`` at this world size, else the bandwidth term alone (ring
+    bus-bandwidth factors over the link rate: measured peak bus bandwidth, or the vendor's)."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    f = (ranks - 1) / ranks
-    factor = {"allreduce": 2 * f, "allgather": f, "reducescatter": f, "alltoall": f}[kind]
-    return factor * nbytes / link
+    for key, fit in rates.comm:
+        if key == (kind, ranks):
+            return fit.time_us(nbytes)
+    return comm_model.BUSBW_FACTOR[kind](ranks) * nbytes / rates.link
 
 
 def decode_step(
@@ -311,8 +320,8 @@ def decode_step(
         if dp > 1:
             # gather every group's tokens before the MoE, scatter after
             comm += s.moe_layers * (
-                _collective(tokens_all * act, dep.n_gpus, rates.link, "allgather")
-                + _collective(tokens_all * act, dep.n_gpus, rates.link, "reducescatter")
+                _collective(tokens_all * act, dep.n_gpus, rates, "allgather")
+                + _collective(tokens_all * act, dep.n_gpus, rates, "reducescatter")
             )
             n_coll += 2 * s.moe_layers
         # EP under attention TP (no attention DP): every rank already holds every token after the
@@ -321,7 +330,7 @@ def decode_step(
         # DP 1, TensorRT-LLM's moe_ep without attention DP): no all-to-all of its own
     # attention-TP all-reduces: after attention, after the FFN/MoE
     if tp > 1:
-        comm += s.layers * 2 * _collective(batch * act, tp, rates.link, "allreduce")
+        comm += s.layers * 2 * _collective(batch * act, tp, rates, "allreduce")
         n_coll += 2 * s.layers
     b, f = _gemm(s.vocab * s.hidden / tp, lm_tokens, 2.0, rates, "bf16")
     lm_head = max(b, f)
@@ -371,13 +380,13 @@ def prefill(
                 * _collective(
                     tokens * s.top_k * act / max(dep.moe_ep, 1),
                     max(dep.moe_ep, dep.attn_dp),
-                    rates.link,
+                    rates,
                     "alltoall",
                 )
             )
             n_coll += 2 * s.moe_layers
     if tp > 1:
-        comm += s.layers * 2 * _collective(tokens * act, tp, rates.link, "allreduce")
+        comm += s.layers * 2 * _collective(tokens * act, tp, rates, "allreduce")
         n_coll += 2 * s.layers
     kv_write = (
         s.layers

@@ -13,9 +13,14 @@ compares with the per-direction link bandwidth whatever n is. At one rank the fa
 Each timed iteration is timed on every rank (CUDA events on GPU, ``perf_counter`` on CPU); the slowest
 rank's time per iteration is kept (an element-wise MAX all-reduce of the samples), and the row holds
 its p20/p50/p80 in microseconds. Before timing, each op's result is checked on rank-dependent data.
+Timing ``eager`` (default) launches each call from Python, so small messages measure torch.distributed's
+per-call host cost too (~50 µs on an H200 host, 2026-11-29); ``graph`` (GPU only) captures up to 16
+back-to-back calls in one CUDA graph and times its replays, the device-side cost a CUDA-graph-captured
+decode step (SGLang's) pays. An op whose capture fails is timed eagerly, and its rows say why.
 Rows: kind ``comm``, subject = op, provider ``torch.distributed.<backend>``, config {op, bytes,
-world_size, backend, device, dtype, iters, algbw_gbps, busbw_gbps (both at p50), busbw_factor, env (the
-two multicast variables as the rank-0 process saw them)}: what a communication-time model fits on.
+world_size, backend, device, dtype, iters, timing, algbw_gbps, busbw_gbps (both at p50), busbw_factor,
+env (the two multicast variables as the rank-0 process saw them)}: what ``advisor.comm_model`` fits.
+``measured_figures`` turns rows into GPU-profile figures: peak bus bandwidths and those fits.
 """
 
 from __future__ import annotations
@@ -156,8 +161,47 @@ def _time_op(fn, iters: int, warmup: int, device) -> list[float]:
     return out
 
 
+def _time_op_graph(fn, iters: int, warmup: int, nbytes: int) -> list[float]:
+    """Microseconds per call of ``iters`` replays of a CUDA graph holding up to 16 calls of ``fn``."""
+    import torch
+
+    inner = max(1, min(16, (1 << 24) // max(nbytes, 1)))
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    pairs = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)
+    ]
+    for start, end in pairs:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1000.0 / inner for s, e in pairs]
+
+
 def _worker(
-    rank: int, ws: int, store_file: str, device_kind: str, ops, sizes, iters: int, warmup: int, queue
+    rank: int,
+    ws: int,
+    store_file: str,
+    device_kind: str,
+    ops,
+    sizes,
+    iters: int,
+    warmup: int,
+    queue,
+    graph: bool = False,
 ) -> None:
     os.environ.update(MULTICAST_OFF)
     import torch
@@ -171,19 +215,26 @@ def _worker(
         device, backend = torch.device("cpu"), "gloo"
     # rendezvous through a file (one host): no TCP port to pick, so no race for a free one
     dist.init_process_group(backend, init_method=f"file://{store_file}", rank=rank, world_size=ws)
-    results: list[tuple[str, int, int, list[float]]] = []
+    results: list[tuple[str, int, int, list[float], str]] = []
     try:
         for op in ops:
             _check_op(op, rank, ws, device)
+            timing = "graph" if graph else "eager"
             for nbytes in sizes:
                 fn, _ = _make_op(op, nbytes, rank, ws, device)
                 n_iter = _iters_for(nbytes, iters)
-                samples = torch.tensor(
-                    _time_op(fn, n_iter, warmup, device), dtype=torch.float64, device=device
-                )
+                if timing == "graph":
+                    try:
+                        times = _time_op_graph(fn, n_iter, warmup, nbytes)
+                    except Exception as exc:  # same on every rank: capture is a local decision
+                        torch.cuda.synchronize(device)
+                        timing = f"eager (graph capture failed: {type(exc).__name__}: {str(exc)[:120]})"
+                if timing != "graph":
+                    times = _time_op(fn, n_iter, warmup, device)
+                samples = torch.tensor(times, dtype=torch.float64, device=device)
                 dist.all_reduce(samples, op=dist.ReduceOp.MAX)
                 if rank == 0:
-                    results.append((op, nbytes, n_iter, samples.cpu().tolist()))
+                    results.append((op, nbytes, n_iter, samples.cpu().tolist(), timing))
                 del fn
         dist.barrier(device_ids=[rank] if device_kind == "cuda" else None)
     finally:
@@ -203,8 +254,10 @@ def measure(
     warmup: int = 5,
     timeout_s: float = 600.0,
     env: dict[str, str] | None = None,
+    graph: bool = False,
 ) -> list[dict]:
-    """Spawn ``world_size`` processes, measure every op at every size, return ``runs`` rows."""
+    """Spawn ``world_size`` processes, measure every op at every size, return ``runs`` rows
+    (``graph``: CUDA-graph replay timing, module docstring)."""
     import torch.multiprocessing as mp
 
     ops = tuple(ops)
@@ -213,6 +266,8 @@ def measure(
         raise ValueError(f"unknown ops {bad}; known: {list(OPS)}")
     if device not in ("cuda", "cpu"):
         raise ValueError("device must be 'cuda' or 'cpu'")
+    if graph and device != "cuda":
+        raise ValueError("graph timing needs device 'cuda'")
     if device == "cuda":
         import torch
 
@@ -229,7 +284,7 @@ def measure(
         ctx = mp.get_context("spawn")
         queue = ctx.SimpleQueue()
         store_file = os.path.join(store_dir, "store")  # must not exist yet: FileStore creates it
-        args = (world_size, store_file, device, ops, sizes, iters, warmup, queue)
+        args = (world_size, store_file, device, ops, sizes, iters, warmup, queue, graph)
         procs = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         while not procs.join(timeout=1.0):
@@ -248,12 +303,12 @@ def measure(
     env = env or environment()
     backend = "nccl" if device == "cuda" else "gloo"
     rows = []
-    for op, nbytes, n_iter, samples in results:
+    for op, nbytes, n_iter, samples, timing in results:
         p20, p50, p80 = _percentiles(samples)
         algbw, busbw = bus_bandwidth_gbps(op, nbytes, p50 * 1e-6, world_size)
         config = {
             "op": op, "bytes": nbytes, "world_size": world_size, "backend": backend, "device": device,
-            "dtype": "float32", "iters": n_iter, "algbw_gbps": algbw, "busbw_gbps": busbw,
+            "dtype": "float32", "iters": n_iter, "timing": timing, "algbw_gbps": algbw, "busbw_gbps": busbw,
             "busbw_factor": BUSBW_FACTOR[op](world_size), "env": seen_env,
         }  # fmt: skip
         rows.append(
@@ -272,10 +327,19 @@ def measure(
 
 
 def measured_figures(rows: list[dict]) -> dict[str, float]:
-    """Peak bus bandwidth per op at the largest world size measured (none at one rank: busbw is 0)."""
+    """Peak bus bandwidth per op at the largest world size measured (none at one rank: busbw is 0),
+    plus ``advisor.comm_model``'s fitted time per op and world size (``{op}_ws{n}_s{i}_…`` figures)
+    of the graph-timed rows when there are any, else of the eager ones."""
     comm = [r for r in rows if r.get("kind") == "comm" and r["config"]["world_size"] > 1]
     if not comm:
         return {}
+    from hpc_advise.advisor import comm_model
+
+    timings = {r["config"].get("timing", "eager") for r in comm}
+    pick = "graph" if "graph" in timings else "eager"
+    fitted = comm_model.to_figures(
+        comm_model.fit_rows([r for r in comm if r["config"].get("timing", "eager") == pick])
+    )
     top = max(r["config"]["world_size"] for r in comm)
     out: dict[str, float] = {}
     names = {
@@ -289,4 +353,5 @@ def measured_figures(rows: list[dict]) -> dict[str, float]:
             key = f"{names[r['subject']]}_busbw_gbps"
             out[key] = max(out.get(key, 0.0), float(r["config"]["busbw_gbps"]))
     out["comm_world_size"] = float(top)
+    out.update(fitted)
     return out

@@ -32,9 +32,11 @@ def test_bad_arguments():
         cb.measure(1, device="cpu", ops=("broadcast",))
     with pytest.raises(ValueError, match="device"):
         cb.measure(1, device="tpu")
+    with pytest.raises(ValueError, match="graph timing needs device 'cuda'"):
+        cb.measure(1, device="cpu", graph=True)
 
 
-def _check_rows(rows, ws, backend, device, sizes):
+def _check_rows(rows, ws, backend, device, sizes, timing="eager"):
     assert len(rows) == len(cb.OPS) * len(sizes)
     assert {r["subject"] for r in rows} == set(cb.OPS)
     for r in rows:
@@ -47,6 +49,7 @@ def _check_rows(rows, ws, backend, device, sizes):
         assert c["algbw_gbps"] == pytest.approx(c["bytes"] / (r["p50"] * 1e-6) / 1e9)
         assert c["busbw_gbps"] == pytest.approx(c["algbw_gbps"] * cb.BUSBW_FACTOR[r["subject"]](ws))
         assert c["env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+        assert c["timing"] == timing
 
 
 @pytest.mark.slow
@@ -64,10 +67,14 @@ def test_gloo_on_cpu(ws):
         assert figures["allreduce_busbw_gbps"] == max(
             r["config"]["busbw_gbps"] for r in rows if r["subject"] == "all_reduce"
         )
+        # the communication model's fit per op at 2 ranks travels with the figures
+        for op in ("allreduce", "allgather", "reducescatter", "alltoall"):
+            assert figures[f"{op}_ws2_s0_alpha_us"] >= 0 and f"{op}_ws2_s0_gbps" in figures
 
 
 @pytest.mark.gpu
-def test_nccl_world_size_1_on_gpu():
+@pytest.mark.parametrize("graph", [False, True])
+def test_nccl_world_size_1_on_gpu(graph):
     sizes = (4096, 1 << 20, 64 << 20)
-    rows = cb.measure(1, device="cuda", sizes=sizes, iters=5, warmup=2, timeout_s=300)
-    _check_rows(rows, 1, "nccl", "cuda", sizes)
+    rows = cb.measure(1, device="cuda", sizes=sizes, iters=5, warmup=2, timeout_s=300, graph=graph)
+    _check_rows(rows, 1, "nccl", "cuda", sizes, timing="graph" if graph else "eager")
