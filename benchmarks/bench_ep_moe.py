@@ -234,11 +234,11 @@ def bench_worker(rank: int, ws: int, shapes: list[str], ts: list[int], device: s
 
 
 def precompile_jobs(shapes: list[str], ts: list[int], ws: int) -> list[tuple]:
-    """(mode, config, unfused, I) for every launch config the op will pick: EP ranks receive between
-    T and ws*T rows, TP and EP1 see ws*T."""
+    """Distinct (mode, config, top_k) of every launch config the op will pick: EP ranks receive
+    between T and ws*T rows, TP and EP1 see ws*T."""
     from hpc_advise.kernels.fused_moe import op
 
-    jobs = []
+    jobs = {}
     for shape in shapes:
         e, h, i, k, mode = SHAPES[shape]
         a2 = mode.endswith("dynamic")
@@ -247,8 +247,44 @@ def precompile_jobs(shapes: list[str], ts: list[int], ws: int) -> list[tuple]:
             cases += [(ws * t, e, i // ws), (ws * t, e, i)]  # TP shard, EP1
             for n, el, il in cases:
                 cfg = op.get_config(n, k, el, h, il, mode, a2)
-                jobs.append((mode, cfg, False, 256 if il % 128 == 0 else 192))
-    return jobs
+                jobs[repr((mode, sorted(cfg.items()), k))] = (mode, cfg, k)
+    return list(jobs.values())
+
+
+def _compile_worker(jobs: list[tuple]) -> int:
+    """Run the op once per job on small inputs: Triton compiles into its shared disk cache. H and I
+    enter the kernels' specializations only through divisibility by 16 and by the K tile, and the
+    per-call sizes are not specialized, so H = I = 256 serves the real shapes."""
+    import torch
+
+    from hpc_advise.kernels.fused_moe.op import fused_moe
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a plumbing check under TRITON_INTERPRET=1
+    done = 0
+    for mode, cfg, k in jobs:
+        w = _make_weights(8, 256, 256, mode, dev, seed=3)
+        s = _tokens(3, 1, 8, 256, k, dev, seed=4)[0][0]
+        kw = _op_kwargs(w, mode, w["s13"], w["s2"], dev)
+        try:
+            fused_moe(s["x"], w["w13"], w["w2"], s["w"], s["ids"], config=cfg, **kw)
+            done += 1
+        except Exception as exc:  # the timed run compiles it then, or reports the error itself
+            print(f"precompile failed {mode} {cfg}: {type(exc).__name__}: {exc}", flush=True)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    return done
+
+
+def precompile(jobs: list[tuple], workers: int = 12) -> int:
+    """Compile the jobs in parallel processes (GPU 0); returns how many compiled."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    if not jobs:
+        return 0
+    n = max(1, min(workers, len(jobs)))
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+        return sum(pool.map(_compile_worker, [jobs[i::n] for i in range(n)]))
 
 
 def _p(xs: list[float]) -> tuple[float, float, float]:
@@ -323,8 +359,6 @@ def main() -> None:
     from hpc_advise.runtime.dist_run import run_ranks
 
     if not args.no_precompile:
-        from hpc_advise.runtime.benches.fused_moe import precompile
-
         print(
             f"precompiled {precompile(precompile_jobs(shapes, ts, args.world_size))} launch configs",
             flush=True,

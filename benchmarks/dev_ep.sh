@@ -4,10 +4,11 @@
 # results re-packed into $OUT/results.tgz after every stage (a timeout keeps what finished):
 #   comm   `hpc-advise profile --bench comm` (world size 2 on this host) into a fresh knowledge base,
 #          table + rows as comm_h200x2.md/.jsonl; then `runs list --kind comm`
+#   commg  the same collectives at world size 2 timed as CUDA-graph replays (comm_h200x2_graph.jsonl)
 #   ep     benchmarks/bench_ep_moe.py: EP1 / EP2 / TP2 for Hy3 and DeepSeek-V3 at T = 1..4096 per rank
 #   tests  GPU tests of tests/runtime/test_ep_moe.py and test_comm_bench.py (-n 1; after the benchmark,
 #          whose parallel precompile leaves most of the fused op's kernels in Triton's disk cache)
-#   comm1  the collectives at world size 1 (one GPU: launch/latency floor, no bytes over links)
+#   comm1  the collectives at world size 1, eager and graph (one GPU: the per-call floor, no link bytes)
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res_ep
@@ -25,28 +26,35 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 head -8 "$RES/machine.txt"
 pack "machine facts"
 
-timeout "${COMM_S:-80}" python3 -m hpc_advise profile --bench comm --write-results comm_h200x2 > "$RES/comm.log" 2>&1
+timeout "${COMM_S:-70}" python3 -m hpc_advise profile --bench comm --write-results comm_h200x2 > "$RES/comm.log" 2>&1
 echo "comm rc=$?"; tail -5 "$RES/comm.log"
 python3 -m hpc_advise runs list --kind comm --limit 200 > "$RES/comm_runs_list.txt" 2>&1
 pack "comm done"
 
-timeout "${EP_S:-120}" python3 benchmarks/bench_ep_moe.py > "$RES/ep.log" 2>&1
+measure() {  # world size, graph (True/False), output file
+  python3 -c "
+import json, os
+from hpc_advise.runtime import comm_bench
+rows = comm_bench.measure($1, device='cuda', graph=$2)
+with open(os.path.join(os.environ['HPC_ADVISE_RESULTS'], '$3'), 'w') as fh:
+    for r in rows:
+        fh.write(json.dumps(r, sort_keys=True) + '\\n')
+print(len(rows), 'rows, world size $1, graph $2, timings', sorted({r['config']['timing'][:40] for r in rows}))
+"
+}
+timeout "${COMMG_S:-40}" bash -c "$(declare -f measure); measure 2 True comm_h200x2_graph.jsonl" > "$RES/commg.log" 2>&1
+echo "comm graph rc=$?"; tail -2 "$RES/commg.log"
+pack "comm graph done"
+
+timeout "${EP_S:-110}" python3 benchmarks/bench_ep_moe.py > "$RES/ep.log" 2>&1
 echo "ep rc=$?"; grep -E "^\| |precompiled|stored|Error|error" "$RES/ep.log" | tail -16
 pack "ep bench done"
 
-timeout "${TEST_S:-85}" python3 -m pytest -q -m gpu tests/runtime/test_ep_moe.py tests/runtime/test_comm_bench.py \
+timeout "${TEST_S:-75}" python3 -m pytest -q -m gpu tests/runtime/test_ep_moe.py tests/runtime/test_comm_bench.py \
   -n 1 -p no:cacheprovider -o addopts="" -rfEs -s > "$RES/gpu_tests.log" 2>&1
 echo "tests rc=$?"; grep -E "rel err|passed|failed|Error" "$RES/gpu_tests.log" | tail -8
 pack "gpu tests done"
 
-timeout "${COMM1_S:-25}" python3 -c "
-import json, os
-from hpc_advise.runtime import comm_bench
-rows = comm_bench.measure(1, device='cuda')
-with open(os.path.join(os.environ['HPC_ADVISE_RESULTS'], 'comm_h200x1.jsonl'), 'w') as fh:
-    for r in rows:
-        fh.write(json.dumps(r, sort_keys=True) + '\n')
-print(len(rows), 'rows at world size 1')
-" > "$RES/comm1.log" 2>&1
+timeout "${COMM1_S:-25}" bash -c "$(declare -f measure); measure 1 False comm_h200x1.jsonl; measure 1 True comm_h200x1_graph.jsonl" > "$RES/comm1.log" 2>&1
 echo "comm1 rc=$?"; tail -2 "$RES/comm1.log"
 pack "comm world size 1 done"
