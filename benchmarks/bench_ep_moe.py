@@ -313,9 +313,19 @@ def to_rows(raw: list[dict], env: dict) -> tuple[list[dict], list[list]]:
             rows.append(run_row(kind="ep_moe", subject=r["shape"], provider=prov, config=cfg, metric="latency",
                                 unit="us", timing=Timing(p20, p50, p80, len(times["total"])), env=env))  # fmt: skip
         (e1, _), (e2, st_e), (t2, st_t) = med["ep1"], med["ep"], med["tp"]
-        table.append([r["shape"], r["T"], ws * r["T"], e1, e2, st_e["dispatch"], st_e["experts"], st_e["combine"],
-                      t2, st_t["experts"], st_t["combine"], e1 / e2, e1 / t2, t2 / e2,
-                      f"{r['ep_diff']:.1e}", f"{r['tp_diff']:.1e}"])  # fmt: skip
+        us = (
+            e1,
+            e2,
+            st_e["dispatch"],
+            st_e["experts"],
+            st_e["combine"],
+            t2,
+            st_t["experts"],
+            st_t["combine"],
+        )
+        # whole µs from 100 up (write_results' 3-significant-digit float format would print 1.23e+03)
+        table.append([r["shape"], r["T"], ws * r["T"], *(round(v) if v >= 100 else v for v in us),
+                      e1 / e2, e1 / t2, t2 / e2, r["ep_diff"], r["tp_diff"]])  # fmt: skip
     return rows, table
 
 

@@ -105,13 +105,14 @@ def dispatch(
     dest = torch.where(ids >= 0, ids // e_local, -1)  # [T, k] destination rank of each slot
     ranks = torch.arange(ep, device=dev)
     to_rank = (dest[:, :, None] == ranks).any(dim=1)  # [T, ep]: the token goes to that rank
-    # rows grouped by destination rank, tokens in order inside a group
-    dest_rank, src_tokens = to_rank.t().nonzero(as_tuple=True)
     meta = torch.stack(
         [to_rank.sum(dim=0), bad.expand(ep), torch.full_like(ranks, h), torch.full_like(ranks, k)], dim=1
     )  # [ep, 4]: (rows for that rank, bad ids here, H, k)
     peer_meta = torch.empty_like(meta)
     dist.all_to_all_single(peer_meta, meta, group=group)
+    # rows grouped by destination rank, tokens in order inside a group: a stable sort puts the
+    # (rank, token) pairs to send first (no nonzero(), whose size would cost a second host sync)
+    order = torch.argsort((~to_rank.t().reshape(-1)).to(torch.uint8), stable=True)
     both = torch.stack([meta, peer_meta]).tolist()  # the one host sync of the layer
     send_counts = [row[0] for row in both[0]]
     recv_counts = [row[0] for row in both[1]]
@@ -121,6 +122,8 @@ def dispatch(
     shapes = {(row[2], row[3]) for row in both[1]}
     if len(shapes) != 1:
         raise EPMoEError(f"ranks disagree on (H, top_k): {sorted(shapes)}")
+    order = order[: sum(send_counts)]
+    dest_rank, src_tokens = order // max(t, 1), order % max(t, 1)
     ids_off, w_off, row_bytes = packed_layout(h, k)
     send = torch.empty(src_tokens.numel(), row_bytes, dtype=torch.uint8, device=dev)
     send[:, : 2 * h] = hidden.reshape(t, h).contiguous().view(torch.uint8)[src_tokens]
