@@ -55,6 +55,6 @@ timeout "${TEST_S:-75}" python3 -m pytest -q -m gpu tests/runtime/test_ep_moe.py
 echo "tests rc=$?"; grep -E "rel err|passed|failed|Error" "$RES/gpu_tests.log" | tail -8
 pack "gpu tests done"
 
-timeout "${COMM1_S:-25}" bash -c "$(declare -f measure); measure 1 False comm_h200x1.jsonl; measure 1 True comm_h200x1_graph.jsonl" > "$RES/comm1.log" 2>&1
+timeout "${COMM1_S:-25}" bash -c "$(declare -f measure); measure 1 False comm_h200x2_ws1.jsonl; measure 1 True comm_h200x2_ws1_graph.jsonl" > "$RES/comm1.log" 2>&1
 echo "comm1 rc=$?"; tail -2 "$RES/comm1.log"
 pack "comm world size 1 done"
