@@ -28,11 +28,19 @@ else
   mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
   pack "flashinfer installed"
   timeout "${GRID_S:-200}" python3 benchmarks/bench_decode_attention.py ${GRID_ARGS:---grid full} > "$RES/grid.log" 2>&1
-  tail -45 "$RES/grid.log"
   pack "grid done"
   timeout "${TEST_S:-50}" python3 -m pytest tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
-    -o addopts="" -rfE -v -k "real_sizes or cuda_graph or longest or tuned or fp8_products or wide_merge or sweep_candidates" \
+    -o addopts="" -rfE -v -k "${TEST_K:-real_sizes or cuda_graph or longest or tuned or many_kv_heads}" \
     > "$RES/gpu_tests_defaults.log" 2>&1
-  tail -8 "$RES/gpu_tests_defaults.log"
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests_defaults.log" | head; tail -1 "$RES/gpu_tests_defaults.log"
   pack "gpu tests (new defaults) done"
+  if [ "${SWEEP_S:-0}" -gt 0 ]; then
+    mkdir -p "$RES/sweep"
+    HPC_ADVISE_RESULTS=$RES/sweep timeout "$SWEEP_S" python3 benchmarks/bench_decode_attention.py --sweep \
+      > "$RES/sweep.log" 2>&1
+    pack "sweep done"
+    grep "^sweep " "$RES/sweep.log" | cut -c7- | sed 's/nested-desc-w-//'
+  fi
+  # short table last: case, heads, KV, MB, floor, ours, TB/s, % of copy, peers..., ratios..., plan
+  grep "^|" "$RES/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-9,11-13,15-16 | tail -33
 fi

@@ -320,6 +320,27 @@ def test_tuned_variant_matches_reference(kv_dtype):
     assert any(f >= 0 and q - f + 1 <= p.merge_block for q, f in enumerate(firsts)), "and some narrowly"
 
 
+@pytest.mark.parametrize("schedule", ["dynamic", "static"])
+def test_tuned_many_kv_heads_fp8_matches_reference(schedule):
+    # fp8 with 8 KV heads: the tuned variant splits each tile's tokens over 2 warps (TUNED_MANY_KV_HEADS),
+    # group 2, page 64, edge lengths and a request split over several programs
+    p, _ = check(
+        [1, 63, 64, 65, 97, 450],
+        hq=16,
+        hkv=8,
+        d=64,
+        page=64,
+        num_programs=24,
+        kv_dtype=FP8,
+        scales=(0.37, 1.9),
+        schedule=schedule,
+        tuned=True,
+    )
+    assert p.warp_split and p.num_warps == 2 and op._warp_split(p) == 2
+    if schedule == "dynamic":
+        assert max(p.merge_first.tolist()) >= 0
+
+
 def test_fp8_f16_dot_falls_back_on_odd_v_layout():
     # f16_dot reads V as int16 pairs; a V view with an odd base address and odd strides (a slice of a wider
     # buffer) must take the plain conversion instead of reading shifted pairs
@@ -343,6 +364,23 @@ def test_fp8_f16_dot_falls_back_on_odd_v_layout():
     assert p.f16_dot
     out = op.run(p, q, k, v_odd, k_scale=0.5, v_scale=2.0)
     ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=16, k_scale=0.5, v_scale=2.0)
+    assert rel_err(out, ref) <= TOL[FP8]
+    # the warp-split loop (tile 16 = page 16, 16 tokens per warp) falls back the same way
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=16,
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        tile=16,
+        num_programs=4,
+        kv_dtype=FP8,
+        warp_split=True,
+        num_warps=1,
+    )
+    assert op._warp_split(p) == 1
+    out = op.run(p, q, k, v_odd, k_scale=0.5, v_scale=2.0)
     assert rel_err(out, ref) <= TOL[FP8]
 
 
@@ -682,7 +720,9 @@ _STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "st
 _STRIDES += ["stride_vh", "stride_ob", "stride_oh"]  # multiples of 16 at the benchmark's shapes
 
 
-def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = False, ws: int = 0) -> list:
+def _decode_job(
+    kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = False, ws: int = 0, warps: int = 4
+) -> list:
     types = f"*bf16 *{kv} *{kv} *bf16 " + "*i32 " * 6 + "*fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
     consts = dict(
         GROUP=8,
@@ -700,7 +740,15 @@ def _decode_job(kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = 
         PDL=False,
         WARP_SPLIT=ws,
     )
-    return ["hpc_advise.kernels.decode_attention.kernel", "decode_kernel", types, consts, 4, stages, _STRIDES]
+    return [
+        "hpc_advise.kernels.decode_attention.kernel",
+        "decode_kernel",
+        types,
+        consts,
+        warps,
+        stages,
+        _STRIDES,
+    ]
 
 
 @pytest.mark.slow
@@ -715,7 +763,8 @@ def test_candidates_compile_for_sm90():
         _decode_job("fp8e4nv", 128, 3, 32),
         _decode_job("fp8e4nv", 64, 3, 64, f16_dot=True),
         _decode_job("bf16", 64, 3, 32, ws=4),
-        _decode_job("fp8e4nv", 64, 3, 32, f16_dot=True, ws=4),
+        _decode_job("fp8e4nv", 64, 3, 32, f16_dot=True, ws=2, warps=2),  # fp8 default at >= 8 KV heads
+        _decode_job("fp8e4nv", 32, 3, 32, f16_dot=True, ws=1, warps=1),
     ]
     res = compile_sm90(jobs)
     assert all(r["async_copies"] > 0 for r in res), res
@@ -728,10 +777,11 @@ def test_candidates_compile_for_sm90():
     # fp8 with fp16 products: V converted on its row-major tile, two buffers and 3 programs per SM (the
     # bytewise gather of the e4m3 operand took 224 registers, 2 programs)
     assert res[3]["async_copies"] > 0 and res[3]["ctas_per_sm"] >= 3 and res[3]["stack"] == 0, res[3]
-    # tokens split over the 4 warps: pipelined K/V, 2 programs per SM (each warp's [16, D] fp32 accumulator
-    # makes it 255 registers; ptxas spills 16-48 bytes, read off this compile)
-    for r in res[4:]:
-        assert r["async_copies"] > 0 and r["ctas_per_sm"] >= 2 and r["stack"] <= 64, r
+    # tokens split over the warps: pipelined K/V; each warp's [16, D] fp32 accumulator makes it 255
+    # registers (ptxas spills 16-56 bytes, read off this compile): 2 programs per SM at 4 warps, 4 at 2
+    # warps (the fp8 default at >= 8 KV heads), 7 at 1 warp (shared memory)
+    assert all(r["async_copies"] > 0 and r["stack"] <= 64 for r in res[4:]), res[4:]
+    assert [r["ctas_per_sm"] for r in res[4:]] == [2, 4, 7], res[4:]
 
 
 def test_sweep_variants_and_best_config_skip_failures():
@@ -793,13 +843,18 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
     seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
     table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     kw = dict(page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128)
-    tuned = op.TUNED_BY_KV_DTYPE[kv_dtype]
-    p = op.plan(seq_lens, table, kv_dtype=kv_dtype, **kw)
-    for key, value in tuned.items():
-        if key == "ctas_per_sm":  # the grid: SMs (CPU_NUM_SMS without a GPU) x programs per SM
-            assert p.num_programs == op._num_sms(p.device) * value
-        else:
-            assert getattr(p, key) == value, key
+    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: warp split over 2 warps, 4 programs/SM)
+        tuned = op.TUNED_BY_KV_DTYPE[kv_dtype] | (
+            op.TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if hkv == 8 else {}
+        )
+        assert op.tuned_config(kv_dtype, hkv) == tuned
+        p = op.plan(seq_lens, table, kv_dtype=kv_dtype, **(kw | dict(num_q_heads=8 * hkv, num_kv_heads=hkv)))
+        for key, value in tuned.items():
+            if key == "ctas_per_sm":  # the grid: SMs (CPU_NUM_SMS without a GPU) x programs per SM
+                assert p.num_programs == op._num_sms(p.device) * value
+            else:
+                assert getattr(p, key) == value, key
+    assert op.tuned_config(FP8, 8)["warp_split"] and not op.tuned_config(FP8, 1).get("warp_split")
     # an explicit knob wins over the tuned one
     p = op.plan(seq_lens, table, kv_dtype=kv_dtype, merge_block=32, **kw)
     assert p.merge_block == 32
@@ -816,5 +871,6 @@ def test_bench_rejects_unknown_grid_filters():
     # checked before anything touches a GPU
     with pytest.raises(ValueError, match="heads must be"):
         da.bench(heads="3/1")
-    with pytest.raises(ValueError, match="kv must be"):
-        da.bench(kv="int4")
+    for kv in ("int4", "fp8,fp8", "fp8,"):
+        with pytest.raises(ValueError, match="kv must be"):
+            da.bench(kv=kv)

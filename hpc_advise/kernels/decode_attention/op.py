@@ -71,9 +71,19 @@ LOOPS = ("flat", "nested")
 # over their cases (geometric mean; benchmarks/results/decode_attention_sweep_run5.md / _run6.md): the
 # descriptor prologue with the next segment loaded ahead, page ids of 32 tiles per load (two K/V buffers;
 # 32 ids sit in every warp, so no cross-warp reduction per tile), the adaptive merge, and 2 (bf16) / 4
-# (fp8) tiles charged per segment start; fp8 with fp16 products and 3 programs per SM.
+# (fp8) tiles charged per segment start; fp8 with fp16 products and 3 programs per SM. Sweep run 7
+# (2026-11-29 13:33 UTC, benchmarks/results/decode_attention_sweep_run7.md) added the merge launches as
+# programmatic dependents (pdl), faster on all 12 swept cases (bf16 64/8 1 x 64K + 15 x 4K 155 -> 137 us,
+# 8/1 1 x 128K 35.0 -> 30.6, fp8 8/1 32 x 128 + 32 x 4K 30.9 -> 27.5).
 # Applied by ``plan`` when it is told the KV dtype and the caller leaves these knobs unset.
-_TUNED_BF16 = {"desc": True, "merge_block": 16, "wide_merge": True, "pt_chunk": 32, "seg_cost": 2}
+_TUNED_BF16 = {
+    "desc": True,
+    "merge_block": 16,
+    "wide_merge": True,
+    "pt_chunk": 32,
+    "seg_cost": 2,
+    "pdl": True,
+}
 TUNED_BY_KV_DTYPE = {
     torch.bfloat16: _TUNED_BF16,
     torch.float16: _TUNED_BF16,
@@ -85,10 +95,24 @@ TUNED_BY_KV_DTYPE = {
         "seg_cost": 4,
         "f16_dot": True,
         "ctas_per_sm": 3,
+        "pdl": True,
     },
 }
+# ... and on top of that, for plans with at least MANY_KV_HEADS KV heads: fp8 KV with the tile's tokens
+# split over 2 warps (32 each), 4 programs per SM. Sweep run 7: 64/8 64 x 4K 232 -> 208 us,
+# 32 x 128 + 32 x 4K 140 -> 129, 1 x 128K + 31 x 4K 231 -> 203; on 8/1 (32 x 128 + 32 x 4K) it was slower,
+# 30.9 -> 41.7 us, so plans with fewer KV heads keep the plain loop. The head count stands in for the work
+# per step (plan() sees no lengths without a host sync); only 1 and 8 KV heads were measured.
+MANY_KV_HEADS = 8
+TUNED_MANY_KV_HEADS = {torch.float8_e4m3fn: {"warp_split": True, "num_warps": 2, "ctas_per_sm": 4}}
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
+
+
+def tuned_config(kv_dtype: torch.dtype | None, num_kv_heads: int) -> dict:
+    """The measured launch knobs for this KV dtype and KV-head count (see ``TUNED_BY_KV_DTYPE``)."""
+    many = TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if num_kv_heads >= MANY_KV_HEADS else {}
+    return TUNED_BY_KV_DTYPE.get(kv_dtype, {}) | many
 
 
 def _fail(msg: str) -> None:
@@ -298,15 +322,15 @@ def plan(
 ) -> DecodePlan:
     """Build the schedule of a decode step on the GPU (see module docstring).
 
-    ``kv_dtype`` (the KV cache's dtype) picks the measured launch variant of ``TUNED_BY_KV_DTYPE`` for
-    the knobs left unset.
+    ``kv_dtype`` (the KV cache's dtype) picks the measured launch variant of ``TUNED_BY_KV_DTYPE`` (and
+    ``TUNED_MANY_KV_HEADS``, see ``tuned_config``) for the knobs left unset.
 
     ``num_programs`` overrides the persistent grid (default: SMs x ``ctas_per_sm``); ``static_splits``
     the splits per (request, KV head) of ``schedule='static'`` (default: enough to give the grid as many
     programs as the dynamic one at ``max_batch``)."""
     if schedule not in SCHEDULES:
         _fail(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    tuned = TUNED_BY_KV_DTYPE.get(kv_dtype, {})
+    tuned = tuned_config(kv_dtype, num_kv_heads)
     desc = tuned.get("desc") if desc is None else desc
     merge_block = tuned.get("merge_block") if merge_block is None else merge_block
     pt_chunk = tuned.get("pt_chunk") if pt_chunk is None else pt_chunk

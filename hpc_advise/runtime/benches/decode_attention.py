@@ -54,53 +54,31 @@ PEER_TITLES = {
 # register prefetch), '-mN' (the merge combines N partials per step instead of 16), '-w' (adaptive merge:
 # segments split over more than N programs go to a second, wide launch), '-pcN' (page >= tile: the page ids
 # of N tiles are loaded before an inner tile loop, so Triton double-buffers K/V at 3 stages), '-sN' (the
-# planner charges N tiles per segment start when balancing programs), '-f16' (fp8 KV: products in fp16) and
+# planner charges N tiles per segment start when balancing programs), '-f16' (fp8 KV: products in fp16),
 # '-pdl' (the merge launches as a programmatic dependent of the attention pass: its idle programs exit
-# while that pass still runs, the others wait for it in griddepcontrol.wait; not measured yet).
-# Runs 1-6 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
-# CTAs / stages / warps grid, the loop variants and the flags above. What is left here confirms the
-# defaults against the runner-up of run 6 (16 ids per load, 3 programs/SM for bf16, per-tile ids at 5
-# stages, fp8 at 2 programs/SM, 4 stages or tile 128 were no better there). Registers / shared memory from
-# the offline sm_90a compile (tests/kernels/sm90_compile.py): bf16 -pc64 168, -pc32 161 (70 KB, two K/V
-# buffers); fp8 -pc64-f16 160, -pc32-f16 153 (54 KB).
+# while that pass still runs, the others wait for it in griddepcontrol.wait) and '-ws' (op.py's warp_split).
+# Runs 1-7 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
+# CTAs / stages / warps grid, the loop variants and the flags above. Run 7 (2026-11-29 13:33 UTC): '-pdl'
+# faster on all 12 cases; '-ws' (a tile's tokens split over the warps, own softmax state per warp: 2
+# barriers per tile in the SASS instead of 8, but 255 registers) slower for bf16 everywhere, faster for fp8
+# 64/8 at 2 warps x 32 tokens and 4 programs/SM (64 x 4K 232 -> 208 us) and slower for fp8 8/1. What is
+# left here: today's defaults and, for fp8, the warp split with smaller tiles and more programs per SM
+# (1 warp x 32 tokens: 7 programs/SM by shared memory; registers / spills from the offline sm_90a compile,
+# tests/kernels/sm90_compile.py: 255 / 32 bytes).
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2"),  # run 6's winner (today's bf16 default)
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # the merge launch hidden behind the attention pass
-    # '-ws': the tile's tokens split over the warps, each with its own softmax state: no shared-memory
-    # reduction or barrier per tile (2 barriers per tile in the SASS instead of 8), but 255 registers
-    # (offline sm_90a): 2 programs/SM at 4 warps, 3 at 2 warps x 32 tokens
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-ws"),
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-ws-pdl"),
-    (64, 3, 3, 2, "nested-desc-w-pc32-s2-ws"),
-    # 32 partials per merge step: a 64K request split over ~17 programs stays in the first merge launch
-    (64, 2, 3, 4, "nested-desc-w-m32-pc32-s2"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # run 7's winner (today's bf16 default)
 ]
-# fp8 KV only. Run 4: every double-buffered fp8 variant lost to the plain nested loop (224-255 registers):
-# the P.V product gathered V's e4m3 bytes one by one from shared memory (64 one-byte loads per thread per
-# tile, read off the PTX). '-f16' converts V to fp16 on its row-major tile first (ldmatrix.trans after):
-# 160 registers with two buffers, so 3 programs fit an SM (64/8 64 x 4K: 286 -> 244 us in run 5, 231 with
-# -pc32 in run 6). fp8 moves half of bf16's bytes per tile in ~90 % of its time: the per-tile work (8
-# barriers, 576 instructions per warp in the SASS of the tile loop) bounds it, which '-ws' cuts.
 SWEEP_CONFIGS_FP8 = [
-    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16"),  # run 6's winner (today's fp8 default)
-    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl"),
-    (64, 2, 3, 4, "nested-desc-w-pc32-s4-f16-ws"),  # 255 registers, 16 bytes spilled
-    (64, 2, 2, 4, "nested-desc-w-pc32-s4-f16-ws"),  # one stage less: no spill
-    (64, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws"),  # 2 warps x 32 tokens, 4 programs/SM
-    (64, 2, 3, 8, "nested-desc-w-pc32-s4-f16"),  # 8 warps (8 tokens each), 128 registers, 2 programs/SM
+    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl"),  # today's fp8 default below 8 KV heads
+    (64, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # ... and at 8 or more (TUNED_MANY_KV_HEADS)
+    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # 1 warp x 32 tokens, 7 programs/SM
+    (32, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # 2 warps x 16 tokens, 4 programs/SM
 ]
 SWEEP_CASES = [
-    ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
     ("64 x 4K", 64, 8, "bf16"),
-    ("1 x 64K + 15 x 4K", 64, 8, "bf16"),
-    ("1 x 128K + 31 x 4K", 64, 8, "bf16"),
-    ("2 x 32K + 30 x 4K", 64, 8, "bf16"),
-    ("64 x 4K", 8, 1, "bf16"),
-    ("32 x 128 + 32 x 4K", 8, 1, "bf16"),
-    ("1 x 128K", 8, 1, "bf16"),
     ("64 x 4K", 64, 8, "fp8"),
     ("32 x 128 + 32 x 4K", 64, 8, "fp8"),
-    ("1 x 128K + 31 x 4K", 64, 8, "fp8"),
+    ("64 x 4K", 8, 1, "fp8"),
     ("32 x 128 + 32 x 4K", 8, 1, "fp8"),
 ]
 # A configuration whose output differs from the float64 reference by more than this (relative Frobenius
@@ -460,8 +438,8 @@ def bench(
     heads="all",
     **cfg,
 ):
-    """Run the grid; returns (rows, table, headers). ``kv`` ('bf16', 'fp8' or 'all') picks the KV dtypes of
-    the full grid, ``heads`` ('all' or 'Hq/Hkv' of HEADS, e.g. '64/8') its head counts. ``peers=False`` times ours only (and static);
+    """Run the grid; returns (rows, table, headers). ``kv`` ('all', or KV dtypes in the order to run them:
+    'fp8', 'fp8,bf16', ...) picks the KV dtypes of the full grid, ``heads`` ('all' or 'Hq/Hkv' of HEADS, e.g. '64/8') its head counts. ``peers=False`` times ours only (and static);
     ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
     instead for fp8 KV when given)."""
     import torch
@@ -472,8 +450,9 @@ def bench(
         raise ValueError(
             f"heads must be 'all' or one of {[f'{hq}/{hkv}' for hq, hkv in HEADS]}, got {heads!r}"
         )
-    if kv != "all" and kv not in KV_DTYPES:
-        raise ValueError(f"kv must be 'all' or one of {KV_DTYPES}, got {kv!r}")
+    kv_order = list(KV_DTYPES) if kv == "all" else kv.split(",")
+    if not kv_order or any(k not in KV_DTYPES for k in kv_order) or len(set(kv_order)) < len(kv_order):
+        raise ValueError(f"kv must be 'all' or a comma-separated order of {KV_DTYPES}, got {kv!r}")
     chosen = tuple(peer_list) if peers else ("static",)
     env = environment()
     copy = copy_ceiling_tbps()
@@ -494,8 +473,7 @@ def bench(
     else:
         todo = [
             (n, hq, hkv, dt)
-            for dt in (torch.bfloat16, torch.float8_e4m3fn)
-            if kv in ("all", _dtype_name(dt))
+            for dt in (torch.float8_e4m3fn if k == "fp8" else torch.bfloat16 for k in kv_order)
             for hq, hkv in HEADS
             if heads in ("all", f"{hq}/{hkv}")
             for n in CASES
