@@ -6,7 +6,7 @@ set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
 mkdir -p "$RES"
-pack() { tar czf "$OUT/res.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
+pack() { tar czf "$OUT/res.part" -C "$RES" . 2>/dev/null && mv "$OUT/res.part" "$OUT/res.tgz"; echo "[$((SECONDS - T0))s] $1"; }
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HPC_ADVISE_RESULTS=$RES
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
 if [ "${STAGE:-sweep}" = sweep ]; then
