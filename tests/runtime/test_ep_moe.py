@@ -255,6 +255,48 @@ def test_fused_op_reads_packed_rows_with_local_ids():
     _check(got.float(), want, REL_TOL_QUANT_REF, "fused op on packed rows", seed)
 
 
+def _interpreter_worker(rank: int, ws: int, seed: int) -> dict:
+    """EP and TP with our Triton op (interpreter) as the local experts; rank 1 has no tokens when the
+    seed is odd."""
+    import tests.conftest  # noqa: F401  (the Triton interpreter's patches, in this child process too)
+
+    torch.manual_seed(seed)
+    wts = make_weights()
+    toks = [_tokens(5), _tokens(0 if seed % 2 else 3)]
+    cfg = dict(BLOCK_M=16, GU_N=128, GU_K=128, SPLIT_K=1, GU_GROUP_M=1, GU_WARPS=4, GU_STAGES=2,
+               DN_N=64, DN_K=128, DN_GROUP_M=1, DN_WARPS=4, DN_STAGES=2)  # fmt: skip
+    kw = dict(block_shape=(128, 128), config=cfg)
+    ep = E.shard_ep({"w13": wts["w13_block"], "w2": wts["w2_block"], "s13": wts["s13_block"],
+                     "s2": wts["s2_block"]}, NUM_EXPERTS, ws, rank)  # fmt: skip
+    ep_fn = E.fused_experts(ep["w13"], ep["w2"], w13_scale=ep["s13"], w2_scale=ep["s2"], **kw)
+    tp = E.shard_tp(wts["w13_block"], wts["w2_block"], wts["s13_block"], wts["s2_block"], ws, rank)
+    tp_fn = E.fused_experts(tp[0], tp[1], w13_scale=tp[2], w2_scale=tp[3], **kw)
+    mine = toks[rank]
+    glob = {key: torch.cat([tk[key] for tk in toks]) for key in ("x", "ids", "w")}
+    return {
+        "ep": E.ep_moe(mine["x"], mine["ids"], mine["w"], ep_fn, NUM_EXPERTS),
+        "tp": E.tp_moe(glob["x"], glob["ids"], glob["w"], tp_fn),
+        "toks": toks,
+        "wts": wts,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU (interpreter) check; the GPU test covers CUDA")
+def test_ep_and_tp_with_our_triton_op_under_the_interpreter():
+    pytest.importorskip("triton")
+    seed = _seed()
+    res = run_ranks(_interpreter_worker, WS, backend="gloo", args=(seed,), timeout_s=300)
+    toks, wts = res[0]["toks"], res[0]["wts"]
+    glob = {key: torch.cat([tk[key] for tk in toks]) for key in ("x", "ids", "w")}
+    for rank in range(WS):
+        assert res[rank]["ep"].dtype == torch.bfloat16
+        _check(res[rank]["ep"].float(), _single_process("block", toks[rank], wts), REL_TOL_QUANT_REF,
+               f"EP rank {rank} (our op)", seed)  # fmt: skip
+        _check(res[rank]["tp"].float(), _single_process("block", glob, wts), REL_TOL_QUANT_REF,
+               f"TP rank {rank} (our op)", seed)  # fmt: skip
+
+
 def test_packed_layout_is_aligned():
     for h, k in ((4096, 8), (7168, 8), (255, 3), (1, 1)):
         ids_off, w_off, row = E.packed_layout(h, k)
