@@ -4,7 +4,9 @@
 Every step runs on the GPU with shapes fixed by (T, k, E, H, I, config), so a call can be captured in
 a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks/tune_fused_moe.py``)
 keyed by (E, H, I, top_k, scale mode) and T (nearest tuned T within a factor 2), else
-from ``default_config``.
+from ``default_config``. Config keys PDL / PREFETCH (both paths) choose programmatic dependent launches
+and the L2 weight prefetch before each grid's wait (kernel README, "Launch configs"); they never change
+the result.
 
 ``moe_unfused`` is the benchmark's unfused baseline built from the same GEMM kernels: torch routing,
 a gathered copy of the token rows, gate/up GEMM writing fp32 gate and up, torch SiLU·mul and
