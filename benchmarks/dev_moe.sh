@@ -30,11 +30,15 @@ if has tune; then
   grep -v "^  cand" "$RES/moe_tune.log" | tail -25
   pack "tune done"
 fi
+NEW_TESTS="split_sums or programmatic or graph_replay"  # the new variants' GPU tests run first
 if has tests; then
-  timeout "${TEST_S:-80}" python3 -m pytest -v -m gpu tests/kernels/test_fused_moe_small.py \
-    tests/kernels/test_fused_moe.py -n 2 -p no:cacheprovider -o addopts="" -rfEs > "$RES/gpu_tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head -20
-  tail -2 "$RES/gpu_tests.log"
+  for part in new old; do
+    if [ $part = new ]; then sel="$NEW_TESTS"; lim=${TEST_NEW_S:-45}; else sel="not ($NEW_TESTS)"; lim=${TEST_S:-60}; fi
+    timeout "$lim" python3 -m pytest -v -m gpu tests/kernels/test_fused_moe_small.py tests/kernels/test_fused_moe.py \
+      -k "$sel" -n 2 -p no:cacheprovider -o addopts="" -rfEs > "$RES/gpu_tests_$part.log" 2>&1
+    grep -E "^(FAILED|ERROR)" "$RES/gpu_tests_$part.log" | head -20
+    echo "$part: $(grep -c PASSED "$RES/gpu_tests_$part.log") passed; $(tail -1 "$RES/gpu_tests_$part.log")"
+  done
   pack "gpu tests done"
 fi
 if has bench; then
