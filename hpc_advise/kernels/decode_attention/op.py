@@ -190,7 +190,7 @@ class DecodePlan:
     wide_merge: bool = False  # segments split over > merge_block programs merge in a second, wide launch
     seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
-    pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90, not timed)
+    pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90; tuned default)
     warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
