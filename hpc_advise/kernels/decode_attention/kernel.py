@@ -766,12 +766,13 @@ def merge_kernel(
     if PDL:
         # launched before the attention pass finished: everything read above comes from the planner
         # (done before that pass started); partials may be read only after griddepcontrol.wait. Program
-        # (0, 0, 0) of the first merge launch always waits, so that launch never completes before the
-        # attention pass does (a wide launch behind it waits on it).
-        must_wait = lo >= 0
+        # (0, 0, 0) of each merge launch always waits, so a launch never completes before the grid it
+        # depends on: attention pass, merge and wide merge complete in that order, and whatever is
+        # launched after them (without PDL) finds every output row written, even when no segment needed
+        # the wide launch and its other programs exited at once.
+        must_wait = (lo >= 0) | ((tl.program_id(0) == 0) & (r == 0) & (c == 0))
         if not WIDE:
             gdc_launch_dependents()  # the wide launch may start; its listed programs wait on this grid
-            must_wait = must_wait | ((tl.program_id(0) == 0) & (r == 0) & (c == 0))
         if must_wait:
             gdc_wait()
     if lo >= 0:
