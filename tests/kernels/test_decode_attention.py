@@ -718,6 +718,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split):
 
 _STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs"]
 _STRIDES += ["stride_vh", "stride_ob", "stride_oh"]  # multiples of 16 at the benchmark's shapes
+_KERNEL = "hpc_advise.kernels.decode_attention.kernel"
 
 
 def _decode_job(
@@ -782,6 +783,21 @@ def test_candidates_compile_for_sm90():
     # warps (the fp8 default at >= 8 KV heads), 7 at 1 warp (shared memory)
     assert all(r["async_copies"] > 0 and r["stack"] <= 64 for r in res[4:]), res[4:]
     assert [r["ctas_per_sm"] for r in res[4:]] == [2, 4, 7], res[4:]
+
+
+@pytest.mark.slow
+def test_pdl_merge_launches_compile_for_sm90():
+    # the merge launches as programmatic dependents (griddepcontrol, SM90 only: the interpreter skips it)
+    # build for the H200, the narrow (2 warps, 16 per step) and the wide one (4 warps, 128 per step)
+    from tests.kernels.sm90_compile import compile_sm90
+
+    types = "*bf16 " + "*i32 " * 4 + "*fp32 *fp32 *i32 i32 i32"
+    base = dict(NUM_KV_HEADS=8, GROUP=8, HEAD_DIM=128, D_CHUNK=64, PDL=True)
+    jobs = [
+        [_KERNEL, "merge_kernel", types, base | dict(BLOCK_P=16, NARROW=16, WIDE=False), 2, 1, ["stride_ob"]],
+        [_KERNEL, "merge_kernel", types, base | dict(BLOCK_P=128, NARROW=0, WIDE=True), 4, 1, ["stride_ob"]],
+    ]
+    assert all(r["stack"] == 0 for r in compile_sm90(jobs))
 
 
 def test_sweep_variants_and_best_config_skip_failures():
