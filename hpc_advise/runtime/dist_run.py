@@ -6,8 +6,10 @@ sets ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLink m
 meets through a FileStore in a fresh temporary folder (no TCP port to race for), calls
 ``fn(rank, world_size, *args)`` and saves its return value with ``torch.save``. The caller gets the
 values in rank order. Results travel through files, not a pipe, so a large result cannot block a child
-while the parent waits for it. A rank that raises makes ``run_ranks`` raise with that rank's traceback;
-a group that outlives ``timeout_s`` is terminated.
+while the parent waits for it. A rank that raises makes ``run_ranks`` raise with every failed rank's
+traceback, the first failure first (a peer that then fails in a collective with "connection reset"
+comes after the cause, whichever process the parent saw die first); a group that outlives ``timeout_s``
+is terminated.
 
 ``fn`` must be importable by name (a module-level function): spawned children import it.
 """
@@ -18,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
@@ -39,9 +42,26 @@ def _child(rank: int, world_size: int, backend: str, store_file: str, out_dir: s
     )
     try:
         result = fn(rank, world_size, *args)
+    except BaseException:
+        # written before this rank's connections close, so before any peer fails because of it
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(f"{time.time_ns()}\n{traceback.format_exc()}")
+        raise
     finally:
         dist.destroy_process_group()
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _rank_errors(out_dir: str, world_size: int) -> list[tuple[int, str]]:
+    """(rank, traceback) of the ranks that wrote an error file, in the order they failed."""
+    found = []
+    for r in range(world_size):
+        path = os.path.join(out_dir, f"rank{r}.err")
+        if os.path.exists(path):
+            with open(path) as f:
+                stamp, _, tb = f.read().partition("\n")
+            found.append((int(stamp), r, tb))
+    return [(r, tb) for _, r, tb in sorted(found)]
 
 
 def run_ranks(
@@ -77,13 +97,22 @@ def run_ranks(
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
-        while not procs.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in procs.processes:
-                    p.terminate()
-                raise TimeoutError(
-                    f"{world_size} ranks of {fn.__name__} did not finish within {timeout_s:.0f} s"
-                )
+        try:
+            while not procs.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in procs.processes:
+                        p.terminate()
+                    raise TimeoutError(
+                        f"{world_size} ranks of {fn.__name__} did not finish within {timeout_s:.0f} s"
+                    )
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            failed = _rank_errors(tmp, world_size)
+            if not failed:
+                raise
+            raise RuntimeError(
+                f"{len(failed)} of {world_size} ranks of {fn.__name__} failed, first failure first:\n"
+                + "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failed)
+            ) from exc
         return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

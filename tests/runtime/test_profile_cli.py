@@ -180,10 +180,15 @@ def test_measured_figures_from_rows():
         {
             "kind": "comm",
             "subject": "all_reduce",
-            "config": {"world_size": 2, "busbw_gbps": 300.0},
+            "config": {"op": "all_reduce", "bytes": 1 << 20, "world_size": 2, "busbw_gbps": 300.0},
             "p50": 1.0,
         },
-        {"kind": "comm", "subject": "all_reduce", "config": {"world_size": 1, "busbw_gbps": 0.0}, "p50": 1.0},
+        {
+            "kind": "comm",
+            "subject": "all_reduce",
+            "config": {"op": "all_reduce", "bytes": 1 << 20, "world_size": 1, "busbw_gbps": 0.0},
+            "p50": 1.0,
+        },
     ]
     assert profile_bench.measured_figures(rows) == {
         "copy_bw_tbps": 4.2, "fp8_tflops": 1300.0, "allreduce_busbw_gbps": 300.0, "comm_world_size": 2.0,
