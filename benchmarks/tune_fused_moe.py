@@ -3,6 +3,7 @@
     python benchmarks/tune_fused_moe.py [--shapes hy3,hy3-tp8,...] [--ts 1,16,128,4096] [--out PATH]
     python benchmarks/tune_fused_moe.py --breakdown [--shapes ...] [--ts 1024,4096,16384]
     python benchmarks/tune_fused_moe.py --variants [--shapes ...] [--ts 1,16,64,128]
+    python benchmarks/tune_fused_moe.py --route-reduce [--shapes ...] [--ts 16,64,128]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -13,6 +14,10 @@ on the device machine, else hpc_advise/kernels/fused_moe/configs.json (the file 
 ``--variants`` times, per point, the config ``op.get_config`` picks now against the same with
 programmatic dependent launches and the new decode variants (``fb.variant_candidates``: split sums
 in the small-T path, PDL), old and new in one process, and keeps the fastest.
+
+``--route-reduce`` times, per point, the config ``op.get_config`` picks now against the regular decode
+path with the ranked router (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, plus
+pipeline-depth and tile candidates with both (``fb.route_reduce_candidates``), in one process.
 
 ``--breakdown`` tunes nothing: it times each launch of the config ``op.get_config`` picks (the
 single-CTA and the multi-CTA router + input quantization, gate/up, down, reduce) and prints one line
@@ -46,6 +51,24 @@ def _stage_times(launch, w13, w2, x) -> dict:
         "down_us": time_cuda(lambda: launch.down(w2, 1.0), inner=4, reps=10).p50,
         "reduce_us": time_cuda(lambda: launch.reduce(out), inner=4, reps=10).p50,
     }
+
+
+def _variant_stage_times(op, args: tuple, cfg: dict, w2) -> dict:
+    """µs of the prep launch with the ranked router (ROUTE = 1) and of the down launch with the top-k
+    sum in its epilogue (DN_REDUCE = 1), on the same inputs as ``_stage_times``."""
+    import torch
+
+    from hpc_advise.runtime.benchmarking import time_cuda
+
+    x = args[0]
+    ranked = op._Launch(*args[:-1], dict(cfg, ROUTE=1))
+    prep_us = time_cuda(lambda: ranked.prep(x), inner=4, reps=10).p50
+    fused = op._Launch(*args[:-1], dict(cfg, DN_REDUCE=1))
+    out = torch.empty_like(x)
+    fused.prep(x, out)
+    fused.gate_up(args[1], fused.inter, fused.inter_s, 0, 1)
+    down_us = time_cuda(lambda: fused.down(w2, 1.0, out), inner=4, reps=10).p50
+    return {"prep_ranked_us": prep_us, "down_reduce_us": down_us}
 
 
 def _prep_time(op, args: tuple, threshold: int) -> float:
@@ -85,6 +108,7 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
                 log(f"  {shape} T={t}: split-K config, breakdown skipped")
                 continue
             row.update(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
+            row.update(_variant_stage_times(op, args, launch.cfg, wts["w2"]))
             flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
             row["gate_up_tflops"] = flops * 2 / 3 / (row["gate_up_us"] * 1e-6) / 1e12
             row["down_tflops"] = flops / 3 / (row["down_us"] * 1e-6) / 1e12
@@ -95,7 +119,9 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
                 f"  breakdown {shape} {mode} T={t}: prep single {row['prep_single_us']:.1f} / multi "
                 f"{row['prep_multi_us']:.1f} us, gate/up {row['gate_up_us']:.1f} us "
                 f"({row['gate_up_tflops']:.0f} TF/s), down {row['down_us']:.1f} us ({row['down_tflops']:.0f} "
-                f"TF/s), reduce {row['reduce_us']:.1f} us, rows {row['rows']} padded {row['padded_rows']}"
+                f"TF/s), reduce {row['reduce_us']:.1f} us, rows {row['rows']} padded {row['padded_rows']}; "
+                f"ROUTE=1 prep {row['prep_ranked_us']:.1f} us, DN_REDUCE=1 down incl. the top-k sum "
+                f"{row['down_reduce_us']:.1f} us"
             )
             rows.append(row)
         del wts, kw
@@ -120,6 +146,11 @@ def main() -> None:
         action="store_true",
         help="time the current pick against its PDL form and the new decode variants",
     )
+    ap.add_argument(
+        "--route-reduce",
+        action="store_true",
+        help="time the current pick against the ranked router / in-kernel top-k sum forms",
+    )
     args = ap.parse_args()
     import torch
 
@@ -137,7 +168,12 @@ def main() -> None:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return
     entries = fb.tune(
-        shapes, ts, budget_s=args.budget, small_vs_tuned=args.small_vs_tuned, variants=args.variants
+        shapes,
+        ts,
+        budget_s=args.budget,
+        small_vs_tuned=args.small_vs_tuned,
+        variants=args.variants,
+        route_reduce=args.route_reduce,
     )
     if args.out:
         out = Path(args.out)

@@ -514,12 +514,13 @@ def test_tuned_configs_apply_only_near_their_t(tmp_path, monkeypatch):
 
 # Triton types of each kernel's non-constexpr arguments, in order (tests/kernels/sm90_compile.py).
 SM90_TYPES = {
-    "_prep_kernel": "*i32 i32 i32 i32 *i32 *i32 *i32 *i32 i32 *bf16 *fp8e4nv *fp32 *fp32 i32 i32 i32",
+    "_prep_kernel": "*i32 i32 i32 i32 *i32 *i32 *i32 *i32 i32 *bf16 *fp8e4nv *fp32 *fp32 i32 i32 i32 "
+    "i32 i32 *bf16 i32",
     "_gate_up_kernel": "*fp8e4nv *fp32 *fp32 *fp8e4nv *fp32 *i32 *i32 *i32 *fp8e4nv *fp32 *fp32 "
     + "i32 " * 9,
     "_act_quant_kernel": "*fp32 *i32 *i32 *fp8e4nv *fp32 *fp32 i32 i32",
     "_down_kernel": "*fp8e4nv *fp32 *fp32 *fp8e4nv *fp32 *i32 *i32 *i32 *fp32 *bf16 i32 i32 i32 i32 "
-    "fp32 i32 i32 i32 i32",
+    "fp32 i32 i32 i32 i32 *i32 *i32 *bf16 i32 i32 i32 i32",
     "_reduce_kernel": "*bf16 *i32 *bf16 i32 i32 i32 i32 i32",
 }
 SM90_ALIGNED = ["H", "I", "stride_we", "stride_wn", "stride_x", "stride_out"]  # multiples of 16 here
@@ -531,6 +532,9 @@ def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
     consts = dict(consts, USE_PDL=consts.get("USE_PDL", False))
     if name == "_down_kernel":
         consts.setdefault("PREFETCH", consts["USE_PDL"])
+        consts = dict(dict(REDUCE=False, K_PAD=1), **consts)
+    if name == "_prep_kernel":
+        consts = dict(dict(RANKED=False, CHUNK=64, ZERO_OUT=False, K_PAD=1), **consts)
     types = SM90_TYPES[name].split()
     if name == "_gate_up_kernel" and consts["OUT_MODE"] == 1:  # split-K partials are fp32
         args = [a for a in getattr(K, name).arg_names if a not in consts]

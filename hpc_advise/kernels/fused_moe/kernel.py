@@ -97,6 +97,112 @@ def _route(
 
 
 @triton.jit
+def _route_ranked(
+    topk_ids_ptr,  # int32 [n]
+    n_entries,
+    expert_offset,
+    num_experts,
+    sorted_ids_ptr,  # int32 [P]
+    block_expert_ptr,  # int32 [P / BLOCK_M]
+    num_padded_ptr,  # int32 [1]
+    max_padded,
+    r,  # this router program, of num_route
+    num_route,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    ROUTE_BLK: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Router program r of num_route (config ROUTE = 1, decode): no atomics, no cursor, no barrier.
+    Every program counts all n entries (and those before its chunk), so each knows every expert's padded
+    run; it then writes (1) the rows of the entries of its chunk [r·CHUNK, (r+1)·CHUNK): start of the
+    expert's run + entries of that expert before the chunk + those before the entry inside the chunk (a
+    [CHUNK, CHUNK] comparison), i.e. a stable order by entry id, the order of moe_align_reference;
+    (2) the padding rows (sentinel n) of the experts e ≡ r mod num_route; (3) the expert of the blocks
+    b ≡ r (32-block groups); program 0 stores the used row count. Each output element has exactly one
+    writer, so nothing orders the programs."""
+    c0 = r * CHUNK
+    offs0 = tl.arange(0, ROUTE_BLK)
+    bins = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    before = tl.zeros([E_PAD], dtype=tl.int32)
+    for start in range(0, n_entries, ROUTE_BLK):
+        offs = start + offs0
+        inb = offs < n_entries
+        e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
+        valid = inb & (e >= 0) & (e < num_experts)
+        e = tl.where(valid, e, 0)
+        counts += tl.histogram(e, E_PAD, mask=valid)
+        before += tl.histogram(e, E_PAD, mask=valid & (offs < c0))
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    total = tl.sum(padded, 0)
+    if r == 0:
+        tl.store(num_padded_ptr, total)
+    # (1) this chunk's entries
+    offs_c = c0 + tl.arange(0, CHUNK)
+    in_c = offs_c < n_entries
+    e_c = tl.load(topk_ids_ptr + offs_c, mask=in_c, other=-1) - expert_offset
+    ok_c = in_c & (e_c >= 0) & (e_c < num_experts)
+    base = tl.sum(tl.where(bins[None, :] == e_c[:, None], (starts + before)[None, :], 0), axis=1)
+    j_c = tl.arange(0, CHUNK)
+    same = (e_c[:, None] == e_c[None, :]) & (j_c[None, :] < j_c[:, None]) & ok_c[None, :]
+    pos = base + tl.sum(same.to(tl.int32), axis=1)
+    tl.store(sorted_ids_ptr + pos, offs_c, mask=ok_c)
+    # (2) padding rows of this program's experts
+    pad_j = tl.arange(0, BLOCK_M)
+    pad_row = (starts + counts)[:, None] + pad_j[None, :]
+    mine = (bins % num_route) == r
+    pad_ok = mine[:, None] & (pad_row < ends[:, None])
+    tl.store(sorted_ids_ptr + pad_row, tl.zeros([E_PAD, BLOCK_M], dtype=tl.int32) + n_entries, mask=pad_ok)
+    # (3) expert of each block (the count of experts whose run ends at or before the block start)
+    max_blocks = max_padded // BLOCK_M
+    offs_b0 = tl.arange(0, 32)
+    for b0 in range(r * 32, max_blocks, num_route * 32):
+        b = b0 + offs_b0
+        bstart = b * BLOCK_M
+        eb = tl.sum((ends[None, :] <= bstart[:, None]).to(tl.int32), axis=1)
+        eb = tl.where(bstart < total, eb, -1)
+        tl.store(block_expert_ptr + b, eb, mask=b < max_blocks)
+
+
+@triton.jit
+def _zero_rows_without_local_slot(
+    topk_ids_ptr,  # int32 [T, k]
+    out_ptr,  # bf16 [T, H], row stride stride_out
+    q,
+    T,
+    H,
+    top_k,
+    expert_offset,
+    num_experts,
+    stride_out,
+    QROWS: tl.constexpr,
+    GROUP: tl.constexpr,
+    K_PAD: tl.constexpr,
+):
+    """Zeros for the [QROWS, GROUP] tile q of ``out`` where the token has no slot on this rank (with
+    DN_REDUCE no down program owns such a row; the reduce launch wrote its zeros before)."""
+    num_groups = tl.cdiv(H, GROUP)
+    rows = (q // num_groups) * QROWS + tl.arange(0, QROWS)
+    cols = (q % num_groups) * GROUP + tl.arange(0, GROUP)
+    offs_j = tl.arange(0, K_PAD)
+    row_ok = rows < T
+    e = tl.load(
+        topk_ids_ptr + rows[:, None].to(tl.int64) * top_k + offs_j[None, :],
+        mask=row_ok[:, None] & (offs_j < top_k)[None, :],
+        other=-1,
+    )
+    e = e - expert_offset
+    nloc = tl.sum(((e >= 0) & (e < num_experts)).to(tl.int32), axis=1)
+    none = row_ok & (nloc == 0)
+    ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
+    zeros = tl.zeros([QROWS, GROUP], dtype=out_ptr.dtype.element_ty)
+    tl.store(ptrs, zeros, mask=none[:, None] & (cols < H)[None, :])
+
+
+@triton.jit
 def _quant_rows(
     x_ptr,  # bf16 [T, H], row stride stride_x
     xq_ptr,  # fp8 [T, H]
@@ -131,7 +237,9 @@ def _quant_rows(
     tl.store(xq_ptr + rows64[:, None] * H + cols[None, :], xq.to(xq_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit(do_not_specialize=["n_entries", "expert_offset", "num_experts", "max_padded", "T"])
+@triton.jit(
+    do_not_specialize=["n_entries", "expert_offset", "num_experts", "max_padded", "T", "num_route", "top_k"]
+)
 def _prep_kernel(
     topk_ids_ptr,
     n_entries,
@@ -149,6 +257,10 @@ def _prep_kernel(
     T,
     H,
     stride_x,
+    num_route,  # router programs: 1, or cdiv(n, CHUNK) with RANKED
+    top_k,
+    out_ptr,  # bf16 [T, H] (ZERO_OUT)
+    stride_out,
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,
     ROUTE_BLK: tl.constexpr,
@@ -156,30 +268,71 @@ def _prep_kernel(
     GROUP: tl.constexpr,
     A_GROUP: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    RANKED: tl.constexpr = False,
+    CHUNK: tl.constexpr = 64,
+    ZERO_OUT: tl.constexpr = False,
+    K_PAD: tl.constexpr = 1,
 ):
-    """Grid (1 + cdiv(T, QROWS) · cdiv(H, GROUP),): program 0 routes, each other program quantizes one
-    [QROWS, GROUP] tile of the hidden rows."""
+    """Grid (num_route + cdiv(T, QROWS) · cdiv(H, GROUP),): programs [0, num_route) route (one program
+    with atomic cursors, ``_route``, or with RANKED (config ROUTE = 1) cdiv(n, CHUNK) programs of
+    ``_route_ranked``); each other program quantizes one [QROWS, GROUP] tile of the hidden rows and, with
+    ZERO_OUT (config DN_REDUCE = 1), writes zeros to the same tile of ``out`` for tokens without a slot
+    on this rank."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
-    if pid == 0:
-        _route(
-            topk_ids_ptr,
-            n_entries,
-            expert_offset,
-            num_experts,
-            sorted_ids_ptr,
-            block_expert_ptr,
-            num_padded_ptr,
-            cursor_ptr,
-            max_padded,
-            BLOCK_M,
-            E_PAD,
-            ROUTE_BLK,
-        )
+    if pid < num_route:
+        if RANKED:
+            _route_ranked(
+                topk_ids_ptr,
+                n_entries,
+                expert_offset,
+                num_experts,
+                sorted_ids_ptr,
+                block_expert_ptr,
+                num_padded_ptr,
+                max_padded,
+                pid,
+                num_route,
+                BLOCK_M,
+                E_PAD,
+                ROUTE_BLK,
+                CHUNK,
+            )
+        else:
+            _route(
+                topk_ids_ptr,
+                n_entries,
+                expert_offset,
+                num_experts,
+                sorted_ids_ptr,
+                block_expert_ptr,
+                num_padded_ptr,
+                cursor_ptr,
+                max_padded,
+                BLOCK_M,
+                E_PAD,
+                ROUTE_BLK,
+            )
     else:
-        _quant_rows(x_ptr, xq_ptr, xs_ptr, a_scale_ptr, pid - 1, T, H, stride_x, QROWS, GROUP, A_GROUP)
+        q = pid - num_route
+        _quant_rows(x_ptr, xq_ptr, xs_ptr, a_scale_ptr, q, T, H, stride_x, QROWS, GROUP, A_GROUP)
+        if ZERO_OUT:
+            _zero_rows_without_local_slot(
+                topk_ids_ptr,
+                out_ptr,
+                q,
+                T,
+                H,
+                top_k,
+                expert_offset,
+                num_experts,
+                stride_out,
+                QROWS,
+                GROUP,
+                K_PAD,
+            )
 
 
 @triton.jit
@@ -426,7 +579,18 @@ def _act_quant_kernel(
     _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128, A2_GROUP)
 
 
-@triton.jit(do_not_specialize=["n_entries", "max_padded", "stride_wse", "stride_wsn"])
+@triton.jit(
+    do_not_specialize=[
+        "n_entries",
+        "max_padded",
+        "stride_wse",
+        "stride_wsn",
+        "top_k",
+        "expert_offset",
+        "num_experts",
+        "stride_out",
+    ]
+)
 def _down_kernel(
     inter_ptr,  # fp8 [P, I]
     inter_s_ptr,  # fp32 [P, cdiv(I, G)] (A_GROUP)
@@ -447,6 +611,13 @@ def _down_kernel(
     stride_wn,
     stride_wse,
     stride_wsn,
+    count_ptr,  # REDUCE: int32 [>= T · cdiv(H, BLOCK_N)] arrival counters, 0 before and after
+    topk_ids_ptr,  # REDUCE: int32 [T, k]
+    out_ptr,  # REDUCE: bf16 [T, H], row stride stride_out
+    stride_out,
+    top_k,
+    expert_offset,
+    num_experts,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -457,11 +628,14 @@ def _down_kernel(
     FAST_ACC: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
+    REDUCE: tl.constexpr = False,
+    K_PAD: tl.constexpr = 1,
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
     (two launches back, so complete: the launch in between let this grid start only once all its
-    programs had passed their own wait) and prefetch this tile's weights into L2."""
+    programs had passed their own wait) and prefetch this tile's weights into L2.
+    REDUCE (config DN_REDUCE = 1): the top-k sum without the reduce launch — see ``_reduce_in_down``."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     if PREFETCH:
@@ -528,6 +702,82 @@ def _down_kernel(
     acc = acc * scale[:, None]
     y_ptrs = y_ptr + entry.to(tl.int64)[:, None] * H + offs_n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+    if REDUCE:
+        _reduce_in_down(
+            y_ptr,
+            count_ptr,
+            topk_ids_ptr,
+            out_ptr,
+            entry,
+            row_ok,
+            offs_n,
+            n_ok,
+            pid_n,
+            tl.cdiv(H, BLOCK_N),
+            H,
+            stride_out,
+            top_k,
+            expert_offset,
+            num_experts,
+            K_PAD,
+        )
+
+
+@triton.jit
+def _reduce_in_down(
+    y_ptr,  # bf16 [n, H]: the rows just stored by this program (and by the token's other programs)
+    count_ptr,
+    topk_ids_ptr,
+    out_ptr,
+    entry,  # [BLOCK_M] entry ids of the tile's rows
+    row_ok,
+    offs_n,  # [BLOCK_N] columns of H
+    n_ok,
+    pid_n,
+    num_n,
+    H,
+    stride_out,
+    top_k,
+    expert_offset,
+    num_experts,
+    K_PAD: tl.constexpr,
+):
+    """Each tile row bumps the arrival counter of its (token, H tile); the program that brings it to the
+    token's number of local slots sums the token's bf16 rows in slot order (exactly as ``_reduce_kernel``:
+    fp32 sum of the bf16 rows, rounded once), writes ``out`` and resets the counter to 0. Rows of one
+    token sit in different expert blocks, so every row has one owner program and the sum is in slot
+    order, never in arrival order: bitwise the output of the reduce launch."""
+    tok = (entry // top_k).to(tl.int64)
+    offs_j = tl.arange(0, K_PAD)
+    ids_t = tl.load(
+        topk_ids_ptr + tok[:, None] * top_k + offs_j[None, :],
+        mask=row_ok[:, None] & (offs_j < top_k)[None, :],
+        other=-1,
+    )
+    ids_t = ids_t - expert_offset
+    local_t = (ids_t >= 0) & (ids_t < num_experts)
+    nloc = tl.sum(local_t.to(tl.int32), axis=1)
+    # every thread's row store happens before the (gpu-scope, acq_rel) arrival atomics
+    tl.debug_barrier()
+    cnt = count_ptr + tok * num_n + pid_n
+    arrived = tl.atomic_add(cnt, 1, mask=row_ok, sem="acq_rel", scope="gpu")
+    last = row_ok & (arrived == nloc - 1)
+    total = tl.zeros([entry.shape[0], offs_n.shape[0]], dtype=tl.float32)
+    for j in range(0, top_k):  # slot order
+        local_j = tl.sum((local_t & (offs_j == j)[None, :]).to(tl.int32), axis=1) > 0
+        # .cg: read through L2, never a stale L1 line of another CTA's row
+        total += tl.load(
+            y_ptr + (tok * top_k + j)[:, None] * H + offs_n[None, :],
+            mask=(last & local_j)[:, None] & n_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        ).to(tl.float32)
+    tl.store(
+        out_ptr + tok[:, None] * stride_out + offs_n[None, :],
+        total.to(out_ptr.dtype.element_ty),
+        mask=last[:, None] & n_ok[None, :],
+    )
+    tl.atomic_xchg(cnt, tl.zeros_like(arrived), mask=last, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["top_k", "expert_offset", "num_experts"])
@@ -566,5 +816,8 @@ __all__ = [
     "_down_kernel",
     "_gate_up_kernel",
     "_prep_kernel",
+    "_reduce_in_down",
     "_reduce_kernel",
+    "_route_ranked",
+    "_zero_rows_without_local_slot",
 ]

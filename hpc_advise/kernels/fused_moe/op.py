@@ -5,8 +5,9 @@ Every step runs on the GPU with shapes fixed by (T, k, E, H, I, config), so a ca
 a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks/tune_fused_moe.py``)
 keyed by (E, H, I, top_k, scale mode) and T (nearest tuned T within a factor 2), else
 from ``default_config``. Config keys PDL / PREFETCH (both paths) choose programmatic dependent launches
-and the L2 weight prefetch before each grid's wait (kernel README, "Launch configs"); they never change
-the result.
+and the L2 weight prefetch before each grid's wait (kernel README, "Launch configs"); ROUTE (the
+ranked router on many programs) and DN_REDUCE (the top-k sum in the down kernel, no reduce launch) are
+regular-path variants; none of them changes the result.
 
 ``moe_unfused`` is the benchmark's unfused baseline built from the same GEMM kernels: torch routing,
 a gathered copy of the token rows, gate/up GEMM writing fp32 gate and up, torch SiLU·mul and
@@ -26,8 +27,10 @@ import triton
 from . import kernel as K
 from . import kernel_route as KR
 from .op_small import (
+    COUNTER_SLICE,
     SMALL_T_DEFAULT,
     SMALL_T_MAX,
+    _counters,
     check_small_config,
     default_small_config,
     fused_moe_small,
@@ -42,6 +45,7 @@ NUM_SMS_H200 = 132
 # single-CTA router in the prep launch is cheaper (one launch fewer)
 ROUTE_MULTI_MIN_ENTRIES = 4096
 ROUTE_CHUNK = 1024  # entries per routing CTA
+RANKED_CHUNK = 64  # entries per router program of the ranked decode router (config ROUTE = 1)
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CONFIG_PATH = Path(__file__).with_name("configs.json")
 CONFIG_KEYS = (
@@ -200,7 +204,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         raise FusedMoEError("BLOCK_K must divide the 128-wide scale groups (<= 128)")
     if a2_group and cfg["SPLIT_K"] == 1 and cfg["GU_N"] != GROUP:
         raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
-    for key in ("PDL", "PREFETCH"):
+    for key in ("PDL", "PREFETCH", "ROUTE", "DN_REDUCE", "FAST_ACC"):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
     return cfg
@@ -308,6 +312,17 @@ class _Launch:
         self.num_padded = torch.empty(1, dtype=torch.int32, device=dev)
         self.e_pad = max(16, triton.next_power_of_2(self.E))
         self.route_chunks = triton.cdiv(self.n, ROUTE_CHUNK) if self.n >= ROUTE_MULTI_MIN_ENTRIES else 0
+        # ROUTE = 1: the ranked router on cdiv(n, RANKED_CHUNK) programs (decode; prefill sizes keep the
+        # multi-CTA router). DN_REDUCE = 1: the down kernel sums the top-k rows (no reduce launch) where
+        # its (token, H tile) arrival counters fit in one per-stream slice, else the reduce launch runs
+        self.ranked = bool(self.cfg.get("ROUTE", 0)) and not self.route_chunks
+        self.num_route = triton.cdiv(self.n, RANKED_CHUNK) if self.ranked else 1
+        self.num_n_down = triton.cdiv(self.H, self.cfg["DN_N"])
+        self.dn_reduce = (
+            bool(self.cfg.get("DN_REDUCE", 0))
+            and not self.route_chunks
+            and self.T * self.num_n_down <= COUNTER_SLICE
+        )
         self.cursor = torch.empty(max(1, self.route_chunks) * self.e_pad, dtype=torch.int32, device=dev)
         self.hist = torch.empty(self.route_chunks * self.e_pad, dtype=torch.int32, device=dev)
         self.xq = torch.empty(self.T, self.H, dtype=FP8, device=dev)
@@ -319,11 +334,15 @@ class _Launch:
     def scale_strides(self, scale):
         return (scale.stride(0), scale.stride(1)) if self.w_block else (0, 0)
 
-    def prep(self, hidden):
+    def prep(self, hidden, out=None):
+        """Routing + input quantization; with DN_REDUCE (and ``out``) also the zero rows of ``out``
+        for tokens without a local slot."""
         qrows = 16 if self.T <= 1024 else 64
         if self.route_chunks:
             return self._prep_multi(hidden, qrows)
-        grid = (1 + triton.cdiv(self.T, qrows) * triton.cdiv(self.H, GROUP),)
+        zero_out = self.dn_reduce and out is not None
+        out = hidden if out is None else out
+        grid = (self.num_route + triton.cdiv(self.T, qrows) * triton.cdiv(self.H, GROUP),)
         K._prep_kernel[grid](
             self.ids,
             self.n,
@@ -341,6 +360,10 @@ class _Launch:
             self.T,
             self.H,
             hidden.stride(0),
+            self.num_route,
+            self.k,
+            out,
+            out.stride(0),
             BLOCK_M=self.cfg["BLOCK_M"],
             E_PAD=self.e_pad,
             ROUTE_BLK=256,
@@ -348,6 +371,10 @@ class _Launch:
             GROUP=GROUP,
             A_GROUP=self.a1_group,
             USE_PDL=self.pdl,
+            RANKED=self.ranked,
+            CHUNK=RANKED_CHUNK,
+            ZERO_OUT=zero_out,
+            K_PAD=triton.next_power_of_2(self.k),
             num_warps=4,
             **self.launch_kw,
         )
@@ -472,9 +499,13 @@ class _Launch:
             **self.launch_kw,
         )
 
-    def down(self, w2, routed_scaling: float):
+    def down(self, w2, routed_scaling: float, out=None):
+        """Down GEMM → bf16 rows y; with DN_REDUCE (and ``out``) also the top-k sum into ``out``."""
         c = self.cfg
-        grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.H, c["DN_N"]),)
+        reduce = self.dn_reduce and out is not None
+        counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
+        out = self.y if out is None else out
+        grid = ((self.P // c["BLOCK_M"]) * self.num_n_down,)
         K._down_kernel[grid](
             self.inter,
             self.inter_s,
@@ -494,6 +525,13 @@ class _Launch:
             w2.stride(0),
             w2.stride(1),
             *self.scale_strides(self.w2_scale),
+            counters,
+            self.ids,
+            out,
+            out.stride(0),
+            self.k,
+            self.offset,
+            self.E,
             BLOCK_M=c["BLOCK_M"],
             BLOCK_N=c["DN_N"],
             BLOCK_K=c["DN_K"],
@@ -504,6 +542,8 @@ class _Launch:
             FAST_ACC=bool(c.get("FAST_ACC", 0)),
             USE_PDL=self.pdl,
             PREFETCH=self.pdl and bool(c.get("PREFETCH", 0)),
+            REDUCE=reduce,
+            K_PAD=triton.next_power_of_2(self.k),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
@@ -597,7 +637,7 @@ def fused_moe(
             out=result,
             config=launch.cfg,
         )
-    launch.prep(hidden)
+    launch.prep(hidden, result)
     split = launch.cfg["SPLIT_K"]
     if split == 1:
         launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1)
@@ -605,8 +645,9 @@ def fused_moe(
         part = torch.empty(split, launch.P, 2 * launch.I, dtype=torch.float32, device=hidden.device)
         launch.gate_up(w13, part, part, 1, split)
         launch.act_quant(part, split)
-    launch.down(w2, routed_scaling_factor)
-    launch.reduce(result)
+    launch.down(w2, routed_scaling_factor, result)
+    if not launch.dn_reduce:
+        launch.reduce(result)
     return result
 
 
@@ -645,6 +686,7 @@ def moe_unfused(
         config,
     )
     launch.pdl, launch.launch_kw = False, {}  # the baseline's stages are plain launches
+    launch.dn_reduce = False  # and it sums the top-k rows in torch
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result

@@ -758,6 +758,25 @@ def variant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """Old vs new in one process for the regular decode path: the config ``op.get_config`` picks now
+    (first: the tuner's accuracy reference; at T <= 16 it may be a small-T path config), the regular
+    pick with programmatic dependent launches (PDL, the shipped form), then with the ranked router
+    (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, and with both: gate/up and down
+    pipeline depths 3 / 5 / 6 and 128-wide down tiles."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    reg = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
+    base = dict(reg, PDL=1)
+    base.pop("PREFETCH", None)
+    new = dict(base, ROUTE=1, DN_REDUCE=1)
+    out = [cur, base, dict(base, ROUTE=1), dict(base, DN_REDUCE=1), new, dict(new, PDL=0)]
+    out += [dict(new, GU_STAGES=s) for s in (3, 5)]
+    out += [dict(new, DN_STAGES=s) for s in (3, 5, 6)]
+    out += [dict(new, DN_N=128), dict(new, GU_STAGES=3, DN_STAGES=5)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
 def _is_small_cfg(cfg: dict) -> bool:
     return cfg.get("PATH") == "small"
 
@@ -773,14 +792,18 @@ def tune(
     budget_s: float | None = None,
     small_vs_tuned: bool = False,
     variants: bool = False,
+    route_reduce: bool = False,
 ) -> list[dict]:
     """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
     With ``budget_s``, stops starting new points once that many seconds have passed. With
     ``small_vs_tuned``, the candidates are the config ``op.get_config`` picks now (first: the accuracy
-    reference) and the small-T path's candidates; with ``variants``, ``variant_candidates``."""
+    reference) and the small-T path's candidates; with ``variants``, ``variant_candidates``; with
+    ``route_reduce``, ``route_reduce_candidates``."""
 
     def cands(t, k, e, h, i, mode):
         a2_group = mode.endswith("dynamic")
+        if route_reduce:
+            return route_reduce_candidates(op, t, k, e, h, i, mode)
         if variants:
             return variant_candidates(op, t, k, e, h, i, mode)
         if not small_vs_tuned:
@@ -839,7 +862,7 @@ def tune(
                         f"  cand {shape} {mode} T={t} p50 {timing.p50:.2f} us {json.dumps(c, sort_keys=True)}"
                     )
                     timed.append((timing.p50, c, fn))
-                if variants and timed:
+                if (variants or route_reduce) and timed:
                     # the first candidate (the current pick) was timed first, which read up to 11% slow
                     # in the benchmark's first pass: time it again last and keep the faster of the two
                     again = _time(timed[0][2], t)[0].p50
