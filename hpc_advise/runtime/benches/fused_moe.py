@@ -763,7 +763,8 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     (first: the tuner's accuracy reference; at T <= 16 it may be a small-T path config), the regular
     pick with programmatic dependent launches (PDL, the shipped form), then with the ranked router
     (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, and with both: gate/up pipeline
-    depths 3 / 5, down depths 5 / 6, 128-wide down tiles, and with static a2 (Hy3 TP8, I = 192) the
+    depths 3 / 5, down depths 5 / 6, 128- and 256-wide down tiles (fewer, longer down programs: at
+    I = 192 each 64-wide one streams only 12 KB), and with static a2 (Hy3 TP8, I = 192) the
     64-wide gate/up tiles and 64-wide down K steps of its tuned T = 64 / 128 configs."""
     a2_group = mode.endswith("dynamic")
     cur = op.get_config(t, k, e, h, i, mode, a2_group)
@@ -774,7 +775,7 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     out = [cur, base, dict(base, ROUTE=1), dict(base, DN_REDUCE=1), new]
     out += [dict(new, GU_STAGES=s) for s in (3, 5)]
     out += [dict(new, DN_STAGES=s) for s in (5, 6)]
-    out += [dict(new, DN_N=128), dict(new, GU_STAGES=3, DN_STAGES=5)]
+    out += [dict(new, DN_N=128), dict(new, DN_N=256), dict(new, GU_STAGES=3, DN_STAGES=5)]
     if not a2_group:
         out += [dict(new, GU_N=64), dict(new, GU_N=64, DN_K=64)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
