@@ -532,7 +532,9 @@ def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
     consts = dict(consts, USE_PDL=consts.get("USE_PDL", False))
     if name == "_down_kernel":
         consts.setdefault("PREFETCH", consts["USE_PDL"])
-        consts = dict(dict(REDUCE=False, K_PAD=1), **consts)
+        consts = dict(dict(REDUCE=False, K_PAD=1, BLOCK_EXIT=False), **consts)
+    if name == "_gate_up_kernel":
+        consts.setdefault("BLOCK_EXIT", False)
     if name == "_prep_kernel":
         consts = dict(dict(RANKED=False, CHUNK=64, ZERO_OUT=False, K_PAD=1), **consts)
     types = SM90_TYPES[name].split()

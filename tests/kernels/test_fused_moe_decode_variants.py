@@ -1,5 +1,6 @@
-"""Tests of the regular decode path's launch variants ROUTE (ranked router) and DN_REDUCE (top-k sum
-in the down kernel, no reduce launch) of hpc_advise.kernels.fused_moe.
+"""Tests of the regular decode path's launch variants ROUTE (ranked router), DN_REDUCE (top-k sum in
+the down kernel, no reduce launch) and BLOCK_EXIT (GEMM programs exit on the block's expert) of
+hpc_advise.kernels.fused_moe.
 
 CPU tests run the kernels under TRITON_INTERPRET=1 at small sizes against the fp32 reference (same
 checker as test_fused_moe.py: NaN-poisoned output, 2e-2 bound, fp8 midpoint second look); the ranked
@@ -29,7 +30,8 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     run_and_check,
 )
 
-VARIANTS = {"ranked": dict(ROUTE=1), "reduce": dict(DN_REDUCE=1), "both": dict(ROUTE=1, DN_REDUCE=1)}
+VARIANTS = {"ranked": dict(ROUTE=1), "reduce": dict(DN_REDUCE=1), "exit": dict(BLOCK_EXIT=1)}
+ALL = dict(ROUTE=1, DN_REDUCE=1, BLOCK_EXIT=1)
 
 
 def _cfg(mode: str, **extra) -> dict:
@@ -87,10 +89,10 @@ def test_decode_variants_match_reference(mode, t):
     """Both keys together at every T; each alone at T = 17 (below)."""
     seed = _seed()
     p = make_problem(t, 8, 128, 64, 3, mode, device="cpu")
-    run_and_check(p, config=_cfg(mode, ROUTE=1, DN_REDUCE=1), scaling=1.5, seed=seed)
+    run_and_check(p, config=_cfg(mode, **ALL), scaling=1.5, seed=seed)
 
 
-@pytest.mark.parametrize("variant", ["ranked", "reduce"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
 def test_each_variant_alone_matches_reference(variant, mode):
     seed = _seed()
@@ -109,7 +111,7 @@ def test_variants_with_empty_and_one_token_experts_and_foreign_slots(mode):
     ids[0, 1] = 2
     ids[4, 2] = 5  # a token naming one expert in two slots: two rows of one expert block
     p = make_problem(t, 8, 128, 64, k, mode, ids=ids, device="cpu")
-    run_and_check(p, config=_cfg(mode, ROUTE=1, DN_REDUCE=1), seed=seed)
+    run_and_check(p, config=_cfg(mode, **ALL), seed=seed)
 
 
 @pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
@@ -120,7 +122,7 @@ def test_variants_expert_parallel_tokens_without_local_slots_get_zeros(mode):
     p = make_problem(12, 4, 128, 64, 3, mode, global_experts=16, expert_offset=4, device="cpu")
     p["ids"][0] = torch.tensor([0, 1, 15], dtype=torch.int32)
     p["ids"][7] = torch.tensor([-1, 9, 3], dtype=torch.int32)
-    out, _, _ = run_and_check(p, config=_cfg(mode, ROUTE=1, DN_REDUCE=1), seed=seed)
+    out, _, _ = run_and_check(p, config=_cfg(mode, **ALL), seed=seed)
     assert (out[0] == 0).all() and (out[7] == 0).all(), seed
 
 
@@ -128,7 +130,7 @@ def test_variants_expert_parallel_rank_without_local_tokens():
     seed = _seed()
     ids = torch.randint(0, 8, (5, 2), dtype=torch.int32)  # all on experts 0..7, this rank has 8..11
     p = make_problem(5, 4, 128, 64, 2, "tensor-static", ids=ids, expert_offset=8, device="cpu")
-    out, _, _ = run_and_check(p, config=_cfg("tensor-static", ROUTE=1, DN_REDUCE=1), seed=seed)
+    out, _, _ = run_and_check(p, config=_cfg("tensor-static", **ALL), seed=seed)
     assert (out == 0).all(), seed
 
 
@@ -149,7 +151,7 @@ def test_reduce_in_down_falls_back_to_the_reduce_launch_where_counters_do_not_fi
     seed = _seed()
     monkeypatch.setattr(op, "COUNTER_SLICE", 8)  # T 6 x 2 H tiles = 12 > 8
     p = make_problem(6, 8, 128, 64, 2, "tensor-static", device="cpu")
-    cfg = _cfg("tensor-static", ROUTE=1, DN_REDUCE=1)
+    cfg = _cfg("tensor-static", **ALL)
     assert not _launch(p, cfg).dn_reduce
     run_and_check(p, config=cfg, seed=seed)
     monkeypatch.setattr(op, "COUNTER_SLICE", op_small.COUNTER_SLICE)
@@ -159,18 +161,33 @@ def test_reduce_in_down_falls_back_to_the_reduce_launch_where_counters_do_not_fi
 
 
 def test_decode_variant_keys_are_validated():
-    for key in ("ROUTE", "DN_REDUCE"):
+    for key in ("ROUTE", "DN_REDUCE", "BLOCK_EXIT"):
         with pytest.raises(FusedMoEError, match=key):
             op.check_config(dict(CPU_CFG, **{key: 2}), a2_group=False)
 
 
 @pytest.mark.slow
 def test_decode_variant_kernels_compile_for_sm90_without_spills():
-    """The ranked prep launch (E_PAD 256: Hy3's 192 experts) and the down kernel with the in-kernel
-    top-k sum build for sm_90a, with PDL, without register spills; the down GEMM keeps its pipelined
-    loads."""
+    """The ranked prep launch (E_PAD 256: Hy3's 192 experts), the gate/up kernel with the block exit and
+    the down kernel with the in-kernel top-k sum build for sm_90a, with and without PDL, without
+    register spills; both GEMMs keep their pipelined loads."""
     prep = dict(BLOCK_M=16, E_PAD=256, ROUTE_BLK=256, QROWS=16, GROUP=128, A_GROUP=True)
     prep.update(RANKED=True, CHUNK=64, ZERO_OUT=True, K_PAD=8)
+    gate_up = dict(
+        BLOCK_M=16,
+        BLOCK_N=128,
+        BLOCK_K=128,
+        GROUP_M=1,
+        SPLIT_K=1,
+        A_GROUP=True,
+        W_BLOCK=True,
+        A2_GROUP=True,
+        OUT_MODE=0,
+        EVEN_K=True,
+        FAST_ACC=False,
+        TWO_DOTS=False,
+        BLOCK_EXIT=True,
+    )
     down = dict(
         BLOCK_M=16,
         BLOCK_N=64,
@@ -182,12 +199,13 @@ def test_decode_variant_kernels_compile_for_sm90_without_spills():
         FAST_ACC=False,
         REDUCE=True,
         K_PAD=8,
+        BLOCK_EXIT=True,
     )
-    jobs = [["_prep_kernel", prep, 4, 3], ["_down_kernel", down, 4, 4]]
+    jobs = [["_prep_kernel", prep, 4, 3], ["_gate_up_kernel", gate_up, 4, 4], ["_down_kernel", down, 4, 4]]
     jobs += [[name, dict(c, USE_PDL=True), w, st] for name, c, w, st in jobs]
     res = compile_sm90([_sm90_job(*job) for job in jobs])
     assert all(r["stack"] == 0 for r in res), res
-    assert all(r["async_copies"] > 0 for r in res if r["kernel"] == "_down_kernel"), res
+    assert all(r["async_copies"] > 0 for r in res if r["kernel"] != "_prep_kernel"), res
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,17 +222,18 @@ GPU_SHAPES = {  # name -> (E local, H, I, top_k, global experts, expert offset, 
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
 @pytest.mark.parametrize("t", [16, 128])
 def test_gpu_decode_variants_bitwise_plain_and_replay(shape, t):
-    """ROUTE + DN_REDUCE (+ PDL): bitwise the plain launches' output and bitwise on a rerun; captured in
-    a CUDA graph (two calls back to back) and replayed with fresh routing."""
+    """ROUTE, DN_REDUCE, BLOCK_EXIT each alone and all three with PDL: bitwise the plain launches' output
+    and bitwise on a rerun; captured in a CUDA graph (two calls back to back) and replayed with fresh
+    routing."""
     seed = _seed()
     e, h, i, k, ge, off, mode = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     base = op.default_config(t, k, e, h, i, mode.endswith("dynamic"))
     plain, _, _ = run_and_check(p, config=base, seed=seed)
-    for extra in (dict(ROUTE=1), dict(DN_REDUCE=1), dict(ROUTE=1, DN_REDUCE=1, PDL=1)):
+    for extra in (*VARIANTS.values(), dict(ALL, PDL=1)):
         got, _, _ = run_and_check(p, config=dict(base, **extra), seed=seed)
         assert torch.equal(plain, got), (seed, extra)
-    cfg = dict(base, ROUTE=1, DN_REDUCE=1, PDL=1)
+    cfg = dict(base, **ALL, PDL=1)
     again, _, _ = run_and_check(p, config=cfg, seed=seed)
     assert torch.equal(plain, again), seed
     out = torch.empty_like(plain)
@@ -243,6 +262,6 @@ def test_gpu_decode_variants_expert_parallel_rank_without_local_tokens():
     e, h, i, k, ge, off, mode = GPU_SHAPES["deepseek-v3-ep8"]
     ids = torch.randint(0, off, (64, k), dtype=torch.int32, device="cuda")
     p = make_problem(64, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off, ids=ids)
-    cfg = dict(op.default_config(64, k, e, h, i, True), ROUTE=1, DN_REDUCE=1, PDL=1)
+    cfg = dict(op.default_config(64, k, e, h, i, True), **ALL, PDL=1)
     out, _, _ = run_and_check(p, config=cfg, seed=seed)
     assert (out == 0).all(), seed

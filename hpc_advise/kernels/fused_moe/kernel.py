@@ -349,6 +349,25 @@ def _tile_ids(num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT):
+    """(local expert of block pid_m, or -1 past the used rows; its BLOCK_M sorted entry ids). Default:
+    the used-row count first, the rest only inside the used rows (two dependent memory round trips
+    before the first weight load). BLOCK_EXIT (config key): every router writes -1 as the expert of the
+    blocks past the used rows, and ``sorted_ids`` is in bounds for every block, so both loads are issued
+    at once and the program exits on e < 0 (one round trip). Entries of exited blocks are never used."""
+    if BLOCK_EXIT:
+        e = tl.load(block_expert_ptr + pid_m)
+        entry = tl.load(sorted_ids_ptr + offs_m)
+    else:
+        e = tl.full([], -1, tl.int32)
+        entry = tl.zeros([BLOCK_M], dtype=tl.int32)
+        if pid_m * BLOCK_M < tl.load(num_padded_ptr):
+            e = tl.load(block_expert_ptr + pid_m)
+            entry = tl.load(sorted_ids_ptr + offs_m)
+    return e, entry
+
+
+@triton.jit
 def _silu_mul_quant_store(
     g,  # fp32 [BLOCK_M, BLOCK_N] gate
     u,  # fp32 [BLOCK_M, BLOCK_N] up
@@ -436,6 +455,7 @@ def _gate_up_kernel(
     FAST_ACC: tl.constexpr,
     TWO_DOTS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
+    BLOCK_EXIT: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
@@ -448,12 +468,13 @@ def _gate_up_kernel(
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
     pid_k = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    entry = tl.load(sorted_ids_ptr + offs_m)
+    e, entry = _block_rows(
+        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+    )
+    if e < 0:
+        return
+    e = e.to(tl.int64)
     row_ok = entry < n_entries
     tok = (entry // top_k).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -630,6 +651,7 @@ def _down_kernel(
     PREFETCH: tl.constexpr = False,
     REDUCE: tl.constexpr = False,
     K_PAD: tl.constexpr = 1,
+    BLOCK_EXIT: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
@@ -649,12 +671,14 @@ def _down_kernel(
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    e, entry = _block_rows(
+        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+    )
+    if e < 0:
+        return
+    e = e.to(tl.int64)
     rows64 = offs_m.to(tl.int64)
-    entry = tl.load(sorted_ids_ptr + offs_m)
     row_ok = entry < n_entries
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H

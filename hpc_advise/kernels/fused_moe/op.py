@@ -6,8 +6,9 @@ a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks
 keyed by (E, H, I, top_k, scale mode) and T (nearest tuned T within a factor 2), else
 from ``default_config``. Config keys PDL / PREFETCH (both paths) choose programmatic dependent launches
 and the L2 weight prefetch before each grid's wait (kernel README, "Launch configs"); ROUTE (the
-ranked router on many programs) and DN_REDUCE (the top-k sum in the down kernel, no reduce launch) are
-regular-path variants; none of them changes the result.
+ranked router on many programs), DN_REDUCE (the top-k sum in the down kernel, no reduce launch) and
+BLOCK_EXIT (GEMM programs exit on the block's expert, one dependent load fewer) are regular-path
+variants; none of them changes the result.
 
 ``moe_unfused`` is the benchmark's unfused baseline built from the same GEMM kernels: torch routing,
 a gathered copy of the token rows, gate/up GEMM writing fp32 gate and up, torch SiLU·mul and
@@ -204,7 +205,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         raise FusedMoEError("BLOCK_K must divide the 128-wide scale groups (<= 128)")
     if a2_group and cfg["SPLIT_K"] == 1 and cfg["GU_N"] != GROUP:
         raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
-    for key in ("PDL", "PREFETCH", "ROUTE", "DN_REDUCE", "FAST_ACC"):
+    for key in ("PDL", "PREFETCH", "ROUTE", "DN_REDUCE", "BLOCK_EXIT", "FAST_ACC"):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
     return cfg
@@ -475,6 +476,7 @@ class _Launch:
             FAST_ACC=bool(c.get("FAST_ACC", 0)),
             TWO_DOTS=not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)),
             USE_PDL=self.pdl,
+            BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
@@ -544,6 +546,7 @@ class _Launch:
             PREFETCH=self.pdl and bool(c.get("PREFETCH", 0)),
             REDUCE=reduce,
             K_PAD=triton.next_power_of_2(self.k),
+            BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,

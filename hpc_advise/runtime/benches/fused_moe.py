@@ -762,7 +762,8 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     """Old vs new in one process for the regular decode path: the config ``op.get_config`` picks now
     (first: the tuner's accuracy reference; at T <= 16 it may be a small-T path config), the regular
     pick with programmatic dependent launches (PDL, the shipped form), then with the ranked router
-    (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, and with both: gate/up pipeline
+    (ROUTE), the top-k sum in the down kernel (DN_REDUCE), the one-load block exit (BLOCK_EXIT) and all
+    three, and with all three: gate/up pipeline
     depths 3 / 5, down depths 5 / 6, 128- and 256-wide down tiles (fewer, longer down programs: at
     I = 192 each 64-wide one streams only 12 KB), and with static a2 (Hy3 TP8, I = 192) the
     64-wide gate/up tiles and 64-wide down K steps of its tuned T = 64 / 128 configs."""
@@ -771,8 +772,8 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     reg = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
     base = dict(reg, PDL=1)
     base.pop("PREFETCH", None)
-    new = dict(base, ROUTE=1, DN_REDUCE=1)
-    out = [cur, base, dict(base, ROUTE=1), dict(base, DN_REDUCE=1), new]
+    new = dict(base, ROUTE=1, DN_REDUCE=1, BLOCK_EXIT=1)
+    out = [cur, base, dict(base, ROUTE=1), dict(base, DN_REDUCE=1), dict(base, BLOCK_EXIT=1), new]
     out += [dict(new, GU_STAGES=s) for s in (3, 5)]
     out += [dict(new, DN_STAGES=s) for s in (5, 6)]
     out += [dict(new, DN_N=128), dict(new, DN_N=256), dict(new, GU_STAGES=3, DN_STAGES=5)]
