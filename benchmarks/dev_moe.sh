@@ -41,10 +41,10 @@ if has newtests && fits "${NEWTEST_S:-40}" newtests; then
   gpu_tests new "$NEW_SEL" "${NEWTEST_S:-40}"
   pack "new gpu tests done"
 fi
-if has tune && fits "${TUNE_S:-75}" tune; then
+if has tune && fits "${TUNE_S:-80}" tune; then
   cp hpc_advise/kernels/fused_moe/configs.json "$RES/fused_moe_configs.json"
-  timeout "${TUNE_S:-75}" python3 benchmarks/tune_fused_moe.py --route-reduce --shapes "$MOE_SHAPES" \
-    --ts "${MOE_TS:-16,64,128}" --budget "${TUNE_BUDGET:-45}" --out "$RES/fused_moe_configs.json" \
+  timeout "${TUNE_S:-80}" python3 benchmarks/tune_fused_moe.py --route-reduce --shapes "$MOE_SHAPES" \
+    --ts "${MOE_TS:-16,64,128}" --budget "${TUNE_BUDGET:-35}" --out "$RES/fused_moe_configs.json" \
     > "$RES/moe_tune.log" 2>&1
   grep -v "^  cand" "$RES/moe_tune.log" | tail -12
   # the bench measures the merged table (the device copy of the tree is scratch)

@@ -167,6 +167,14 @@ def main() -> None:
             with open(Path(os.environ["OUT"]) / "fused_moe_breakdown.jsonl", "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         return
+    if args.out:
+        out = Path(args.out)
+    elif os.environ.get("OUT"):
+        out = Path(os.environ["OUT"]) / "fused_moe_configs.json"
+    else:
+        out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
+    gpu = torch.cuda.get_device_name()
+    # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
         ts,
@@ -174,14 +182,9 @@ def main() -> None:
         small_vs_tuned=args.small_vs_tuned,
         variants=args.variants,
         route_reduce=args.route_reduce,
+        on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
-    if args.out:
-        out = Path(args.out)
-    elif os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "fused_moe_configs.json"
-    else:
-        out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
-    fb.write_configs(entries, out, torch.cuda.get_device_name())
+    fb.write_configs(entries, out, gpu)
     print(f"wrote {len(entries)} entries to {out}")
 
 

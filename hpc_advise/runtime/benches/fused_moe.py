@@ -798,12 +798,14 @@ def tune(
     small_vs_tuned: bool = False,
     variants: bool = False,
     route_reduce: bool = False,
+    on_entry: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
     With ``budget_s``, stops starting new points once that many seconds have passed. With
     ``small_vs_tuned``, the candidates are the config ``op.get_config`` picks now (first: the accuracy
     reference) and the small-T path's candidates; with ``variants``, ``variant_candidates``; with
-    ``route_reduce``, ``route_reduce_candidates``."""
+    ``route_reduce``, ``route_reduce_candidates``. ``on_entry(entries)`` is called after each point (so
+    a run cut short keeps the points it finished)."""
 
     def cands(t, k, e, h, i, mode):
         a2_group = mode.endswith("dynamic")
@@ -881,6 +883,8 @@ def tune(
                     entries.append(
                         dict(E=e, H=h, I=i, top_k=k, mode=mode, T=t, config=best[1], p50_us=round(best[0], 2))
                     )
+                    if on_entry:
+                        on_entry(entries)
             del wts
             torch.cuda.empty_cache()
     return entries
@@ -906,4 +910,6 @@ def write_configs(entries: list[dict], path, gpu: str) -> None:
         "tuned_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "entries": kept + entries,
     }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    tmp = path.with_name(path.name + ".tmp")  # replaced in one step: a killed run leaves a whole file
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
