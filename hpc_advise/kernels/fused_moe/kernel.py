@@ -6,15 +6,20 @@ group. All address math is done in int64 where a product can pass 2^31.
 
 Launches, in order:
   1. ``_prep_kernel``     program 0 routes (per-expert counts, padded offsets, sorted entry ids,
-                          expert of each BLOCK_M block); programs 1.. quantize [QROWS, G] tiles of the
-                          hidden rows to fp8 (per 1×G group, dynamic, or per tensor, static scale).
+                          expert of each BLOCK_M block), or with RANKED (config ROUTE) cdiv(n, 64)
+                          programs of ``_route_ranked`` do, without atomics; the other programs quantize
+                          [QROWS, G] tiles of the hidden rows to fp8 (per 1×G group, dynamic, or per
+                          tensor, static scale) and, with ZERO_OUT (DN_REDUCE), zero the output rows of
+                          tokens without a local slot.
   2. ``_gate_up_kernel``  gate and up tiles of one expert in one program, A rows read through the
                           sorted entry ids (no gathered copy); epilogue SiLU(gate)·up + fp8 quant of
                           the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1).
   3. ``_act_quant_kernel`` only for split-K: sums the partials, SiLU·up, fp8 quant.
   4. ``_down_kernel``     down GEMM over the padded intermediate; epilogue multiplies by the routing
                           weight (and routed scaling factor) and writes one bf16 row per (token, slot).
-  5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16.
+  5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16;
+                          with REDUCE (config DN_REDUCE) the down kernel does it (``_reduce_in_down``)
+                          and this launch is skipped.
 USE_PDL (config PDL = 1, SM90+): each launch is a programmatic dependent launch whose programs wait
 (griddepcontrol.wait) for the prior grid before reading or writing anything, so only the launch
 latency and the prior grid's tail overlap.
