@@ -32,8 +32,8 @@ import time
 from collections.abc import Iterable
 
 from hpc_advise.runtime.benchmarking import Timing, _percentiles, environment, run_row
+from hpc_advise.runtime.dist_run import MULTICAST_OFF, join_within, multicast_off
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 BUSBW_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -277,29 +277,20 @@ def measure(
             )
     unit = DTYPE_BYTES * world_size
     sizes = tuple(sorted({max(unit, s - s % unit) for s in sizes}))
-    saved = {k: os.environ.get(k) for k in MULTICAST_OFF}
-    os.environ.update(MULTICAST_OFF)  # inherited by the spawned processes
     store_dir = tempfile.mkdtemp(prefix="hpc_advise_comm_")
     try:
         ctx = mp.get_context("spawn")
         queue = ctx.SimpleQueue()
         store_file = os.path.join(store_dir, "store")  # must not exist yet: FileStore creates it
         args = (world_size, store_file, device, ops, sizes, iters, warmup, queue, graph)
-        procs = mp.start_processes(_worker, args=args, nprocs=world_size, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        while not procs.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for p in procs.processes:
-                    p.terminate()
-                raise TimeoutError(f"communication benchmark did not finish within {timeout_s:.0f} s")
+        with multicast_off():  # inherited by the spawned processes
+            procs = mp.start_processes(
+                _worker, args=args, nprocs=world_size, join=False, start_method="spawn"
+            )
+            join_within(procs, timeout_s, "communication benchmark")
         seen_env, results = queue.get()
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     env = env or environment()
     backend = "nccl" if device == "cuda" else "gloo"
     rows = []

@@ -21,7 +21,8 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
@@ -50,6 +51,33 @@ def _child(rank: int, world_size: int, backend: str, store_file: str, out_dir: s
     finally:
         dist.destroy_process_group()
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+@contextmanager
+def multicast_off() -> Iterator[None]:
+    """``MULTICAST_OFF`` in this process's environment (processes spawned inside inherit it), the
+    previous values restored after."""
+    saved = {k: os.environ.get(k) for k in MULTICAST_OFF}
+    os.environ.update(MULTICAST_OFF)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def join_within(procs, timeout_s: float, what: str) -> None:
+    """Wait for the processes of a ``torch.multiprocessing`` context; past ``timeout_s`` terminate
+    them and raise ``TimeoutError`` naming ``what``. A process that fails raises as ``join`` does."""
+    deadline = time.monotonic() + timeout_s
+    while not procs.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in procs.processes:
+                p.terminate()
+            raise TimeoutError(f"{what} did not finish within {timeout_s:.0f} s")
 
 
 def _rank_errors(out_dir: str, world_size: int) -> list[tuple[int, str]]:
@@ -84,40 +112,27 @@ def run_ranks(
         raise RuntimeError(
             f"world size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} visible"
         )
-    saved = {k: os.environ.get(k) for k in MULTICAST_OFF}
-    os.environ.update(MULTICAST_OFF)  # inherited by the children, too
     tmp = tempfile.mkdtemp(prefix="hpc_advise_ranks_")
     try:
         store_file = os.path.join(tmp, "store")  # must not exist yet: FileStore creates it
-        procs = mp.start_processes(
-            _child,
-            args=(world_size, backend, store_file, tmp, fn, tuple(args)),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not procs.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    for p in procs.processes:
-                        p.terminate()
-                    raise TimeoutError(
-                        f"{world_size} ranks of {fn.__name__} did not finish within {timeout_s:.0f} s"
-                    )
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            failed = _rank_errors(tmp, world_size)
-            if not failed:
-                raise
-            raise RuntimeError(
-                f"{len(failed)} of {world_size} ranks of {fn.__name__} failed, first failure first:\n"
-                + "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failed)
-            ) from exc
+        with multicast_off():  # inherited by the children, too
+            procs = mp.start_processes(
+                _child,
+                args=(world_size, backend, store_file, tmp, fn, tuple(args)),
+                nprocs=world_size,
+                join=False,
+                start_method="spawn",
+            )
+            try:
+                join_within(procs, timeout_s, f"{world_size} ranks of {fn.__name__}")
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+                failed = _rank_errors(tmp, world_size)
+                if not failed:
+                    raise
+                raise RuntimeError(
+                    f"{len(failed)} of {world_size} ranks of {fn.__name__} failed, first failure first:\n"
+                    + "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in failed)
+                ) from exc
         return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
