@@ -424,3 +424,18 @@ def test_gpu_ep2_and_tp2_equal_the_single_gpu_reference(case):
         assert r["tp_err"] <= REL_TOL_QUANT_REF, (rank, r["tp_err"], seed)
         assert r["deterministic"], (rank, seed)
     assert torch.equal(res[0]["tp_out"], res[1]["tp_out"]), seed  # the all-reduce gives every rank the same
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_gpu_ep1_and_tp1_through_nccl_equal_the_reference(case):
+    """World size 1 on one GPU: the NCCL rendezvous through the FileStore, the counts and rows
+    all-to-alls of a single rank, the fused op on the received rows and the all-reduce of TP1 (what a
+    one-GPU machine can check of the EP/TP layers)."""
+    seed = _seed()
+    (r,) = run_ranks(_gpu_worker, 1, backend="nccl", args=(seed, case), timeout_s=400)
+    print(f"{case}: EP1 rel err {r['ep_err']:.2e}, TP1 rel err {r['tp_err']:.2e} (seed {seed})")
+    assert not r["ep_nan"] and not r["tp_nan"], seed
+    assert r["ep_err"] <= REL_TOL_QUANT_REF, (r["ep_err"], seed)
+    assert r["tp_err"] <= REL_TOL_QUANT_REF, (r["tp_err"], seed)
+    assert r["deterministic"], seed
