@@ -69,11 +69,9 @@ class CommFit:
     segments: tuple[Segment, ...]
 
     def time_us(self, nbytes: float) -> float:
-        for seg in self.segments:
-            if nbytes <= seg.upto_bytes:
-                return seg.alpha_us + nbytes * seg.us_per_byte
-        last = self.segments[-1]
-        return last.alpha_us + nbytes * last.us_per_byte
+        # the last segment reaches to infinity (fit_points and fits_from_figures build it so)
+        seg = next(s for s in self.segments if nbytes <= s.upto_bytes)
+        return seg.alpha_us + nbytes * seg.us_per_byte
 
 
 def _fit_segment(xs: list[float], ys: list[float]) -> tuple[float, float]:

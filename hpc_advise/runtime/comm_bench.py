@@ -31,16 +31,12 @@ import tempfile
 import time
 from collections.abc import Iterable
 
+from hpc_advise.advisor import comm_model
 from hpc_advise.runtime.benchmarking import Timing, _percentiles, environment, run_row
 from hpc_advise.runtime.dist_run import MULTICAST_OFF, join_within, multicast_off
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-BUSBW_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-}
+OPS = tuple(comm_model.OP_NAMES)  # torch.distributed's names; the advisor's are the values
+BUSBW_FACTOR = {op: comm_model.BUSBW_FACTOR[name] for op, name in comm_model.OP_NAMES.items()}
 DTYPE_BYTES = 4  # float32 buffers
 DEFAULT_SIZES = tuple(1 << p for p in range(12, 31))  # 4 KiB .. 1 GiB
 
@@ -324,8 +320,6 @@ def measured_figures(rows: list[dict]) -> dict[str, float]:
     comm = [r for r in rows if r.get("kind") == "comm" and r["config"]["world_size"] > 1]
     if not comm:
         return {}
-    from hpc_advise.advisor import comm_model
-
     timings = {r["config"].get("timing", "eager") for r in comm}
     pick = "graph" if "graph" in timings else "eager"
     fitted = comm_model.to_figures(
@@ -333,15 +327,9 @@ def measured_figures(rows: list[dict]) -> dict[str, float]:
     )
     top = max(r["config"]["world_size"] for r in comm)
     out: dict[str, float] = {}
-    names = {
-        "all_reduce": "allreduce",
-        "all_gather": "allgather",
-        "reduce_scatter": "reducescatter",
-        "all_to_all": "alltoall",
-    }
     for r in comm:
         if r["config"]["world_size"] == top:
-            key = f"{names[r['subject']]}_busbw_gbps"
+            key = f"{comm_model.OP_NAMES[r['subject']]}_busbw_gbps"
             out[key] = max(out.get(key, 0.0), float(r["config"]["busbw_gbps"]))
     out["comm_world_size"] = float(top)
     out.update(fitted)
