@@ -350,35 +350,14 @@ def test_fp8_f16_dot_falls_back_on_odd_v_layout():
     wide[..., 1:] = v.view(torch.uint8)
     v_odd = wide[..., 1:].view(FP8)
     assert v_odd.data_ptr() % 2 == 1 and v_odd.stride(2) % 2 == 1
-    p = op.plan(
-        seq_lens,
-        table,
-        page_size=16,
-        num_q_heads=4,
-        num_kv_heads=1,
-        head_dim=64,
-        tile=16,
-        num_programs=4,
-        kv_dtype=FP8,
-    )
+    kw = dict(page_size=16, num_q_heads=4, num_kv_heads=1, head_dim=64, tile=16, num_programs=4, kv_dtype=FP8)
+    p = op.plan(seq_lens, table, **kw)
     assert p.f16_dot
     out = op.run(p, q, k, v_odd, k_scale=0.5, v_scale=2.0)
     ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=16, k_scale=0.5, v_scale=2.0)
     assert rel_err(out, ref) <= TOL[FP8]
     # the warp-split loop (tile 16 = page 16, 16 tokens per warp) falls back the same way
-    p = op.plan(
-        seq_lens,
-        table,
-        page_size=16,
-        num_q_heads=4,
-        num_kv_heads=1,
-        head_dim=64,
-        tile=16,
-        num_programs=4,
-        kv_dtype=FP8,
-        warp_split=True,
-        num_warps=1,
-    )
+    p = op.plan(seq_lens, table, **kw, warp_split=True, num_warps=1)
     assert op._warp_split(p) == 1
     out = op.run(p, q, k, v_odd, k_scale=0.5, v_scale=2.0)
     assert rel_err(out, ref) <= TOL[FP8]
