@@ -4,6 +4,8 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
   python benchmarks/bench_decode_attention.py [--grid full|small] [--kv all|bf16|fp8] [--no-peers]
   python benchmarks/bench_decode_attention.py --sweep        # launch-configuration sweep
   python benchmarks/bench_decode_attention.py --tune         # sweep, then the grid with the best config
+  python benchmarks/bench_decode_attention.py --tune --heads 64/8   # ... best over the swept 64/8 cases
+  python benchmarks/bench_decode_attention.py --best-from sweep.jsonl --heads 8/1 --kv bf16   # an earlier sweep's
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
 """
@@ -31,6 +33,12 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="sweep tile / CTAs per SM / stages / warps")
     ap.add_argument("--tune", action="store_true", help="sweep first, then run the grid with the best config")
     ap.add_argument("--warm-flashinfer", action="store_true", help="compile FlashInfer's modules and exit")
+    ap.add_argument(
+        "--best-from",
+        metavar="JSONL",
+        help="run the grid with the best configuration (per KV dtype of --kv, over the cases of --heads) of "
+        "a sweep's .jsonl from an earlier process",
+    )
     ap.add_argument("--tile", type=int)
     ap.add_argument("--ctas-per-sm", type=int)
     ap.add_argument("--num-stages", type=int)
@@ -48,7 +56,16 @@ def main() -> None:
     best, best_fp8 = {}, None
     if args.sweep or args.tune:
         rows, table, headers = da.sweep()
-        best, best_fp8 = da.best_config(rows, "bf16"), da.best_config(rows, "fp8")
+        # --tune with --heads H/K: the best over the swept cases of those heads (the grid's)
+        pick = args.heads if args.tune else "all"
+        best, best_fp8 = da.best_config(rows, "bf16", pick), da.best_config(rows, "fp8", pick)
+        swept = sorted(
+            {
+                (r["config"]["kv_dtype"], f"{r['config']['num_q_heads']}/{r['config']['num_kv_heads']}")
+                for r in rows
+            }
+        )
+        per_heads = "; ".join(f"{kv} {h}: {da.best_config(rows, kv, h)}" for kv, h in swept)
         md, _ = write_results(
             rows,
             table,
@@ -58,12 +75,20 @@ def main() -> None:
             notes="CUDA-graph replay over rotated page tables (pool >> L2); p50 µs per call. 'rel err': "
             "relative Frobenius error of the configuration's output against the float64 reference "
             f"(FAIL above {da.SWEEP_TOL}; failed configurations are never chosen). "
-            f"Best (geometric mean over the cases of each KV dtype): bf16 {best}; fp8 {best_fp8}. "
+            f"Best (geometric mean over the cases of each KV dtype and head count): {per_heads}. "
             f"Sweep wall time (compiles included): {da.sweep.seconds:.0f} s.",
         )
         print(md.read_text(), flush=True)
         if args.sweep:
             return
+    elif args.best_from:
+        with open(args.best_from) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        rows = [r for r in rows if r.get("subject") == "decode_attention.sweep"]
+        kvs = ("bf16", "fp8") if args.kv == "all" else args.kv.split(",")
+        best = da.best_config(rows, "bf16", args.heads) if "bf16" in kvs else {}
+        best_fp8 = da.best_config(rows, "fp8", args.heads) if "fp8" in kvs else None
+        print(f"best of {args.best_from} over heads {args.heads}: bf16 {best}; fp8 {best_fp8}", flush=True)
     cfg = dict(best)
     cfg |= {
         k: v

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Decode-attention call on the H200 (the `device` tool). STAGE=sweep: launch-configuration sweep on the
 # worst cases, then the GPU tests; STAGE=grid: FlashInfer set-up (carry .whl_attn), the full grid with
-# op.py's defaults, then the GPU tests that run those defaults. Results in $OUT/res.tgz, re-packed after every stage.
+# op.py's defaults, then the GPU tests that run those defaults; STAGE=run10 (carry .whl_attn): every GPU
+# test of the decode-attention file, the sweep (old vs new configurations, one process), then the grid
+# against FlashInfer with the sweep's best per KV dtype on 64/8 (bf16 + fp8) and on 8/1 (bf16), each in
+# its own results folder. Results in $OUT/res.tgz, re-packed after every stage.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -9,7 +12,37 @@ mkdir -p "$RES"
 pack() { tar czf "$OUT/res.part" -C "$RES" . 2>/dev/null && mv "$OUT/res.part" "$OUT/res.tgz"; echo "[$((SECONDS - T0))s] $1"; }
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HPC_ADVISE_RESULTS=$RES
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-if [ "${STAGE:-sweep}" = sweep ]; then
+if [ "${STAGE:-sweep}" = run10 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl_attn/*.whl || exit 1
+  python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
+  export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12 PATH=$PATH:/usr/local/cuda/bin
+  mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
+  (timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1) &
+  pack "flashinfer installed"
+  timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
+    -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  wait
+  mkdir -p "$RES/sweep" "$RES/g64" "$RES/g81"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-70}" python3 benchmarks/bench_decode_attention.py --sweep \
+    > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  BEST=""
+  [ -s "$RES/sweep/decode_attention_sweep.jsonl" ] && BEST="--best-from $RES/sweep/decode_attention_sweep.jsonl"
+  HPC_ADVISE_RESULTS=$RES/g64 timeout "${G64_S:-50}" python3 benchmarks/bench_decode_attention.py --grid full \
+    --heads 64/8 --kv bf16,fp8 $BEST > "$RES/grid64.log" 2>&1
+  pack "grid 64/8 done"
+  HPC_ADVISE_RESULTS=$RES/g81 timeout "${G81_S:-25}" python3 benchmarks/bench_decode_attention.py --grid full \
+    --heads 8/1 --kv bf16 $BEST > "$RES/grid81.log" 2>&1
+  pack "grid 8/1 done"
+  # short tables last: sweep (case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err); grids
+  # (case, heads, KV, ours us, TB/s, static us, FI BA us, vs static, vs FI BA)
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-//'
+  grep -h "^best of" "$RES/grid64.log" "$RES/grid81.log" | cut -c1-400
+  grep -h "^|" "$RES/g64/decode_attention.md" "$RES/g81/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-8,10-11,14-15
+elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
   pack "sweep done"
   timeout "${TEST_S:-60}" python3 -m pytest tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \

@@ -650,8 +650,11 @@ def test_gpu_longest_context_and_largest_batch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl,warp_split", [(False, None), (True, None), (False, True)])
-def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split):
+@pytest.mark.parametrize(
+    "pdl,warp_split,num_stages",
+    [(False, None, None), (True, None, None), (False, True, None), (True, None, 4)],
+)
+def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
     hq, hkv, d, page = 8, 1, 128, 64
     # pages for the longest lengths of any replay; the captured step starts shorter
     q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page)
@@ -668,6 +671,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split):
         kv_dtype=k.dtype,
         pdl=pdl,
         warp_split=warp_split,
+        num_stages=num_stages,
     )
     table_buf, out = table.clone(), torch.empty_like(q)
     stream = torch.cuda.Stream()
@@ -686,7 +690,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split):
         graph.replay()
         torch.cuda.synchronize()
         eager = op.decode_attention(q, k, v, table_buf, lens_buf, page_size=page)
-        if warp_split:  # other arithmetic than decode_attention()'s variant: eager with the same plan
+        if warp_split or num_stages:  # maybe not decode_attention()'s variant: eager with the same plan
             eager = op.run(p.update(lens_buf, table_buf), q, k, v)
         assert torch.equal(out, eager), new
         ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
@@ -765,6 +769,36 @@ def test_candidates_compile_for_sm90():
 
 
 @pytest.mark.slow
+def test_deeper_pipelines_compile_for_sm90():
+    # sweep run 10's candidates: with page ids 32 tiles per load, num_stages - 1 K/V buffers; what fits an SM
+    from tests.kernels.sm90_compile import compile_sm90
+
+    jobs = {  # job -> (shared memory in KB: lowest, below; programs per SM the sweep gives it)
+        "bf16 tile 64, 3 stages": (_decode_job("bf16", 64, 3, 32), (64, 96), 2),  # two 32 KB buffers
+        "bf16 tile 64, 4 stages": (_decode_job("bf16", 64, 4, 32), (96, 128), 2),  # three
+        "bf16 tile 64, 4 stages, 64 ids": (_decode_job("bf16", 64, 4, 64), (96, 128), 2),
+        "bf16 tile 64, 7 stages, id per tile": (_decode_job("bf16", 64, 7, 0), (96, 128), 2),
+        "bf16 tile 128, 2 stages": (_decode_job("bf16", 128, 2, 32), (64, 96), 2),  # one 64 KB buffer
+        "bf16 tile 128, 3 stages, 8 warps": (_decode_job("bf16", 128, 3, 32, warps=8), (128, 192), 1),
+        "fp8 warp split, 4 stages": (
+            _decode_job("fp8e4nv", 64, 4, 32, f16_dot=True, ws=2, warps=2),
+            (64, 96),
+            3,
+        ),
+        "fp8 plain, 4 stages": (_decode_job("fp8e4nv", 64, 4, 32, f16_dot=True), (64, 96), 3),
+    }
+    res = dict(zip(jobs, compile_sm90([j for j, _, _ in jobs.values()]), strict=True))
+    for name, (_, (lo, hi), ctas) in jobs.items():
+        r = res[name]
+        assert r["async_copies"] > 0 and lo <= r["shared"] // 1024 < hi and r["ctas_per_sm"] >= ctas, (
+            name,
+            r,
+        )
+        # no spills but the warp split's (its per-warp accumulators: 255 registers)
+        assert r["stack"] < (128 if "warp split" in name else 1), (name, r)
+
+
+@pytest.mark.slow
 def test_pdl_merge_launches_compile_for_sm90():
     # the merge launches as programmatic dependents (griddepcontrol, SM90 only: the interpreter skips it)
     # build for the H200, the narrow (2 warps, 16 per step) and the wide one (4 warps, 128 per step)
@@ -829,6 +863,17 @@ def test_sweep_variants_and_best_config_skip_failures():
         row("a", 1.0, num_stages=5),  # timed on one case only
     ]
     assert da.best_config(rows)["ctas_per_sm"] == 3 and da.best_config(rows)["desc"] is False
+    # per head count: only that head count's cases vote
+    heads = [r | {"config": r["config"] | {"num_q_heads": 64, "num_kv_heads": 8}} for r in rows[:4]]
+    heads += [
+        row("c", 1.0, num_warps=8)
+        | {"config": row("c", 1.0, num_warps=8)["config"] | {"num_q_heads": 8, "num_kv_heads": 1}}
+    ]
+    assert da.best_config(heads, "bf16", "64/8")["num_warps"] == 4
+    assert da.best_config(heads, "bf16", "8/1")["num_warps"] == 8
+    assert da.best_config(heads)["num_warps"] == 4  # all: the 8-warp row misses the other cases
+    with pytest.raises(RuntimeError, match="no bf16 case with heads 16/2"):
+        da.best_config(heads, "bf16", "16/2")
     with pytest.raises(RuntimeError, match="no configuration"):
         da.best_config([row("a", 1.0, ok=False)])
 
@@ -860,6 +905,22 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
         op.DEFAULT_MERGE_BLOCK,
         op.DEFAULT_PT_CHUNK,
     )
+
+
+def test_plan_takes_tuned_stages_and_tile(monkeypatch):
+    # the tuned tables may set num_stages and tile (sweep run 10 measured them); tile only at head_dim <= 128
+    monkeypatch.setitem(op.TUNED_MANY_KV_HEADS, torch.bfloat16, {"num_stages": 4, "tile": 128})
+    seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
+    table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
+    kw = dict(page_size=64, num_q_heads=64, num_kv_heads=8, kv_dtype=torch.bfloat16)
+    p = op.plan(seq_lens, table, head_dim=128, **kw)
+    assert (p.num_stages, p.tile) == (4, 128)
+    p = op.plan(seq_lens, table, head_dim=256, **kw)
+    assert (p.num_stages, p.tile) == (4, op.DEFAULT_TILE // 2)
+    p = op.plan(seq_lens, table, head_dim=128, num_stages=2, tile=64, **kw)  # explicit knobs win
+    assert (p.num_stages, p.tile) == (2, 64)
+    p = op.plan(seq_lens, table, head_dim=128, **(kw | dict(num_q_heads=8, num_kv_heads=1)))
+    assert (p.num_stages, p.tile) == (op.DEFAULT_NUM_STAGES, op.DEFAULT_TILE)
 
 
 def test_bench_rejects_unknown_grid_filters():

@@ -341,6 +341,9 @@ def plan(
     warp_split = tuned.get("warp_split", DEFAULT_WARP_SPLIT) if warp_split is None else warp_split
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
+    num_stages = tuned.get("num_stages") if num_stages is None else num_stages
+    if tile is None and head_dim <= 128:  # measured at head_dim 128; 256 keeps its halved default tile
+        tile = tuned.get("tile")
     if page_size not in PAGE_SIZES:
         _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
     if head_dim not in HEAD_DIMS:

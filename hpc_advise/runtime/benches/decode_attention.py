@@ -66,21 +66,42 @@ PEER_TITLES = {
 # (1 warp x 32 tokens: 7 programs/SM by shared memory; registers / spills from the offline sm_90a compile,
 # tests/kernels/sm90_compile.py: 255 / 32 bytes), not timed yet: device call 2's limit ended before its
 # sweep stage (the grid came first).
+# Sweep run 10 (deeper K/V pipelining, larger tiles): since page ids come 32 tiles per load, Triton's pipeliner
+# gives K/V num_stages - 1 buffers (before, the page-id load in the loop held it to one buffer, so runs 1-2
+# saw no effect of stages). Offline sm_90a (tests/kernels/sm90_compile.py), bf16 tile 64: 3 stages 70 KB of
+# shared memory (two 32 KB buffers), 4 stages 102 KB (three), 161 registers, 2 programs/SM either way;
+# tile 128 at 2 stages: one 64 KB buffer, 241 registers, 2 programs/SM; tile 128 at 3 stages, 8 warps:
+# 136 KB, 1 program/SM; page id per tile (pt_chunk 0) at 7 stages: three buffers too (5-6 stages: two),
+# with no pipeline drain every 32 tiles. fp8 warp split (2 warps) at 4 stages: 72 KB, 3 programs/SM, not 4.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # run 7's winner (today's bf16 default)
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # today's bf16 default (two K/V buffers)
+    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl"),  # three K/V buffers
+    (64, 2, 4, 4, "nested-desc-w-pc64-s2-pdl"),  # three buffers, one page-id load per 4K segment
+    (64, 2, 7, 4, "nested-desc-w-s2-pdl"),  # page id per tile: one loop per segment, three buffers
+    (128, 2, 2, 4, "nested-desc-w-pc32-s1-pdl"),  # 128-token tiles, one buffer, 2 programs/SM
+    (128, 1, 3, 8, "nested-desc-w-pc32-s1-pdl"),  # 128-token tiles, two buffers, 8 warps, 1 program/SM
 ]
 SWEEP_CONFIGS_FP8 = [
-    (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl"),  # today's fp8 default below 8 KV heads
-    (64, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # ... and at 8 or more (TUNED_MANY_KV_HEADS)
+    (64, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # today's fp8 default at >= 8 KV heads
+    (64, 3, 4, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # ... with three K/V buffers (3 programs/SM)
+    (64, 3, 4, 4, "nested-desc-w-pc32-s4-f16-pdl"),  # plain loop, three buffers
     (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # 1 warp x 32 tokens, 7 programs/SM
     (32, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # 2 warps x 16 tokens, 4 programs/SM
 ]
 SWEEP_CASES = [
     ("64 x 4K", 64, 8, "bf16"),
+    ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
+    ("1 x 64K + 15 x 4K", 64, 8, "bf16"),
+    ("1 x 128K + 31 x 4K", 64, 8, "bf16"),
+    ("2 x 32K + 30 x 4K", 64, 8, "bf16"),
+    ("64 x U(1K-32K)", 64, 8, "bf16"),
+    ("64 x 4K", 8, 1, "bf16"),
+    ("1 x 128K", 8, 1, "bf16"),
+    ("32 x 128 + 32 x 4K", 8, 1, "bf16"),
     ("64 x 4K", 64, 8, "fp8"),
     ("32 x 128 + 32 x 4K", 64, 8, "fp8"),
-    ("64 x 4K", 8, 1, "fp8"),
-    ("32 x 128 + 32 x 4K", 8, 1, "fp8"),
+    ("1 x 128K + 31 x 4K", 64, 8, "fp8"),
+    ("1 x 64K + 15 x 4K", 64, 8, "fp8"),
 ]
 # A configuration whose output differs from the float64 reference by more than this (relative Frobenius
 # norm; the tests' tolerances) is reported as failed and never chosen.
@@ -621,20 +642,25 @@ def _fp16():
     return torch.float16
 
 
-def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16") -> dict:
-    """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype,
-    among those timed on every such case and correct on all of them (rows without the 'ok' / 'desc'
-    fields, from older sweeps, count as correct / with that field's old default)."""
+def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16", heads: str = "all") -> dict:
+    """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype (and
+    of one head count 'Hq/Hkv', unless ``heads`` is 'all'), among those timed on every such case and correct
+    on all of them (rows without the 'ok' / 'desc' fields, from older sweeps, count as correct / with that
+    field's old default)."""
     logs: dict[tuple, list[float]] = {}
     failed: set[tuple] = set()
     for r in sweep_rows:
         c = r["config"]
         if c.get("kv_dtype", "bf16") != kv_dtype:
             continue
+        if heads != "all" and f"{c.get('num_q_heads')}/{c.get('num_kv_heads')}" != heads:
+            continue
         key = tuple(c[k] if k in c else OLD_SWEEP_DEFAULTS[k] for k in CONFIG_KEYS)
         logs.setdefault(key, []).append(math.log(r["p50"]))
         if not c.get("ok", True):
             failed.add(key)
+    if not logs:
+        raise RuntimeError(f"decode_attention sweep: no {kv_dtype} case with heads {heads} was swept")
     full = max(len(v) for v in logs.values())
     good = [k for k, v in logs.items() if len(v) == full and k not in failed]
     if not good:
