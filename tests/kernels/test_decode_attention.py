@@ -158,6 +158,8 @@ def test_loop_variants_and_tiles_spanning_pages(loop, prefetch):
         ([130, 64, 63, 1, 97], 6, 2, 16, 32, FP8, {"pt_chunk": 16}),
         ([130, 64, 63, 1], 3, 1, 16, 32, BF16, {"pt_chunk": 16, "schedule": "static"}),
         ([97, 5, 65], 5, 1, 1, 16, BF16, {"pt_chunk": 16}),
+        # 128-token tiles over pages of 64 (sweep run 10's candidate): two page ids per tile, 32 tiles per load
+        ([1, 63, 64, 65, 97, 300], 8, 1, 64, 128, BF16, {"pt_chunk": 32, "num_stages": 2}),
     ],
 )
 def test_desc_variant(lens, hq, hkv, page, tile, kv_dtype, extra):
