@@ -75,6 +75,7 @@ PEER_TITLES = {
 # with no pipeline drain every 32 tiles. fp8 warp split (2 warps) at 4 stages: 72 KB, 3 programs/SM, not 4.
 SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # today's bf16 default (two K/V buffers)
+    (64, 3, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # two buffers, 3 programs/SM (more tiles in flight that way)
     (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl"),  # three K/V buffers
     (64, 2, 4, 4, "nested-desc-w-pc64-s2-pdl"),  # three buffers, one page-id load per 4K segment
     (64, 2, 7, 4, "nested-desc-w-s2-pdl"),  # page id per tile: one loop per segment, three buffers
