@@ -27,6 +27,7 @@ import triton
 
 from . import kernel as K
 from . import kernel_route as KR
+from .op_persistent import PERSISTENT_T_MAX, check_persistent_config, fused_moe_persistent, is_persistent
 from .op_small import (
     COUNTER_SLICE,
     SMALL_T_DEFAULT,
@@ -181,6 +182,7 @@ def get_config(
     small_ok = allow_small and t <= SMALL_T_MAX
     per_t = _config_table().get((num_experts, hidden, inter, top_k, mode)) or {}
     near = [b for b in per_t if b / 2 <= t <= b * 2 and (small_ok or not is_small(per_t[b]))]
+    near = [b for b in near if (allow_small and t <= PERSISTENT_T_MAX) or not is_persistent(per_t[b])]
     a1_group = mode.endswith("dynamic")
     if near:
         cfg = dict(per_t[min(near, key=lambda b: abs(math.log(b / max(t, 1))))])
@@ -192,6 +194,9 @@ def get_config(
 
 
 def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
+    if is_persistent(cfg):  # the one-launch decode path (op_persistent.py)
+        a1 = a2_group if a1_group is None else a1_group
+        return check_persistent_config(cfg, a1, a2_group, FusedMoEError)
     if is_small(cfg):
         return check_small_config(cfg, a2_group if a1_group is None else a1_group, a2_group, FusedMoEError)
     missing = [k for k in CONFIG_KEYS if k not in cfg]
@@ -296,13 +301,15 @@ class _Launch:
         mode = scale_mode(self.w_block, not self.a1_group)
         if config is not None and is_small(config) and allow_small and self.T > SMALL_T_MAX:
             raise FusedMoEError(f"the small-T path serves T <= {SMALL_T_MAX}, got T={self.T}")
-        if config is None or (is_small(config) and not allow_small):
+        if config is not None and is_persistent(config) and allow_small and self.T > PERSISTENT_T_MAX:
+            raise FusedMoEError(f"the persistent path serves T <= {PERSISTENT_T_MAX}, got T={self.T}")
+        if config is None or ((is_small(config) or is_persistent(config)) and not allow_small):
             config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
         self.ids = topk_ids.to(torch.int32).contiguous()
         self.weights = topk_weights.float().contiguous()
         self.offset = int(expert_offset)
-        if is_small(self.cfg):  # the small-T path allocates its own workspace (op_small.py)
+        if is_small(self.cfg) or is_persistent(self.cfg):  # these paths allocate their own workspace
             return
         self.pdl = use_pdl(self.cfg, dev)  # programmatic dependent launches (config PDL = 1, SM90+)
         self.launch_kw = {"launch_pdl": True} if self.pdl else {}
@@ -621,6 +628,25 @@ def fused_moe(
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result
+    if is_persistent(launch.cfg):
+        return fused_moe_persistent(
+            hidden,
+            w13,
+            w2,
+            launch.weights,
+            launch.ids,
+            w13_scale=launch.w13_scale,
+            w2_scale=launch.w2_scale,
+            a13=launch.a13,
+            a2=launch.a2,
+            a1_group=launch.a1_group,
+            a2_group=launch.a2_group,
+            w_block=launch.w_block,
+            expert_offset=launch.offset,
+            routed_scaling_factor=routed_scaling_factor,
+            out=result,
+            config=launch.cfg,
+        )
     if is_small(launch.cfg):
         return fused_moe_small(
             hidden,

@@ -1,0 +1,346 @@
+"""Triton kernel of the FP8 fused MoE's persistent decode path: the whole layer in ONE launch.
+
+Launched by ``op_persistent.py``. Notation as in ``kernel.py``: T tokens (T <= 16: one dot column per
+token), k = top_k, n = T·k (token, slot) entries, E local experts, H hidden, I intermediate, G = 128.
+
+``_persistent_moe_kernel``, grid (P,) with P <= the programs that fit on the GPU at once (the launcher
+checks occupancy): every program is resident, so a program may wait for another's result. Each program
+first works through its phase-A items, then its phase-B items (items are dealt round-robin, phase B in
+reverse program order so the programs with fewer A items take B items first):
+
+  Phase A, item (owner r, I group g, K split p): owners are the local entries that name their expert
+     first (entry order), so each expert's weights stream once for every token routed to it. The
+     program computes the gate and up sums of the group's BLOCK_N rows over its share of the K = H steps
+     as one swap-AB dot per K step (weight rows are the wgmma M side, the tokens its N side, 16 wide),
+     the activations quantized in registers per K step (static a13, or the 1×G group = the K step).
+     S = min(S_MAX, P // (owners · groups)) splits, chosen per call on the GPU (so an EP rank with one
+     local expert still spreads it over the SMs). With S > 1 the fp32 partials go to a scratch row and
+     the split that arrives last at the (owner, group) counter (acq_rel, gpu scope, after a CTA
+     barrier) sums the S partials in split order. Epilogue: SiLU(gate)·up, quantized to fp8 (the 1×G
+     group of a BLOCK_N = G tile, or the static a2 scale) and stored at every slot where a token chose
+     the expert; then the owner's ready counter is bumped (release).
+  Phase B, item (unit u, H tile b): units are the local entries (entry order), then the tokens without
+     a local slot. An entry's program may first prefetch its W2 tile into L2 (PREFETCH: no dependence
+     on h), then spins on its owner's ready counter (acquire) until all I groups are in, and computes
+     w_tj · s · W2_e[tile] · q(h): a token with one local slot writes its bf16 output tile directly;
+     with several, each stores an fp32 row and the last to arrive at the (token, H tile) counter sums
+     them in slot order. A token without a local slot gets a zero tile.
+  The program that finishes last (a done counter) resets the ready counters, so every counter is 0
+  again for the next call or CUDA-graph replay (no memset in the graph).
+
+Every output element is a fixed-order sum, so the result is bitwise reproducible. USE_PDL: a
+programmatic dependent launch that waits (griddepcontrol.wait) before touching anything but weights.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernel import _prefetch_l2
+from .kernel_small import _quant_rows
+
+
+@triton.jit
+def _pick(values, mask):
+    """The element of ``values`` where ``mask`` holds (exactly one lane, or 0 if none)."""
+    return tl.sum(tl.where(mask, values, 0), axis=0)
+
+
+@triton.jit
+def _routing_tables(ids_ptr, n_entries, top_k, expert_offset, num_experts, T, N_PAD: tl.constexpr):
+    """Per-entry tables in registers: local expert, local?, owner?, owner rank, local rank, and per
+    token (16 lanes) the number of local slots."""
+    offs = tl.arange(0, N_PAD)
+    inb = offs < n_entries
+    e = tl.load(ids_ptr + offs, mask=inb, other=-1) - expert_offset
+    local = inb & (e >= 0) & (e < num_experts)
+    # an earlier local entry with the same expert makes this one a non-owner
+    earlier = (e[:, None] == e[None, :]) & (offs[None, :] < offs[:, None]) & local[None, :]
+    owner = local & (tl.sum(earlier.to(tl.int32), axis=1) == 0)
+    owner_rank = tl.cumsum(owner.to(tl.int32), 0) - 1
+    local_rank = tl.cumsum(local.to(tl.int32), 0) - 1
+    toks = tl.arange(0, 16)
+    per_tok = ((offs[None, :] // top_k) == toks[:, None]) & local[None, :]
+    n_local_tok = tl.sum(per_tok.to(tl.int32), axis=1)  # [16]
+    zero_tok = (toks < T) & (n_local_tok == 0)
+    zero_rank = tl.cumsum(zero_tok.to(tl.int32), 0) - 1
+    return offs, e, local, owner, owner_rank, local_rank, toks, n_local_tok, zero_tok, zero_rank
+
+
+@triton.jit(
+    do_not_specialize=[
+        "T",
+        "top_k",
+        "n_entries",
+        "expert_offset",
+        "num_experts",
+        "work_programs",
+        "stride_wse",
+        "stride_wsn",
+        "stride_w2se",
+        "stride_w2sn",
+    ]
+)
+def _persistent_moe_kernel(
+    x_ptr,  # bf16 [T, H], row stride stride_x
+    ids_ptr,  # int32 [T, k]
+    topk_w_ptr,  # fp32 [T, k]
+    a13_ptr,  # fp32 [1] (static a13)
+    a2_ptr,  # fp32 [1] (static a2)
+    w13_ptr,  # fp8 [E, 2I, H]
+    ws13_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
+    w2_ptr,  # fp8 [E, H, I]
+    ws2_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
+    h_ptr,  # fp8 [n, I]: h of each local (token, slot)
+    hs_ptr,  # fp32 [n, cdiv(I, G)] (A2_GROUP)
+    part_ptr,  # fp32 [S_MAX, n, 2I]: split partials at row t·k + first slot of the expert
+    y_ptr,  # fp32 [n, H]: weighted rows of tokens with several local slots
+    out_ptr,  # bf16 [T, H], row stride stride_out
+    cnt_out_ptr,  # int32 [T · cdiv(H, BLOCK_H)]  (token, H tile) arrivals, 0 before and after
+    cnt_grp_ptr,  # int32 [n · cdiv(I, BLOCK_N)]  (owner entry, I group) split arrivals
+    ready_ptr,  # int32 [n]: I groups done per owner entry
+    done_ptr,  # int32 [1]: programs finished
+    T,
+    H,
+    I,
+    top_k,
+    n_entries,
+    expert_offset,
+    num_experts,
+    routed_scaling,
+    work_programs,  # programs the K splits are sized for: the grid on the GPU (tests: more, on CPU)
+    stride_x,
+    stride_out,
+    stride_w13e,
+    stride_w13n,
+    stride_w2e,
+    stride_w2n,
+    stride_wse,
+    stride_wsn,
+    stride_w2se,
+    stride_w2sn,
+    BLOCK_N: tl.constexpr,  # I rows per phase-A item (== G with A2_GROUP)
+    BLOCK_K: tl.constexpr,  # K step of phase A (== G with A_GROUP)
+    BLOCK_H: tl.constexpr,  # H rows per phase-B item
+    BLOCK_KB: tl.constexpr,  # K step of phase B (== G with A2_GROUP)
+    S_MAX: tl.constexpr,
+    K_PAD: tl.constexpr,  # next power of two >= top_k
+    N_PAD: tl.constexpr,  # next power of two >= n_entries
+    A_GROUP: tl.constexpr,
+    A2_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,  # (GPU only) W2 tile of a phase-B item to L2 before its wait
+    STAGES_A: tl.constexpr,
+    STAGES_B: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs, ent_e, local, owner, owner_rank, local_rank, toks, n_local_tok, zero_tok, zero_rank = (
+        _routing_tables(ids_ptr, n_entries, top_k, expert_offset, num_experts, T, N_PAD)
+    )
+    n_owners = tl.sum(owner.to(tl.int32), axis=0)
+    n_local = tl.sum(local.to(tl.int32), axis=0)
+    n_zero = tl.sum(zero_tok.to(tl.int32), axis=0)
+    num_g = tl.cdiv(I, BLOCK_N)
+    num_h = tl.cdiv(H, BLOCK_H)
+    n_steps = tl.cdiv(H, BLOCK_K)
+    # K splits per (owner, group): enough items to give every program one, at most S_MAX
+    splits = tl.minimum(tl.maximum(work_programs // tl.maximum(n_owners * num_g, 1), 1), S_MAX)
+    splits = tl.minimum(splits, n_steps)
+    k_span = tl.cdiv(n_steps, splits) * BLOCK_K
+
+    offs_m = tl.arange(0, 16)  # one dot column per token
+    offs_j = tl.arange(0, K_PAD)
+    tok_ok = offs_m < T
+    ids_m = (
+        tl.load(
+            ids_ptr + offs_m[:, None] * top_k + offs_j[None, :],
+            mask=tok_ok[:, None] & (offs_j < top_k)[None, :],
+            other=-1,
+        )
+        - expert_offset
+    )  # [16, K_PAD]
+
+    # ------------------------------------------------------------------ phase A: gate/up → fp8 h
+    offs_k = tl.arange(0, BLOCK_K)
+    num_a = n_owners * num_g * splits
+    for a in range(pid, num_a, num_progs):
+        r = a // (num_g * splits)
+        g = (a // splits) % num_g
+        p = a % splits
+        s0 = _pick(offs, owner & (owner_rank == r))
+        e = _pick(ent_e, offs == s0)
+        e64 = e.to(tl.int64)
+        match = (ids_m == e) & tok_ok[:, None] & (offs_j < top_k)[None, :]
+        row_ok = tl.sum(match.to(tl.int32), axis=1) > 0
+        offs_n = g * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < I
+        k_lo = p * k_span
+        k_hi = tl.minimum(k_lo + k_span, H)
+        wg_ptrs = w13_ptr + e64 * stride_w13e + offs_n[:, None].to(tl.int64) * stride_w13n + offs_k[None, :]
+        wu_ptrs = wg_ptrs + I * stride_w13n
+        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
+        if W_BLOCK:
+            sg_ptrs = ws13_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
+            su_ptrs = ws13_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
+        a13 = tl.load(a13_ptr)
+        acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # [I rows, tokens]
+        acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES_A):
+            k_ok = (k0 + offs_k) < H
+            bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            xv = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            xq, sa = _quant_rows(xv.to(tl.float32), a13, A_GROUP, w13_ptr.dtype.element_ty)
+            at = tl.trans(xq)  # [BLOCK_K, 16]
+            if A_GROUP or W_BLOCK:
+                dg = tl.dot(bg, at)
+                du = tl.dot(bu, at)
+                if A_GROUP:
+                    dg = dg * sa[None, :]
+                    du = du * sa[None, :]
+                if W_BLOCK:
+                    dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+                    du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+                acc_g += dg
+                acc_u += du
+            else:  # promote the fp8 tensor-core sums to fp32 every BLOCK_K
+                acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
+                acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+        # partial rows: token t's at t·k + its first slot naming e
+        j_first = tl.min(tl.where(match, offs_j[None, :], K_PAD), axis=1)
+        row_first = offs_m.to(tl.int64) * top_k + j_first
+        p_ofs = row_first[None, :] * (2 * I) + offs_n[:, None]  # [BLOCK_N, 16]
+        p_ok = n_ok[:, None] & row_ok[None, :]
+        last = splits == 1
+        cnt = cnt_grp_ptr + s0 * num_g + g
+        if splits > 1:
+            mine = part_ptr + p * n_entries * (2 * I) + p_ofs
+            tl.store(mine, acc_g, mask=p_ok)
+            tl.store(mine + I, acc_u, mask=p_ok)
+            tl.debug_barrier()  # every thread's partial store before the arrival
+            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            last = arrived == splits - 1
+        if last:
+            if splits > 1:
+                acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                for q in range(0, splits):  # split order, never arrival order
+                    part = part_ptr + q * n_entries * (2 * I) + p_ofs
+                    acc_g += tl.load(part, mask=p_ok, other=0.0, cache_modifier=".cg")
+                    acc_u += tl.load(part + I, mask=p_ok, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            gate = tl.trans(acc_g)  # [16, BLOCK_N]: one row per token
+            up = tl.trans(acc_u)
+            if not A_GROUP:
+                gate = gate * tl.load(a13_ptr)
+                up = up * tl.load(a13_ptr)
+            if not W_BLOCK:
+                gate = gate * tl.load(ws13_ptr + e64)
+                up = up * tl.load(ws13_ptr + e64)
+            hv = gate * tl.sigmoid(gate) * up
+            hv = tl.where(n_ok[None, :], hv, 0.0)
+            hq, hsc = _quant_rows(hv, tl.load(a2_ptr), A2_GROUP, h_ptr.dtype.element_ty)
+            for jj in tl.static_range(K_PAD):
+                at_j = tl.sum(tl.where(offs_j[None, :] == jj, match.to(tl.int32), 0), axis=1) > 0
+                entry = offs_m.to(tl.int64) * top_k + jj
+                tl.store(h_ptr + entry[:, None] * I + offs_n[None, :], hq, mask=at_j[:, None] & n_ok[None, :])
+                if A2_GROUP:
+                    tl.store(hs_ptr + entry * tl.cdiv(I, 128) + g, hsc, mask=at_j)
+            tl.debug_barrier()  # every thread's h store before the release
+            tl.atomic_add(ready_ptr + s0, 1, sem="release", scope="gpu")
+
+    # ------------------------------------------------------------------ phase B: down → out
+    offs_kb = tl.arange(0, BLOCK_KB)
+    first_col = (offs_m == 0)[:, None]
+    num_b = (n_local + n_zero) * num_h
+    for b in range(num_progs - 1 - pid, num_b, num_progs):
+        u = b // num_h
+        hb = b % num_h
+        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = offs_h < H
+        if u < n_local:
+            s = _pick(offs, local & (local_rank == u))
+            e = _pick(ent_e, offs == s)
+            e64 = e.to(tl.int64)
+            t = s // top_k
+            s0 = tl.min(tl.where(local & (ent_e == e), offs, N_PAD), axis=0)  # the expert's owner
+            w_ptrs = w2_ptr + e64 * stride_w2e + offs_h[:, None].to(tl.int64) * stride_w2n + offs_kb[None, :]
+            if PREFETCH:  # the weights do not depend on h: into L2 while this program waits
+                rows_pf = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+                row_ptrs = w2_ptr + e64 * stride_w2e + rows_pf.to(tl.int64) * stride_w2n
+                for c0 in range(0, I, 128):
+                    _prefetch_l2(row_ptrs + c0, rows_pf < H)
+            ready = tl.atomic_add(ready_ptr + s0, 0, sem="acquire", scope="gpu")
+            while ready < num_g:
+                ready = tl.atomic_add(ready_ptr + s0, 0, sem="acquire", scope="gpu")
+            if W_BLOCK:
+                sw_ptrs = ws2_ptr + e64 * stride_w2se + (offs_h // 128) * stride_w2sn
+            acc = tl.zeros([BLOCK_H, 16], dtype=tl.float32)
+            for k0 in tl.range(0, I, BLOCK_KB, num_stages=STAGES_B):
+                cols = k0 + offs_kb
+                k_ok = cols < I
+                hrow = tl.load(
+                    h_ptr + s * I + cols[None, :] + offs_m[:, None] * 0,
+                    mask=first_col & k_ok[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )  # [16, BLOCK_KB]: row 0 holds h, the others are zero
+                wt = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
+                if A2_GROUP or W_BLOCK:
+                    d = tl.dot(wt, tl.trans(hrow))
+                    if W_BLOCK:
+                        d = d * tl.load(sw_ptrs + k0 // 128, mask=h_ok, other=0.0)[:, None]
+                    if A2_GROUP:
+                        d = d * tl.load(hs_ptr + s * tl.cdiv(I, 128) + k0 // 128, cache_modifier=".cg")
+                    acc += d
+                else:
+                    acc = tl.dot(wt, tl.trans(hrow), acc, max_num_imprecise_acc=BLOCK_KB)
+            coef = tl.load(topk_w_ptr + s) * routed_scaling
+            if not A2_GROUP:
+                coef = coef * tl.load(a2_ptr)
+            if not W_BLOCK:
+                coef = coef * tl.load(ws2_ptr + e64)
+            yv = tl.sum(acc, axis=1) * coef  # columns 1.. are zero
+            n_tok = _pick(n_local_tok, toks == t)
+            if n_tok == 1:  # the token's only local slot: its output tile, no partial rows
+                tl.store(out_ptr + t * stride_out + offs_h, yv.to(out_ptr.dtype.element_ty), mask=h_ok)
+            else:
+                tl.store(y_ptr + s * H + offs_h, yv, mask=h_ok)
+                tl.debug_barrier()  # every thread's row store before the arrival
+                cnt = cnt_out_ptr + t * num_h + hb
+                arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                if arrived == n_tok - 1:
+                    total = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    for j in range(0, top_k):  # slot order, never arrival order
+                        loc_j = _pick(local.to(tl.int32), offs == t * top_k + j) > 0
+                        total += tl.load(
+                            y_ptr + (t * top_k + j) * H + offs_h,
+                            mask=h_ok & loc_j,
+                            other=0.0,
+                            cache_modifier=".cg",
+                        )
+                    tl.store(out_ptr + t * stride_out + offs_h, total.to(out_ptr.dtype.element_ty), mask=h_ok)
+                    tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+        else:  # a token without a local slot: zeros
+            t = _pick(toks, zero_tok & (zero_rank == u - n_local))
+            tl.store(
+                out_ptr + t * stride_out + offs_h,
+                tl.zeros([BLOCK_H], dtype=out_ptr.dtype.element_ty),
+                mask=h_ok,
+            )
+
+    # ------------------------------------------------------------------ the last program resets
+    tl.debug_barrier()
+    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished == num_progs - 1:
+        tl.store(ready_ptr + offs, tl.zeros([N_PAD], dtype=tl.int32), mask=offs < n_entries)
+        tl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
+
+
+__all__ = ["_persistent_moe_kernel"]
