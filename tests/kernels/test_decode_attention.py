@@ -874,6 +874,10 @@ def test_sweep_variants_and_best_config_skip_failures():
     assert da.best_config(heads, "bf16", "64/8")["num_warps"] == 4
     assert da.best_config(heads, "bf16", "8/1")["num_warps"] == 8
     assert da.best_config(heads)["num_warps"] == 4  # all: the 8-warp row misses the other cases
+    # a repeated timing (the sweep times its first configuration twice per case) never votes
+    timed = [row("a", 10.0), row("b", 10.0), row("a", 9.0, ctas_per_sm=3), row("b", 9.0, ctas_per_sm=3)]
+    again = [row("a", 10.1, repeat=True), row("b", 9.9, repeat=True)]  # the default once more
+    assert da.best_config(timed + again)["ctas_per_sm"] == 3
     with pytest.raises(RuntimeError, match="no bf16 case with heads 16/2"):
         da.best_config(heads, "bf16", "16/2")
     with pytest.raises(RuntimeError, match="no configuration"):
