@@ -4,6 +4,7 @@
     python benchmarks/tune_fused_moe.py --breakdown [--shapes ...] [--ts 1024,4096,16384]
     python benchmarks/tune_fused_moe.py --variants [--shapes ...] [--ts 1,16,64,128]
     python benchmarks/tune_fused_moe.py --route-reduce [--shapes ...] [--ts 16,64,128]
+    python benchmarks/tune_fused_moe.py --persistent [--shapes ...] [--ts 1,4]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -19,6 +20,10 @@ in the small-T path, PDL), old and new in one process, and keeps the fastest.
 path with the ranked router (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, plus
 pipeline-depth and tile candidates with both (``fb.route_reduce_candidates``), in one process.
 
+``--persistent`` times, per point, the config ``op.get_config`` picks now against the one-launch
+persistent decode path's candidates (``persistent_candidates``), in one process, through the
+``--variants`` loop (the current pick re-timed last), and keeps the fastest.
+
 ``--breakdown`` tunes nothing: it times each launch of the config ``op.get_config`` picks (the
 single-CTA and the multi-CTA router + input quantization, gate/up, down, reduce) and prints one line
 per (shape, T) with each GEMM's TFLOP/s, so the share of every stage is measured, not guessed.
@@ -27,6 +32,7 @@ per (shape, T) with each GEMM's TFLOP/s, so the share of every stage is measured
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -129,6 +135,23 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
     return rows
 
 
+def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--persistent: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed
+    last), then the one-launch persistent path (op_persistent.py) around its default: K splits, down
+    tile width, pipeline depths, the phase-B W2 prefetch, and with static a2 64/128-row gate/up tiles,
+    64-wide down K steps and two programs per SM (4 warps fit twice)."""
+    from hpc_advise.kernels.fused_moe import op_persistent
+
+    a2_group = mode.endswith("dynamic")
+    base = dict(op_persistent.default_persistent_config(a2_group), PDL=1, PREFETCH=1)
+    out = [op.get_config(t, k, e, h, i, mode, a2_group), base, dict(base, PREFETCH=0)]
+    out += [dict(base, S_MAX=s) for s in (4, 16)]
+    out += [dict(base, DN_N=128), dict(base, GU_STAGES=4), dict(base, DN_STAGES=4)]
+    if not a2_group:
+        out += [dict(base, PROGS_PER_SM=2), dict(base, GU_N=128, WARPS=8), dict(base, DN_K=64)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
@@ -150,6 +173,11 @@ def main() -> None:
         "--route-reduce",
         action="store_true",
         help="time the current pick against the ranked router / in-kernel top-k sum forms",
+    )
+    ap.add_argument(
+        "--persistent",
+        action="store_true",
+        help="time the current pick against the one-launch persistent decode path (T <= 16)",
     )
     args = ap.parse_args()
     import torch
@@ -174,13 +202,15 @@ def main() -> None:
     else:
         out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
     gpu = torch.cuda.get_device_name()
+    if args.persistent:  # the --variants loop over the persistent candidates
+        fb.variant_candidates = persistent_candidates
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
         ts,
         budget_s=args.budget,
         small_vs_tuned=args.small_vs_tuned,
-        variants=args.variants,
+        variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
