@@ -1,55 +1,51 @@
 #!/usr/bin/env bash
-# Prefill side of the FP8 fused MoE on the H200 (the `device` tool), one call per STAGE:
-#   STAGE=tune   GPU tests of tests/kernels/test_fused_moe.py (real shapes) while the tuner's candidates
-#                compile, then the tuner at T = 1024/4096/16384 on every shape (merged into the copy's
-#                configs.json), then the per-launch breakdown of the tuned configs. Also returns the
-#                Triton cache (cubins + metadata) so the next call need not compile again.
-#   STAGE=bench  benchmarks/bench_fused_moe.py at T >= 1024 with the peers (carry .whl_moe).
-# Carry .triton_moe (the cache from the last call) when it exists. Results: $OUT/prefill.tgz
-# (re-packed after every stage, so a timeout keeps what finished) and $OUT/log.txt.
+# Prefill forms of the FP8 fused MoE on the H200 (the `device` tool), one call per STAGE:
+#   STAGE=sweep  stage 1: GPU tests of tests/kernels/test_fused_moe_prefill.py (W_TMA / wide-K forms at
+#                real shapes); stage 2: `tune_fused_moe.py
+#                --prefill-variants` at T = 1024/4096/16384 on every shape (old pick vs new forms in one
+#                process; entries written to $OUT/prefill_configs.json, not into configs.json).
+#   STAGE=bench  stage 1: the GPU tests of the fused MoE files (shipped configs); stage 3:
+#                bench_fused_moe.py at T >= 1024 with the peers (carry .whl_moe).
+# Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
+# (a stage cut by its `timeout` keeps what the earlier ones wrote), and $OUT/log.txt via the caller's tee.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
-mkdir -p "$RES"
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache OUT_FINAL=$OUT
-pack() { tar czf "$OUT/prefill.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
-mkdir -p "$TRITON_CACHE_DIR"
-[ -f .triton_moe/cache.tgz ] && tar xzf .triton_moe/cache.tgz -C "$TRITON_CACHE_DIR"
+mkdir -p "$RES" /tmp/site
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache
+stamp() { echo "[$((SECONDS - T0))s] $*"; }
+pack() { tar czf "$OUT/prefill.tgz" -C "$RES" . 2>/dev/null; stamp "packed: $1"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl \
+  && export PYTHONPATH=/tmp/site:$PYTHONPATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-SHAPES=hy3,qwen3-235b,hy3-tp8,qwen3-30b-a3b,deepseek-v3-ep8
+SHAPES=${SHAPES:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b,hy3-tp8}
+TESTS=${TESTS:-tests/kernels/test_fused_moe_prefill.py}
 
-if [ "${STAGE:-tune}" = tune ]; then
-  ( timeout "${TEST_S:-60}" python3 -m pytest -q -m gpu tests/kernels/test_fused_moe.py -n 2 -p no:cacheprovider \
-      -o addopts="" -rfEs > "$RES/gpu_tests.log" 2>&1; echo "tests rc $?" >> "$RES/gpu_tests.log" ) &
-  timeout "${COMPILE_S:-60}" python3 - > "$RES/precompile.log" 2>&1 <<'EOF'
-from hpc_advise.runtime.benches import fused_moe as fb
-jobs = []
-for shape in fb.SHAPES:
-    mode = fb.MODES[shape][0]
-    inter = 256 if fb.SHAPES[shape][2] % 128 == 0 else 192
-    jobs += [(mode, c, False, inter) for c in fb.candidates(4096, 8, mode.endswith("dynamic"))]
-print("precompiled", fb.precompile(jobs, workers=12), "of", len(jobs))
-EOF
-  wait
-  tail -25 "$RES/gpu_tests.log"; tail -3 "$RES/precompile.log"
-  pack "gpu tests + precompile done"
-  timeout "${TUNE_S:-90}" python3 benchmarks/tune_fused_moe.py --shapes $SHAPES --ts 1024,4096,16384 \
-    --budget "${TUNE_BUDGET:-40}" --out hpc_advise/kernels/fused_moe/configs.json > "$RES/tune.log" 2>&1
-  cp hpc_advise/kernels/fused_moe/configs.json "$RES/configs.json"
-  grep -v "^  cand" "$RES/tune.log" | tail -20
-  pack "tune done"
-  (cd "$TRITON_CACHE_DIR" && find . -name '*.json' -o -name '*.cubin' -o -name '*.so' | tar czf "$OUT_FINAL/tcache.tgz" -T -)
-  OUT=$RES timeout "${BREAK_S:-20}" python3 benchmarks/tune_fused_moe.py --breakdown --shapes hy3,qwen3-235b \
-    --ts 1024,16384 > "$RES/breakdown.log" 2>&1
-  grep breakdown "$RES/breakdown.log" | cut -c1-230
-  pack "breakdown done"
-  ls -la "$OUT_FINAL"
+gpu_tests() {  # $1 = seconds
+  timeout "$1" python3 -m pytest -q -m gpu $TESTS -n 2 -p no:cacheprovider -o addopts="" -rfEs -s \
+    > "$RES/gpu_tests.log" 2>&1
+  echo "tests rc $?" >> "$RES/gpu_tests.log"
+}
+
+if [ "${STAGE:-sweep}" = sweep ]; then
+  # sequential: tests running beside the sweep would disturb its timings (the tuner precompiles its
+  # candidates in parallel processes first; 15:45 call: 11 tests in 25 s, 42 configs compiled + timed in 28 s)
+  gpu_tests "${TEST_S:-75}"
+  grep -E "passed|failed|error|rc " "$RES/gpu_tests.log" | tail -20
+  pack "stage 1 (GPU tests)"
+  timeout "${TUNE_S:-110}" python3 benchmarks/tune_fused_moe.py --prefill-variants --shapes "$SHAPES" \
+    --ts 1024,4096,16384 --budget "${TUNE_BUDGET:-80}" --out "$RES/prefill_configs.json" > "$RES/tune.log" 2>&1
+  echo "tune rc $?" >> "$RES/tune.log"
+  grep -v "^  cand" "$RES/tune.log" | cut -c1-260 | tail -25
+  pack "stage 2 (sweep)"
 else
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl \
-    && export PYTHONPATH=/tmp/site:$PYTHONPATH
-  export HPC_ADVISE_RESULTS=$RES
-  timeout "${BENCH_S:-95}" python3 benchmarks/bench_fused_moe.py --shapes $SHAPES --ts 1024,4096,16384 \
-    > "$RES/bench.log" 2>&1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
+  gpu_tests "${TEST_S:-60}"
+  grep -E "passed|failed|error|rc " "$RES/gpu_tests.log" | tail -15
+  pack "stage 1 (GPU tests)"
+  HPC_ADVISE_RESULTS=$RES timeout "${BENCH_S:-130}" python3 benchmarks/bench_fused_moe.py --shapes "$SHAPES" \
+    --ts 1024,4096,16384 > "$RES/bench.log" 2>&1
+  echo "bench rc $?" >> "$RES/bench.log"
   grep -v "^  " "$RES/bench.log" | tail -30
-  pack "bench done"
+  pack "stage 3 (bench)"
 fi

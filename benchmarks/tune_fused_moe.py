@@ -5,6 +5,7 @@
     python benchmarks/tune_fused_moe.py --variants [--shapes ...] [--ts 1,16,64,128]
     python benchmarks/tune_fused_moe.py --route-reduce [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --persistent [--shapes ...] [--ts 1,4]
+    python benchmarks/tune_fused_moe.py --prefill-variants [--shapes ...] [--ts 1024,4096,16384]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -19,6 +20,11 @@ in the small-T path, PDL), old and new in one process, and keeps the fastest.
 ``--route-reduce`` times, per point, the config ``op.get_config`` picks now against the regular decode
 path with the ranked router (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, plus
 pipeline-depth and tile candidates with both (``fb.route_reduce_candidates``), in one process.
+
+``--prefill-variants`` times, per point (T >= 1024), the config ``op.get_config`` picks now against the
+TMA weight tiles (W_TMA), scalar block scales (W_SCALAR), BLOCK_M 128 with separate gate/up dots
+(GU_TWO_DOTS) and, with per-tensor scales, fp32 promotion every 256 (GU_K / DN_K = 256), in one process
+(``fb.prefill_variant_candidates``; forms more than 5e-3 from the current pick are dropped).
 
 ``--persistent`` times, per point, the config ``op.get_config`` picks now against the one-launch
 persistent decode path's candidates (``persistent_candidates``), in one process, through the
@@ -170,6 +176,11 @@ def main() -> None:
         help="time the current pick against its PDL form and the new decode variants",
     )
     ap.add_argument(
+        "--prefill-variants",
+        action="store_true",
+        help="time the current prefill pick against its TMA / scalar-scale / wide-K forms",
+    )
+    ap.add_argument(
         "--route-reduce",
         action="store_true",
         help="time the current pick against the ranked router / in-kernel top-k sum forms",
@@ -212,6 +223,7 @@ def main() -> None:
         small_vs_tuned=args.small_vs_tuned,
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
+        prefill_variants=args.prefill_variants,
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)

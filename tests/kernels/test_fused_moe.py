@@ -541,6 +541,13 @@ def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
     if name == "_gate_up_kernel" and consts["OUT_MODE"] == 1:  # split-K partials are fp32
         args = [a for a in getattr(K, name).arg_names if a not in consts]
         types[args.index("out_ptr")] = "*fp32"
+    if name in ("_gate_up_kernel", "_down_kernel"):
+        consts.setdefault("W_SCALAR", False)
+        if consts.setdefault("W_TMA", False):  # weights by TMA: a 4-D descriptor [1, halves, N, K]
+            halves = 1 if name == "_down_kernel" or consts["TWO_DOTS"] else 2
+            types.append(f"tensordesc<fp8e4nv[1,{halves},{consts['BLOCK_N']},{consts['BLOCK_K']}]>")
+        else:
+            consts["w_desc"] = None
     return ["hpc_advise.kernels.fused_moe.kernel", name, " ".join(types), consts, warps, stages, SM90_ALIGNED]
 
 

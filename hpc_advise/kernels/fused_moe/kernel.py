@@ -408,20 +408,87 @@ def _silu_mul_quant_store(
 
 
 @triton.jit
+def _w_tile(w_desc, e, half, n0, k0, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_K, ROWS·BLOCK_N] weight tile through TMA (config W_TMA): ``w_desc`` is a 4-D descriptor
+    over the weights viewed as [E, halves, N, K] (w13: halves gate and up, N = I; w2: one half, N = H)
+    with block [1, ROWS, BLOCK_N, BLOCK_K]; rows past N and columns past K are zero-filled by the copy
+    engine (no masks, no address registers)."""
+    b = w_desc.load([e, half, n0, k0])
+    return tl.reshape(b, [ROWS * BLOCK_N, BLOCK_K]).T
+
+
+@triton.jit
 def _gate_up_two_dots(
-    a_ptrs, w_ptrs, row_ok, n_ok, offs_k, k_lo, k_hi, H, up_offset, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K
+    a_ptrs,
+    w_ptrs,
+    row_ok,
+    n_ok,
+    offs_k,
+    k_lo,
+    k_hi,
+    H,
+    up_offset,
+    BLOCK_M,
+    BLOCK_N,
+    BLOCK_K,
+    EVEN_K,
+    w_desc,
+    e32,
+    n0,
+    W_TMA: tl.constexpr,
+    sa_ptrs,  # A_GROUP: [BLOCK_M] row pointers of the activation group scales
+    swg_ptr,  # W_BLOCK: the block scales of the tile's gate rows (one 128-row group) ...
+    swu_ptr,  # ... and of its up rows, one per K group
+    A_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr,
 ):
-    """Per-tensor scales with fp32 promotion: separate gate and up dots (the promotion's fresh partial
-    accumulator of one N = 2·BLOCK_N dot does not fit in the registers beside the acc at BLOCK_M = 128)."""
+    """Separate gate and up dots (config GU_TWO_DOTS; always for per-tensor weights with a static a13
+    scale unless FAST_ACC): the fp32 accumulators of a BLOCK_M = 128 tile fit beside one dot's fresh
+    partial product, where the merged N = 2·BLOCK_N dot's partial does not.
+    Per-tensor: the fp8 partial sums are promoted to fp32 once per dot, i.e. every BLOCK_K (128, or 256
+    with GU_K = 256). Group/block scales (BLOCK_K <= 128): each step's product is scaled by the row's
+    activation group scale and the gate / up rows' weight block scale (a scalar each: the tile's
+    columns lie in one 128-row group), scales loaded one step ahead. W_TMA: weight tiles by TMA
+    (``_w_tile``, halves 0 / 1 of expert e32)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if A_GROUP:
+        sa = tl.load(sa_ptrs + k_lo // 128, mask=row_ok, other=0.0)
+    if W_BLOCK:
+        swg = tl.load(swg_ptr + k_lo // 128)
+        swu = tl.load(swu_ptr + k_lo // 128)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = ((k0 + offs_k) < H) | EVEN_K  # all true when BLOCK_K divides H (folded away)
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        bg = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        bu = tl.load(w_ptrs + up_offset + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        g = tl.dot(a, bg, g, max_num_imprecise_acc=BLOCK_K)
-        u = tl.dot(a, bu, u, max_num_imprecise_acc=BLOCK_K)
+        if W_TMA:
+            bg = _w_tile(w_desc, e32, 0, n0, k0, 1, BLOCK_N, BLOCK_K)
+            bu = _w_tile(w_desc, e32, 1, n0, k0, 1, BLOCK_N, BLOCK_K)
+        else:
+            bg = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            bu = tl.load(w_ptrs + up_offset + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if A_GROUP or W_BLOCK:
+            kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
+            dg = tl.dot(a, bg)
+            if A_GROUP:
+                sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
+                dg = dg * sa[:, None]
+            if W_BLOCK:
+                swg_next = tl.load(swg_ptr + kn)
+                dg = dg * swg
+                swg = swg_next
+            g += dg
+            du = tl.dot(a, bu)
+            if A_GROUP:
+                du = du * sa[:, None]
+                sa = sa_next
+            if W_BLOCK:
+                swu_next = tl.load(swu_ptr + kn)
+                du = du * swu
+                swu = swu_next
+            u += du
+        else:
+            g = tl.dot(a, bg, g, max_num_imprecise_acc=BLOCK_K)
+            u = tl.dot(a, bu, u, max_num_imprecise_acc=BLOCK_K)
     return g, u
 
 
@@ -461,12 +528,18 @@ def _gate_up_kernel(
     TWO_DOTS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     BLOCK_EXIT: tl.constexpr = False,
+    W_TMA: tl.constexpr = False,
+    w_desc=None,  # W_TMA: w13 as [E, 2, I, H], block [1, 1 (TWO_DOTS) or 2, BN, BK]
+    W_SCALAR: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
     the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
     instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
-    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC)."""
+    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC). W_TMA (config key): the
+    weight tiles come by TMA from ``w_desc`` (the gathered A rows stay pointer loads). W_SCALAR (config
+    key, block scales): the weight scale of each tile half is a scalar per K step (op checks that the
+    halves lie in one 128-row group), not a per-column vector (fewer registers; same products)."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -492,8 +565,9 @@ def _gate_up_kernel(
     k_hi = tl.minimum(k_lo + k_span, H)
 
     if TWO_DOTS:
-        tl.static_assert(not A_GROUP and not W_BLOCK and not FAST_ACC)
+        tl.static_assert(not FAST_ACC)
         wg_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        sw_base = ws_ptr + e * stride_wse  # W_BLOCK: BLOCK_N = 128 and I % 128 == 0 (op checks)
         g, u = _gate_up_two_dots(
             a_ptrs,
             wg_ptrs,
@@ -508,6 +582,15 @@ def _gate_up_kernel(
             BLOCK_N,
             BLOCK_K,
             EVEN_K,
+            w_desc,
+            e.to(tl.int32),
+            pid_n * BLOCK_N,
+            W_TMA,
+            xs_ptr + tok * num_kg,
+            sw_base + (pid_n * BLOCK_N // 128) * stride_wsn,
+            sw_base + ((I + pid_n * BLOCK_N) // 128) * stride_wsn,
+            A_GROUP,
+            W_BLOCK,
         )
     else:
         offs_j = tl.arange(0, 2 * BLOCK_N)
@@ -517,20 +600,31 @@ def _gate_up_kernel(
         w_ptrs = w_ptr + e * stride_we + w_row[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         sa_ptrs = xs_ptr + tok * num_kg
         sw_ptrs = ws_ptr + e * stride_wse + (w_row // 128) * stride_wsn
+        # W_SCALAR: the gate half and the up half each lie in one 128-row group (GU_N <= 128,
+        # I % 128 == 0): two scalar scale loads per K step instead of a [2·BLOCK_N] vector
+        swg_ptr = ws_ptr + e * stride_wse + (pid_n * BLOCK_N // 128) * stride_wsn
+        swu_ptr = ws_ptr + e * stride_wse + ((I + pid_n * BLOCK_N) // 128) * stride_wsn
         acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
         # 128-group scales are loaded one K step ahead (loop-carried): their latency hides behind a step
         if A_GROUP:
             sa = tl.load(sa_ptrs + k_lo // 128, mask=row_ok, other=0.0)
         if W_BLOCK:
-            sw = tl.load(sw_ptrs + k_lo // 128, mask=j_ok, other=0.0)
+            if W_SCALAR:
+                swg = tl.load(swg_ptr + k_lo // 128)
+                swu = tl.load(swu_ptr + k_lo // 128)
+            else:
+                sw = tl.load(sw_ptrs + k_lo // 128, mask=j_ok, other=0.0)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if EVEN_K:
                 a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & ((k0 + offs_k) < H)[None, :], other=0.0)
+            if W_TMA:  # gate and up rows of expert e in one [1, 2, BN, BK] block: the merged tile
+                b = _w_tile(w_desc, e.to(tl.int32), 0, pid_n * BLOCK_N, k0, 2, BLOCK_N, BLOCK_K)
+            elif EVEN_K:
                 b = tl.load(w_ptrs + k0, mask=j_ok[None, :], other=0.0)
             else:
-                k_ok = (k0 + offs_k) < H
-                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(w_ptrs + k0, mask=j_ok[None, :] & k_ok[:, None], other=0.0)
+                b = tl.load(w_ptrs + k0, mask=j_ok[None, :] & ((k0 + offs_k) < H)[:, None], other=0.0)
             if A_GROUP or W_BLOCK:
                 # scaled partial product of each step, added in fp32 (promotion every BLOCK_K)
                 kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
@@ -539,7 +633,13 @@ def _gate_up_kernel(
                     sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
                     d = d * sa[:, None]
                     sa = sa_next
-                if W_BLOCK:
+                if W_BLOCK and W_SCALAR:
+                    swg_next = tl.load(swg_ptr + kn)
+                    swu_next = tl.load(swu_ptr + kn)
+                    d = d * tl.where(offs_j < BLOCK_N, swg, swu)[None, :]
+                    swg = swg_next
+                    swu = swu_next
+                elif W_BLOCK:
                     sw_next = tl.load(sw_ptrs + kn, mask=j_ok, other=0.0)
                     d = d * sw[None, :]
                     sw = sw_next
@@ -657,8 +757,13 @@ def _down_kernel(
     REDUCE: tl.constexpr = False,
     K_PAD: tl.constexpr = 1,
     BLOCK_EXIT: tl.constexpr = False,
+    W_TMA: tl.constexpr = False,
+    w_desc=None,  # W_TMA: w2 as [E, 1, H, I], block [1, 1, BLOCK_N, BLOCK_K]
+    W_SCALAR: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
+    W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
+    scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products).
     PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
     (two launches back, so complete: the launch in between let this grid start only once all its
     programs had passed their own wait) and prefetch this tile's weights into L2.
@@ -694,19 +799,25 @@ def _down_kernel(
     w_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     sa_ptrs = inter_s_ptr + rows64 * num_kg
     sw_ptrs = ws_ptr + e * stride_wse + (offs_n // 128) * stride_wsn
+    if W_SCALAR:  # BLOCK_N <= 128: the tile's rows lie in one 128-row group, one scalar per K step
+        tl.static_assert(BLOCK_N <= 128)
+        sw_ptrs = ws_ptr + e * stride_wse + (pid_n * BLOCK_N // 128) * stride_wsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if A_GROUP:  # scales one K step ahead, as in the gate/up kernel
         sa = tl.load(sa_ptrs)
     if W_BLOCK:
-        sw = tl.load(sw_ptrs, mask=n_ok, other=0.0)
+        sw = tl.load(sw_ptrs) if W_SCALAR else tl.load(sw_ptrs, mask=n_ok, other=0.0)
     for k0 in range(0, I, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs + k0)
+        else:
+            a = tl.load(a_ptrs + k0, mask=((k0 + offs_k) < I)[None, :], other=0.0)
+        if W_TMA:
+            b = _w_tile(w_desc, e.to(tl.int32), 0, pid_n * BLOCK_N, k0, 1, BLOCK_N, BLOCK_K)
+        elif EVEN_K:
             b = tl.load(w_ptrs + k0, mask=n_ok[None, :], other=0.0)
         else:
-            k_ok = (k0 + offs_k) < I
-            a = tl.load(a_ptrs + k0, mask=k_ok[None, :], other=0.0)
-            b = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            b = tl.load(w_ptrs + k0, mask=n_ok[None, :] & ((k0 + offs_k) < I)[:, None], other=0.0)
         if A_GROUP or W_BLOCK:
             kn = tl.minimum(k0 + BLOCK_K, I - 1) // 128
             d = tl.dot(a, b)
@@ -714,7 +825,11 @@ def _down_kernel(
                 sa_next = tl.load(sa_ptrs + kn)
                 d = d * sa[:, None]
                 sa = sa_next
-            if W_BLOCK:
+            if W_BLOCK and W_SCALAR:
+                sw_next = tl.load(sw_ptrs + kn)
+                d = d * sw
+                sw = sw_next
+            elif W_BLOCK:
                 sw_next = tl.load(sw_ptrs + kn, mask=n_ok, other=0.0)
                 d = d * sw[None, :]
                 sw = sw_next

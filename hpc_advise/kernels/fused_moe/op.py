@@ -206,14 +206,48 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         v = cfg[key]
         if v < 16 or v & (v - 1):
             raise FusedMoEError(f"{key}={v} must be a power of two >= 16")
-    if cfg["GU_K"] > GROUP or cfg["DN_K"] > GROUP:
-        raise FusedMoEError("BLOCK_K must divide the 128-wide scale groups (<= 128)")
+    if max(cfg["GU_K"], cfg["DN_K"]) > 2 * GROUP:
+        raise FusedMoEError("BLOCK_K must divide the 128-wide scale groups (<= 128; 256 per-tensor)")
     if a2_group and cfg["SPLIT_K"] == 1 and cfg["GU_N"] != GROUP:
         raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
-    for key in ("PDL", "PREFETCH", "ROUTE", "DN_REDUCE", "BLOCK_EXIT", "FAST_ACC"):
+    for key in (
+        "PDL",
+        "PREFETCH",
+        "ROUTE",
+        "DN_REDUCE",
+        "BLOCK_EXIT",
+        "FAST_ACC",
+        "W_TMA",
+        "GU_TWO_DOTS",
+        "W_SCALAR",
+    ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
+    if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
+        raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
     return cfg
+
+
+def check_k_steps(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inter: int) -> None:
+    """A K step wider than a 128-wide scale group only where that GEMM has no group scales: with
+    per-tensor weights and a static activation scale, GU_K / DN_K = 256 promotes the fp8 partial sums
+    to fp32 every 256 instead of every 128."""
+    for key, grouped in (("GU_K", a1_group or w_block), ("DN_K", a2_group or w_block)):
+        if cfg[key] > GROUP and (grouped or cfg[key] > 2 * GROUP):
+            raise FusedMoEError(
+                f"{key}={cfg[key]}: a K step may exceed the 128-wide scale group only with per-tensor "
+                "weight and static activation scales, and only up to 256"
+            )
+    if cfg.get("W_SCALAR", 0) and (cfg["GU_N"] > GROUP or cfg["DN_N"] > GROUP or inter % GROUP):
+        raise FusedMoEError(
+            "W_SCALAR (one weight block scale per tile half and K step) needs GU_N, DN_N <= 128 and "
+            f"I % 128 == 0, got GU_N={cfg['GU_N']}, DN_N={cfg['DN_N']}, I={inter}"
+        )
+    if cfg.get("GU_TWO_DOTS", 0) and w_block and (cfg["GU_N"] != GROUP or inter % GROUP):
+        raise FusedMoEError(
+            "GU_TWO_DOTS with block scales needs GU_N == 128 and I % 128 == 0 (one weight scale per tile "
+            f"half and K step), got GU_N={cfg['GU_N']}, I={inter}"
+        )
 
 
 def _scale_tensor(value, name: str, device) -> torch.Tensor:
@@ -306,6 +340,8 @@ class _Launch:
         if config is None or ((is_small(config) or is_persistent(config)) and not allow_small):
             config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
+        if not is_small(self.cfg):
+            check_k_steps(self.cfg, self.a1_group, self.a2_group, self.w_block, self.I)
         self.ids = topk_ids.to(torch.int32).contiguous()
         self.weights = topk_weights.float().contiguous()
         self.offset = int(expert_offset)
@@ -338,6 +374,19 @@ class _Launch:
         self.inter = torch.empty(self.P, self.I, dtype=FP8, device=dev)
         self.inter_s = torch.empty(self.P, -(-self.I // GROUP), dtype=torch.float32, device=dev)
         self.y = torch.empty(self.n, self.H, dtype=torch.bfloat16, device=dev)
+
+    def weight_desc(self, w, halves: int, rows: int, block_n: int, block_k: int):
+        """W_TMA: host-side TMA descriptor over ``w`` viewed as [E, halves, N, K] (w13: gate and up
+        halves of N = I rows; w2: one half of N = H rows), block [1, rows, block_n, block_k]. The copy
+        engine zero-fills rows past N and columns past K. Built per call (a few µs of host work, the
+        tensor map is encoded at launch); a CUDA graph keeps it with the launch."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        e, n_all, k = w.shape
+        n = n_all // halves
+        if (w.stride(0) * w.element_size()) % 16 or (k * w.element_size()) % 16 or w.data_ptr() % 16:
+            raise FusedMoEError("W_TMA needs 16-byte aligned weights and row strides")
+        return TensorDescriptor(w, [e, halves, n, k], [w.stride(0), n * k, k, 1], [1, rows, block_n, block_k])
 
     def scale_strides(self, scale):
         return (scale.stride(0), scale.stride(1)) if self.w_block else (0, 0)
@@ -450,6 +499,12 @@ class _Launch:
     ):
         c = self.cfg
         grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.I, c["GU_N"]), split_k)
+        # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
+        two_dots = not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)) or bool(
+            c.get("GU_TWO_DOTS", 0)
+        )
+        tma = bool(c.get("W_TMA", 0))
+        desc = self.weight_desc(w13, 2, 1 if two_dots else 2, c["GU_N"], c["GU_K"]) if tma else None
         K._gate_up_kernel[grid](
             self.xq if xq is None else xq,
             self.xs if xs is None else xs,
@@ -481,9 +536,12 @@ class _Launch:
             OUT_MODE=out_mode,
             EVEN_K=self.H % c["GU_K"] == 0,
             FAST_ACC=bool(c.get("FAST_ACC", 0)),
-            TWO_DOTS=not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)),
+            TWO_DOTS=two_dots,
             USE_PDL=self.pdl,
             BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
+            W_TMA=tma,
+            w_desc=desc,
+            W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
@@ -515,6 +573,8 @@ class _Launch:
         counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
         out = self.y if out is None else out
         grid = ((self.P // c["BLOCK_M"]) * self.num_n_down,)
+        tma = bool(c.get("W_TMA", 0))
+        desc = self.weight_desc(w2, 1, 1, c["DN_N"], c["DN_K"]) if tma else None
         K._down_kernel[grid](
             self.inter,
             self.inter_s,
@@ -554,6 +614,9 @@ class _Launch:
             REDUCE=reduce,
             K_PAD=triton.next_power_of_2(self.k),
             BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
+            W_TMA=tma,
+            w_desc=desc,
+            W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
