@@ -548,6 +548,11 @@ def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
             types.append(f"tensordesc<fp8e4nv[1,{halves},{consts['BLOCK_N']},{consts['BLOCK_K']}]>")
         else:
             consts["w_desc"] = None
+    if name == "_down_kernel":
+        if consts.setdefault("A_TMA", False):  # the intermediate by TMA: [BLOCK_M, BLOCK_K] blocks
+            types.append(f"tensordesc<fp8e4nv[{consts['BLOCK_M']},{consts['BLOCK_K']}]>")
+        else:
+            consts["a_desc"] = None
     return ["hpc_advise.kernels.fused_moe.kernel", name, " ".join(types), consts, warps, stages, SM90_ALIGNED]
 
 

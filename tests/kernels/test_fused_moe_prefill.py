@@ -2,7 +2,8 @@
 steps; hpc_advise/kernels/fused_moe/README.md, "Prefill").
 
 - W_TMA = 1: both GEMMs read their weight tiles through host-side TMA tensor descriptors (the gathered
-  activation rows stay pointer loads). On CPU the interpreter runs the descriptor loads, so the form is
+  activation rows stay pointer loads); DN_A_TMA = 1: the down GEMM reads its activation rows (the
+  intermediate, contiguous in the padded order) by TMA too. On CPU the interpreter runs the descriptor loads, so the form is
   checked against the fp32 reference at small sizes, including ragged N (I = 192 with 128-wide tiles:
   rows past N come zero-filled from the copy engine) and K not a multiple of the step.
 - GU_K / DN_K = 256 with per-tensor weight and static activation scales: fp32 promotion of the fp8
@@ -66,9 +67,10 @@ def test_weight_tma_matches_reference_and_the_pointer_form(mode, h, i, extra, mo
     p = make_problem(t, e, h, i, k, mode, ids=_ragged_ids(t, k, e), device="cpu")
     cfg = dict(PREFILL_CFG, **extra)
     plain, _, _ = run_and_check(p, config=cfg, scaling=1.5, seed=seed)
-    tma, _, _ = run_and_check(p, config=dict(cfg, W_TMA=1), scaling=1.5, seed=seed)
-    # same tiles, same products: the interpreter's sums are exact, so the two forms agree bitwise
-    assert torch.equal(plain, tma), seed
+    for tma_keys in ({"W_TMA": 1}, {"DN_A_TMA": 1}, {"W_TMA": 1, "DN_A_TMA": 1}):
+        tma, _, _ = run_and_check(p, config=dict(cfg, **tma_keys), scaling=1.5, seed=seed)
+        # same tiles, same products: the interpreter's sums are exact, so the forms agree bitwise
+        assert torch.equal(plain, tma), (tma_keys, seed)
 
 
 def test_weight_tma_expert_parallel_rank_without_local_tokens():
@@ -109,9 +111,28 @@ def test_scalar_scales_and_two_dots_need_group_aligned_tiles():
     with pytest.raises(FusedMoEError, match="GU_TWO_DOTS"):
         fused_moe(*args, config=dict(PREFILL_CFG, GU_TWO_DOTS=1), **p["kw"])
     with pytest.raises(FusedMoEError, match="W_SCALAR"):
-        op.check_k_steps(dict(PREFILL_CFG, W_SCALAR=1, DN_N=256), True, True, True, 256)
+        op.check_prefill_forms(dict(PREFILL_CFG, W_SCALAR=1, DN_N=256), True, True, True, 256, 256)
     with pytest.raises(FusedMoEError, match="FAST_ACC"):
         op.check_config(dict(PREFILL_CFG, GU_TWO_DOTS=1, FAST_ACC=1), False, False)
+
+
+@pytest.mark.parametrize("key", ["W_TMA", "DN_A_TMA"])
+def test_tma_forms_refuse_rows_that_are_not_16_byte_multiples(key):
+    """I = 40: 40-byte rows cannot be TMA tiles; refused before any launch, the output untouched."""
+    p = make_problem(4, 4, 128, 40, 2, "tensor-static", device="cpu")
+    out = torch.full_like(p["x"], 7.0)
+    with pytest.raises(FusedMoEError, match="16-byte rows"):
+        fused_moe(
+            p["x"],
+            p["w13"],
+            p["w2"],
+            p["weights"],
+            p["ids"],
+            out=out,
+            config=dict(PREFILL_CFG, **{key: 1}),
+            **p["kw"],
+        )
+    assert (out == 7.0).all()
 
 
 @pytest.mark.slow
@@ -157,10 +178,15 @@ def test_weight_tma_tiles_compile_for_sm90_without_spills():
         ["_down_kernel", dn, 4, 3],
         ["_down_kernel", dn_static, 8, 4],
         ["_down_kernel", dict(dn_static, BLOCK_K=256), 8, 2],
+        ["_down_kernel", dict(dn, W_SCALAR=True, A_TMA=True), 4, 3],  # both operands by TMA
+        ["_down_kernel", dict(dn_static, A_TMA=True), 8, 4],
     ]
     res = compile_sm90([_sm90_job(*job) for job in jobs])
-    for job, r in zip(jobs, res, strict=True):
-        assert r["stack"] == 0 and r["wgmma"] > 0 and r["async_copies"] > 0, (job, r)
+    for job, r in zip(jobs, res, strict=True):  # (with A_TMA the down kernel has no cp.async left)
+        assert r["stack"] == 0 and r["wgmma"] > 0 and (r["async_copies"] > 0) != job[1].get("A_TMA", False), (
+            job,
+            r,
+        )
     # block-scaled gate/up: TMA weight tiles and scalar weight scales free registers (246 -> 178 when
     # written); fewer address and scale registers is what the forms are for
     assert res[0]["registers"] < res[1]["registers"] and res[2]["registers"] < res[0]["registers"], res
@@ -187,9 +213,9 @@ def test_gpu_weight_tma_real_prefill_shapes(shape, t):
     e, h, i, k, ge, off, mode = GPU_PREFILL[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     cfg = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
-    plain, _, _ = run_and_check(p, config=dict(cfg, W_TMA=0), seed=seed)
-    tma, _, err = run_and_check(p, config=dict(cfg, W_TMA=1), seed=seed)
-    print(f"{shape} T={t} W_TMA rel err vs quantized ref {err:.2e}")
+    plain, _, _ = run_and_check(p, config=dict(cfg, W_TMA=0, DN_A_TMA=0), seed=seed)
+    tma, _, err = run_and_check(p, config=dict(cfg, W_TMA=1, DN_A_TMA=1), seed=seed)
+    print(f"{shape} T={t} W_TMA + DN_A_TMA rel err vs quantized ref {err:.2e}")
     assert torch.equal(plain, tma), seed
     if mode.startswith("block"):  # the scalar-scale and two-dot forms against the vector-scale merged dot
         old = dict(cfg, W_TMA=0, W_SCALAR=0, GU_TWO_DOTS=0, BLOCK_M=64, GU_WARPS=8, GU_STAGES=3)
@@ -207,7 +233,8 @@ def test_gpu_weight_tma_empty_experts_and_graph_replay():
     ids[:, 0] = 7
     ids[:3, 1] = 11
     p = make_problem(t, e, 2048, 768, k, "block-dynamic", device="cuda", ids=ids)
-    cfg = dict(op.get_config(t, k, e, 2048, 768, "block-dynamic", True, allow_small=False), W_TMA=1)
+    cfg = op.get_config(t, k, e, 2048, 768, "block-dynamic", True, allow_small=False)
+    cfg = dict(cfg, W_TMA=1, DN_A_TMA=1)
     run_and_check(p, config=cfg, seed=seed)
     out = torch.empty_like(p["x"])
     call = lambda: fused_moe(

@@ -760,10 +760,13 @@ def _down_kernel(
     W_TMA: tl.constexpr = False,
     w_desc=None,  # W_TMA: w2 as [E, 1, H, I], block [1, 1, BLOCK_N, BLOCK_K]
     W_SCALAR: tl.constexpr = False,
+    A_TMA: tl.constexpr = False,
+    a_desc=None,  # A_TMA: the intermediate [P, I], block [BLOCK_M, BLOCK_K]
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
-    scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products).
+    scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products). A_TMA
+    (config DN_A_TMA): the intermediate rows, contiguous in the padded order, come by TMA too.
     PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
     (two launches back, so complete: the launch in between let this grid start only once all its
     programs had passed their own wait) and prefetch this tile's weights into L2.
@@ -808,7 +811,9 @@ def _down_kernel(
     if W_BLOCK:
         sw = tl.load(sw_ptrs) if W_SCALAR else tl.load(sw_ptrs, mask=n_ok, other=0.0)
     for k0 in range(0, I, BLOCK_K):
-        if EVEN_K:
+        if A_TMA:  # columns past I come zero-filled
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+        elif EVEN_K:
             a = tl.load(a_ptrs + k0)
         else:
             a = tl.load(a_ptrs + k0, mask=((k0 + offs_k) < I)[None, :], other=0.0)

@@ -220,6 +220,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "W_TMA",
         "GU_TWO_DOTS",
         "W_SCALAR",
+        "DN_A_TMA",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
@@ -228,10 +229,14 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
     return cfg
 
 
-def check_k_steps(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inter: int) -> None:
-    """A K step wider than a 128-wide scale group only where that GEMM has no group scales: with
-    per-tensor weights and a static activation scale, GU_K / DN_K = 256 promotes the fp8 partial sums
-    to fp32 every 256 instead of every 128."""
+def check_prefill_forms(
+    cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int
+) -> None:
+    """The regular path's prefill forms against the shape, before anything is launched. A K step wider
+    than a 128-wide scale group only where that GEMM has no group scales (with per-tensor weights and a
+    static activation scale, GU_K / DN_K = 256 promotes the fp8 partial sums every 256 instead of every
+    128); W_SCALAR / block-scaled GU_TWO_DOTS need tile halves inside one 128-row group; TMA (W_TMA,
+    DN_A_TMA) needs 16-byte rows (H, I multiples of 16)."""
     for key, grouped in (("GU_K", a1_group or w_block), ("DN_K", a2_group or w_block)):
         if cfg[key] > GROUP and (grouped or cfg[key] > 2 * GROUP):
             raise FusedMoEError(
@@ -247,6 +252,10 @@ def check_k_steps(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inte
         raise FusedMoEError(
             "GU_TWO_DOTS with block scales needs GU_N == 128 and I % 128 == 0 (one weight scale per tile "
             f"half and K step), got GU_N={cfg['GU_N']}, I={inter}"
+        )
+    if (cfg.get("W_TMA", 0) or cfg.get("DN_A_TMA", 0)) and (hidden % 16 or inter % 16):
+        raise FusedMoEError(
+            f"W_TMA / DN_A_TMA need 16-byte rows: H and I multiples of 16, got H={hidden}, I={inter}"
         )
 
 
@@ -341,7 +350,7 @@ class _Launch:
             config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
         if not is_small(self.cfg):
-            check_k_steps(self.cfg, self.a1_group, self.a2_group, self.w_block, self.I)
+            check_prefill_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
         self.ids = topk_ids.to(torch.int32).contiguous()
         self.weights = topk_weights.float().contiguous()
         self.offset = int(expert_offset)
@@ -387,6 +396,13 @@ class _Launch:
         if (w.stride(0) * w.element_size()) % 16 or (k * w.element_size()) % 16 or w.data_ptr() % 16:
             raise FusedMoEError("W_TMA needs 16-byte aligned weights and row strides")
         return TensorDescriptor(w, [e, halves, n, k], [w.stride(0), n * k, k, 1], [1, rows, block_n, block_k])
+
+    def inter_desc(self, block_m: int, block_k: int):
+        """DN_A_TMA: TMA descriptor over the fp8 intermediate [P, I] (rows contiguous in the padded
+        sorted order, so the down GEMM's A tile needs no gather), block [block_m, block_k]."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor.from_tensor(self.inter, [block_m, block_k])  # I % 16 == 0: checked
 
     def scale_strides(self, scale):
         return (scale.stride(0), scale.stride(1)) if self.w_block else (0, 0)
@@ -575,6 +591,8 @@ class _Launch:
         grid = ((self.P // c["BLOCK_M"]) * self.num_n_down,)
         tma = bool(c.get("W_TMA", 0))
         desc = self.weight_desc(w2, 1, 1, c["DN_N"], c["DN_K"]) if tma else None
+        a_tma = bool(c.get("DN_A_TMA", 0))
+        a_desc = self.inter_desc(c["BLOCK_M"], c["DN_K"]) if a_tma else None
         K._down_kernel[grid](
             self.inter,
             self.inter_s,
@@ -617,6 +635,8 @@ class _Launch:
             W_TMA=tma,
             w_desc=desc,
             W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
+            A_TMA=a_tma,
+            a_desc=a_desc,
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
