@@ -143,18 +143,26 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
 
 def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--persistent: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed
-    last), then the one-launch persistent path (op_persistent.py) around its default: K splits, down
-    tile width, pipeline depths, the phase-B W2 prefetch, and with static a2 64/128-row gate/up tiles,
-    64-wide down K steps and two programs per SM (4 warps fit twice)."""
+    last), then the one-launch persistent path (op_persistent.py) around its default with PDL: the
+    phase-A / phase-B L2 prefetches, gate/up pipeline depth, segment / split bound S_MAX, 256-row down
+    tiles, programs per SM (capped at what fits), and with static a2 128-row gate/up tiles and 64-wide
+    down K steps."""
     from hpc_advise.kernels.fused_moe import op_persistent
 
     a2_group = mode.endswith("dynamic")
-    base = dict(op_persistent.default_persistent_config(a2_group), PDL=1, PREFETCH=1)
-    out = [op.get_config(t, k, e, h, i, mode, a2_group), base, dict(base, PREFETCH=0)]
-    out += [dict(base, S_MAX=s) for s in (4, 16)]
-    out += [dict(base, DN_N=128), dict(base, GU_STAGES=4), dict(base, DN_STAGES=4)]
-    if not a2_group:
-        out += [dict(base, PROGS_PER_SM=2), dict(base, GU_N=128, WARPS=8), dict(base, DN_K=64)]
+    base = dict(op_persistent.default_persistent_config(a2_group), PDL=1)
+    out = [
+        op.get_config(t, k, e, h, i, mode, a2_group),
+        base,
+        dict(base, PREFETCH_A=1),
+        dict(base, PREFETCH=1),
+    ]
+    out += [dict(base, S_MAX=s) for s in (4, 16)] + [dict(base, DN_N=256)]
+    if a2_group:
+        out += [dict(base, GU_STAGES=s) for s in (4, 5)] + [dict(base, WARPS=4, PROGS_PER_SM=2)]
+    else:
+        out += [dict(base, PROGS_PER_SM=p) for p in (1, 3)] + [dict(base, GU_STAGES=6)]
+        out += [dict(base, GU_N=128, WARPS=8, PROGS_PER_SM=1), dict(base, GU_N=128), dict(base, DN_K=64)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 

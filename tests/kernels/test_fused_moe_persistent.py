@@ -78,6 +78,16 @@ def test_persistent_path_matches_reference(mode, t, h, i, programs):
     run_and_check(p, config=pcfg(mode), fn=persistent(programs), scaling=2.5, seed=seed)
 
 
+@pytest.mark.parametrize("mode", ["block-dynamic", "tensor-static"])
+def test_many_workers_split_both_phases_and_one_worker_matches(mode):
+    """400 workers on a small problem: phase-A pairs in several K segments (stream-K) and the down
+    items split over K (S_MAX = 4) — against the reference, and S_MAX = 1 (no split at all)."""
+    seed = _seed()
+    p = make_problem(2, 4, 512, 256, 2, mode, device="cpu")
+    run_and_check(p, config=pcfg(mode, S_MAX=4, DN_N=128), fn=persistent(400), seed=seed)
+    run_and_check(p, config=pcfg(mode, S_MAX=1), fn=persistent(400), seed=seed)
+
+
 def test_k_splits_are_summed_in_split_order_and_counters_end_at_zero():
     """Three K steps in three splits (one each) are added in the same order as in one program, so the
     output is bitwise the unsplit one; a rerun is bitwise equal; every counter is back at 0."""
@@ -166,7 +176,7 @@ def test_persistent_config_errors_are_clear():
         "DN_N=32 must be 64, 128 or 256": pcfg("block-dynamic", DN_N=32),
         "S_MAX=0": pcfg("block-dynamic", S_MAX=0),
         "WARPS=2": pcfg("block-dynamic", WARPS=2),
-        "PROGS_PER_SM=3": pcfg("block-dynamic", PROGS_PER_SM=3),
+        "PROGS_PER_SM=5 must be 1 to 4": pcfg("block-dynamic", PROGS_PER_SM=5),
         "PDL=2 must be 0 or 1": pcfg("block-dynamic", PDL=2),
     }
     for match, cfg in bad.items():
@@ -178,7 +188,7 @@ def test_persistent_config_errors_are_clear():
 # the kernel builds for SM90: wgmma products, pipelined weight loads, no register spills
 
 _TYPES = (
-    "*bf16 *i32 *fp32 *fp32 *fp32 *fp8e4nv *fp32 *fp8e4nv *fp32 *fp8e4nv *fp32 *fp32 *fp32 *bf16 "
+    "*bf16 *i32 *fp32 *fp32 *fp32 *fp8e4nv *fp32 *fp8e4nv *fp32 *fp8e4nv *fp32 *fp8e4nv *fp32 *fp32 *fp32 *bf16 "
     + "*i32 " * 4
     + "i32 " * 7
     + "fp32 "
@@ -193,7 +203,8 @@ def test_persistent_kernel_compiles_for_sm90_without_spills():
     for group, cfg in ((True, pcfg("block-dynamic")), (False, pcfg("tensor-static"))):
         consts = dict(
             BLOCK_N=cfg["GU_N"], BLOCK_K=128, BLOCK_H=cfg["DN_N"], BLOCK_KB=128, S_MAX=cfg["S_MAX"],
-            K_PAD=8, N_PAD=16, A_GROUP=group, A2_GROUP=group, W_BLOCK=group, USE_PDL=True, PREFETCH=True,
+            K_PAD=8, N_PAD=32, A_GROUP=group, A2_GROUP=group, W_BLOCK=group, USE_PDL=True, PREFETCH=True,
+            PREFETCH_A=True, G_PAD=32,
             STAGES_A=cfg["GU_STAGES"], STAGES_B=cfg["DN_STAGES"],
         )  # fmt: skip
         job = ["hpc_advise.kernels.fused_moe.kernel_persistent", "_persistent_moe_kernel", _TYPES.strip()]
@@ -270,9 +281,9 @@ def test_gpu_persistent_graph_replay_tracks_new_routing(shape):
     e, h, i, k, ge = GPU_SHAPES[shape][:5]
     cfg = pcfg(GPU_SHAPES[shape][6], PDL=1, PREFETCH=1)
     out = torch.empty_like(p["x"])
-    call = lambda: persistent()(
-        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
-    )
+    kw = dict(p["kw"])  # static scales as device tensors: a host float would be copied inside the capture
+    kw.update({k: torch.full((1,), kw[k], device="cuda") for k in ("a13_scale", "a2_scale") if k in kw})
+    call = lambda: persistent()(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **kw)
     call()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -5,26 +5,31 @@ token), k = top_k, n = T·k (token, slot) entries, E local experts, H hidden, I 
 
 ``_persistent_moe_kernel``, grid (P,) with P <= the programs that fit on the GPU at once (the launcher
 checks occupancy): every program is resident, so a program may wait for another's result. Each program
-first works through its phase-A items, then its phase-B items (items are dealt round-robin, phase B in
-reverse program order so the programs with fewer A items take B items first):
+first does its phase-A work, then its phase-B items (dealt round-robin in reverse program order, so
+programs without phase-A work take B items first), so no program waits before its own A work is done:
 
-  Phase A, item (owner r, I group g, K split p): owners are the local entries that name their expert
-     first (entry order), so each expert's weights stream once for every token routed to it. The
-     program computes the gate and up sums of the group's BLOCK_N rows over its share of the K = H steps
-     as one swap-AB dot per K step (weight rows are the wgmma M side, the tokens its N side, 16 wide),
-     the activations quantized in registers per K step (static a13, or the 1×G group = the K step).
-     S = min(S_MAX, P // (owners · groups)) splits, chosen per call on the GPU (so an EP rank with one
-     local expert still spreads it over the SMs). With S > 1 the fp32 partials go to a scratch row and
-     the split that arrives last at the (owner, group) counter (acq_rel, gpu scope, after a CTA
-     barrier) sums the S partials in split order. Epilogue: SiLU(gate)·up, quantized to fp8 (the 1×G
-     group of a BLOCK_N = G tile, or the static a2 scale) and stored at every slot where a token chose
-     the expert; then the owner's ready counter is bumped (release).
-  Phase B, item (unit u, H tile b): units are the local entries (entry order), then the tokens without
-     a local slot. An entry's program may first prefetch its W2 tile into L2 (PREFETCH: no dependence
-     on h), then spins on its owner's ready counter (acquire) until all I groups are in, and computes
-     w_tj · s · W2_e[tile] · q(h): a token with one local slot writes its bf16 output tile directly;
-     with several, each stores an fp32 row and the last to arrive at the (token, H tile) counter sums
-     them in slot order. A token without a local slot gets a zero tile.
+  Phase A (gate/up → fp8 h), stream-K: owners are the local entries that name their expert first
+     (entry order), so each expert's weights stream once for every token routed to it. The K steps of
+     all (owner, I group of BLOCK_N rows) pairs are laid end to end and worker v takes steps
+     [v·U/W, (v+1)·U/W) (W workers = programs, at most pairs·(S_MAX − 1) and at most U steps), so
+     every program streams an equal share whatever the number of pairs (an EP rank with one local
+     expert spreads it over all SMs). Each step is one swap-AB dot pair (gate, up): weight rows are the
+     wgmma M side, the tokens its N side (16 wide). The activations come from the program's own fp8
+     copy of the hidden rows, quantized once in its prologue (static a13, or per 1×G group;
+     PREFETCH_A: the program's weight tiles are first sent towards L2, so their HBM latency overlaps
+     the prologue). A pair split over several workers: each stores its fp32 partial sums and bumps the
+     pair's arrival counter (acq_rel, gpu scope, after a CTA barrier); the last to arrive sums the
+     segments in K order. Epilogue: SiLU(gate)·up, quantized to fp8 (the 1×G group of a BLOCK_N = G
+     tile, or the static a2 scale), stored at every slot where a token chose the expert; then the
+     owner's ready counter is bumped (release).
+  Phase B (down → out), item (unit u, H tile, K split): units are the local entries (entry order),
+     then the tokens without a local slot; the K = I steps are split sb ways (sb <= S_MAX) when the
+     (entry, H tile) items alone would leave programs idle. An entry's program may first prefetch its
+     W2 tile into L2 (PREFETCH: no dependence on h), then spins on its owner's ready counter (acquire)
+     until every I group is in, and computes w_tj · s · W2_e[tile] · q(h) over its K share: a token
+     with one local slot and no split writes its bf16 output tile directly; otherwise each item stores
+     an fp32 row and the last to arrive at the (token, H tile) counter sums them in slot order, then
+     split order. A token without a local slot gets a zero tile.
   The program that finishes last (a done counter) resets the ready counters, so every counter is 0
   again for the next call or CUDA-graph replay (no memset in the graph).
 
@@ -92,6 +97,8 @@ def _persistent_moe_kernel(
     ws13_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
     w2_ptr,  # fp8 [E, H, I]
     ws2_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
+    xq_ptr,  # fp8 [P, T, H] scratch: each program's own copy of the quantized hidden rows
+    xs_ptr,  # fp32 [P, T, cdiv(H, G)] scratch: their group scales (A_GROUP)
     h_ptr,  # fp8 [n, I]: h of each local (token, slot)
     hs_ptr,  # fp32 [n, cdiv(I, G)] (A2_GROUP)
     part_ptr,  # fp32 [S_MAX, n, 2I]: split partials at row t·k + first slot of the expert
@@ -109,7 +116,7 @@ def _persistent_moe_kernel(
     expert_offset,
     num_experts,
     routed_scaling,
-    work_programs,  # programs the K splits are sized for: the grid on the GPU (tests: more, on CPU)
+    work_programs,  # W: programs the work is dealt to: the grid on the GPU (tests: more, on CPU)
     stride_x,
     stride_out,
     stride_w13e,
@@ -131,7 +138,9 @@ def _persistent_moe_kernel(
     A2_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
+    G_PAD: tl.constexpr,  # next power of two >= cdiv(H, G): the prologue's [G_PAD, G] tile of one row
     PREFETCH: tl.constexpr,  # (GPU only) W2 tile of a phase-B item to L2 before its wait
+    PREFETCH_A: tl.constexpr,  # (GPU only) the program's phase-A tiles to L2 before its prologue
     STAGES_A: tl.constexpr,
     STAGES_B: tl.constexpr,
 ):
@@ -149,10 +158,12 @@ def _persistent_moe_kernel(
     num_g = tl.cdiv(I, BLOCK_N)
     num_h = tl.cdiv(H, BLOCK_H)
     n_steps = tl.cdiv(H, BLOCK_K)
-    # K splits per (owner, group): enough items to give every program one, at most S_MAX
-    splits = tl.minimum(tl.maximum(work_programs // tl.maximum(n_owners * num_g, 1), 1), S_MAX)
-    splits = tl.minimum(splits, n_steps)
-    k_span = tl.cdiv(n_steps, splits) * BLOCK_K
+    # phase A, stream-K: the K steps of all (owner, I group) pairs laid end to end, worker v taking
+    # steps [v·U/W, (v+1)·U/W): equal shares whatever the pair count. W <= pairs·(S_MAX − 1) bounds a
+    # pair's segments by S_MAX, W <= U gives every worker a step (so every segment arrives)
+    pairs = n_owners * num_g
+    units = pairs * n_steps
+    work_a = tl.minimum(tl.minimum(work_programs, pairs * tl.maximum(S_MAX - 1, 1)), units)
 
     offs_m = tl.arange(0, 16)  # one dot column per token
     offs_j = tl.arange(0, K_PAD)
@@ -168,100 +179,144 @@ def _persistent_moe_kernel(
 
     # ------------------------------------------------------------------ phase A: gate/up → fp8 h
     offs_k = tl.arange(0, BLOCK_K)
-    num_a = n_owners * num_g * splits
-    for a in range(pid, num_a, num_progs):
-        r = a // (num_g * splits)
-        g = (a // splits) % num_g
-        p = a % splits
-        s0 = _pick(offs, owner & (owner_rank == r))
-        e = _pick(ent_e, offs == s0)
-        e64 = e.to(tl.int64)
-        match = (ids_m == e) & tok_ok[:, None] & (offs_j < top_k)[None, :]
-        row_ok = tl.sum(match.to(tl.int32), axis=1) > 0
-        offs_n = g * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < I
-        k_lo = p * k_span
-        k_hi = tl.minimum(k_lo + k_span, H)
-        wg_ptrs = w13_ptr + e64 * stride_w13e + offs_n[:, None].to(tl.int64) * stride_w13n + offs_k[None, :]
-        wu_ptrs = wg_ptrs + I * stride_w13n
-        x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        if W_BLOCK:
-            sg_ptrs = ws13_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
-            su_ptrs = ws13_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
+    if PREFETCH_A:  # this program's weight tiles start towards L2 while it quantizes the inputs
+        for v in range(pid, work_a, num_progs):
+            lo = v * units // work_a
+            hi = (v + 1) * units // work_a
+            for q in range(lo // n_steps, (hi - 1) // n_steps + 1):
+                e_pf = _pick(ent_e, owner & (owner_rank == q // num_g)).to(tl.int64)
+                rows_pf = (q % num_g) * BLOCK_N + tl.arange(0, BLOCK_N)
+                row_ptrs = w13_ptr + e_pf * stride_w13e + rows_pf.to(tl.int64) * stride_w13n
+                c_lo = (tl.maximum(lo, q * n_steps) - q * n_steps) * BLOCK_K
+                c_hi = tl.minimum((tl.minimum(hi, (q + 1) * n_steps) - q * n_steps) * BLOCK_K, H)
+                for c0 in range(c_lo, c_hi, 128):
+                    _prefetch_l2(row_ptrs + c0, rows_pf < I)
+                    _prefetch_l2(row_ptrs + I * stride_w13n + c0, rows_pf < I)
+    # prologue: the program's own fp8 copy of the hidden rows (one [G_PAD, G] tile per token: a row of
+    # the tile is a 1×G group), so the K loop below only streams fp8 tiles into the dot
+    num_xg = tl.cdiv(H, 128)
+    my_xq = xq_ptr + pid.to(tl.int64) * T * H
+    my_xs = xs_ptr + pid.to(tl.int64) * T * num_xg
+    if pid < work_a:
+        offs_gr = tl.arange(0, G_PAD)
+        cols = offs_gr[:, None] * 128 + tl.arange(0, 128)[None, :]
         a13 = tl.load(a13_ptr)
-        acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # [I rows, tokens]
-        acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES_A):
-            k_ok = (k0 + offs_k) < H
-            bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            xv = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            xq, sa = _quant_rows(xv.to(tl.float32), a13, A_GROUP, w13_ptr.dtype.element_ty)
-            at = tl.trans(xq)  # [BLOCK_K, 16]
-            if A_GROUP or W_BLOCK:
-                dg = tl.dot(bg, at)
-                du = tl.dot(bu, at)
+        for tq in range(0, T):
+            xr = tl.load(x_ptr + tq * stride_x + cols, mask=cols < H, other=0.0).to(tl.float32)
+            xrq, xrs = _quant_rows(xr, a13, A_GROUP, xq_ptr.dtype.element_ty)
+            tl.store(my_xq + tq * H + cols, xrq, mask=cols < H)
+            if A_GROUP:
+                tl.store(my_xs + tq * num_xg + offs_gr, xrs, mask=offs_gr < num_xg)
+        tl.debug_barrier()  # the copy is complete before any thread's K loop reads it
+    for v in range(pid, work_a, num_progs):
+        lo = v * units // work_a
+        hi = (v + 1) * units // work_a
+        for q in range(lo // n_steps, (hi - 1) // n_steps + 1):  # the pairs this worker's steps touch
+            r = q // num_g
+            g = q % num_g
+            # workers holding the pair's first and last step: its segments, summed in K (= worker) order
+            first_w = ((q * n_steps + 1) * work_a + units - 1) // units - 1
+            last_w = ((q + 1) * n_steps * work_a + units - 1) // units - 1
+            segs = last_w - first_w + 1
+            s0 = _pick(offs, owner & (owner_rank == r))
+            e = _pick(ent_e, offs == s0)
+            e64 = e.to(tl.int64)
+            match = (ids_m == e) & tok_ok[:, None] & (offs_j < top_k)[None, :]
+            row_ok = tl.sum(match.to(tl.int32), axis=1) > 0
+            offs_n = g * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < I
+            k_lo = (tl.maximum(lo, q * n_steps) - q * n_steps) * BLOCK_K
+            k_hi = tl.minimum((tl.minimum(hi, (q + 1) * n_steps) - q * n_steps) * BLOCK_K, H)
+            wg_ptrs = (
+                w13_ptr + e64 * stride_w13e + offs_n[:, None].to(tl.int64) * stride_w13n + offs_k[None, :]
+            )
+            wu_ptrs = wg_ptrs + I * stride_w13n
+            xq_ptrs = my_xq + offs_m[None, :] * H + offs_k[:, None]  # transposed: [BLOCK_K, 16]
+            if W_BLOCK:
+                sg_ptrs = ws13_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
+                su_ptrs = ws13_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
+            acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # [I rows, tokens]
+            acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+            for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES_A):
+                k_ok = (k0 + offs_k) < H
+                bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                at = tl.load(xq_ptrs + k0, mask=k_ok[:, None] & row_ok[None, :], other=0.0)
                 if A_GROUP:
-                    dg = dg * sa[None, :]
-                    du = du * sa[None, :]
-                if W_BLOCK:
-                    dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
-                    du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
-                acc_g += dg
-                acc_u += du
-            else:  # promote the fp8 tensor-core sums to fp32 every BLOCK_K
-                acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
-                acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
-        # partial rows: token t's at t·k + its first slot naming e
-        j_first = tl.min(tl.where(match, offs_j[None, :], K_PAD), axis=1)
-        row_first = offs_m.to(tl.int64) * top_k + j_first
-        p_ofs = row_first[None, :] * (2 * I) + offs_n[:, None]  # [BLOCK_N, 16]
-        p_ok = n_ok[:, None] & row_ok[None, :]
-        last = splits == 1
-        cnt = cnt_grp_ptr + s0 * num_g + g
-        if splits > 1:
-            mine = part_ptr + p * n_entries * (2 * I) + p_ofs
-            tl.store(mine, acc_g, mask=p_ok)
-            tl.store(mine + I, acc_u, mask=p_ok)
-            tl.debug_barrier()  # every thread's partial store before the arrival
-            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            last = arrived == splits - 1
-        if last:
-            if splits > 1:
-                acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-                acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
-                for q in range(0, splits):  # split order, never arrival order
-                    part = part_ptr + q * n_entries * (2 * I) + p_ofs
-                    acc_g += tl.load(part, mask=p_ok, other=0.0, cache_modifier=".cg")
-                    acc_u += tl.load(part + I, mask=p_ok, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-            gate = tl.trans(acc_g)  # [16, BLOCK_N]: one row per token
-            up = tl.trans(acc_u)
-            if not A_GROUP:
-                gate = gate * tl.load(a13_ptr)
-                up = up * tl.load(a13_ptr)
-            if not W_BLOCK:
-                gate = gate * tl.load(ws13_ptr + e64)
-                up = up * tl.load(ws13_ptr + e64)
-            hv = gate * tl.sigmoid(gate) * up
-            hv = tl.where(n_ok[None, :], hv, 0.0)
-            hq, hsc = _quant_rows(hv, tl.load(a2_ptr), A2_GROUP, h_ptr.dtype.element_ty)
-            for jj in tl.static_range(K_PAD):
-                at_j = tl.sum(tl.where(offs_j[None, :] == jj, match.to(tl.int32), 0), axis=1) > 0
-                entry = offs_m.to(tl.int64) * top_k + jj
-                tl.store(h_ptr + entry[:, None] * I + offs_n[None, :], hq, mask=at_j[:, None] & n_ok[None, :])
-                if A2_GROUP:
-                    tl.store(hs_ptr + entry * tl.cdiv(I, 128) + g, hsc, mask=at_j)
-            tl.debug_barrier()  # every thread's h store before the release
-            tl.atomic_add(ready_ptr + s0, 1, sem="release", scope="gpu")
+                    sa = tl.load(my_xs + offs_m * num_xg + k0 // 128, mask=row_ok, other=0.0)
+                if A_GROUP or W_BLOCK:
+                    dg = tl.dot(bg, at)
+                    du = tl.dot(bu, at)
+                    if A_GROUP:
+                        dg = dg * sa[None, :]
+                        du = du * sa[None, :]
+                    if W_BLOCK:
+                        dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+                        du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+                    acc_g += dg
+                    acc_u += du
+                else:  # promote the fp8 tensor-core sums to fp32 every BLOCK_K
+                    acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
+                    acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+            # partial rows: token t's at t·k + its first slot naming e
+            j_first = tl.min(tl.where(match, offs_j[None, :], K_PAD), axis=1)
+            row_first = offs_m.to(tl.int64) * top_k + j_first
+            p_ofs = row_first[None, :] * (2 * I) + offs_n[:, None]  # [BLOCK_N, 16]
+            p_ok = n_ok[:, None] & row_ok[None, :]
+            last = segs == 1
+            cnt = cnt_grp_ptr + s0 * num_g + g
+            if segs > 1:
+                mine = part_ptr + (v - first_w) * n_entries * (2 * I) + p_ofs
+                tl.store(mine, acc_g, mask=p_ok)
+                tl.store(mine + I, acc_u, mask=p_ok)
+                tl.debug_barrier()  # every thread's partial store before the arrival
+                arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                last = arrived == segs - 1
+            if last:
+                if segs > 1:
+                    acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                    acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+                    for sg in range(0, segs):  # K order, never arrival order
+                        part = part_ptr + sg * n_entries * (2 * I) + p_ofs
+                        acc_g += tl.load(part, mask=p_ok, other=0.0, cache_modifier=".cg")
+                        acc_u += tl.load(part + I, mask=p_ok, other=0.0, cache_modifier=".cg")
+                    tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+                gate = tl.trans(acc_g)  # [16, BLOCK_N]: one row per token
+                up = tl.trans(acc_u)
+                if not A_GROUP:
+                    gate = gate * tl.load(a13_ptr)
+                    up = up * tl.load(a13_ptr)
+                if not W_BLOCK:
+                    gate = gate * tl.load(ws13_ptr + e64)
+                    up = up * tl.load(ws13_ptr + e64)
+                hv = gate * tl.sigmoid(gate) * up
+                hv = tl.where(n_ok[None, :], hv, 0.0)
+                hq, hsc = _quant_rows(hv, tl.load(a2_ptr), A2_GROUP, h_ptr.dtype.element_ty)
+                for jj in tl.static_range(K_PAD):
+                    at_j = tl.sum(tl.where(offs_j[None, :] == jj, match.to(tl.int32), 0), axis=1) > 0
+                    entry = offs_m.to(tl.int64) * top_k + jj
+                    tl.store(
+                        h_ptr + entry[:, None] * I + offs_n[None, :], hq, mask=at_j[:, None] & n_ok[None, :]
+                    )
+                    if A2_GROUP:
+                        tl.store(hs_ptr + entry * tl.cdiv(I, 128) + g, hsc, mask=at_j)
+                tl.debug_barrier()  # every thread's h store before the release
+                tl.atomic_add(ready_ptr + s0, 1, sem="release", scope="gpu")
 
     # ------------------------------------------------------------------ phase B: down → out
     offs_kb = tl.arange(0, BLOCK_KB)
     first_col = (offs_m == 0)[:, None]
-    num_b = (n_local + n_zero) * num_h
+    # K = I split over sb programs per (entry, H tile) when the tiles alone leave programs idle
+    n_kb = tl.cdiv(I, BLOCK_KB)
+    sb = tl.minimum(tl.minimum(tl.maximum(work_programs // tl.maximum(n_local * num_h, 1), 1), S_MAX), n_kb)
+    kb_span = tl.cdiv(n_kb, sb) * BLOCK_KB
+    num_b = (n_local + n_zero) * num_h * sb
     for b in range(num_progs - 1 - pid, num_b, num_progs):
-        u = b // num_h
-        hb = b % num_h
+        u = b // (num_h * sb)
+        hb = (b // sb) % num_h
+        pb = b % sb
+        kb_lo = pb * kb_span
+        kb_hi = tl.minimum(kb_lo + kb_span, I)
         offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
         h_ok = offs_h < H
         if u < n_local:
@@ -274,7 +329,7 @@ def _persistent_moe_kernel(
             if PREFETCH:  # the weights do not depend on h: into L2 while this program waits
                 rows_pf = hb * BLOCK_H + tl.arange(0, BLOCK_H)
                 row_ptrs = w2_ptr + e64 * stride_w2e + rows_pf.to(tl.int64) * stride_w2n
-                for c0 in range(0, I, 128):
+                for c0 in range(kb_lo, kb_hi, 128):
                     _prefetch_l2(row_ptrs + c0, rows_pf < H)
             ready = tl.atomic_add(ready_ptr + s0, 0, sem="acquire", scope="gpu")
             while ready < num_g:
@@ -282,7 +337,7 @@ def _persistent_moe_kernel(
             if W_BLOCK:
                 sw_ptrs = ws2_ptr + e64 * stride_w2se + (offs_h // 128) * stride_w2sn
             acc = tl.zeros([BLOCK_H, 16], dtype=tl.float32)
-            for k0 in tl.range(0, I, BLOCK_KB, num_stages=STAGES_B):
+            for k0 in tl.range(kb_lo, kb_hi, BLOCK_KB, num_stages=STAGES_B):
                 cols = k0 + offs_kb
                 k_ok = cols < I
                 hrow = tl.load(
@@ -307,27 +362,28 @@ def _persistent_moe_kernel(
             if not W_BLOCK:
                 coef = coef * tl.load(ws2_ptr + e64)
             yv = tl.sum(acc, axis=1) * coef  # columns 1.. are zero
-            n_tok = _pick(n_local_tok, toks == t)
-            if n_tok == 1:  # the token's only local slot: its output tile, no partial rows
+            n_tok = _pick(n_local_tok, toks == t) * sb  # arrivals at the (token, H tile)
+            if n_tok == 1:  # the token's only local slot, unsplit: its output tile, no partial rows
                 tl.store(out_ptr + t * stride_out + offs_h, yv.to(out_ptr.dtype.element_ty), mask=h_ok)
             else:
-                tl.store(y_ptr + s * H + offs_h, yv, mask=h_ok)
+                tl.store(y_ptr + (pb * n_entries + s) * H + offs_h, yv, mask=h_ok)
                 tl.debug_barrier()  # every thread's row store before the arrival
                 cnt = cnt_out_ptr + t * num_h + hb
                 arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
                 if arrived == n_tok - 1:
                     total = tl.zeros([BLOCK_H], dtype=tl.float32)
-                    for j in range(0, top_k):  # slot order, never arrival order
+                    for j in range(0, top_k):  # slot order, then K split order: never arrival order
                         loc_j = _pick(local.to(tl.int32), offs == t * top_k + j) > 0
-                        total += tl.load(
-                            y_ptr + (t * top_k + j) * H + offs_h,
-                            mask=h_ok & loc_j,
-                            other=0.0,
-                            cache_modifier=".cg",
-                        )
+                        for pp in range(0, sb):
+                            total += tl.load(
+                                y_ptr + ((pp * n_entries + t * top_k + j) * H + offs_h),
+                                mask=h_ok & loc_j,
+                                other=0.0,
+                                cache_modifier=".cg",
+                            )
                     tl.store(out_ptr + t * stride_out + offs_h, total.to(out_ptr.dtype.element_ty), mask=h_ok)
                     tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-        else:  # a token without a local slot: zeros
+        elif pb == 0:  # a token without a local slot: zeros
             t = _pick(toks, zero_tok & (zero_rank == u - n_local))
             tl.store(
                 out_ptr + t * stride_out + offs_h,

@@ -3,11 +3,12 @@
 ``op.fused_moe`` calls ``fused_moe_persistent`` when its launch config (configs.json) has
 ``"PATH": "persistent"``; the path serves T <= ``PERSISTENT_T_MAX`` (one dot column per token).
 Config keys: GU_N / GU_K (phase-A tile rows of I and K step; GU_N = 128 with dynamic a2, GU_K = 128
-with dynamic a13), S_MAX (most K splits per (expert, I group); the kernel takes fewer when the groups
-alone fill the programs), DN_N / DN_K (phase-B H rows and K step; DN_K = 128 with dynamic a2), WARPS,
+with dynamic a13), S_MAX (most K segments per (expert, I group) in phase A and K splits per (entry,
+H tile) in phase B; the kernel takes what evens the programs' shares), DN_N / DN_K (phase-B H rows and K step; DN_K = 128 with dynamic a2), WARPS,
 GU_STAGES / DN_STAGES (software-pipelining depths), and optionally PROGS_PER_SM (1 or 2; capped by what
-fits on an SM at once), PDL (programmatic dependent launch, SM90+) and PREFETCH (L2 prefetch of a
-phase-B item's W2 tile before it waits; GPU only).
+fits on an SM at once), PROGS_PER_SM up to 4, PDL (programmatic dependent launch, SM90+), PREFETCH (L2 prefetch of a
+phase-B item's W2 tile before it waits) and PREFETCH_A (of the program's phase-A tiles before its
+input-quantization prologue); the prefetches run on the GPU only.
 
 The grid must be co-resident (programs wait on each other's counters), so the program count is the
 SM count times the programs that fit per SM, read from the compiled kernel (registers, shared memory);
@@ -34,19 +35,21 @@ def is_persistent(cfg: dict | None) -> bool:
 
 
 def default_persistent_config(a2_group: bool) -> dict:
-    """Untuned starting point: 128-row gate/up tiles (one h group each), 64-row down tiles, 8 warps,
-    up to 8 K splits, 3-stage pipelines, one program per SM."""
+    """Untuned starting point, from the first H200 sweep (2026-11-29, T = 1 / 4, five shapes): 128-row
+    down tiles beat 64-row ones at every point; with static a2, 64-row gate/up tiles at 4 warps, two
+    programs per SM; with dynamic a2, 128-row gate/up tiles (one h group each) at 8 warps, one per SM
+    (238 registers: no room for two)."""
     return dict(
         PATH="persistent",
         GU_N=GROUP if a2_group else 64,
         GU_K=GROUP,
         S_MAX=8,
-        DN_N=64,
+        DN_N=GROUP,
         DN_K=GROUP,
         WARPS=8 if a2_group else 4,
-        GU_STAGES=3,
+        GU_STAGES=3 if a2_group else 4,
         DN_STAGES=3,
-        PROGS_PER_SM=1,
+        PROGS_PER_SM=1 if a2_group else 2,
     )
 
 
@@ -74,9 +77,9 @@ def check_persistent_config(cfg: dict, a1_group: bool, a2_group: bool, error=Val
     for key in ("GU_STAGES", "DN_STAGES"):
         if not 1 <= int(cfg[key]) <= 8:
             raise error(f"{key}={cfg[key]} must be in [1, 8]")
-    if cfg.get("PROGS_PER_SM", 1) not in (1, 2):
-        raise error(f"PROGS_PER_SM={cfg['PROGS_PER_SM']} must be 1 or 2")
-    for key in ("PDL", "PREFETCH"):
+    if cfg.get("PROGS_PER_SM", 1) not in (1, 2, 3, 4):
+        raise error(f"PROGS_PER_SM={cfg['PROGS_PER_SM']} must be 1 to 4")
+    for key in ("PDL", "PREFETCH", "PREFETCH_A"):
         if cfg.get(key, 0) not in (0, 1):
             raise error(f"{key}={cfg[key]} must be 0 or 1")
     return cfg
@@ -138,7 +141,7 @@ def fused_moe_persistent(
     hbuf = torch.empty(n, inter, dtype=FP8, device=dev)
     hs = torch.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
     part = torch.empty(s_max, n, two_i, dtype=torch.float32, device=dev) if s_max > 1 else hs
-    y = torch.empty(n, h, dtype=torch.float32, device=dev)
+    y = torch.empty(s_max, n, h, dtype=torch.float32, device=dev)  # [K split of phase B, entry, H]
     # one zeroed per-stream slice (op_small._counters), left at 0 by the kernel
     cnt = _counters(dev, t * num_h + n * num_g + n + 1)
     c_out, c_grp = cnt[: t * num_h], cnt[t * num_h : t * num_h + n * num_g]
@@ -149,9 +152,9 @@ def fused_moe_persistent(
     s13 = (ws13.stride(0), ws13.stride(1)) if w_block else (0, 0)
     s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
 
-    def launch_args(work: int) -> tuple:
+    def launch_args(work: int, xq: torch.Tensor, xs: torch.Tensor) -> tuple:
         return (
-            hidden, ids, weights, a13, a2, w13, ws13, w2, ws2, hbuf, hs, part, y, out,
+            hidden, ids, weights, a13, a2, w13, ws13, w2, ws2, xq, xs, hbuf, hs, part, y, out,
             c_out, c_grp, ready, done,
             t, h, inter, k, n, int(expert_offset), e, float(routed_scaling_factor), work,
             hidden.stride(0), out.stride(0), w13.stride(0), w13.stride(1), w2.stride(0), w2.stride(1),
@@ -170,7 +173,9 @@ def fused_moe_persistent(
         A2_GROUP=a2_group,
         W_BLOCK=w_block,
         USE_PDL=pdl,
+        G_PAD=triton.next_power_of_2(triton.cdiv(h, GROUP)),
         PREFETCH=on_gpu and bool(c.get("PREFETCH", 0)),
+        PREFETCH_A=on_gpu and bool(c.get("PREFETCH_A", 0)),
         STAGES_A=int(c["GU_STAGES"]),
         STAGES_B=int(c["DN_STAGES"]),
         num_warps=c["WARPS"],
@@ -178,7 +183,7 @@ def fused_moe_persistent(
     if on_gpu:  # every program resident at once (they wait on each other's counters)
         key = (str(dev), tuple(sorted((kk, str(v)) for kk, v in consts.items())))
         if key not in _RESIDENT:
-            compiled = KP._persistent_moe_kernel.warmup(*launch_args(1), grid=(1,), **consts)
+            compiled = KP._persistent_moe_kernel.warmup(*launch_args(1, hbuf, hs), grid=(1,), **consts)
             _RESIDENT[key] = _resident_per_sm(compiled, c["WARPS"])
         fit = min(int(c.get("PROGS_PER_SM", 1)), _RESIDENT[key])
         if fit < 1:
@@ -188,8 +193,11 @@ def fused_moe_persistent(
         work = p
     else:  # the interpreter runs programs one after another: one program does every item in order,
         p, work = 1, programs or 1  # with the K splits sized for ``programs`` (CPU tests reach them)
+    # each program's own fp8 copy of the hidden rows (and group scales), written in its prologue
+    xq = torch.empty(p, t, h, dtype=FP8, device=dev)
+    xs = torch.empty(p, t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
     launch_kw = {"launch_pdl": True} if pdl else {}
-    KP._persistent_moe_kernel[(p,)](*launch_args(work), **consts, **launch_kw)
+    KP._persistent_moe_kernel[(p,)](*launch_args(work, xq, xs), **consts, **launch_kw)
     return out
 
 
