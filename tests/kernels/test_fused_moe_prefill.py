@@ -14,6 +14,8 @@ GPU tests run the real prefill shapes (T = 1024 and 4096, both scale modes, an E
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -133,6 +135,18 @@ def test_tma_forms_refuse_rows_that_are_not_16_byte_multiples(key):
             **p["kw"],
         )
     assert (out == 7.0).all()
+
+
+def test_shipped_prefill_configs_fit_their_shapes():
+    """Every regular-path entry of configs.json passes the prefill-form checks for its own shape (a
+    W_SCALAR / GU_TWO_DOTS / TMA entry tuned for one shape must not land on a shape it cannot serve)."""
+    data = json.loads(op.CONFIG_PATH.read_text())
+    regular = [x for x in data["entries"] if x["config"].get("PATH") is None]
+    assert any(x["config"].get("W_TMA") for x in regular)  # the H200 sweep's forms are shipped
+    for x in regular:
+        mode = x["mode"]
+        a1 = mode.endswith("dynamic")
+        op.check_prefill_forms(x["config"], a1, a1, mode.startswith("block"), x["H"], x["I"])
 
 
 @pytest.mark.slow
