@@ -144,8 +144,8 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
 def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--persistent: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed
     last), then the one-launch persistent path (op_persistent.py) around its default with PDL: the
-    phase-A / phase-B L2 prefetches, gate/up pipeline depth, segment / split bound S_MAX, 256-row down
-    tiles, programs per SM (capped at what fits), and with static a2 128-row gate/up tiles and 64-wide
+    phase-A / phase-B L2 prefetches, gate/up pipeline depth, segment / split bound S_MAX, 64- and
+    256-row down tiles, programs per SM (capped at what fits), and with static a2 128-row gate/up tiles and 64-wide
     down K steps."""
     from hpc_advise.kernels.fused_moe import op_persistent
 
@@ -156,8 +156,9 @@ def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
         base,
         dict(base, PREFETCH_A=1),
         dict(base, PREFETCH=1),
+        dict(base, PREFETCH=2, PREFETCH_A=1),
     ]
-    out += [dict(base, S_MAX=s) for s in (4, 16)] + [dict(base, DN_N=256)]
+    out += [dict(base, S_MAX=s) for s in (4, 16)] + [dict(base, DN_N=n) for n in (64, 256)]
     if a2_group:
         out += [dict(base, GU_STAGES=s) for s in (4, 5)] + [dict(base, WARPS=4, PROGS_PER_SM=2)]
     else:

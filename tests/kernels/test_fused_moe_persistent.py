@@ -203,7 +203,7 @@ def test_persistent_kernel_compiles_for_sm90_without_spills():
     for group, cfg in ((True, pcfg("block-dynamic")), (False, pcfg("tensor-static"))):
         consts = dict(
             BLOCK_N=cfg["GU_N"], BLOCK_K=128, BLOCK_H=cfg["DN_N"], BLOCK_KB=128, S_MAX=cfg["S_MAX"],
-            K_PAD=8, N_PAD=32, A_GROUP=group, A2_GROUP=group, W_BLOCK=group, USE_PDL=True, PREFETCH=True,
+            K_PAD=8, N_PAD=32, A_GROUP=group, A2_GROUP=group, W_BLOCK=group, USE_PDL=True, PREFETCH=2,
             PREFETCH_A=True, G_PAD=32,
             STAGES_A=cfg["GU_STAGES"], STAGES_B=cfg["DN_STAGES"],
         )  # fmt: skip
@@ -239,7 +239,8 @@ def test_gpu_persistent_real_shapes_rerun_bitwise_and_small_path_agrees(shape, t
     seed = _seed()
     p = _gpu_problem(shape, t)
     mode = GPU_SHAPES[shape][6]
-    cfg = pcfg(mode, PDL=1, PREFETCH=1)
+    # T = 1: every weight tile of a program requested towards L2 at its start; T = 4: per phase-B item
+    cfg = pcfg(mode, PDL=1, PREFETCH=2, PREFETCH_A=1) if t == 1 else pcfg(mode, PDL=1, PREFETCH=1)
     out, ref, err = run_and_check(p, config=cfg, fn=persistent(), scaling=2.5, seed=seed)
     again, _, _ = run_and_check(p, config=cfg, fn=persistent(), scaling=2.5, seed=seed)
     assert torch.equal(out, again), seed  # fixed-order sums: bitwise reproducible

@@ -24,8 +24,9 @@ programs without phase-A work take B items first), so no program waits before it
      owner's ready counter is bumped (release).
   Phase B (down → out), item (unit u, H tile, K split): units are the local entries (entry order),
      then the tokens without a local slot; the K = I steps are split sb ways (sb <= S_MAX) when the
-     (entry, H tile) items alone would leave programs idle. An entry's program may first prefetch its
-     W2 tile into L2 (PREFETCH: no dependence on h), then spins on its owner's ready counter (acquire)
+     (entry, H tile) items alone would leave programs idle. W2 tiles do not depend on h, so they may go
+     towards L2 early: PREFETCH = 1 each item's before its wait, 2 all of the program's at its start
+     (with PREFETCH_A the whole share of the weights is requested at once). An entry's program spins on its owner's ready counter (acquire)
      until every I group is in, and computes w_tj · s · W2_e[tile] · q(h) over its K share: a token
      with one local slot and no split writes its bf16 output tile directly; otherwise each item stores
      an fp32 row and the last to arrive at the (token, H tile) counter sums them in slot order, then
@@ -50,6 +51,13 @@ from .kernel_small import _quant_rows
 def _pick(values, mask):
     """The element of ``values`` where ``mask`` holds (exactly one lane, or 0 if none)."""
     return tl.sum(tl.where(mask, values, 0), axis=0)
+
+
+@triton.jit
+def _prefetch_rows(row_ptrs, rows_ok, c_lo, c_hi):
+    """prefetch.global.L2 of columns [c_lo, c_hi) of the weight rows at ``row_ptrs`` (128-byte lines)."""
+    for c0 in range(c_lo, c_hi, 128):
+        _prefetch_l2(row_ptrs + c0, rows_ok)
 
 
 @triton.jit
@@ -139,7 +147,7 @@ def _persistent_moe_kernel(
     W_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
     G_PAD: tl.constexpr,  # next power of two >= cdiv(H, G): the prologue's [G_PAD, G] tile of one row
-    PREFETCH: tl.constexpr,  # (GPU only) W2 tile of a phase-B item to L2 before its wait
+    PREFETCH: tl.constexpr,  # (GPU only) W2 tiles to L2: 1 each B item's before its wait, 2 all at the start
     PREFETCH_A: tl.constexpr,  # (GPU only) the program's phase-A tiles to L2 before its prologue
     STAGES_A: tl.constexpr,
     STAGES_B: tl.constexpr,
@@ -164,6 +172,11 @@ def _persistent_moe_kernel(
     pairs = n_owners * num_g
     units = pairs * n_steps
     work_a = tl.minimum(tl.minimum(work_programs, pairs * tl.maximum(S_MAX - 1, 1)), units)
+    # phase B: K = I split over sb programs per (entry, H tile) when the tiles alone leave programs idle
+    n_kb = tl.cdiv(I, BLOCK_KB)
+    sb = tl.minimum(tl.minimum(tl.maximum(work_programs // tl.maximum(n_local * num_h, 1), 1), S_MAX), n_kb)
+    kb_span = tl.cdiv(n_kb, sb) * BLOCK_KB
+    num_b = (n_local + n_zero) * num_h * sb
 
     offs_m = tl.arange(0, 16)  # one dot column per token
     offs_j = tl.arange(0, K_PAD)
@@ -189,9 +202,16 @@ def _persistent_moe_kernel(
                 row_ptrs = w13_ptr + e_pf * stride_w13e + rows_pf.to(tl.int64) * stride_w13n
                 c_lo = (tl.maximum(lo, q * n_steps) - q * n_steps) * BLOCK_K
                 c_hi = tl.minimum((tl.minimum(hi, (q + 1) * n_steps) - q * n_steps) * BLOCK_K, H)
-                for c0 in range(c_lo, c_hi, 128):
-                    _prefetch_l2(row_ptrs + c0, rows_pf < I)
-                    _prefetch_l2(row_ptrs + I * stride_w13n + c0, rows_pf < I)
+                _prefetch_rows(row_ptrs, rows_pf < I, c_lo, c_hi)  # gate rows
+                _prefetch_rows(row_ptrs + I * stride_w13n, rows_pf < I, c_lo, c_hi)  # up rows
+    if PREFETCH == 2:  # and every W2 tile of its phase-B items (no dependence on h)
+        for b in range(num_progs - 1 - pid, num_b, num_progs):
+            if b // (num_h * sb) < n_local:
+                e_pf = _pick(ent_e, local & (local_rank == b // (num_h * sb))).to(tl.int64)
+                rows_pf = ((b // sb) % num_h) * BLOCK_H + tl.arange(0, BLOCK_H)
+                c_lo = (b % sb) * kb_span
+                row_ptrs = w2_ptr + e_pf * stride_w2e + rows_pf.to(tl.int64) * stride_w2n
+                _prefetch_rows(row_ptrs, rows_pf < H, c_lo, tl.minimum(c_lo + kb_span, I))
     # prologue: the program's own fp8 copy of the hidden rows (one [G_PAD, G] tile per token: a row of
     # the tile is a 1×G group), so the K loop below only streams fp8 tiles into the dot
     num_xg = tl.cdiv(H, 128)
@@ -306,11 +326,6 @@ def _persistent_moe_kernel(
     # ------------------------------------------------------------------ phase B: down → out
     offs_kb = tl.arange(0, BLOCK_KB)
     first_col = (offs_m == 0)[:, None]
-    # K = I split over sb programs per (entry, H tile) when the tiles alone leave programs idle
-    n_kb = tl.cdiv(I, BLOCK_KB)
-    sb = tl.minimum(tl.minimum(tl.maximum(work_programs // tl.maximum(n_local * num_h, 1), 1), S_MAX), n_kb)
-    kb_span = tl.cdiv(n_kb, sb) * BLOCK_KB
-    num_b = (n_local + n_zero) * num_h * sb
     for b in range(num_progs - 1 - pid, num_b, num_progs):
         u = b // (num_h * sb)
         hb = (b // sb) % num_h
@@ -326,11 +341,9 @@ def _persistent_moe_kernel(
             t = s // top_k
             s0 = tl.min(tl.where(local & (ent_e == e), offs, N_PAD), axis=0)  # the expert's owner
             w_ptrs = w2_ptr + e64 * stride_w2e + offs_h[:, None].to(tl.int64) * stride_w2n + offs_kb[None, :]
-            if PREFETCH:  # the weights do not depend on h: into L2 while this program waits
-                rows_pf = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-                row_ptrs = w2_ptr + e64 * stride_w2e + rows_pf.to(tl.int64) * stride_w2n
-                for c0 in range(kb_lo, kb_hi, 128):
-                    _prefetch_l2(row_ptrs + c0, rows_pf < H)
+            if PREFETCH == 1:  # the weights do not depend on h: into L2 while this program waits
+                row_ptrs = w2_ptr + e64 * stride_w2e + offs_h.to(tl.int64) * stride_w2n
+                _prefetch_rows(row_ptrs, h_ok, kb_lo, kb_hi)
             ready = tl.atomic_add(ready_ptr + s0, 0, sem="acquire", scope="gpu")
             while ready < num_g:
                 ready = tl.atomic_add(ready_ptr + s0, 0, sem="acquire", scope="gpu")

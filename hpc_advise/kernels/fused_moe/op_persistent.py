@@ -7,7 +7,7 @@ with dynamic a13), S_MAX (most K segments per (expert, I group) in phase A and K
 H tile) in phase B; the kernel takes what evens the programs' shares), DN_N / DN_K (phase-B H rows and K step; DN_K = 128 with dynamic a2), WARPS,
 GU_STAGES / DN_STAGES (software-pipelining depths), and optionally PROGS_PER_SM (1 or 2; capped by what
 fits on an SM at once), PROGS_PER_SM up to 4, PDL (programmatic dependent launch, SM90+), PREFETCH (L2 prefetch of a
-phase-B item's W2 tile before it waits) and PREFETCH_A (of the program's phase-A tiles before its
+phase-B item's W2 tile before it waits; 2: all of the program's W2 tiles at its start) and PREFETCH_A (of the program's phase-A tiles before its
 input-quantization prologue); the prefetches run on the GPU only.
 
 The grid must be co-resident (programs wait on each other's counters), so the program count is the
@@ -79,9 +79,13 @@ def check_persistent_config(cfg: dict, a1_group: bool, a2_group: bool, error=Val
             raise error(f"{key}={cfg[key]} must be in [1, 8]")
     if cfg.get("PROGS_PER_SM", 1) not in (1, 2, 3, 4):
         raise error(f"PROGS_PER_SM={cfg['PROGS_PER_SM']} must be 1 to 4")
-    for key in ("PDL", "PREFETCH", "PREFETCH_A"):
+    for key in ("PDL", "PREFETCH_A"):
         if cfg.get(key, 0) not in (0, 1):
             raise error(f"{key}={cfg[key]} must be 0 or 1")
+    if cfg.get("PREFETCH", 0) not in (0, 1, 2):
+        raise error(
+            f"PREFETCH={cfg['PREFETCH']} must be 0, 1 (each phase-B tile before its wait) or 2 (all at the start)"
+        )
     return cfg
 
 
@@ -174,7 +178,7 @@ def fused_moe_persistent(
         W_BLOCK=w_block,
         USE_PDL=pdl,
         G_PAD=triton.next_power_of_2(triton.cdiv(h, GROUP)),
-        PREFETCH=on_gpu and bool(c.get("PREFETCH", 0)),
+        PREFETCH=int(c.get("PREFETCH", 0)) if on_gpu else 0,
         PREFETCH_A=on_gpu and bool(c.get("PREFETCH_A", 0)),
         STAGES_A=int(c["GU_STAGES"]),
         STAGES_B=int(c["DN_STAGES"]),
