@@ -137,6 +137,24 @@ def test_tma_forms_refuse_rows_that_are_not_16_byte_multiples(key):
     assert (out == 7.0).all()
 
 
+def test_default_prefill_config_takes_the_tma_forms_where_the_shape_allows():
+    """Untuned shapes at prefill sizes (T·k > 2048) with dynamic scales get W_TMA (16-byte rows) and
+    W_SCALAR (I % 128 == 0), as tuned on the three block-scaled shapes; per-tensor static ones do not;
+    and the default config runs a prefill-sized call against the reference (block scales, CPU)."""
+    cfg = op.default_config(4096, 8, 128, 4096, 1536, True)
+    assert cfg["W_TMA"] == 1 and cfg["W_SCALAR"] == 1 and cfg["GU_STAGES"] == 4
+    assert op.default_config(4096, 8, 128, 4096, 192, True)["W_SCALAR"] == 0  # up half straddles groups
+    assert "W_TMA" not in op.default_config(4096, 8, 128, 4096, 40, True)  # 40-byte rows: no TMA
+    assert "W_TMA" not in op.default_config(4096, 8, 128, 4096, 1536, False)
+    seed = _seed()
+    p = make_problem(260, 8, 128, 128, 8, "block-dynamic", device="cpu")  # 2080 entries: prefill branch
+    default = op.default_config(260, 8, 8, 128, 128, True)
+    assert default["W_TMA"] == 1 and default["W_SCALAR"] == 1
+    out, _, _ = run_and_check(p, config=None, seed=seed)  # no configs.json entry: the default config
+    plain, _, _ = run_and_check(p, config=dict(default, W_TMA=0, W_SCALAR=0, GU_STAGES=3), seed=seed)
+    assert torch.equal(out, plain), seed
+
+
 def test_shipped_prefill_configs_fit_their_shapes():
     """Every regular-path entry of configs.json passes the prefill-form checks for its own shape (a
     W_SCALAR / GU_TWO_DOTS / TMA entry tuned for one shape must not land on a shape it cannot serve)."""
@@ -204,6 +222,12 @@ def test_weight_tma_tiles_compile_for_sm90_without_spills():
     # block-scaled gate/up: TMA weight tiles and scalar weight scales free registers (246 -> 178 when
     # written); fewer address and scale registers is what the forms are for
     assert res[0]["registers"] < res[1]["registers"] and res[2]["registers"] < res[0]["registers"], res
+    # the shipped BLOCK_M 128 block-scaled two-dot tile (T = 16384) sits at 255 registers with a small
+    # stack frame (8 / 16 bytes when written, stored before the K loop and reloaded after it per the
+    # SASS); a larger frame would mean spills have moved into the loop's working set
+    two = dict(gu, BLOCK_M=128, TWO_DOTS=True, W_SCALAR=True)
+    res = compile_sm90([_sm90_job("_gate_up_kernel", dict(two, W_TMA=w), 8, 3) for w in (False, True)])
+    assert all(r["stack"] <= 16 and r["wgmma"] > 0 for r in res), res
 
 
 # ---------------------------------------------------------------------------------------------
