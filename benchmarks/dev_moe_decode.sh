@@ -1,38 +1,28 @@
 #!/usr/bin/env bash
-# Device-call script of the fused-MoE decode work (small-T path, T <= 128 tuning), one H200.
-#   STAGE=1: GPU tests of the small-T path at the real shapes, then the tuner over the small-T path and
-#            the regular path's candidates for every shape at T = 1, 4, 16, 64, 128 (every candidate's
-#            p50 is logged: the sweep of small path vs current path).
-#   STAGE=2: a subset of the GPU tests (T = 1, 3, graph replay), then benchmarks/bench_fused_moe.py at
-#            T <= 128 with the torch and fbgemm peers and the small-T path column (carry .whl_moe).
-# Results: $OUT/results.tgz, re-packed after each stage (a timeout keeps what finished).
-set -o pipefail
-T0=$SECONDS
-RES=/tmp/res_moe_decode
-mkdir -p "$RES"
-pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
-WHEELS=".whl_profile/*.whl"
-[ "${STAGE:-1}" = 2 ] && WHEELS="$WHEELS .whl_moe/*.whl"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $WHEELS || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HPC_ADVISE_RESULTS=$RES HPC_ADVISE_HOME=$RES/home
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-if [ "${STAGE:-1}" = 1 ]; then
-  timeout "${TEST_S:-50}" python3 -m pytest -q -m gpu tests/kernels/test_fused_moe_small.py -n 2 \
-    -p no:cacheprovider -o addopts="" -rfEs -s > "$RES/gpu_tests.log" 2>&1
-  grep -E "rel err|passed|failed|Error" "$RES/gpu_tests.log" | tail -40
-  pack "gpu tests done"
-  timeout "${TUNE_S:-92}" python3 benchmarks/tune_fused_moe.py --budget "${TUNE_BUDGET:-50}" \
-    --shapes hy3-tp8,hy3,qwen3-30b-a3b,deepseek-v3-ep8,qwen3-235b --ts 1,4,16,64,128 \
-    --out "$RES/fused_moe_configs.json" > "$RES/tune.log" 2>&1
-  grep -v "^  cand" "$RES/tune.log" | tail -30
-  pack "tune done"
-else
-  timeout "${TEST_S:-16}" python3 -m pytest -q -m gpu tests/kernels/test_fused_moe_small.py -n 2 \
-    -p no:cacheprovider -o addopts="" -rfEs -k "${TEST_K:-3-2- or graph}" > "$RES/gpu_tests.log" 2>&1
-  grep -E "passed|failed|Error" "$RES/gpu_tests.log" | tail -8
-  pack "gpu tests done"
-  timeout $(( ${TOTAL_S:-86} - (SECONDS - T0) )) python3 benchmarks/bench_fused_moe.py --ts 1,4,16,64,128 \
-    > "$RES/bench.log" 2>&1
-  grep -v "^ *$" "$RES/bench.log" | tail -42
-  pack "bench done"
-fi
+# Fused MoE decode round 3 on the H200 (the `run` device tool, ONE call; carry .whl_profile and .whl_moe):
+# benchmarks/dev_moe.sh with these stages and settings (its stage logic, limits and packing are reused):
+#   newtests  GPU tests of tests/kernels/test_fused_moe_decode_forms.py (the prefill forms W_TMA /
+#             W_SCALAR / DN_A_TMA at decode points: bitwise the pointer form, graph replay, EP rank) and the
+#             persistent path's graph-replay / EP / few-program tests (op_persistent's per-call plan cache)
+#   tune      tune_fused_moe.py --decode-forms: the current pick against the regular path with the forms at
+#             T = 16 / 64 / 128 on DeepSeek-V3 EP8, Qwen3-30B, Qwen3-235B, then Hy3 TP8 (a form is merged
+#             only where >= 2% faster)
+#   persist   tune_fused_moe.py --persistent at T = 1 on Qwen3-235B, Hy3 TP8, Qwen3-30B (precompiled at each
+#             shape's H now), then --launch-overhead on DeepSeek-V3 EP8 and Qwen3-30B at T = 1
+#   bench     bench_fused_moe.py --ts 1,4,16,64,128 on all five shapes with the peers, on the merged configs
+# Usage: CALL_S=272 bash benchmarks/dev_moe_decode.sh   (timeout_s 280). Results: $OUT/results.tgz.
+# (Until 16:15 UTC 2026-11-29 this file was the round-1 script of the small-T path; it is in git history.)
+export STAGES=${STAGES:-"newtests tune persist bench"}
+export MOE_TESTS=${MOE_TESTS:-"tests/kernels/test_fused_moe_decode_forms.py tests/kernels/test_fused_moe_persistent.py"}
+export MOE_NEW_SEL=${MOE_NEW_SEL:-"decode_forms or graph_replay or without_local or few_programs"}
+export NEWTEST_S=${NEWTEST_S:-55}
+export MOE_TUNE_FLAG=--decode-forms
+export MOE_SHAPES=${MOE_SHAPES:-deepseek-v3-ep8,qwen3-30b-a3b,qwen3-235b,hy3-tp8}
+export MOE_TS=${MOE_TS:-16,64,128}
+export TUNE_S=${TUNE_S:-75} TUNE_BUDGET=${TUNE_BUDGET:-40}
+export PERSIST_S=${PERSIST_S:-45} PERSIST_TUNE_S=${PERSIST_TUNE_S:-35} PERSIST_BUDGET=${PERSIST_BUDGET:-15}
+export PERSIST_TS=${PERSIST_TS:-1} OVERHEAD_S=${OVERHEAD_S:-30}
+export MOE_BENCH_S=${MOE_BENCH_S:-100} BENCH_MIN_S=${BENCH_MIN_S:-75}
+export MOE_BENCH_TS=1,4,16,64,128
+export CALL_S=${CALL_S:-272}
+exec bash "$(dirname "$0")/dev_moe.sh"

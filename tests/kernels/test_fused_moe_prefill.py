@@ -113,7 +113,7 @@ def test_scalar_scales_and_two_dots_need_group_aligned_tiles():
     with pytest.raises(FusedMoEError, match="GU_TWO_DOTS"):
         fused_moe(*args, config=dict(PREFILL_CFG, GU_TWO_DOTS=1), **p["kw"])
     with pytest.raises(FusedMoEError, match="W_SCALAR"):
-        op.check_prefill_forms(dict(PREFILL_CFG, W_SCALAR=1, DN_N=256), True, True, True, 256, 256)
+        op.check_forms(dict(PREFILL_CFG, W_SCALAR=1, DN_N=256), True, True, True, 256, 256)
     with pytest.raises(FusedMoEError, match="FAST_ACC"):
         op.check_config(dict(PREFILL_CFG, GU_TWO_DOTS=1, FAST_ACC=1), False, False)
 
@@ -164,7 +164,7 @@ def test_shipped_prefill_configs_fit_their_shapes():
     for x in regular:
         mode = x["mode"]
         a1 = mode.endswith("dynamic")
-        op.check_prefill_forms(x["config"], a1, a1, mode.startswith("block"), x["H"], x["I"])
+        op.check_forms(x["config"], a1, a1, mode.startswith("block"), x["H"], x["I"])
 
 
 @pytest.mark.slow

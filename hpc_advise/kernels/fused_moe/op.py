@@ -236,14 +236,15 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
     return cfg
 
 
-def check_prefill_forms(
-    cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int
-) -> None:
-    """The regular path's prefill forms against the shape, before anything is launched. A K step wider
+def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int) -> None:
+    """The regular path's tile forms against the shape, before anything is launched (every T: the forms
+    first tuned at prefill sizes run at decode sizes too, BLOCK_M 16 and split-K included). A K step wider
     than a 128-wide scale group only where that GEMM has no group scales (with per-tensor weights and a
     static activation scale, GU_K / DN_K = 256 promotes the fp8 partial sums every 256 instead of every
-    128); W_SCALAR / block-scaled GU_TWO_DOTS need tile halves inside one 128-row group; TMA (W_TMA,
-    DN_A_TMA) needs 16-byte rows (H, I multiples of 16)."""
+    128); W_SCALAR / block-scaled GU_TWO_DOTS need tile halves inside one 128-row group (any GU_N <= 128
+    with I % 128 == 0: a 64-wide half lies in one group too; split-K slices are whole K steps, so the
+    scalar of each step is the one its columns need); TMA (W_TMA, DN_A_TMA) needs 16-byte rows (H, I
+    multiples of 16). The small-T and persistent paths have their own checks and never take these keys."""
     for key, grouped in (("GU_K", a1_group or w_block), ("DN_K", a2_group or w_block)):
         if cfg[key] > GROUP and (grouped or cfg[key] > 2 * GROUP):
             raise FusedMoEError(
@@ -356,8 +357,8 @@ class _Launch:
         if config is None or ((is_small(config) or is_persistent(config)) and not allow_small):
             config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
-        if not is_small(self.cfg):
-            check_prefill_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
+        if not (is_small(self.cfg) or is_persistent(self.cfg)):  # the regular path's forms only
+            check_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
         self.ids = topk_ids.to(torch.int32).contiguous()
         self.weights = topk_weights.float().contiguous()
         self.offset = int(expert_offset)

@@ -230,16 +230,27 @@ def ceilings(env: dict | None = None) -> tuple[dict[str, float], list[dict]]:
 # precompilation (Triton compiles in parallel worker processes into the shared disk cache)
 
 
+def compile_job(shape: str, mode: str, cfg: dict, unfused: bool = False) -> tuple:
+    """(mode, config, unfused?, I, H) of one precompile job for ``shape``: the regular and small-T
+    kernels build at H = 256 and I = 256 (192 where the shape's I is not a multiple of 128) and serve the
+    real shapes (``precompile``); the persistent kernel's constexpr G_PAD (its prologue's tile of one
+    hidden row, next power of two of H / 128) depends on H, so its jobs build at the shape's own H."""
+    from hpc_advise.kernels.fused_moe.op_persistent import is_persistent
+
+    e, h, i = SHAPES[shape][:3]
+    return (mode, cfg, unfused, 256 if i % 128 == 0 else 192, h if is_persistent(cfg) else 256)
+
+
 def _compile_worker(jobs: list[tuple]) -> int:
     import torch
 
     from hpc_advise.kernels.fused_moe import op
 
     done = 0
-    for mode, cfg, unfused, inter in jobs:
+    for mode, cfg, unfused, inter, hidden in jobs:
         # top-8 as every benchmarked shape: the small-T kernels specialize on the padded top-k
-        wts = make_weights(8, 256, inter, mode, seed=3)
-        s = make_routings(3, 8, 8, 256, 1)[0]
+        wts = make_weights(8, hidden, inter, mode, seed=3)
+        s = make_routings(3, 8, 8, hidden, 1)[0]
         fn = op.moe_unfused if unfused else op.fused_moe
         try:
             fn(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **_kwargs(wts, mode, 0))
@@ -251,9 +262,10 @@ def _compile_worker(jobs: list[tuple]) -> int:
 
 
 def precompile(jobs: list[tuple], workers: int | None = None) -> int:
-    """Compile (mode, config, unfused?, I) jobs in parallel processes. H and I are specialization keys
-    only through divisibility by 16 (and I through I % BLOCK_K), and the per-call sizes are marked
-    do_not_specialize, so kernels compiled at H = 256 and I = 256 (or 192) serve the real shapes."""
+    """Compile (mode, config, unfused?, I, H) jobs (``compile_job``) in parallel processes. For the
+    regular and small-T kernels H and I are specialization keys only through divisibility by 16 (and I
+    through I % BLOCK_K), and the per-call sizes are marked do_not_specialize, so kernels compiled at
+    H = 256 and I = 256 (or 192) serve the real shapes; persistent-path jobs carry the real H."""
     import multiprocessing as mp
 
     uniq = list({repr(j): j for j in jobs}.values())
@@ -497,11 +509,10 @@ def compile_jobs(shapes, ts, modes_of=MODES) -> list[tuple]:
             a2_group = mode.endswith("dynamic")
             for t in ts:
                 cfg = op.get_config(t, k, e, h, i, mode, a2_group)
-                inter = 256 if i % 128 == 0 else 192
-                jobs.append((mode, cfg, False, inter))
-                jobs.append((mode, cfg, True, inter))
+                jobs.append(compile_job(shape, mode, cfg))
+                jobs.append(compile_job(shape, mode, cfg, unfused=True))
                 if t <= SMALL_BENCH_T_MAX:
-                    jobs.append((mode, _small_config(shape, mode, t), False, inter))
+                    jobs.append(compile_job(shape, mode, _small_config(shape, mode, t)))
     return jobs
 
 
@@ -816,6 +827,30 @@ def prefill_variant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode:
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+DECODE_FORM_MIN_GAIN = 0.02  # a decode form replaces the current pick only if this much faster (noise ~2%)
+
+
+def decode_form_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """Old vs new in one process at decode sizes (T <= 128): the config ``op.get_config`` picks now
+    (first: the accuracy reference, kept unless a candidate is DECODE_FORM_MIN_GAIN faster), the regular
+    pick where that is a small-T / persistent config, then the regular pick with the prefill forms: TMA
+    weight tiles (W_TMA), with block scales and I % 128 == 0 also one scalar weight scale per tile half
+    (W_SCALAR: sm_90a BLOCK_M 16 gate/up 188 -> 162 registers, 128-row down 138 -> 96), the down GEMM's
+    activation rows by TMA (DN_A_TMA); and with the TMA form the tile choices its registers and shared
+    memory open: 3 gate/up stages (70 KB: 3 programs per SM instead of 2 at 4 stages) and 128-row down
+    tiles (4 instead of 3 per SM). The forms keep the products, so the outputs are the plain form's."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    reg = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
+    tma = dict(reg, W_TMA=1)
+    if mode.startswith("block") and i % 128 == 0 and reg["GU_N"] <= 128 and reg["DN_N"] <= 128:
+        tma["W_SCALAR"] = 1
+    out = [cur, reg, dict(reg, W_TMA=1), tma, dict(tma, DN_A_TMA=1)]
+    out += [dict(tma, GU_STAGES=3) if reg["GU_STAGES"] != 3 else dict(tma, GU_STAGES=4)]
+    out += [dict(tma, DN_N=128) if reg["DN_N"] != 128 else dict(tma, DN_N=64)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
 def _is_small_cfg(cfg: dict) -> bool:
     return cfg.get("PATH") == "small"
 
@@ -834,17 +869,25 @@ def tune(
     route_reduce: bool = False,
     on_entry: Callable[[list[dict]], None] | None = None,
     prefill_variants: bool = False,
+    decode_forms: bool = False,
 ) -> list[dict]:
     """Time every candidate at every (shape, mode, T); returns configs.json entries (best p50).
     With ``budget_s``, stops starting new points once that many seconds have passed. With
     ``small_vs_tuned``, the candidates are the config ``op.get_config`` picks now (first: the accuracy
     reference) and the small-T path's candidates; with ``variants``, ``variant_candidates``; with
     ``route_reduce``, ``route_reduce_candidates``; with ``prefill_variants``,
-    ``prefill_variant_candidates`` (accuracy bar PREFILL_VARIANT_MAX_REL_DIFF). ``on_entry(entries)`` is
-    called after each point (so a run cut short keeps the points it finished)."""
+    ``prefill_variant_candidates`` (accuracy bar PREFILL_VARIANT_MAX_REL_DIFF); with ``decode_forms``,
+    ``decode_form_candidates``. In these old-vs-new modes a new candidate replaces the current pick only if
+    it is PREFILL_VARIANT_MIN_GAIN (prefill) / DECODE_FORM_MIN_GAIN (the others) faster. ``on_entry(entries)`` is called after each
+    point (so a run cut short keeps the points it finished)."""
+    old_vs_new = variants or route_reduce or prefill_variants or decode_forms
+    # a new candidate must beat the current pick (timed first and again last) by more than the noise
+    min_gain = PREFILL_VARIANT_MIN_GAIN if prefill_variants else DECODE_FORM_MIN_GAIN if old_vs_new else None
 
     def cands(t, k, e, h, i, mode):
         a2_group = mode.endswith("dynamic")
+        if decode_forms:
+            return decode_form_candidates(op, t, k, e, h, i, mode)
         if prefill_variants:
             return prefill_variant_candidates(op, t, k, e, h, i, mode)
         if route_reduce:
@@ -868,9 +911,8 @@ def tune(
         k = SHAPES[shape][3]
         for mode in MODES[shape]:
             for t in ts:
-                inter = 256 if SHAPES[shape][2] % 128 == 0 else 192
                 e, h, i = SHAPES[shape][:3]
-                jobs += [(mode, c, False, inter) for c in cands(t, k, e, h, i, mode)]
+                jobs += [compile_job(shape, mode, c) for c in cands(t, k, e, h, i, mode)]
     log(f"tune: precompiled {precompile(jobs)} of {len(jobs)} jobs")
     t0 = time.monotonic()  # the budget covers the timing, not the compilation
     entries = []
@@ -908,7 +950,7 @@ def tune(
                         + (f" rel diff vs first {diff:.2e}" if prefill_variants else "")
                     )
                     timed.append((timing.p50, c, fn))
-                if (variants or route_reduce or prefill_variants) and timed:
+                if old_vs_new and timed:
                     # the first candidate (the current pick) was timed first, which read up to 11% slow
                     # in the benchmark's first pass: time it again last and keep the faster of the two
                     again = _time(timed[0][2], t)[0].p50
@@ -917,7 +959,7 @@ def tune(
                     )
                     timed[0] = (min(timed[0][0], again), timed[0][1], timed[0][2])
                 best = min(timed, key=lambda x: x[0])[:2] if timed else None
-                if prefill_variants and best and best[0] > timed[0][0] * (1 - PREFILL_VARIANT_MIN_GAIN):
+                if min_gain and best and best[0] > timed[0][0] * (1 - min_gain):
                     best = timed[0][:2]  # within run-to-run noise of the current pick: keep it
                 if best:
                     log(f"  {shape} {mode} T={t}: {best[0]:.1f} us {best[1]}")
