@@ -87,6 +87,18 @@ def test_only_the_regular_path_checks_the_tile_forms(monkeypatch):
     assert seen == ["regular"]
 
 
+def test_dynamic_modes_share_one_unit_scale_tensor():
+    """The unused activation scale of the dynamic modes is one cached 1.0 per device (no fill launch per
+    eager call); static scales stay the caller's values."""
+    p = make_problem(2, 8, 256, 256, 4, "block-dynamic", device="cpu")
+    kw = p["kw"]
+    args = (p["x"], p["w13"], p["w2"], p["weights"], p["ids"], kw["w13_scale"], kw["w2_scale"])
+    first = op._Launch(*args, None, None, kw["block_shape"], 0, dict(CPU_CFG, GU_N=128))
+    second = op._Launch(*args, None, 0.25, kw["block_shape"], 0, dict(CPU_CFG, GU_N=128))
+    assert first.a13.data_ptr() == first.a2.data_ptr() == second.a13.data_ptr()
+    assert float(first.a13) == 1.0 and float(second.a2) == 0.25
+
+
 def test_decode_form_candidates_are_valid_configs_of_every_shape():
     """The tuner's --decode-forms candidates pass the op's checks at every tuned decode point (so none is
     refused at launch), W_SCALAR only with block scales and I % 128 == 0, and the current pick first."""
