@@ -324,10 +324,11 @@ def test_tuned_variant_matches_reference(kv_dtype):
 
 @pytest.mark.parametrize("schedule", ["dynamic", "static"])
 def test_tuned_many_kv_heads_fp8_matches_reference(schedule):
-    # fp8 with 8 KV heads: the tuned variant splits each tile's tokens over 2 warps (TUNED_MANY_KV_HEADS),
-    # group 2, page 64, edge lengths and a request split over several programs
+    # fp8 with 8 KV heads: the tuned variant (TUNED_MANY_KV_HEADS, sweep run 10) runs the warp split with one
+    # warp per program over 32-token tiles; group 2, page 64, edge lengths of both tile sizes and a request
+    # split over several programs
     p, _ = check(
-        [1, 63, 64, 65, 97, 450],
+        [1, 31, 32, 33, 63, 64, 65, 97, 450],
         hq=16,
         hkv=8,
         d=64,
@@ -338,7 +339,7 @@ def test_tuned_many_kv_heads_fp8_matches_reference(schedule):
         schedule=schedule,
         tuned=True,
     )
-    assert p.warp_split and p.num_warps == 2 and op._warp_split(p) == 2
+    assert p.warp_split and (p.num_warps, p.tile) == (1, 32) and op._warp_split(p) == 1
     if schedule == "dynamic":
         assert max(p.merge_first.tolist()) >= 0
 
@@ -749,8 +750,8 @@ def test_candidates_compile_for_sm90():
         _decode_job("fp8e4nv", 128, 3, 32),
         _decode_job("fp8e4nv", 64, 3, 64, f16_dot=True),
         _decode_job("bf16", 64, 3, 32, ws=4),
-        _decode_job("fp8e4nv", 64, 3, 32, f16_dot=True, ws=2, warps=2),  # fp8 default at >= 8 KV heads
-        _decode_job("fp8e4nv", 32, 3, 32, f16_dot=True, ws=1, warps=1),
+        _decode_job("fp8e4nv", 64, 3, 32, f16_dot=True, ws=2, warps=2),
+        _decode_job("fp8e4nv", 32, 3, 32, f16_dot=True, ws=1, warps=1),  # fp8 default at >= 8 KV heads
     ]
     res = compile_sm90(jobs)
     assert all(r["async_copies"] > 0 for r in res), res
@@ -765,7 +766,7 @@ def test_candidates_compile_for_sm90():
     assert res[3]["async_copies"] > 0 and res[3]["ctas_per_sm"] >= 3 and res[3]["stack"] == 0, res[3]
     # tokens split over the warps: pipelined K/V; each warp's [16, D] fp32 accumulator makes it 255
     # registers (ptxas spills 16-56 bytes, read off this compile): 2 programs per SM at 4 warps, 4 at 2
-    # warps (the fp8 default at >= 8 KV heads), 7 at 1 warp (shared memory)
+    # warps, 7 at 1 warp (shared memory; the fp8 default at >= 8 KV heads since sweep run 10)
     assert all(r["async_copies"] > 0 and r["stack"] <= 64 for r in res[4:]), res[4:]
     assert [r["ctas_per_sm"] for r in res[4:]] == [2, 4, 7], res[4:]
 
@@ -889,7 +890,7 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
     seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
     table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     kw = dict(page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128)
-    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: warp split over 2 warps, 4 programs/SM)
+    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: warp split, 1 warp x 32 tokens, 7 programs/SM)
         tuned = op.TUNED_BY_KV_DTYPE[kv_dtype] | (
             op.TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if hkv == 8 else {}
         )

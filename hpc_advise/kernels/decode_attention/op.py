@@ -98,13 +98,19 @@ TUNED_BY_KV_DTYPE = {
         "pdl": True,
     },
 }
-# ... and on top of that, for plans with at least MANY_KV_HEADS KV heads: fp8 KV with the tile's tokens
-# split over 2 warps (32 each), 4 programs per SM. Sweep run 7: 64/8 64 x 4K 232 -> 208 us,
-# 32 x 128 + 32 x 4K 140 -> 129, 1 x 128K + 31 x 4K 231 -> 203; on 8/1 (32 x 128 + 32 x 4K) it was slower,
-# 30.9 -> 41.7 us, so plans with fewer KV heads keep the plain loop. The head count stands in for the work
-# per step (plan() sees no lengths without a host sync); only 1 and 8 KV heads were measured.
+# ... and on top of that, for plans with at least MANY_KV_HEADS KV heads: fp8 KV with the warp split, each
+# program one warp over 32-token tiles, 7 programs per SM. Sweep run 7 (2026-11-29 13:33 UTC) took the split
+# over 2 warps x 32 tokens at 4 programs/SM (64/8 64 x 4K 232 -> 208 us, 32 x 128 + 32 x 4K 140 -> 129,
+# 1 x 128K + 31 x 4K 231 -> 203; on 8/1, 32 x 128 + 32 x 4K, slower: 30.9 -> 41.7, so plans with fewer KV
+# heads keep the plain loop); sweep run 10 (16:33 UTC, benchmarks/results/decode_attention_sweep_run10.md)
+# timed 1 warp x 32 tokens at 7 programs/SM faster on all four fp8 64/8 cases it swept: 64 x 4K 205.4 -> 197.0,
+# 32 x 128 + 32 x 4K 127.8 -> 116.1, 1 x 128K + 31 x 4K 202.3 -> 192.5, 1 x 64K + 15 x 4K 112.1 -> 108.8 (the
+# 2-warp form timed again at each case's end: within 1.5 % of its first timing). The head count stands in for
+# the work per step (plan() sees no lengths without a host sync); only 1 and 8 KV heads were measured.
 MANY_KV_HEADS = 8
-TUNED_MANY_KV_HEADS = {torch.float8_e4m3fn: {"warp_split": True, "num_warps": 2, "ctas_per_sm": 4}}
+TUNED_MANY_KV_HEADS = {
+    torch.float8_e4m3fn: {"warp_split": True, "num_warps": 1, "ctas_per_sm": 7, "tile": 32},
+}
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
