@@ -708,13 +708,20 @@ _KERNEL = "hpc_advise.kernels.decode_attention.kernel"
 
 
 def _decode_job(
-    kv: str, tile: int, stages: int, pt_chunk: int, f16_dot: bool = False, ws: int = 0, warps: int = 4
+    kv: str,
+    tile: int,
+    stages: int,
+    pt_chunk: int,
+    f16_dot: bool = False,
+    ws: int = 0,
+    warps: int = 4,
+    d: int = 128,
 ) -> list:
     types = f"*bf16 *{kv} *{kv} *bf16 " + "*i32 " * 6 + "*fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
     consts = dict(
         GROUP=8,
         GROUP_PAD=16,
-        HEAD_DIM=128,
+        HEAD_DIM=d,
         PAGE=64,
         TILE=tile,
         NUM_STAGES=stages,
@@ -789,16 +796,23 @@ def test_deeper_pipelines_compile_for_sm90():
             3,
         ),
         "fp8 plain, 4 stages": (_decode_job("fp8e4nv", 64, 4, 32, f16_dot=True), (64, 96), 3),
+        # the fp8 default at >= 8 KV heads (1 warp x 32 tokens, 7 programs/SM)
+        "fp8 warp split, 1 warp": (
+            _decode_job("fp8e4nv", 32, 3, 32, f16_dot=True, ws=1, warps=1),
+            (16, 32),
+            7,
+        ),
     }
-    res = dict(zip(jobs, compile_sm90([j for j, _, _ in jobs.values()]), strict=True))
-    for name, (_, (lo, hi), ctas) in jobs.items():
-        r = res[name]
-        assert r["async_copies"] > 0 and lo <= r["shared"] // 1024 < hi and r["ctas_per_sm"] >= ctas, (
-            name,
-            r,
-        )
+    # head_dim 256 (op.TUNED_MANY_KV_HEADS_WIDE): one warp's [16, 256] accumulator spills far more than two
+    # warps' and fits fewer than the 7 programs/SM of the head_dim-128 default, so the 2-warp form stays there
+    wide = [_decode_job("fp8e4nv", 32, 3, 32, f16_dot=True, ws=w, warps=w, d=256) for w in (1, 2)]
+    *out, one, two = compile_sm90([j for j, _, _ in jobs.values()] + wide)
+    for (name, (_, (lo, hi), ctas)), r in zip(jobs.items(), out, strict=True):
+        assert r["async_copies"] > 0 and lo <= r["shared"] // 1024 < hi, (name, r)
+        assert r["ctas_per_sm"] >= ctas, (name, r)
         # no spills but the warp split's (its per-warp accumulators: 255 registers)
         assert r["stack"] < (128 if "warp split" in name else 1), (name, r)
+    assert one["stack"] > 2 * two["stack"] and one["ctas_per_sm"] < 7, (one, two)
 
 
 @pytest.mark.slow
@@ -902,6 +916,10 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
             else:
                 assert getattr(p, key) == value, key
     assert op.tuned_config(FP8, 8)["warp_split"] and not op.tuned_config(FP8, 1).get("warp_split")
+    # head_dim 256: the 2-warp form (one warp's [16, 256] accumulator would spill 656 bytes)
+    wide = op.plan(seq_lens, table, kv_dtype=FP8, **(kw | dict(num_q_heads=64, num_kv_heads=8, head_dim=256)))
+    assert (wide.warp_split, wide.num_warps, wide.tile) == (True, 2, 32)
+    assert wide.num_programs == op._num_sms(wide.device) * 4
     # an explicit knob wins over the tuned one
     p = op.plan(seq_lens, table, kv_dtype=kv_dtype, merge_block=32, **kw)
     assert p.merge_block == 32
@@ -917,6 +935,7 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
 def test_plan_takes_tuned_stages_and_tile(monkeypatch):
     # the tuned tables may set num_stages and tile (sweep run 10 measured them); tile only at head_dim <= 128
     monkeypatch.setitem(op.TUNED_MANY_KV_HEADS, torch.bfloat16, {"num_stages": 4, "tile": 128})
+    monkeypatch.setitem(op.TUNED_MANY_KV_HEADS_WIDE, torch.bfloat16, {"num_stages": 4, "tile": 128})
     seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
     table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     kw = dict(page_size=64, num_q_heads=64, num_kv_heads=8, kv_dtype=torch.bfloat16)

@@ -111,13 +111,18 @@ MANY_KV_HEADS = 8
 TUNED_MANY_KV_HEADS = {
     torch.float8_e4m3fn: {"warp_split": True, "num_warps": 1, "ctas_per_sm": 7, "tile": 32},
 }
+# Measured at head_dim 128. At 256 one warp's [16, 256] fp32 accumulator spills 656 bytes and only 4 such
+# programs fit an SM (offline sm_90a, tests/kernels/test_decode_attention.py): there the run-7 form stays
+# (2 warps, 4 programs/SM, 144 bytes spilled), unmeasured at 256 either way.
+TUNED_MANY_KV_HEADS_WIDE = {torch.float8_e4m3fn: {"warp_split": True, "num_warps": 2, "ctas_per_sm": 4}}
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
 
-def tuned_config(kv_dtype: torch.dtype | None, num_kv_heads: int) -> dict:
-    """The measured launch knobs for this KV dtype and KV-head count (see ``TUNED_BY_KV_DTYPE``)."""
-    many = TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if num_kv_heads >= MANY_KV_HEADS else {}
+def tuned_config(kv_dtype: torch.dtype | None, num_kv_heads: int, head_dim: int = 128) -> dict:
+    """The measured launch knobs for this KV dtype, KV-head count and head_dim (see ``TUNED_BY_KV_DTYPE``)."""
+    table = TUNED_MANY_KV_HEADS if head_dim <= 128 else TUNED_MANY_KV_HEADS_WIDE
+    many = table.get(kv_dtype, {}) if num_kv_heads >= MANY_KV_HEADS else {}
     return TUNED_BY_KV_DTYPE.get(kv_dtype, {}) | many
 
 
@@ -336,7 +341,7 @@ def plan(
     programs as the dynamic one at ``max_batch``)."""
     if schedule not in SCHEDULES:
         _fail(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    tuned = tuned_config(kv_dtype, num_kv_heads)
+    tuned = tuned_config(kv_dtype, num_kv_heads, head_dim)
     desc = tuned.get("desc") if desc is None else desc
     merge_block = tuned.get("merge_block") if merge_block is None else merge_block
     pt_chunk = tuned.get("pt_chunk") if pt_chunk is None else pt_chunk
