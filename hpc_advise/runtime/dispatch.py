@@ -32,9 +32,9 @@ OPS = ("decode_attention", "fused_moe", "router_gemm")
 DECODE_HEAD_DIMS = (64, 128, 256)
 DECODE_MAX_GROUP = 16
 DECODE_KV_DTYPES = ("bf16", "fp8_e4m3")
-# The backend needs --page-size 64: the kernel's tile is 64 tokens and it was tuned at page 64 (the
-# kernel also accepts 1 and 16, but SGLang's default page size 1 makes the page table as wide as the
-# context; we ask for 64 explicitly and fail when it is anything else).
+# The backend needs --page-size 64: the kernel was tuned at page 64 (tiles of 64 tokens; 32 for fp8 KV
+# with >= 8 KV heads). It also accepts pages of 1 and 16, but SGLang's default page size 1 makes the page
+# table as wide as the context; we ask for 64 explicitly and fail when it is anything else.
 REQUIRED_PAGE_SIZE = 64
 MOE_QUANTIZATIONS = ("fp8-per-tensor", "fp8-block128")
 MOE_BLOCK = 128
