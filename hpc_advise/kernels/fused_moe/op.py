@@ -737,27 +737,10 @@ def fused_moe(
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result
-    if is_persistent(launch.cfg):
-        return fused_moe_persistent(
-            hidden,
-            w13,
-            w2,
-            launch.weights,
-            launch.ids,
-            w13_scale=launch.w13_scale,
-            w2_scale=launch.w2_scale,
-            a13=launch.a13,
-            a2=launch.a2,
-            a1_group=launch.a1_group,
-            a2_group=launch.a2_group,
-            w_block=launch.w_block,
-            expert_offset=launch.offset,
-            routed_scaling_factor=routed_scaling_factor,
-            out=result,
-            config=launch.cfg,
-        )
-    if is_small(launch.cfg):
-        return fused_moe_small(
+    # the one-launch persistent path and the small-T path take the same validated inputs
+    path = {"persistent": fused_moe_persistent, "small": fused_moe_small}.get(launch.cfg.get("PATH"))
+    if path is not None:
+        return path(
             hidden,
             w13,
             w2,
