@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .kernel import _prefetch_l2
-from .kernel_small import _quant_rows
+from .kernel_small import _gate_up_step, _quant_rows
 
 
 @triton.jit
@@ -255,6 +255,9 @@ def _persistent_moe_kernel(
             if W_BLOCK:
                 sg_ptrs = ws13_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
                 su_ptrs = ws13_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
+            else:  # per-tensor weight scales: unused by _gate_up_step
+                sg_ptrs = ws13_ptr
+                su_ptrs = ws13_ptr
             acc_g = tl.zeros([BLOCK_N, 16], dtype=tl.float32)  # [I rows, tokens]
             acc_u = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
             for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES_A):
@@ -264,20 +267,11 @@ def _persistent_moe_kernel(
                 at = tl.load(xq_ptrs + k0, mask=k_ok[:, None] & row_ok[None, :], other=0.0)
                 if A_GROUP:
                     sa = tl.load(my_xs + offs_m * num_xg + k0 // 128, mask=row_ok, other=0.0)
-                if A_GROUP or W_BLOCK:
-                    dg = tl.dot(bg, at)
-                    du = tl.dot(bu, at)
-                    if A_GROUP:
-                        dg = dg * sa[None, :]
-                        du = du * sa[None, :]
-                    if W_BLOCK:
-                        dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
-                        du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
-                    acc_g += dg
-                    acc_u += du
-                else:  # promote the fp8 tensor-core sums to fp32 every BLOCK_K
-                    acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
-                    acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+                else:  # static activation scale: applied after the loop, unused by _gate_up_step
+                    sa = 1.0
+                acc_g, acc_u = _gate_up_step(
+                    bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GROUP, W_BLOCK, BLOCK_K
+                )
             # partial rows: token t's at t·k + its first slot naming e
             j_first = tl.min(tl.where(match, offs_j[None, :], K_PAD), axis=1)
             row_first = offs_m.to(tl.int64) * top_k + j_first

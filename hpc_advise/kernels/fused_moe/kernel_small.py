@@ -56,6 +56,31 @@ def _quant_rows(x, static_scale, GROUP_SCALE: tl.constexpr, dtype: tl.constexpr)
     return q.to(dtype), s
 
 
+@triton.jit
+def _gate_up_step(bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GROUP: tl.constexpr,
+                  W_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """One K step of the swapped gate/up product (small-T and persistent paths): weight tiles bg, bu
+    [BLOCK_N, BLOCK_K] times the activations' transpose at [BLOCK_K, tokens]. With group/block scales
+    each step's fresh fp32 product is scaled per token (sa, the 1x128 group scale) and per weight row
+    (the 128x128 block scale at sg_ptrs / su_ptrs for this K step) and added; without, the fp8
+    tensor-core partial sums are promoted to fp32 every BLOCK_K."""
+    if A_GROUP or W_BLOCK:
+        dg = tl.dot(bg, at)
+        du = tl.dot(bu, at)
+        if A_GROUP:
+            dg = dg * sa[None, :]
+            du = du * sa[None, :]
+        if W_BLOCK:
+            dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+            du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
+        acc_g += dg
+        acc_u += du
+    else:
+        acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
+        acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+    return acc_g, acc_u
+
+
 @triton.jit(do_not_specialize=["T"])
 def _small_quant_kernel(
     x_ptr,  # bf16 [T, H], row stride stride_x
@@ -181,6 +206,9 @@ def _small_gate_up_kernel(
     if W_BLOCK:
         sg_ptrs = ws_ptr + e64 * stride_wse + (offs_n // 128) * stride_wsn
         su_ptrs = ws_ptr + e64 * stride_wse + ((offs_n + I) // 128) * stride_wsn
+    else:  # per-tensor weight scales: unused by _gate_up_step
+        sg_ptrs = ws_ptr
+        su_ptrs = ws_ptr
     a13 = tl.load(a13_scale_ptr)
 
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # transposed: [columns of I, tokens]
@@ -198,25 +226,15 @@ def _small_gate_up_kernel(
                 sa = tl.load(
                     xs_ptr + offs_m.to(tl.int64) * tl.cdiv(H, 128) + k0 // 128, mask=row_ok, other=0.0
                 )
+            else:  # static activation scale: applied after the loop, unused by _gate_up_step
+                sa = 1.0
         else:
             x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             a, sa = _quant_rows(x.to(tl.float32), a13, A_GROUP, w_ptr.dtype.element_ty)
             at = tl.trans(a)  # [BLOCK_K, BLOCK_M]
-        if A_GROUP or W_BLOCK:
-            dg = tl.dot(bg, at)
-            du = tl.dot(bu, at)
-            if A_GROUP:
-                dg = dg * sa[None, :]
-                du = du * sa[None, :]
-            if W_BLOCK:
-                dg = dg * tl.load(sg_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
-                du = du * tl.load(su_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
-            acc_g += dg
-            acc_u += du
-        else:
-            # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K
-            acc_g = tl.dot(bg, at, acc_g, max_num_imprecise_acc=BLOCK_K)
-            acc_u = tl.dot(bu, at, acc_u, max_num_imprecise_acc=BLOCK_K)
+        acc_g, acc_u = _gate_up_step(
+            bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GROUP, W_BLOCK, BLOCK_K
+        )
     if GU_RED:
         # this split's partial sums go to row (p, t·k + j) for the first slot j where token t chose e;
         # the split that arrives last sums all SPLIT_K partials in split order (deterministic) and
