@@ -324,18 +324,16 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(fb.SHAPES)}")
     ts = tuple(int(t) for t in args.ts.split(","))
-    if args.launch_overhead:
-        rows = launch_overhead(shapes, ts)
-        if os.environ.get("OUT"):
-            with open(Path(os.environ["OUT"]) / "fused_moe_launch_overhead.jsonl", "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-        return
-    if args.breakdown:
-        rows = breakdown(shapes, ts)
-        if os.environ.get("OUT"):
-            with open(Path(os.environ["OUT"]) / "fused_moe_breakdown.jsonl", "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-        return
+    for wanted, measure, name in (
+        (args.launch_overhead, launch_overhead, "fused_moe_launch_overhead.jsonl"),
+        (args.breakdown, breakdown, "fused_moe_breakdown.jsonl"),
+    ):
+        if wanted:  # rows appended under $OUT on the device machine
+            rows = measure(shapes, ts)
+            if os.environ.get("OUT"):
+                with open(Path(os.environ["OUT"]) / name, "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+            return
     if args.out:
         out = Path(args.out)
     elif os.environ.get("OUT"):
