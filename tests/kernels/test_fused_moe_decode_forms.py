@@ -22,13 +22,13 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op, op_persistent, op_small  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import fused_moe  # noqa: E402
-from hpc_advise.kernels.fused_moe.reference import fused_moe_reference  # noqa: E402
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     CPU_CFG,
-    REL_TOL_QUANT_REF,
     _seed,
     _sm90_job,
+    check_graph_replay,
+    device_scales,
     make_problem,
     rel_err,
     run_and_check,
@@ -172,13 +172,6 @@ GPU_POINTS = {  # name -> (E local, H, I, top_k, global experts, expert offset, 
 }
 
 
-def _device_kw(kw: dict) -> dict:
-    """Static activation scales as device tensors (a host float is copied inside a graph capture)."""
-    return {
-        k: torch.tensor([v], device="cuda") if k in ("a13_scale", "a2_scale") else v for k, v in kw.items()
-    }
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(GPU_POINTS))
 def test_gpu_decode_forms_bitwise_the_pointer_form(shape):
@@ -216,22 +209,10 @@ def test_gpu_decode_forms_graph_replay_tracks_new_routing(shape):
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     base = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
     cfg = dict(base, W_TMA=1, DN_A_TMA=1, PDL=1, W_SCALAR=int(mode.startswith("block")))
-    kw = _device_kw(p["kw"])
+    kw = device_scales(p["kw"])
     out = torch.empty_like(p["x"])
     call = lambda: fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **kw)
-    call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-        call()
-    for _ in range(3):
-        p["ids"].copy_(torch.rand(t, ge, device="cuda").topk(k, dim=1).indices.to(torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **kw)
-        assert not torch.isnan(out).any(), seed
-        assert rel_err(out, ref) <= REL_TOL_QUANT_REF, seed
+    check_graph_replay(p, call, out, seed=seed, replays=3, capture_calls=2)
 
 
 @pytest.mark.gpu

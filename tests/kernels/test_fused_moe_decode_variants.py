@@ -18,15 +18,15 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op, op_small  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E402
-from hpc_advise.kernels.fused_moe.reference import fused_moe_reference, moe_align_reference  # noqa: E402
+from hpc_advise.kernels.fused_moe.reference import moe_align_reference  # noqa: E402
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     CPU_CFG,
-    REL_TOL_QUANT_REF,
     _seed,
     _sm90_job,
+    check_graph_replay,
+    device_scales,
     make_problem,
-    rel_err,
     run_and_check,
 )
 
@@ -237,26 +237,10 @@ def test_gpu_decode_variants_bitwise_plain_and_replay(shape, t):
     again, _, _ = run_and_check(p, config=cfg, seed=seed)
     assert torch.equal(plain, again), seed
     out = torch.empty_like(plain)
-    # static activation scales as device tensors: a host float would be copied to the GPU inside the
-    # capture, which CUDA refuses (the H200 run of 2026-11-29 14:51 failed Hy3 TP8 T = 16 so)
-    kw = {
-        k: torch.tensor([v], device="cuda") if k in ("a13_scale", "a2_scale") else v
-        for k, v in p["kw"].items()
-    }
+    # device-tensor static scales (the H200 run of 2026-11-29 14:51 failed Hy3 TP8 T = 16 with host floats)
+    kw = device_scales(p["kw"])
     call = lambda: fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **kw)
-    call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-        call()
-    for _ in range(3):
-        p["ids"].copy_(torch.rand(t, ge, device="cuda").topk(k, dim=1).indices.to(torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **kw)
-        assert not torch.isnan(out).any(), seed
-        assert rel_err(out, ref) <= REL_TOL_QUANT_REF, seed
+    check_graph_replay(p, call, out, seed=seed, replays=3, capture_calls=2)
 
 
 @pytest.mark.gpu

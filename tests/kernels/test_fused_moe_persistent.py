@@ -20,12 +20,12 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op, op_persistent, op_small  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe, moe_unfused  # noqa: E402
-from hpc_advise.kernels.fused_moe.reference import fused_moe_reference  # noqa: E402
-from tests.kernels.fp8_midpoint import reference_with_flips  # noqa: E402
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     REL_TOL_QUANT_REF,
     _seed,
+    check_graph_replay,
+    device_scales,
     make_problem,
     rel_err,
     run_and_check,
@@ -283,28 +283,10 @@ def test_gpu_persistent_graph_replay_tracks_new_routing(shape):
     """Captured once, replayed with fresh routing (and one token on one expert in two slots): the
     counters are back at 0 after each replay (no memset in the graph) and the output is right."""
     seed = _seed()
-    t = 4
-    p = _gpu_problem(shape, t)
-    e, h, i, k, ge = GPU_SHAPES[shape][:5]
+    p = _gpu_problem(shape, 4)
     cfg = pcfg(GPU_SHAPES[shape][6], PDL=1, PREFETCH=1)
     out = torch.empty_like(p["x"])
-    kw = dict(p["kw"])  # static scales as device tensors: a host float would be copied inside the capture
-    kw.update({k: torch.full((1,), kw[k], device="cuda") for k in ("a13_scale", "a2_scale") if k in kw})
+    kw = device_scales(p["kw"])
     call = lambda: persistent()(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **kw)
-    call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    for rep in range(3):
-        p["ids"].copy_(torch.rand(t, ge, device="cuda").topk(k, dim=1).indices.to(torch.int32))
-        if rep == 1:
-            p["ids"][0, 3] = p["ids"][0, 0]
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = fused_moe_reference(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **p["kw"])
-        err = rel_err(out, ref)
-        if err > REL_TOL_QUANT_REF:  # the checker's second look (h elements at an fp8 midpoint)
-            err = rel_err(out, reference_with_flips(out, ref, p, 1.0, seed))
-        assert err <= REL_TOL_QUANT_REF, (seed, rep, err)
+    check_graph_replay(p, call, out, seed=seed, replays=3)
     assert all(int(c.abs().sum()) == 0 for c in op_small._COUNTERS.values()), seed
