@@ -6,6 +6,9 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
   python benchmarks/bench_decode_attention.py --tune         # sweep, then the grid with the best config
   python benchmarks/bench_decode_attention.py --tune --heads 64/8   # ... best over the swept 64/8 cases
   python benchmarks/bench_decode_attention.py --best-from sweep.jsonl --heads 8/1 --kv bf16   # an earlier sweep's
+  python benchmarks/bench_decode_attention.py --best-from sweep.jsonl --kv bf16 --margin 0.02   # per head count;
+        the sweep's first (default) configuration unless another is > 2 % faster (geometric mean)
+  python benchmarks/bench_decode_attention.py --kv bf16 --snap 25   # op.plan(snap=25) for every case
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
 """
@@ -37,8 +40,16 @@ def main() -> None:
         "--best-from",
         metavar="JSONL",
         help="run the grid with the best configuration (per KV dtype of --kv, over the cases of --heads) of "
-        "a sweep's .jsonl from an earlier process",
+        "a sweep's .jsonl from an earlier process; with --heads all, per head count of the sweep",
     )
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=0.0,
+        help="--best-from: keep the sweep's first configuration unless the best is faster by more than this "
+        "fraction (geometric mean over the cases)",
+    )
+    ap.add_argument("--snap", type=int, help="op.plan(snap=...): boundary snap, %% of a program's share")
     ap.add_argument("--tile", type=int)
     ap.add_argument("--ctas-per-sm", type=int)
     ap.add_argument("--num-stages", type=int)
@@ -53,7 +64,7 @@ def main() -> None:
     if args.warm_flashinfer:
         print(json.dumps(da.warm_flashinfer(), indent=1))
         return
-    best, best_fp8 = {}, None
+    best, best_fp8, by_heads = {}, None, {}
     if args.sweep or args.tune:
         rows, table, headers = da.sweep()
         # --tune with --heads H/K: the best over the swept cases of those heads (the grid's)
@@ -86,14 +97,30 @@ def main() -> None:
             rows = [json.loads(line) for line in f if line.strip()]
         rows = [r for r in rows if r.get("subject") == "decode_attention.sweep"]
         kvs = ("bf16", "fp8") if args.kv == "all" else args.kv.split(",")
-        best = da.best_config(rows, "bf16", args.heads) if "bf16" in kvs else {}
-        best_fp8 = da.best_config(rows, "fp8", args.heads) if "fp8" in kvs else None
-        print(f"best of {args.best_from} over heads {args.heads}: bf16 {best}; fp8 {best_fp8}", flush=True)
+        if args.heads == "all":  # per head count the sweep has; the others keep op.py's defaults
+            swept = {
+                (r["config"]["kv_dtype"], f"{r['config']['num_q_heads']}/{r['config']['num_kv_heads']}")
+                for r in rows
+            }
+            by_heads = {
+                key: da.best_config(rows, *key, margin=args.margin) for key in sorted(swept) if key[0] in kvs
+            }
+            print(f"best of {args.best_from} per KV dtype and heads: {by_heads}", flush=True)
+        else:
+            best = da.best_config(rows, "bf16", args.heads, args.margin) if "bf16" in kvs else {}
+            best_fp8 = da.best_config(rows, "fp8", args.heads, args.margin) if "fp8" in kvs else None
+            print(
+                f"best of {args.best_from} over heads {args.heads}: bf16 {best}; fp8 {best_fp8}", flush=True
+            )
     cfg = dict(best)
     cfg |= {
         k: v
         for k, v in dict(
-            tile=args.tile, ctas_per_sm=args.ctas_per_sm, num_stages=args.num_stages, num_warps=args.num_warps
+            tile=args.tile,
+            ctas_per_sm=args.ctas_per_sm,
+            num_stages=args.num_stages,
+            num_warps=args.num_warps,
+            snap=args.snap,
         ).items()
         if v is not None
     }
@@ -115,6 +142,7 @@ def main() -> None:
             "everywhere; 'plan µs' is our plan.update replayed in a graph (eager figure in the jsonl).",
             f"Launch configuration of ours (dynamic and static): {cfg or da.defaults_note()}"
             + (f"; fp8 KV: {best_fp8}" if best_fp8 else "")
+            + "".join(f"; {kv} KV, {h}: {c}" for (kv, h), c in by_heads.items())
             + ".",
         ]
         notes += [f"{da.PEER_TITLES[p]} did not run: {why}" for p, why in da.bench.failures.items()]
@@ -138,6 +166,7 @@ def main() -> None:
         fp8_cfg=best_fp8,
         kv=args.kv,
         heads=args.heads,
+        cfg_by_heads=by_heads,
         **cfg,
     )
     md, _ = emit(rows, table, headers, final=True)

@@ -8,6 +8,11 @@
 # TEST_S=55 SWEEP_S=70 G64_S=40 G81_S=22): the GPU tests were cut at 14 of 31 (FlashInfer's warm-up beside
 # them, itself ended by its 100 s limit with no output), the sweep took 40 s but started only at 102 s (it
 # waited for the warm-up; now the grids do), the 64/8 grid was cut after its 8 bf16 cases, 8/1 took 13 s.
+# STAGE=run12 (carry .whl_attn; boundary snap): the GPU tests of both decode-attention test files (snap's
+# first), the sweep (snap x 3/4 stages on the 8 bf16 64/8 cases, 3 bf16 8/1, 3 fp8 64/8; one process, the
+# default timed first and again last), then the full bf16 grid against FlashInfer with the sweep's pick per
+# head count (the default unless another configuration is > 2 % faster in geometric mean), the grid's limit
+# being what is left of LIMIT_S.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -15,13 +20,43 @@ mkdir -p "$RES"
 pack() { tar czf "$OUT/res.part" -C "$RES" . 2>/dev/null && mv "$OUT/res.part" "$OUT/res.tgz"; echo "[$((SECONDS - T0))s] $1"; }
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HPC_ADVISE_RESULTS=$RES
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-if [ "${STAGE:-sweep}" = run10 ]; then
+install_flashinfer() {  # FlashInfer 0.7.2 from .whl_attn (stripped zip + tvm-ffi wheel + JIT cache)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl_attn/*.whl || exit 1
   python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12 PATH=$PATH:/usr/local/cuda/bin
   mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
+}
+warm_flashinfer() {  # in the background: the grids need it, tests and sweep do not
   (timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1) &
+}
+if [ "${STAGE:-sweep}" = run12 ]; then
+  install_flashinfer
+  warm_flashinfer
+  pack "flashinfer installed"
+  timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_snap.py \
+    tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  grep -c PASSED "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/sweep" "$RES/grid"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-70}" python3 benchmarks/bench_decode_attention.py --sweep \
+    > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  wait
+  cat "$RES/fi_warm.log" | tail -3
+  if [ -s "$RES/sweep/decode_attention_sweep.jsonl" ]; then
+    HPC_ADVISE_RESULTS=$RES/grid timeout $((${LIMIT_S:-232} - SECONDS + T0)) python3 benchmarks/bench_decode_attention.py \
+      --grid full --kv bf16 --best-from "$RES/sweep/decode_attention_sweep.jsonl" --margin 0.02 > "$RES/grid.log" 2>&1
+    pack "grid done"
+  fi
+  # short tables last: sweep (case, heads, KV, stages, variant, us); grid (case, heads, ours, TB/s, static, FI BA, vs FI BA)
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+  grep -h "^best of" "$RES/grid.log" | cut -c1-600
+  grep -h "^|" "$RES/grid/decode_attention.md" 2>/dev/null | cut -d'|' -f2-3,7-8,10-11,15-16
+elif [ "${STAGE:-sweep}" = run10 ]; then
+  install_flashinfer
+  warm_flashinfer
   pack "flashinfer installed"
   timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention.py -n 2 -p no:cacheprovider \
     -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
@@ -57,11 +92,7 @@ elif [ "${STAGE:-sweep}" = sweep ]; then
   grep "^sweep " "$RES/sweep.log" | cut -c7- | sed 's/nested-desc-w-//'
   grep -i "error\|Traceback" "$RES/sweep.log" | grep -v "^sweep" | head -5
 else
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl_attn/*.whl || exit 1
-  python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
-  export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12 PATH=$PATH:/usr/local/cuda/bin
-  mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
+  install_flashinfer
   pack "flashinfer installed"
   timeout "${GRID_S:-200}" python3 benchmarks/bench_decode_attention.py ${GRID_ARGS:---grid full} > "$RES/grid.log" 2>&1
   pack "grid done"

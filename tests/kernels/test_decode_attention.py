@@ -635,7 +635,7 @@ def test_gpu_real_sizes(lens, hq, hkv, d, page, kv_dtype, schedule):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "entry,kv_dtype",
-    [(e, dt) for e in da.SWEEP_CONFIGS for dt in (BF16, FP8)] + [(e, FP8) for e in da.SWEEP_CONFIGS_FP8],
+    [(e, BF16) for e in da.SWEEP_CONFIGS] + [(e, FP8) for e in da.SWEEP_CONFIGS_FP8],
 )
 def test_gpu_sweep_candidates(entry, kv_dtype):
     # every launch configuration the benchmark's sweep may choose, at the benchmark's shape
@@ -846,6 +846,7 @@ def test_sweep_variants_and_best_config_skip_failures():
         f16_dot=False,
         pdl=False,
         warp_split=False,
+        snap=0,
     )
     assert da.variant_config(128, 2, 3, 4, "nested-desc-m128-pc32")["pt_chunk"] == 32
     assert da.variant_config(64, 2, 3, 4, "nested-desc-pc32-ws")["warp_split"] is True

@@ -40,6 +40,7 @@ def plan_kernel(
     G,
     splits,  # static schedule: programs per (request, KV head)
     seg_cost,  # dynamic schedule: cost of starting a segment, in tiles (0: balance tiles alone)
+    snap,  # dynamic schedule: a boundary moves to a segment boundary within snap % of the share (0: never)
     W,  # slots of wide_list
     NUM_KV_HEADS: tl.constexpr,
     TILE: tl.constexpr,
@@ -94,6 +95,8 @@ def plan_kernel(
             local = x - tl.load(req_cost_ptr + b, mask=live, other=0)
             h = local // (tiles_b + seg_cost)
             off = local - h * (tiles_b + seg_cost)
+            # a boundary near a segment boundary moves onto it (the segment is then not split here)
+            off = _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap)
             t = tl.where(off == 0, 0, tl.minimum(tl.maximum(off - seg_cost, 1), tiles_b))
             u = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b + t
             u = tl.where(x >= total_cost, total, u)
@@ -136,10 +139,17 @@ def plan_kernel(
         if STATIC:
             first = (b * NUM_KV_HEADS + h) * splits
         else:
-            # the segment's first unit spans from cost position c; program q starts at ceil(q T / G) <= c
-            # exactly when q <= c G / T, so the program holding it is floor(c G / T)
-            c = tl.load(req_cost_ptr + b, mask=live, other=0) + h * (tiles_b + seg_cost)
-            first = ((c.to(tl.int64) * G) // tl.maximum(total_cost, 1)).to(tl.int32)
+            # the segment's first unit spans from cost position c; program q's unsnapped boundary
+            # x_q = ceil(q T / G) is <= c exactly when q <= c G / T, so q0 = floor(c G / T) is the last
+            # program whose boundary lies at or before c (snapping never moves it past c: it moves at most
+            # to the end of the segment it lies in). Only x_{q0 + 1} can snap back onto c (x_{q0 + 2} lies
+            # more than a share, so more than the slack, past c): then q0 + 1 holds the first unit.
+            seg_len = tiles_b + seg_cost
+            c = tl.load(req_cost_ptr + b, mask=live, other=0) + h * seg_len
+            q0 = (c.to(tl.int64) * G) // tl.maximum(total_cost, 1)
+            x1 = (((q0 + 1) * total_cost + G - 1) // G).to(tl.int32)
+            back = (x1 < c + seg_len) & (_snap_offset(x1 - c, seg_len, total_cost, G, snap) == 0)
+            first = q0.to(tl.int32) + back.to(tl.int32)
         tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
         if BLOCK_P > 0:
             # compact list of the programs whose merge has more than BLOCK_P participants (at most one
@@ -165,6 +175,18 @@ def plan_kernel(
         for w0 in range(0, W, BLOCK_G):
             k = w0 + tl.arange(0, BLOCK_G)
             tl.store(wide_list_ptr + k, k * 0 - 1, mask=(k >= n_wide) & (k < W))
+
+
+@triton.jit
+def _snap_offset(off, seg_len, total_cost, G, snap):
+    """Where a program boundary at cost offset ``off`` inside a segment of cost ``seg_len`` goes: to the
+    segment's start (0) or end (seg_len), whichever is nearer (the start on a tie), when that distance is
+    at most snap % of the even share T / G (integer test: 100 G d <= snap T); else it stays. Monotone in
+    ``off``, so snapped boundaries stay ordered; snap <= 50 keeps the slack under one share."""
+    d_end = seg_len - off
+    to_start = (off > 0) & (off <= d_end) & (off.to(tl.int64) * G * 100 <= snap * total_cost.to(tl.int64))
+    to_end = (off > 0) & (d_end < off) & (d_end.to(tl.int64) * G * 100 <= snap * total_cost.to(tl.int64))
+    return tl.where(to_start, 0, tl.where(to_end, seg_len, off))
 
 
 @triton.jit

@@ -56,6 +56,14 @@ WIDE_MERGE_BLOCK = 128
 # program walking many short requests gets fewer tiles (0: tiles alone).
 DEFAULT_SEG_COST = 0
 MAX_SEG_COST = 64
+# Dynamic schedule: program p's boundary sits at cost position x = ceil(p T / G) and may cut a segment
+# anywhere. With snap > 0 a boundary within snap % of the even share T / G of a segment boundary moves
+# onto it (the nearer one), each boundary on its own inside the plan launch: where whole segments balance
+# within that slack (uniform batches) no segment is split (no partials, no merge duty, one pipeline fill
+# per segment), long requests are still split evenly; a program's cost grows by at most 2 x slack.
+# 0: boundaries stay where the even split puts them. At most 50 (the slack stays under one share).
+DEFAULT_SNAP = 0
+MAX_SNAP = 50
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
 # tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
 DEFAULT_PT_CHUNK = 0
@@ -203,6 +211,7 @@ class DecodePlan:
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
     pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90; tuned default)
     warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
+    snap: int = 0  # dynamic schedule: boundaries move onto segment boundaries within snap % of a share
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -276,6 +285,7 @@ class DecodePlan:
             g,
             max(1, self.static_splits),
             self.seg_cost,
+            self.snap,
             self.wide_list.shape[0],
             NUM_KV_HEADS=self.num_kv_heads,
             TILE=self.tile,
@@ -328,6 +338,7 @@ def plan(
     f16_dot: bool | None = None,
     pdl: bool | None = None,
     warp_split: bool | None = None,
+    snap: int | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -350,6 +361,7 @@ def plan(
     f16_dot = tuned.get("f16_dot") if f16_dot is None else f16_dot
     pdl = tuned.get("pdl") if pdl is None else pdl
     warp_split = tuned.get("warp_split", DEFAULT_WARP_SPLIT) if warp_split is None else warp_split
+    snap = tuned.get("snap", DEFAULT_SNAP) if snap is None else snap
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
     num_stages = tuned.get("num_stages") if num_stages is None else num_stages
@@ -400,6 +412,8 @@ def plan(
     seg_cost = DEFAULT_SEG_COST if seg_cost is None else seg_cost
     if not isinstance(seg_cost, int) or not 0 <= seg_cost <= MAX_SEG_COST:
         _fail(f"seg_cost must be an int in 0..{MAX_SEG_COST}, got {seg_cost!r}")
+    if isinstance(snap, bool) or not isinstance(snap, int) or not 0 <= snap <= MAX_SNAP:
+        _fail(f"snap must be an int in 0..{MAX_SNAP} (% of a program's share), got {snap!r}")
     wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
     wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
     i32 = dict(dtype=torch.int32, device=device)
@@ -448,6 +462,7 @@ def plan(
         f16_dot=bool(f16_dot),
         pdl=bool(pdl),
         warp_split=bool(warp_split),
+        snap=snap,
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
     )

@@ -77,36 +77,32 @@ PEER_TITLES = {
 # bf16 8/1 3-26 % slower, but for 128-token tiles at 8 warps, 1 program/SM on 1 x 128K (28.4 vs 30.0 us;
 # +5 and +15 % on the other two 8/1 cases); fp8 64/8: 1 warp x 32 tokens at 7 programs/SM 3.5-9 % faster on
 # all four cases (op.TUNED_MANY_KV_HEADS since), three buffers 8-17 % slower.
+# Sweep run 12 (boundary snap, '-snN': op.plan(snap=N)): does a plan that keeps segments whole where they
+# balance within N % of a share close bf16 64/8's 2-4 % to FlashInfer BatchAttention, and do three K/V
+# buffers (4 stages) pay once programs start no segment mid-way? 64/8 64 x 4K: 512 segments of 64 tiles
+# (+ 2 for the start) over 264 programs, a share of 128: today most programs start mid-segment; with a slack
+# >= 25 % (32 of 128) every program gets whole segments (1 or 2).
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # today's bf16 default (two K/V buffers)
-    (64, 3, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # two buffers, 3 programs/SM (more tiles in flight that way)
-    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl"),  # three K/V buffers
-    (64, 2, 4, 4, "nested-desc-w-pc64-s2-pdl"),  # three buffers, one page-id load per 4K segment
-    (64, 2, 7, 4, "nested-desc-w-s2-pdl"),  # page id per tile: one loop per segment, three buffers
-    (128, 2, 2, 4, "nested-desc-w-pc32-s1-pdl"),  # 128-token tiles, one buffer, 2 programs/SM
-    (128, 1, 3, 8, "nested-desc-w-pc32-s1-pdl"),  # 128-token tiles, two buffers, 8 warps, 1 program/SM
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # today's bf16 default (two K/V buffers, no snap)
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn10"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn25"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn50"),
+    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl"),  # three K/V buffers (run 10: no gain without snap)
+    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl-sn25"),
+    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl-sn50"),
 ]
 SWEEP_CONFIGS_FP8 = [
-    (64, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # fp8 default at >= 8 KV heads before run 10
-    (64, 3, 4, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # ... with three K/V buffers (3 programs/SM)
-    (64, 3, 4, 4, "nested-desc-w-pc32-s4-f16-pdl"),  # plain loop, three buffers
-    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # 1 warp x 32 tokens, 7 programs/SM (default since)
-    (32, 4, 3, 2, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # 2 warps x 16 tokens, 4 programs/SM
+    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # fp8 default at >= 8 KV heads (sweep run 10)
+    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl-sn25"),
+    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl-sn50"),
 ]
-SWEEP_CASES = [
-    ("64 x 4K", 64, 8, "bf16"),
-    ("32 x 128 + 32 x 4K", 64, 8, "bf16"),
-    ("1 x 64K + 15 x 4K", 64, 8, "bf16"),
-    ("1 x 128K + 31 x 4K", 64, 8, "bf16"),
-    ("2 x 32K + 30 x 4K", 64, 8, "bf16"),
-    ("64 x U(1K-32K)", 64, 8, "bf16"),
+SWEEP_CASES = [(name, 64, 8, "bf16") for name in CASES] + [
     ("64 x 4K", 8, 1, "bf16"),
     ("1 x 128K", 8, 1, "bf16"),
     ("32 x 128 + 32 x 4K", 8, 1, "bf16"),
     ("64 x 4K", 64, 8, "fp8"),
     ("32 x 128 + 32 x 4K", 64, 8, "fp8"),
     ("1 x 128K + 31 x 4K", 64, 8, "fp8"),
-    ("1 x 64K + 15 x 4K", 64, 8, "fp8"),
 ]
 # A configuration whose output differs from the float64 reference by more than this (relative Frobenius
 # norm; the tests' tolerances) is reported as failed and never chosen.
@@ -119,9 +115,13 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
     chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
-    unknown = set(flags) - {"desc", "prefetch", "w", "f16", "pdl", "ws"} - set(merge) - set(chunk) - set(cost)
-    if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1:
-        raise ValueError(f"unknown variant flags {sorted(unknown) or merge + chunk + cost} in {variant!r}")
+    snap = [f for f in flags if f[:2] == "sn" and f[2:].isdigit()]
+    known = {"desc", "prefetch", "w", "f16", "pdl", "ws"} | set(merge) | set(chunk) | set(cost) | set(snap)
+    unknown = set(flags) - known
+    if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1 or len(snap) > 1:
+        raise ValueError(
+            f"unknown variant flags {sorted(unknown) or merge + chunk + cost + snap} in {variant!r}"
+        )
     return dict(
         tile=tile,
         ctas_per_sm=ctas,
@@ -137,6 +137,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         f16_dot="f16" in flags,
         pdl="pdl" in flags,
         warp_split="ws" in flags,
+        snap=int(snap[0][2:]) if snap else 0,
     )
 
 
@@ -463,12 +464,14 @@ def bench(
     fp8_cfg=None,
     kv="all",
     heads="all",
+    cfg_by_heads=None,
     **cfg,
 ):
     """Run the grid; returns (rows, table, headers). ``kv`` ('all', or KV dtypes in the order to run them:
     'fp8', 'fp8,bf16', ...) picks the KV dtypes of the full grid, ``heads`` ('all' or 'Hq/Hkv' of HEADS, e.g. '64/8') its head counts. ``peers=False`` times ours only (and static);
     ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
-    instead for fp8 KV when given)."""
+    instead for fp8 KV when given, and ``cfg_by_heads[(kv, 'Hq/Hkv')]`` instead of both where it has the case's
+    KV dtype name and head count)."""
     import torch
 
     if grid not in ("full", "small"):
@@ -509,6 +512,7 @@ def bench(
     bench.copy_tbps, bench.failures = copy, failures
     for name, hq, hkv, dt in todo:
         use = fp8_cfg if (fp8_cfg is not None and dt == torch.float8_e4m3fn) else cfg
+        use = (cfg_by_heads or {}).get((_dtype_name(dt), f"{hq}/{hkv}"), use)
         r, line, fail = bench_case(name, hq, hkv, dt, copy, peers=chosen, env=env, **use)
         rows += r
         table.append(line)
@@ -583,6 +587,7 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
                         "ok": ok,
                         **cfg,
                         **({"repeat": True} if again else {}),
+                        **({"first": True} if i == 0 else {}),
                     },
                     metric="latency",
                     unit="us",
@@ -620,6 +625,7 @@ CONFIG_KEYS = (
     "f16_dot",
     "pdl",
     "warp_split",
+    "snap",
 )
 # keys older sweeps' rows lack, with the value they ran with
 OLD_SWEEP_DEFAULTS = {
@@ -631,6 +637,7 @@ OLD_SWEEP_DEFAULTS = {
     "f16_dot": False,
     "pdl": False,
     "warp_split": False,
+    "snap": 0,
 }
 
 
@@ -659,13 +666,17 @@ def _fp16():
     return torch.float16
 
 
-def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16", heads: str = "all") -> dict:
+def best_config(
+    sweep_rows: list[dict], kv_dtype: str = "bf16", heads: str = "all", margin: float = 0.0
+) -> dict:
     """The configuration with the lowest geometric mean of p50 over the swept cases of one KV dtype (and
     of one head count 'Hq/Hkv', unless ``heads`` is 'all'), among those timed on every such case and correct
     on all of them (rows without the 'ok' / 'desc' fields, from older sweeps, count as correct / with that
-    field's old default)."""
+    field's old default). With ``margin`` (e.g. 0.02), the sweep's first configuration (the default it
+    started from, rows marked 'first') stays unless the best is faster by more than that fraction."""
     logs: dict[tuple, list[float]] = {}
     failed: set[tuple] = set()
+    first: set[tuple] = set()
     for r in sweep_rows:
         c = r["config"]
         if c.get("kv_dtype", "bf16") != kv_dtype:
@@ -678,6 +689,8 @@ def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16", heads: str = "al
         logs.setdefault(key, []).append(math.log(r["p50"]))
         if not c.get("ok", True):
             failed.add(key)
+        if c.get("first"):
+            first.add(key)
     if not logs:
         raise RuntimeError(f"decode_attention sweep: no {kv_dtype} case with heads {heads} was swept")
     full = max(len(v) for v in logs.values())
@@ -685,6 +698,9 @@ def best_config(sweep_rows: list[dict], kv_dtype: str = "bf16", heads: str = "al
     if not good:
         raise RuntimeError(f"decode_attention sweep: no configuration was correct on every {kv_dtype} case")
     best = min(good, key=lambda k: sum(logs[k]))
+    default = next(iter(first), None) if len(first) == 1 else None
+    if margin and default in good and sum(logs[default]) - sum(logs[best]) <= full * math.log1p(margin):
+        best = default
     return dict(zip(CONFIG_KEYS, best, strict=True))
 
 

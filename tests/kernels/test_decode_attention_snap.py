@@ -1,0 +1,330 @@
+"""Tests of the dynamic planner's boundary snap (op.plan(snap=...)) in hpc_advise.kernels.decode_attention.
+
+With ``snap`` > 0 a program boundary within snap % of the even share of a segment boundary moves onto it,
+each boundary on its own inside the plan launch. Checked here against a pure-Python model of the planner
+and against properties that do not depend on it: every unit covered exactly once by contiguous, ordered
+ranges; no segment split where the snap applies; each program's cost within the even share + one segment
+start + twice the slack; the merge bookkeeping (duty, first participant, wide list) equal to what the
+ranges imply; outputs against the float64 reference (tolerances of test_decode_attention.py), in-place
+re-planning, and (``-m gpu``) real sizes and CUDA-graph replay with new lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from hpc_advise.kernels.decode_attention import op
+from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
+from hpc_advise.runtime.benches import decode_attention as da
+from tests.kernels.test_decode_attention import BF16, DEVICE, EDGE, FP8, TOL, check, make_case, rel_err
+
+PAGE, TILE, MERGE_BLOCK = 16, 16, 16
+
+
+def _segments(lens, hkv, tile, seg_cost):
+    """(first unit, cost position, tiles, b * hkv + h) of every segment, in unit order; total cost."""
+    segs, unit, cost = [], 0, 0
+    for b, n in enumerate(lens):
+        tiles = max(1, math.ceil(n / tile))
+        for h in range(hkv):
+            segs.append((unit, cost, tiles, b * hkv + h))
+            unit += tiles
+            cost += tiles + seg_cost
+    return segs, cost
+
+
+def _unsnapped(p, total, g):
+    return (p * total + g - 1) // g
+
+
+def _segment_at(segs, x):
+    return max(i for i, s in enumerate(segs) if s[1] <= x)
+
+
+def model_starts(lens, hkv, tile, g, seg_cost, snap):
+    """prog_start as the planner should compute it (kernel.plan_kernel, step 2, with _snap_offset)."""
+    segs, total = _segments(lens, hkv, tile, seg_cost)
+    units = sum(s[2] for s in segs)
+    starts = []
+    for p in range(g + 1):
+        x = _unsnapped(p, total, g)
+        if x >= total:
+            starts.append(units)
+            continue
+        u0, c, tiles, _ = segs[_segment_at(segs, x)]
+        off, length = x - c, tiles + seg_cost
+        if 0 < off <= length - off and 100 * g * off <= snap * total:
+            off = 0
+        elif 0 < length - off < off and 100 * g * (length - off) <= snap * total:
+            off = length
+        starts.append(u0 + (0 if off == 0 else min(max(off - seg_cost, 1), tiles)))
+    return starts
+
+
+def _plan(lens, hkv, g, seg_cost, snap, tile=TILE, max_batch=None):
+    _, _, _, table, seq_lens = make_case(lens, hq=hkv, hkv=hkv, d=64, page=PAGE)
+    return op.plan(
+        seq_lens,
+        table,
+        page_size=PAGE,
+        num_q_heads=hkv,
+        num_kv_heads=hkv,
+        head_dim=64,
+        tile=tile,
+        num_programs=g,
+        seg_cost=seg_cost,
+        snap=snap,
+        merge_block=MERGE_BLOCK,
+        wide_merge=True,
+        desc=True,
+        max_batch=max_batch,
+    )
+
+
+def check_plan(p, lens, hkv, g, seg_cost, snap, tile=TILE):
+    """Every property of a dynamic plan with snap; returns the number of split segments."""
+    segs, total = _segments(lens, hkv, tile, seg_cost)
+    units = sum(s[2] for s in segs)
+    starts = p.prog_start.tolist()
+    assert starts == model_starts(lens, hkv, tile, g, seg_cost, snap)
+    # every unit exactly once: contiguous ordered ranges from 0 to the last unit
+    assert starts[0] == 0 and starts[-1] == units
+    assert all(a <= b for a, b in zip(starts, starts[1:], strict=False)), starts
+    seg_firsts = {s[0] for s in segs} | {units}
+    # no segment is split where a segment boundary lies within the slack of the unsnapped boundary
+    for q in range(1, g):
+        x = _unsnapped(q, total, g)
+        if x >= total:
+            continue
+        _, c, tiles, _ = segs[_segment_at(segs, x)]
+        near = min(x - c, tiles + seg_cost - (x - c))
+        if x > c and 100 * g * near <= snap * total:
+            assert starts[q] in seg_firsts, (q, x, c, starts[q])
+    # each program's cost (tiles + seg_cost per segment start) within share + seg_cost + 2 x slack
+    unit_cost = []
+    for _, _, tiles, _ in segs:
+        unit_cost += [1 + seg_cost] + [1] * (tiles - 1)
+    share, slack = math.ceil(total / g), snap * total / (100 * g)
+    for q in range(g):
+        cost = sum(unit_cost[starts[q] : starts[q + 1]])
+        assert cost <= share + seg_cost + 2 * slack, (q, cost, share, slack)
+    # merge bookkeeping from the ranges alone: a segment touched by several non-empty ranges is merged
+    # by the last of them, whose merge_first names the first; everyone else merges nothing
+    want_first, want_seg, want_bh, wide = [-1] * g, {}, {}, []
+    for u0, _, tiles, bh in segs:
+        parts = [
+            q for q in range(g) if starts[q] < starts[q + 1] and starts[q] < u0 + tiles and u0 < starts[q + 1]
+        ]
+        if len(parts) > 1:
+            last = parts[-1]
+            want_first[last], want_seg[last], want_bh[last] = parts[0], u0, bh
+            if last - parts[0] + 1 > MERGE_BLOCK:
+                wide.append(last)
+    assert p.merge_first.tolist() == want_first
+    merge_seg, merge_bh = p.merge_seg.tolist(), p.merge_bh.tolist()
+    assert all(merge_seg[q] == want_seg[q] and merge_bh[q] == want_bh[q] for q in want_seg)
+    listed = p.wide_list.tolist()
+    assert listed == wide + [-1] * (len(listed) - len(wide))
+    return len(want_seg)
+
+
+ADVERSARIAL = [
+    # (lens, hkv, programs, seg_cost)
+    ([256] * 16, 2, 17, 2),  # uniform: ~1.9 segments per share (the 64/8 64 x 4K shape, scaled down)
+    ([256] * 12, 1, 12, 0),  # one segment per share exactly
+    ([240] * 9 + [272] * 9, 1, 18, 2),  # segments just under and just over the share
+    ([1] * 40, 2, 7, 3),  # only one-tile segments: a boundary is always at or next to a segment boundary
+    ([3000, 1, 1, 1], 1, 9, 2),  # one long request: split evenly, short ones whole
+    ([2000] + [64] * 20, 2, 11, 2),  # long next to many short
+    ([3000] + [64] * 30, 1, 40, 2),  # a long request over > 16 programs: the wide merge list
+    ([64, 1500, 64, 1500, 64], 1, 13, 4),  # alternating
+    ([97], 1, 30, 2),  # more programs than tiles: empty ranges
+    ([1, 63, 64, 65, 97], 4, 5, 2),  # edge lengths
+]
+
+
+@pytest.mark.parametrize("snap", [0, 10, 25, 50])
+@pytest.mark.parametrize("case", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_snap_plan_adversarial_mixes(case, snap):
+    lens, hkv, g, seg_cost = case
+    p = _plan(lens, hkv, g, seg_cost, snap)
+    check_plan(p, lens, hkv, g, seg_cost, snap)
+
+
+def test_snap_plan_random_mixes():
+    rng = random.Random(torch.seed() % (2**31))
+    for _ in range(24):
+        b = rng.randint(1, 40)
+        lens = [int(math.exp(rng.uniform(0, math.log(3000)))) for _ in range(b)]
+        hkv, g = rng.choice((1, 2, 4)), rng.randint(2, 60)
+        seg_cost, snap = rng.choice((0, 2, 4)), rng.choice((0, 5, 10, 25, 40, 50))
+        p = _plan(lens, hkv, g, seg_cost, snap)
+        check_plan(p, lens, hkv, g, seg_cost, snap)
+
+
+def test_snap_keeps_uniform_segments_whole_and_splits_long_ones():
+    # uniform: today's plan splits most segments; with 30 % slack none is split (no partials, no merge)
+    uniform = ([256] * 16, 2, 17, 2)
+    assert check_plan(_plan(*uniform, snap=0), *uniform, snap=0) > 10
+    p = _plan(*uniform, snap=30)
+    assert check_plan(p, *uniform, snap=30) == 0 and p.merge_first.tolist() == [-1] * 17
+    # a long request next to short ones is still split over several programs, evenly inside it
+    lens, hkv, g, seg_cost = [3000] + [64] * 8, 1, 10, 2
+    p = _plan(lens, hkv, g, seg_cost, 50)
+    check_plan(p, lens, hkv, g, seg_cost, 50)
+    starts, long_tiles = p.prog_start.tolist(), math.ceil(3000 / TILE)
+    # programs after the first (which also pays the segment start) hold one even share each
+    inside = [b - a for a, b in zip(starts[1:], starts[2:], strict=False) if b <= long_tiles]
+    assert len(inside) >= 5 and max(inside) - min(inside) <= 1, starts
+
+
+def test_snap_validation():
+    _, _, _, table, seq_lens = make_case([70], hq=8, hkv=1, d=64, page=PAGE)
+    kw = dict(page_size=PAGE, num_q_heads=8, num_kv_heads=1, head_dim=64)
+    for bad in (-1, 51, 2.5, True):
+        with pytest.raises(ValueError, match="snap must be an int in 0..50"):
+            op.plan(seq_lens, table, snap=bad, **kw)
+    assert da.variant_config(64, 2, 3, 4, "nested-desc-s2-sn25")["snap"] == 25
+    assert da.variant_config(64, 2, 3, 4, "nested-desc-s2")["snap"] == 0
+    with pytest.raises(ValueError, match="unknown variant"):
+        da.variant_config(64, 2, 3, 4, "nested-sn10-sn20")
+
+
+def test_best_config_keeps_the_default_within_the_margin():
+    def row(case, p50, **cfg):
+        c = da.variant_config(64, 2, 3, 4, "nested-desc") | cfg
+        return {"p50": p50, "config": c | {"case": case, "kv_dtype": "bf16", "ok": True}}
+
+    default = [row("a", 100.0, first=True), row("b", 100.0, first=True)]
+    small = [row("a", 99.0, snap=25), row("b", 99.5, snap=25)]  # 0.75 % faster: inside a 2 % margin
+    assert da.best_config(default + small)["snap"] == 25  # no margin: the fastest
+    assert da.best_config(default + small, margin=0.02)["snap"] == 0
+    big = [row("a", 96.0, snap=50), row("b", 97.0, snap=50)]  # 3.5 % faster
+    assert da.best_config(default + small + big, margin=0.02)["snap"] == 50
+
+
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8])
+def test_snap_outputs_match_reference(kv_dtype):
+    # edge lengths next to uniform ones, 9 programs: some segments whole, some split and merged (narrow
+    # and wide launches), empty ranges; outputs poisoned with NaN before the call
+    lens = [1, 63, 64, 65, 97] + [160] * 6
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    for snap, g in ((25, 9), (50, 23)):
+        p, _ = check(
+            lens,
+            hq=4,
+            hkv=2,
+            d=64,
+            page=PAGE,
+            kv_dtype=kv_dtype,
+            scales=scales,
+            tile=TILE,
+            num_programs=g,
+            seg_cost=2,
+            snap=snap,
+            desc=True,
+            pt_chunk=16,
+            merge_block=MERGE_BLOCK,
+            wide_merge=True,
+        )
+        assert check_plan(p, lens, 2, g, 2, snap) > 0  # the merge ran too
+
+
+def test_snap_update_replans_in_place():
+    lens, new = [70, 9, 33, 160], [9, 150, 20]  # new request i reuses old request [1, 3, 2][i]'s pages
+    q, k, v, table, seq_lens = make_case(lens, hq=4, hkv=1, d=64, page=PAGE)
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=PAGE,
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        tile=TILE,
+        num_programs=5,
+        max_batch=4,
+        seg_cost=2,
+        snap=40,
+        desc=True,
+    )
+    buffers = [t.data_ptr() for t in (p.prog_start, p.merge_first, p.prog_desc, p.req_cost)]
+    new_lens = torch.tensor(new, dtype=torch.int32, device=DEVICE)
+    new_table = table[[1, 3, 2], :].contiguous()
+    p.update(new_lens, new_table)
+    assert [t.data_ptr() for t in (p.prog_start, p.merge_first, p.prog_desc, p.req_cost)] == buffers
+    check_plan(p, new, 1, 5, 2, 40)
+    q2 = q[:3].clone()
+    out = op.run(p, q2, k, v, out=torch.full_like(q2, float("nan")))
+    assert (
+        rel_err(out, decode_attention_reference(q2, k, v, new_table, new_lens, page_size=PAGE)) <= TOL[BF16]
+    )
+
+
+# ---------------------------------------------------------------- GPU, real sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("snap", [25, 50])
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8])
+def test_gpu_snap_real_sizes(snap, kv_dtype):
+    # 64/8 at the benchmark's page and head_dim: uniform 4K requests (whole segments), edge lengths and a
+    # long context (split), both the plan's own grid and the tuned launch variant of the KV dtype
+    scales = (0.8, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    lens = [4096] * 8 + EDGE + [70000]
+    p, _ = check(lens, hq=64, hkv=8, d=128, page=64, kv_dtype=kv_dtype, scales=scales, tuned=True, snap=snap)
+    assert p.snap == snap
+
+
+@pytest.mark.gpu
+def test_gpu_snap_cuda_graph_replay_matches_eager():
+    hq, hkv, d, page = 64, 8, 128, 64
+    q, k, v, table, _ = make_case([12800, 100, 4096, 5000] + [4096] * 12, hq=hq, hkv=hkv, d=d, page=page)
+    lens_buf = torch.tensor([4000, 100, 4096, 64] + [4096] * 12, dtype=torch.int32, device="cuda")
+    p = op.plan(
+        lens_buf,
+        table,
+        page_size=page,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        kv_dtype=k.dtype,
+        snap=50,
+    )
+    table_buf, out = table.clone(), torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        p.update(lens_buf, table_buf)
+        op.run(p, q, k, v, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        p.update(lens_buf, table_buf)
+        op.run(p, q, k, v, out=out)
+    for new in ([4001, 1, 4096, 65] + [4096] * 12, [64] * 16, [12800, 100, 300, 5000] + [333] * 12):
+        lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = op.run(p.update(lens_buf, table_buf), q, k, v)
+        assert torch.equal(out, eager), new
+        ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
+        assert rel_err(out, ref) <= TOL[BF16]
+
+
+@pytest.mark.slow
+def test_plan_kernel_compiles_for_sm90():
+    # the interpreter runs the planner without compiling it: build both schedules for sm_90a (no spills)
+    from tests.kernels.sm90_compile import compile_sm90
+
+    types = "*i32 " * 11 + "i32 " * 6
+    base = dict(NUM_KV_HEADS=8, TILE=64, BLOCK_B=256, BLOCK_G=256, G_STEPS=2, SEARCH_STEPS=9, BLOCK_P=16)
+    jobs = [
+        ["hpc_advise.kernels.decode_attention.kernel", "plan_kernel", types, base | {"STATIC": s}, 4, 1, []]
+        for s in (False, True)
+    ]
+    assert all(r["stack"] == 0 for r in compile_sm90(jobs))
