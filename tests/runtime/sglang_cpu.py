@@ -9,7 +9,9 @@ real torchvision cannot be imported, ``import_sglang()`` installs a stand-in tha
 imported at module level (``InterpolationMode`` and the module tree) and nothing else: any real use
 of it raises AttributeError. transformers is asked first whether torchvision is available (it caches the answer
 False), so transformers never routes image processing through the stand-in. This is a packaging
-boundary of CPU-only CI (the same reason there is no GPU), not a mock of anything we test.
+boundary of CPU-only CI (the same reason there is no GPU), not a mock of anything we test. On a GPU
+machine without sgl-kernel, ``import_sglang()`` also installs the import-only ``sgl_kernel`` stand-in of
+``tests/runtime/sgl_kernel_stand_in.py`` (SGLang's CUDA branches import it at module level).
 
 Also the runtime tests' random inputs: ``fresh_seed()`` draws a new seed per test (team rule: fresh
 inputs every run; ``HPC_ADVISE_TEST_SEED=N`` replays one), and ``assert_close_seeded`` puts it in the
@@ -28,6 +30,8 @@ import types
 
 import pytest
 import torch
+
+from tests.runtime import sgl_kernel_stand_in
 
 _STAND_IN_MODULES = (
     "torchvision",
@@ -120,6 +124,7 @@ def import_sglang(*modules: str):
     """Import ``modules`` of real SGLang (skip the test when SGLang is not installed); returns the last."""
     pytest.importorskip("sglang", reason="real SGLang 0.5.23 is installed by scripts/test.sh")
     _install_torchvision_stand_in()
+    sgl_kernel_stand_in.install()  # GPU machine without sgl-kernel only (see that module)
     mod = None
     for name in modules:
         mod = importlib.import_module(name)

@@ -385,7 +385,7 @@ def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
     """Real sizes on the GPU: ours against SGLang's torch_native backend on the same CUDA pool, at Hy3's
     TP8 shard (8 query heads, 1 KV head, head_dim 128) with mixed lengths up to 8K. SGLang's triton
     backend needs a full ModelRunner (CUDA graphs, NCCL), so torch_native (the same math, no kernel of
-    its own) is the reference here too."""
+    its own) is the reference here too. On a GPU machine with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     sg = _sglang()
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
 
@@ -420,7 +420,8 @@ def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
 @pytest.mark.gpu
 def test_cuda_graph_capture_and_replay_on_gpu():
     """Capture metadata-in-graph + one layer's decode in a CUDA graph, replay it with other lengths and
-    other requests (as SGLang's decode graph runner does), and compare with eager steps."""
+    other requests (as SGLang's decode graph runner does), and compare with eager steps. On a GPU machine
+    with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     sg = _sglang()
     from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
 

@@ -192,7 +192,8 @@ def test_deepseek_fp32_moegate_hooked(monkeypatch):
 @pytest.mark.gpu
 def test_hy3_fp32_gate_on_gpu():
     """Hy3's gate shape (192 experts x 4096, fp32 weight, fp32 input as hunyuan_v3 passes it) on the GPU
-    through a real ReplicatedLinear with our forward: fp32-accurate against an fp64 product."""
+    through a real ReplicatedLinear with our forward: fp32-accurate against an fp64 product. With
+    sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     import_sglang("sglang.srt.layers.linear")
     from sglang.srt.layers.linear import ReplicatedLinear
 
