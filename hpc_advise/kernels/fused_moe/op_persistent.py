@@ -21,6 +21,7 @@ import torch
 import triton
 
 from . import kernel_persistent as KP
+from . import launch_plan as LP
 from .op_small import _counters, use_pdl
 from .reference import FP8
 
@@ -184,10 +185,10 @@ def fused_moe_persistent(
     s_max = int(c["S_MAX"])
     num_h = triton.cdiv(h, c["DN_N"])
     num_g = triton.cdiv(inter, c["GU_N"])
-    hbuf = torch.empty(n, inter, dtype=FP8, device=dev)
-    hs = torch.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
-    part = torch.empty(s_max, n, two_i, dtype=torch.float32, device=dev) if s_max > 1 else hs
-    y = torch.empty(s_max, n, h, dtype=torch.float32, device=dev)  # [K split of phase B, entry, H]
+    hbuf = LP.empty(n, inter, dtype=FP8, device=dev)
+    hs = LP.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
+    part = LP.empty(s_max, n, two_i, dtype=torch.float32, device=dev) if s_max > 1 else hs
+    y = LP.empty(s_max, n, h, dtype=torch.float32, device=dev)  # [K split of phase B, entry, H]
     # one zeroed per-stream slice (op_small._counters), left at 0 by the kernel
     cnt = _counters(dev, t * num_h + n * num_g + n + 1)
     c_out, c_grp = cnt[: t * num_h], cnt[t * num_h : t * num_h + n * num_g]
@@ -219,10 +220,10 @@ def fused_moe_persistent(
     else:  # the interpreter runs programs one after another: one program does every item in order,
         p, work = 1, programs or 1  # with the K splits sized for ``programs`` (CPU tests reach them)
     # each program's own fp8 copy of the hidden rows (and group scales), written in its prologue
-    xq = torch.empty(p, t, h, dtype=FP8, device=dev)
-    xs = torch.empty(p, t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
+    xq = LP.empty(p, t, h, dtype=FP8, device=dev)
+    xs = LP.empty(p, t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
     launch_kw = {"launch_pdl": True} if pdl else {}
-    KP._persistent_moe_kernel[(p,)](*launch_args(work, xq, xs), **consts, **launch_kw)
+    LP.launch(KP._persistent_moe_kernel, (p,))(*launch_args(work, xq, xs), **consts, **launch_kw)
     return out
 
 

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from . import kernel_small as KS
+from . import launch_plan as LP
 from .reference import FP8
 
 GROUP = 128
@@ -71,7 +72,7 @@ def _counters(device: torch.device, size: int) -> torch.Tensor:
     if dev not in _COUNTERS:
         if capturing:
             return torch.zeros(size, dtype=torch.int32, device=device)
-        _COUNTERS[dev] = torch.zeros(COUNTER_SLICES, COUNTER_SLICE, dtype=torch.int32, device=device)
+        _COUNTERS[dev] = LP.keep(torch.zeros(COUNTER_SLICES, COUNTER_SLICE, dtype=torch.int32, device=device))
         _SLICES[dev] = {}
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     slices = _SLICES[dev]
@@ -188,9 +189,9 @@ def fused_moe_small(
     launch_kw = {"launch_pdl": True} if pdl else {}
     prefetch = pdl and bool(c.get("PREFETCH", 0))  # weights to L2 before each grid's wait
     if pre_q:  # launch 0: the inputs quantized once (kernel._quant_rows tiles), no router
-        xq = torch.empty(t, h, dtype=FP8, device=dev)
-        xs = torch.empty(t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
-        KS._small_quant_kernel[(triton.cdiv(t, 16) * triton.cdiv(h, GROUP),)](
+        xq = LP.empty(t, h, dtype=FP8, device=dev)
+        xs = LP.empty(t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
+        LP.launch(KS._small_quant_kernel, (triton.cdiv(t, 16) * triton.cdiv(h, GROUP),))(
             hidden,
             xq,
             xs,
@@ -207,23 +208,23 @@ def fused_moe_small(
         )
     else:
         xq, xs = hidden, a13  # unused
-    hs = torch.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
+    hs = LP.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
     if mode == 1:
-        hbuf = torch.empty(n, inter, dtype=FP8, device=dev)
+        hbuf = LP.empty(n, inter, dtype=FP8, device=dev)
     elif mode == 0:
-        hbuf = torch.empty(n, inter, dtype=torch.float32, device=dev)
+        hbuf = LP.empty(n, inter, dtype=torch.float32, device=dev)
     else:
-        hbuf = torch.empty(split, n, two_i, dtype=torch.float32, device=dev)
-    y = torch.empty(dn_split, n, h, dtype=torch.float32, device=dev)
+        hbuf = LP.empty(split, n, two_i, dtype=torch.float32, device=dev)
+    y = LP.empty(dn_split, n, h, dtype=torch.float32, device=dev)
     # GU_RED: split partials, summed by the gate/up kernel's last-arriving split (else unused)
-    part = torch.empty(split, n, two_i, dtype=torch.float32, device=dev) if gu_red else y
+    part = LP.empty(split, n, two_i, dtype=torch.float32, device=dev) if gu_red else y
     num_h = triton.cdiv(h, c["DN_N"])
     num_n = triton.cdiv(inter, c["GU_N"])
     # one zeroed slice: the down launch's (token, H tile) counters, then gate/up's (entry, N tile) ones
     counters = _counters(dev, t * num_h + (n * num_n if gu_red else 0))
     s13 = (ws13.stride(0), ws13.stride(1)) if w_block else (0, 0)
     s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
-    KS._small_gate_up_kernel[(n * triton.cdiv(inter, c["GU_N"]), split)](
+    LP.launch(KS._small_gate_up_kernel, (n * triton.cdiv(inter, c["GU_N"]), split))(
         hidden,
         xq,
         xs,
@@ -266,7 +267,7 @@ def fused_moe_small(
         num_stages=c["GU_STAGES"],
         **launch_kw,
     )
-    KS._small_down_kernel[(n * num_h * dn_split,)](
+    LP.launch(KS._small_down_kernel, (n * num_h * dn_split,))(
         hbuf,
         hs,
         a2,
