@@ -9,6 +9,7 @@ thread and stack bytes (spills; read from the cubin with the bundled cuobjdump) 
 A job is ``(module, kernel, types, constexprs, num_warps, num_stages, aligned)``: ``types`` lists the
 Triton types of the non-constexpr arguments in order (``"*bf16 i32 fp32 ..."``); pointers and the int
 arguments named in ``aligned`` get the divisibility-by-16 hint the launcher gives them at run time.
+Constexpr parameters with a default that ``constexprs`` does not name build with that default.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ for module, name, types, consts, warps, stages, aligned in json.loads(sys.argv[1
     fn = getattr(importlib.import_module(module), name)
     types = iter(types.split())
     sig, attrs = {}, {}
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
     for i, arg in enumerate(fn.arg_names):
+        if arg not in consts and arg in defaults:  # a constexpr the job does not name: its default
+            consts[arg] = defaults[arg]
         if arg in consts:
             sig[arg] = "constexpr"
             continue

@@ -418,6 +418,32 @@ def _w_tile(w_desc, e, half, n0, k0, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
+def _prod(a, b, SWAP_AB: tl.constexpr):
+    """a [M, K] · b [K, N] → fp32 [M, N] (one K step's fresh product). SWAP_AB (config GU_SWAP_AB /
+    DN_SWAP_AB): computed as (bᵀ · aᵀ)ᵀ, so the weight tile's N (≥ 64 rows) is the MMA's M side and the
+    BLOCK_M token rows its N side: at 16 rows Triton 3.6 then issues Hopper fp8 wgmma (QGMMA) with both
+    operands from shared memory, where a 16-row M side gets mma.sync: every step's fp8 tile goes shared
+    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, README
+    "Swap AB at decode tiles"). The transposes are layout changes; the products are the same."""
+    if SWAP_AB:
+        return tl.trans(tl.dot(tl.trans(b), tl.trans(a)))
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _prod_promoted(a, b, acc, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc + a · b with the fp8 tensor-core partial sums promoted to fp32 every BLOCK_K (one K step).
+    SWAP_AB: the step's fresh product of ``_prod`` added in fp32, which is what the promotion does (the
+    accumulator handed to a swapped dot, transposed each step, broke Triton 3.6's sm_90 pipeliner:
+    "operand does not dominate this use")."""
+    if SWAP_AB:
+        return acc + _prod(a, b, True)
+    else:
+        return tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+
+
+@triton.jit
 def _gate_up_two_dots(
     a_ptrs,
     w_ptrs,
@@ -441,6 +467,7 @@ def _gate_up_two_dots(
     swu_ptr,  # ... and of its up rows, one per K group
     A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """Separate gate and up dots (config GU_TWO_DOTS; always for per-tensor weights with a static a13
     scale unless FAST_ACC): the fp32 accumulators of a BLOCK_M = 128 tile fit beside one dot's fresh
@@ -449,7 +476,8 @@ def _gate_up_two_dots(
     with GU_K = 256). Group/block scales (BLOCK_K <= 128): each step's product is scaled by the row's
     activation group scale and the gate / up rows' weight block scale (a scalar each: the tile's
     columns lie in one 128-row group), scales loaded one step ahead. W_TMA: weight tiles by TMA
-    (``_w_tile``, halves 0 / 1 of expert e32)."""
+    (``_w_tile``, halves 0 / 1 of expert e32). SWAP_AB: each dot with the weights as the MMA's M side
+    (``_prod``)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if A_GROUP:
@@ -468,7 +496,7 @@ def _gate_up_two_dots(
             bu = tl.load(w_ptrs + up_offset + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         if A_GROUP or W_BLOCK:
             kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
-            dg = tl.dot(a, bg)
+            dg = _prod(a, bg, SWAP_AB)
             if A_GROUP:
                 sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
                 dg = dg * sa[:, None]
@@ -477,7 +505,7 @@ def _gate_up_two_dots(
                 dg = dg * swg
                 swg = swg_next
             g += dg
-            du = tl.dot(a, bu)
+            du = _prod(a, bu, SWAP_AB)
             if A_GROUP:
                 du = du * sa[:, None]
                 sa = sa_next
@@ -487,8 +515,8 @@ def _gate_up_two_dots(
                 swu = swu_next
             u += du
         else:
-            g = tl.dot(a, bg, g, max_num_imprecise_acc=BLOCK_K)
-            u = tl.dot(a, bu, u, max_num_imprecise_acc=BLOCK_K)
+            g = _prod_promoted(a, bg, g, BLOCK_K, SWAP_AB)
+            u = _prod_promoted(a, bu, u, BLOCK_K, SWAP_AB)
     return g, u
 
 
@@ -531,6 +559,7 @@ def _gate_up_kernel(
     W_TMA: tl.constexpr = False,
     w_desc=None,  # W_TMA: w13 as [E, 2, I, H], block [1, 1 (TWO_DOTS) or 2, BN, BK]
     W_SCALAR: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
@@ -539,7 +568,10 @@ def _gate_up_kernel(
     ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC). W_TMA (config key): the
     weight tiles come by TMA from ``w_desc`` (the gathered A rows stay pointer loads). W_SCALAR (config
     key, block scales): the weight scale of each tile half is a scalar per K step (op checks that the
-    halves lie in one 128-row group), not a per-column vector (fewer registers; same products)."""
+    halves lie in one 128-row group), not a per-column vector (fewer registers; same products).
+    SWAP_AB (config GU_SWAP_AB, decode tiles): every K step's dot runs with the weight tile as the MMA's
+    M side and the BLOCK_M token rows as its N side (``_prod``: wgmma at 16 rows instead of mma.sync);
+    the accumulator is the transposed product, transposed back, so scales and epilogue are unchanged."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -591,6 +623,7 @@ def _gate_up_kernel(
             sw_base + ((I + pid_n * BLOCK_N) // 128) * stride_wsn,
             A_GROUP,
             W_BLOCK,
+            SWAP_AB,
         )
     else:
         offs_j = tl.arange(0, 2 * BLOCK_N)
@@ -628,7 +661,7 @@ def _gate_up_kernel(
             if A_GROUP or W_BLOCK:
                 # scaled partial product of each step, added in fp32 (promotion every BLOCK_K)
                 kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
-                d = tl.dot(a, b)
+                d = _prod(a, b, SWAP_AB)
                 if A_GROUP:
                     sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
                     d = d * sa[:, None]
@@ -645,11 +678,12 @@ def _gate_up_kernel(
                     sw = sw_next
                 acc += d
             elif FAST_ACC:
+                tl.static_assert(not SWAP_AB)  # op refuses FAST_ACC with the swap
                 acc = tl.dot(a, b, acc)  # the tensor cores' own fp8 accumulation over the whole K
             else:
                 # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K (sm_90 otherwise
                 # keeps the whole K in its reduced-precision fp8 accumulator)
-                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+                acc = _prod_promoted(a, b, acc, BLOCK_K, SWAP_AB)
         g, u = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
     if not A_GROUP:
         sa_t = tl.load(a_scale_ptr)
@@ -762,6 +796,7 @@ def _down_kernel(
     W_SCALAR: tl.constexpr = False,
     A_TMA: tl.constexpr = False,
     a_desc=None,  # A_TMA: the intermediate [P, I], block [BLOCK_M, BLOCK_K]
+    SWAP_AB: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
@@ -770,7 +805,8 @@ def _down_kernel(
     PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
     (two launches back, so complete: the launch in between let this grid start only once all its
     programs had passed their own wait) and prefetch this tile's weights into L2.
-    REDUCE (config DN_REDUCE = 1): the top-k sum without the reduce launch — see ``_reduce_in_down``."""
+    REDUCE (config DN_REDUCE = 1): the top-k sum without the reduce launch — see ``_reduce_in_down``.
+    SWAP_AB (config DN_SWAP_AB): the weight tile (BLOCK_N rows of H) as the MMA's M side (``_prod``)."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
     if PREFETCH:
@@ -825,7 +861,7 @@ def _down_kernel(
             b = tl.load(w_ptrs + k0, mask=n_ok[None, :] & ((k0 + offs_k) < I)[:, None], other=0.0)
         if A_GROUP or W_BLOCK:
             kn = tl.minimum(k0 + BLOCK_K, I - 1) // 128
-            d = tl.dot(a, b)
+            d = _prod(a, b, SWAP_AB)
             if A_GROUP:
                 sa_next = tl.load(sa_ptrs + kn)
                 d = d * sa[:, None]
@@ -840,9 +876,10 @@ def _down_kernel(
                 sw = sw_next
             acc += d
         elif FAST_ACC:
+            tl.static_assert(not SWAP_AB)  # op refuses FAST_ACC with the swap
             acc = tl.dot(a, b, acc)
         else:
-            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+            acc = _prod_promoted(a, b, acc, BLOCK_K, SWAP_AB)
     scale = tl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling
     if not A_GROUP:
         scale = scale * tl.load(a2_scale_ptr)
