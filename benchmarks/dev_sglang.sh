@@ -3,21 +3,27 @@
 # in .whl_sglang/ (built by benchmarks/pack_sglang_carry.sh) and .whl_profile/. Call it as
 #   run(command="bash benchmarks/dev_sglang.sh", carry=[".whl_profile", ".whl_sglang"], timeout_s=150)
 # Stages, each under its own time limit, results re-packed into $OUT/results.tgz after each:
-#   install  the carried wheels into /tmp/site (--no-index --no-deps --no-compile --target)
+#   install  the carried wheels into /tmp/sglang_site (--no-index --no-deps --no-compile --target)
 #   tree     the tests run from .whl_sglang/tree.tar.gz (git archive of a commit; the device copy has no
 #            .git, and other engineers' uncommitted edits in the working tree must not leak into the run)
-#   gpu      pytest -m gpu on test_sglang_attention/_moe/_plugin at real sizes (GPU_S, default 85 s)
-#   cpu      the same files' CPU tests plus the sgl_kernel stand-in's, under TRITON_INTERPRET=1 as in
-#            CI, with whatever time is left (to 140 s); needs the hpc-advise dist-info for the entry
-#            point test (built from the tree with the image's setuptools)
+#   gpu      pytest -m gpu on test_sglang_attention/_moe/_plugin at real sizes (GPU_S, default 95 s)
+#   cpu      the same files' CPU tests plus the sgl_kernel stand-in's as CI runs them: CUDA hidden
+#            (CUDA_VISIBLE_DEVICES=), so SGLang takes its CPU branches (with CUDA visible its KV store
+#            runs its CUDA-only store_cache op even on CPU tensors) and conftest picks the Triton
+#            interpreter; with whatever time is left (to 140 s); the entry point test needs the
+#            hpc-advise dist-info (built from the tree with the image's setuptools)
+# A warm machine keeps /tmp from earlier calls (other scripts install into /tmp/site), so the site and
+# results folders here are fresh ones of this script's own.
 set -o pipefail
 T0=$SECONDS
-RES=/tmp/res
+RES=/tmp/sglang_res
+SITE=/tmp/sglang_site
+rm -rf "$RES" "$SITE" /tmp/sglang_site_hpc /tmp/tree
 mkdir -p "$RES"
 pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
 FILES="tests/runtime/test_sglang_attention.py tests/runtime/test_sglang_moe.py tests/runtime/test_sglang_plugin.py"
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
   .whl_sglang/*.whl .whl_profile/*.whl > "$RES/install.log" 2>&1 || { tail -20 "$RES/install.log"; pack "install FAILED"; exit 1; }
 SRC=$PWD
 if [ -f .whl_sglang/tree.tar.gz ]; then
@@ -25,7 +31,7 @@ if [ -f .whl_sglang/tree.tar.gz ]; then
   cp .whl_sglang/tree_commit.txt "$RES/"
 fi
 cd "$SRC" || exit 1
-export PYTHONPATH=/tmp/site:$SRC PYTHONUNBUFFERED=1
+export PYTHONPATH=$SITE:$SRC PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 pack "installed; tests run from $SRC (commit $(cat "$RES/tree_commit.txt" 2>/dev/null || echo 'working tree'))"
 
@@ -48,16 +54,16 @@ EOF
 } > "$RES/versions.txt" 2>&1
 cat "$RES/versions.txt"
 
-timeout "${GPU_S:-85}" python3 -m pytest -v -m gpu $FILES -p no:cacheprovider -o addopts="" -rfEs \
+timeout "${GPU_S:-95}" python3 -m pytest -v -m gpu $FILES -p no:cacheprovider -o addopts="" -rfEs \
   --timeout 80 > "$RES/gpu_tests.log" 2>&1
 echo "gpu stage rc=$?" >> "$RES/gpu_tests.log"
 pack "gpu tests done"
 
 LEFT=$((140 - (SECONDS - T0)))
 if [ "$LEFT" -gt 20 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site_hpc . \
-    > "$RES/hpc_dist.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/site_hpc
-  TRITON_INTERPRET=1 timeout "$LEFT" python3 -m pytest -q -m "not gpu" $FILES \
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/sglang_site_hpc . \
+    > "$RES/hpc_dist.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/sglang_site_hpc
+  CUDA_VISIBLE_DEVICES= timeout "$LEFT" python3 -m pytest -q -m "not gpu" $FILES \
     tests/runtime/test_sglang_sgl_kernel_stand_in.py -n 4 -p no:cacheprovider -o addopts="" -rfEs \
     --timeout 100 > "$RES/cpu_tests.log" 2>&1
   echo "cpu stage rc=$?" >> "$RES/cpu_tests.log"
@@ -69,7 +75,7 @@ grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$RES/gpu_tests.log" | grep "::" | sed '
 grep -E "^(FAILED|ERROR)|^E  " "$RES/gpu_tests.log" | head -12
 tail -2 "$RES/gpu_tests.log"
 if [ -f "$RES/cpu_tests.log" ]; then
-  echo "== CPU tests under TRITON_INTERPRET=1 on the GPU machine =="
+  echo "== CPU tests on the GPU machine (CUDA hidden, Triton interpreter) =="
   grep -E "^(FAILED|ERROR)" "$RES/cpu_tests.log" | head -12
   tail -2 "$RES/cpu_tests.log"
 fi

@@ -418,6 +418,57 @@ def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_decode_step_stores_new_token_through_sglang_on_gpu(kv_dtype):
+    """A whole decode step on the GPU as SGLang runs it (save_kv_cache=True): our forward_decode stores
+    the new token's K/V through the pool's set_kv_buffer (SGLang's CUDA store path), then attends over
+    it. The pool must hold exactly the new K/V cast to the KV dtype at out_cache_loc and nothing else
+    may change; the output must match torch_native reading the same pool afterwards. On a GPU machine
+    with sgl-kernel missing: SGLang's module-level imports of it are met by
+    tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+
+    seed, gen = fresh_seed()
+    seq_lens = [3000, 1, 64, 65, 129]
+    hd, q_heads, kv_heads = 128, 8, 1
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(
+            sg,
+            q_heads=q_heads,
+            kv_heads=kv_heads,
+            kv_dtype=kv_dtype,
+            pages=64,
+            reqs=8,
+            context=4096,
+            head_dim=hd,
+            device="cuda",
+        )
+        layers = [sg.RadixAttention(q_heads, hd, hd**-0.5, kv_heads, layer_id=i) for i in range(2)]
+        idx, out_loc = _fill(sg, runner, layers, seq_lens, gen, direct=True)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        ours, ref = HpcAdviseAttnBackend(runner), sg.TorchNative(runner)
+        ours.init_forward_metadata(fb)
+        ref.init_forward_metadata(fb)
+        pool = runner.token_to_kv_pool
+        others = torch.ones(pool.get_kv_buffer(0)[0].shape[0], dtype=torch.bool, device="cuda")
+        others[out_loc] = False  # every slot but the new tokens'
+        for layer in layers:
+            q = torch.randn(len(seq_lens), q_heads * hd, generator=gen).to(torch.bfloat16).cuda()
+            k = torch.randn(len(seq_lens), kv_heads, hd, generator=gen).to(torch.bfloat16).cuda()
+            v = torch.randn(len(seq_lens), kv_heads, hd, generator=gen).to(torch.bfloat16).cuda()
+            before = [b.clone() for b in pool.get_kv_buffer(layer.layer_id)]
+            got = ours.forward_decode(q, k.clone(), v.clone(), layer, fb).float()
+            after = pool.get_kv_buffer(layer.layer_id)
+            for new, old, buf in zip((k, v), before, after, strict=True):
+                assert torch.equal(buf[out_loc].float(), new.to(kv_dtype).float()), (layer.layer_id, seed)
+                assert torch.equal(buf[others].float(), old[others].float()), (layer.layer_id, seed)
+            want = ref.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+            assert torch.isfinite(got).all(), seed
+            assert_close_seeded(got, want, atol=ATOL, rtol=RTOL, seed=seed)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_capture_and_replay_on_gpu():
     """Capture metadata-in-graph + one layer's decode in a CUDA graph, replay it with other lengths and
     other requests (as SGLang's decode graph runner does), and compare with eager steps. On a GPU machine
