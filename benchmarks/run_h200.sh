@@ -20,7 +20,10 @@
 # Results land in $OUT/results.tgz (re-packed after every stage, so a timeout keeps what finished).
 set -o pipefail
 T0=$SECONDS
-RES=/tmp/res
+# fresh folders per call: a warm machine keeps /tmp from earlier calls, and packages or results left
+# there by another script (same --target, no --upgrade) would silently win over this call's
+RES=$(mktemp -d /tmp/res.XXXX)
+SITE=$(mktemp -d /tmp/site.XXXX)
 STAGES=" ${STAGES:-tests profile decode} "
 mkdir -p "$RES"
 pack() { tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null; echo "[$((SECONDS - T0))s] $1"; }
@@ -28,13 +31,13 @@ has() { [[ "$STAGES" == *" $1 "* ]]; }
 WHEELS=".whl_profile/*.whl"
 [ -d .whl_attn ] && WHEELS="$WHEELS .whl_attn/*.whl"
 [ -d .whl_moe ] && WHEELS="$WHEELS .whl_moe/*.whl"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $WHEELS || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MAX_JOBS=12
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" $WHEELS || exit 1
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 MAX_JOBS=12
 export PATH=$PATH:/usr/local/cuda/bin HPC_ADVISE_HOME=$RES/home HPC_ADVISE_RESULTS=$RES
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
 if [ -d .whl_attn ]; then
-  python3 -m zipfile -e .whl_attn/flashinfer_strip.zip /tmp/site || exit 1
+  python3 -m zipfile -e .whl_attn/flashinfer_strip.zip "$SITE" || exit 1
   export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
   mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
   has decode && (timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1) &
