@@ -7,6 +7,7 @@
     python benchmarks/tune_fused_moe.py --persistent [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --prefill-variants [--shapes ...] [--ts 1024,4096,16384]
     python benchmarks/tune_fused_moe.py --decode-forms [--shapes ...] [--ts 16,64,128]
+    python benchmarks/tune_fused_moe.py --swap-ab [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
@@ -33,11 +34,19 @@ regular decode path with the prefill forms (TMA weight tiles, scalar block scale
 activation rows by TMA, and the tile choices their registers allow; ``fb.decode_form_candidates``), in one
 process; a form replaces the current pick only if >= 2% faster (``fb.DECODE_FORM_MIN_GAIN``).
 
-``--launch-overhead`` tunes nothing: per (shape, T) and path (the persistent, small-T and regular
-configs) it measures one eager call's host time (perf_counter around 200 calls without a synchronize:
-what the Python side and the launches cost the CPU), the eager wall time per call (the same 200 calls
-and one synchronize), the GPU time of a CUDA-graph replay of one call (events), the host time of the
-launcher objects alone, and the top host functions of the persistent call (cProfile).
+``--swap-ab`` times, per point (T <= 128), the config ``op.get_config`` picks now against the regular
+pick with its GEMMs swapped (GU_SWAP_AB, DN_SWAP_AB: the weight tile as the MMA's M side, so 16 token
+rows reach wgmma; ``swap_ab_candidates``), through the ``--decode-forms`` loop (one process, current pick
+re-timed last, a swap merged only if >= 2% faster).
+
+``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
+T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
+looks up its config and goes through Triton's dispatch) and on (the signature's recorded plan replays the
+compiled launches), in one process: one eager call's host time (perf_counter around 100 calls without a
+synchronize: what the Python side and the launches cost the CPU), the eager wall time per call (the same
+calls and one synchronize), the GPU time of one call from a CUDA graph (events), whether the outputs are
+bitwise equal, the host time of the plan key alone, and at the first T the planned call's top host
+functions (cProfile). Last it prints the markdown table (``overhead_table``).
 
 ``--persistent`` times, per point, the config ``op.get_config`` picks now against the one-launch
 persistent decode path's candidates (``persistent_candidates``), in one process, through the
@@ -154,10 +163,11 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
     return rows
 
 
-def _host_us(fn, calls: int = 200) -> tuple[float, float]:
+def _host_us(fn, calls: int = 100) -> tuple[float, float]:
     """(host µs per call: perf_counter around ``calls`` eager calls without a synchronize, wall µs per
     call: the same calls and one synchronize). Equal when the host is the bottleneck (the GPU waits for
-    launches); wall > host when the GPU's own time per call is the longer one."""
+    launches); wall > host when the GPU's own time per call is the longer one. 100 calls of <= 5 launches
+    stay below the driver's queue of pending launches, so the host loop does not wait on the GPU."""
     import time
 
     import torch
@@ -190,67 +200,125 @@ def _top_host_functions(fn, calls: int = 100, top: int = 8) -> list[str]:
     return [f"{1e6 * v[2] / calls:.1f} us {Path(f).name}:{line}({name})" for (f, line, name), v in rows]
 
 
+def _graph_gpu_us(call) -> float:
+    """GPU µs of one call from a CUDA graph: the call runs once eagerly on a side stream (with plans on,
+    that records the side stream's plan), is captured on that stream (a cached plan is replayed inside
+    the capture, with buffers of the graph's own) and the graph is replayed, timed with events."""
+    import torch
+
+    from hpc_advise.runtime.benchmarking import time_cuda
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        call()
+    return time_cuda(graph.replay, graph=False, inner=1, reps=50, warmup=3).p50
+
+
+def overhead_paths(op, op_small, op_persistent, t: int, k: int, e: int, h: int, i: int, mode: str) -> dict:
+    """--launch-overhead: per path that serves T, its config: the tuned pick where it is that path, else
+    the path's default (persistent with PDL: T <= 16; small: T <= 32); the regular path always."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    paths = {}
+    if t <= op_persistent.PERSISTENT_T_MAX:
+        pers = cur if op_persistent.is_persistent(cur) else None
+        paths["persistent"] = pers or dict(op_persistent.default_persistent_config(a2_group), PDL=1)
+    if t <= op_small.SMALL_T_MAX:
+        paths["small"] = (
+            cur if op_small.is_small(cur) else op_small.default_small_config(t, k, e, h, i, a2_group)
+        )
+    paths["regular"] = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
+    return paths
+
+
 def launch_overhead(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
-    """Host time vs GPU time of one call per path (persistent, small-T, regular) at each (shape, T): host
-    and wall µs per eager call (``_host_us``), the GPU µs of a CUDA-graph replay of one call (events), the
-    host µs of building the launcher's validated ``op._Launch`` alone, and for the persistent path the
-    same eager call with PDL off and its top host functions (cProfile)."""
+    """Host time vs GPU time of one eager call per path (persistent, small-T, regular) at each (shape, T),
+    launch plans off (every call checks, looks up its config and goes through Triton's launch dispatch)
+    and on (the call signature's plan replays the compiled launches, launch_plan.py), in one process:
+    host and wall µs per eager call (``_host_us``), GPU µs of one call from a CUDA graph
+    (``_graph_gpu_us``), whether a replayed call's output is bitwise the unplanned one (until the
+    2026-11-29 17:33 UTC run: the recording call's), the host µs of the plan key alone,
+    and at the first T of each shape the top host functions of the planned call (cProfile)."""
     import functools
 
     import torch
 
-    from hpc_advise.kernels.fused_moe import op, op_persistent, op_small
-    from hpc_advise.runtime.benchmarking import time_cuda
+    from hpc_advise.kernels.fused_moe import launch_plan, op, op_persistent, op_small
 
+    plans = {}
+    for shape in shapes:
+        e, h, i, k, eg, off = fb.SHAPES[shape]
+        mode = fb.MODES[shape][0]
+        for t in ts:
+            plans[shape, t] = overhead_paths(op, op_small, op_persistent, t, k, e, h, i, mode)
+    jobs = [fb.compile_job(s, fb.MODES[s][0], c) for (s, _), p in plans.items() for c in p.values()]
+    fb.precompile(jobs)  # builds in parallel
     rows = []
     for shape in shapes:
         e, h, i, k, eg, off = fb.SHAPES[shape]
         mode = fb.MODES[shape][0]
-        a2_group = mode.endswith("dynamic")
         wts = fb.make_weights(e, h, i, mode)
         kw = fb._kwargs(wts, mode, off)
         for t in ts:
             s = fb.make_routings(t, k, eg, h, 1)[0]
-            cur = op.get_config(t, k, e, h, i, mode, a2_group)
-            small = cur if op_small.is_small(cur) else op_small.default_small_config(t, k, e, h, i, a2_group)
-            pers = cur if op_persistent.is_persistent(cur) else None
-            pers = pers or dict(op_persistent.default_persistent_config(a2_group), PDL=1)
-            paths = {
-                "persistent": pers,
-                "persistent PDL off": dict(pers, PDL=0),
-                "small": small,
-                "regular": op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False),
-            }
-            fb.precompile([fb.compile_job(shape, mode, c) for c in paths.values()])  # builds in parallel
-            for path, cfg in paths.items():
+            for path, cfg in plans[shape, t].items():
                 xs = (s["x"], wts["w13"], wts["w2"], s["w"], s["ids"])
                 call = functools.partial(op.fused_moe, *xs, config=cfg, **kw)
-                args = (*xs, kw["w13_scale"], kw["w2_scale"], kw.get("a13_scale"), kw.get("a2_scale"))
-                make_launch = functools.partial(
-                    op._Launch, *args, kw.get("block_shape"), off, cfg, allow_small=True
-                )
+                key_args = (*xs, kw["w13_scale"], kw["w2_scale"], kw.get("a13_scale"), kw.get("a2_scale"))
+                key_args += (kw.get("block_shape"), off, 1.0, None, cfg)
+                row = dict(shape=shape, mode=mode, T=t, path=path, config=cfg)
                 try:
-                    call()
-                    host, wall = _host_us(call)
-                    gpu = time_cuda(call, inner=1, reps=50, warmup=3).p50
-                    launcher, _ = _host_us(make_launch, calls=200)
+                    for label, enabled in (("old", False), ("new", True)):
+                        launch_plan.ENABLED = enabled
+                        op._PLANS.clear()
+                        call()  # compiles (old) / records the plan (new)
+                        host, wall = _host_us(call)
+                        row.update({f"{label}_host_us": host, f"{label}_wall_us": wall})
+                        row[f"{label}_graph_gpu_us"] = _graph_gpu_us(call)
+                        row[f"{label}_out"] = call()  # new: a replay of the recorded plan
+                    row["new_plans_recorded"] = op._PLANS.records
+                    row["bitwise_equal"] = bool(torch.equal(row.pop("old_out"), row.pop("new_out")))
+                    row["key_host_us"], _ = _host_us(lambda a=key_args: op._plan_key(*a), calls=1000)
+                    if t == ts[0]:
+                        row["new_top_host_functions"] = _top_host_functions(call)
                 except Exception as exc:
                     log(f"  overhead {shape} T={t} {path}: {type(exc).__name__}: {str(exc)[:200]}")
                     continue
-                row = dict(shape=shape, mode=mode, T=t, path=path, config=cfg, host_us=host, wall_us=wall)
-                row.update(graph_gpu_us=gpu, launch_object_host_us=launcher)
-                if path == "persistent":
-                    row["top_host_functions"] = _top_host_functions(call)
+                finally:
+                    launch_plan.ENABLED = True
                 log(
-                    f"  overhead {shape} T={t} {path}: eager host {host:.1f} us/call, eager wall {wall:.1f} "
-                    f"us/call, graph replay (GPU) {gpu:.1f} us, op._Launch alone {launcher:.1f} us"
+                    f"  overhead {shape} T={t} {path}: eager host {row['old_host_us']:.1f} -> "
+                    f"{row['new_host_us']:.1f} us/call (key {row['key_host_us']:.1f}), eager wall "
+                    f"{row['old_wall_us']:.1f} -> {row['new_wall_us']:.1f}, graph GPU {row['old_graph_gpu_us']:.1f}"
+                    f" / {row['new_graph_gpu_us']:.1f} us, bitwise {row['bitwise_equal']}"
                 )
-                for line in row.get("top_host_functions", []):
+                for line in row.get("new_top_host_functions", []):
                     log(f"    {line}")
                 rows.append(row)
         del wts, kw
         torch.cuda.empty_cache()
+    log(overhead_table(rows))
     return rows
+
+
+def overhead_table(rows: list[dict]) -> str:
+    """Markdown table of --launch-overhead rows (µs)."""
+    lines = [
+        "| shape | T | path | host old | host new | wall old | wall new | GPU (graph) old / new | key | bitwise |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['T']} | {r['path']} | {r['old_host_us']:.1f} | {r['new_host_us']:.1f} | "
+            f"{r['old_wall_us']:.1f} | {r['new_wall_us']:.1f} | {r['old_graph_gpu_us']:.1f} / "
+            f"{r['new_graph_gpu_us']:.1f} | {r['key_host_us']:.1f} | {'yes' if r['bitwise_equal'] else 'NO'} |"
+        )
+    return "\n".join(lines)
 
 
 def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
@@ -271,6 +339,44 @@ def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
     else:
         out += [dict(base, PROGS_PER_SM=p) for p in (1, 3)] + [dict(base, GU_STAGES=6)]
         out += [dict(base, GU_N=128, WARPS=8, PROGS_PER_SM=1), dict(base, GU_N=128), dict(base, DN_K=64)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+def swap_ab_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--swap-ab: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
+    then the regular pick (where the current one is a small-T / persistent config) with the gate/up swap,
+    the down swap and both; with both, the tile choices the swap changes: one gate/up stage fewer from 4
+    (the swapped block-scaled 128-wide tile takes 140 KB of shared memory at 4 stages, 1 program per SM;
+    105 KB at 3, sm_90a offline), the other down tile width (64 / 128 rows: the wgmma M side), and the TMA
+    weight tiles (+ scalar block scales where allowed) where the pick has pointer tiles. Per-tensor picks
+    with gate/up tiles narrower than 64 (two dots of GU_N rows each) are swapped at GU_N 64; where the
+    current pick uses PDL, the swapped candidates do too."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    reg = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
+    if mode.startswith("tensor") and reg["GU_N"] < 64:  # separate per-tensor dots: 64 rows for wgmma
+        reg = dict(reg, GU_N=64)
+    if cur.get("PDL"):  # a small-T / persistent pick with PDL: its regular stand-in launches with it too
+        reg = dict(reg, PDL=1)
+    both = dict(reg, GU_SWAP_AB=1, DN_SWAP_AB=1)
+    out = [cur, dict(reg, GU_SWAP_AB=1), dict(reg, DN_SWAP_AB=1), both]
+    if reg["GU_STAGES"] >= 4:
+        out.append(dict(both, GU_STAGES=reg["GU_STAGES"] - 1))
+    out.append(dict(both, DN_N=192 - reg["DN_N"]) if reg["DN_N"] in (64, 128) else both)
+    if not reg.get("W_TMA"):
+        tma = dict(both, W_TMA=1)
+        if mode.startswith("block") and i % 128 == 0 and reg["GU_N"] <= 128 and reg["DN_N"] <= 128:
+            tma["W_SCALAR"] = 1
+        out.append(tma)
+
+    def valid(c):  # a swap needs >= 64 weight rows per dot (Hy3's regular pick has 32-wide gate/up tiles)
+        try:
+            op.check_forms(c, a2_group, a2_group, mode.startswith("block"), h, i)
+        except op.FusedMoEError:
+            return False
+        return True
+
+    out = out[:1] + [c for c in out[1:] if valid(c)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
@@ -305,6 +411,11 @@ def main() -> None:
         "--decode-forms",
         action="store_true",
         help="time the current decode pick against the regular path with TMA / scalar-scale forms",
+    )
+    ap.add_argument(
+        "--swap-ab",
+        action="store_true",
+        help="time the current decode pick against the regular path with its GEMMs swapped (wgmma at 16 rows)",
     )
     ap.add_argument(
         "--launch-overhead",
@@ -343,6 +454,8 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     if args.persistent:  # the --variants loop over the persistent candidates
         fb.variant_candidates = persistent_candidates
+    if args.swap_ab:  # the --decode-forms loop over the swap-AB candidates
+        fb.decode_form_candidates = swap_ab_candidates
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -352,7 +465,7 @@ def main() -> None:
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         prefill_variants=args.prefill_variants,
-        decode_forms=args.decode_forms,
+        decode_forms=args.decode_forms or args.swap_ab,
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)

@@ -257,8 +257,10 @@ class PlanCache:
                 self.kept_bytes -= dropped.ws_bytes
 
     def clear(self) -> None:
+        """Drop every plan and reset the counters (hits: replays, records: plans stored)."""
         self.plans.clear()
         self.kept_bytes = 0
+        self.hits = self.records = 0
 
 
 def stream_of(device_index: int) -> tuple[int, int]:

@@ -12,7 +12,8 @@ input-quantization prologue); the prefetches run on the GPU only.
 
 The grid must be co-resident (programs wait on each other's counters), so the program count is the
 SM count times the programs that fit per SM, read from the compiled kernel (registers, shared memory);
-under the Triton interpreter, which runs programs one after another, it is 1.
+under the Triton interpreter, which runs programs one after another, it is 1. Workspace buffers and the
+launch go through ``launch_plan`` (``empty``, ``launch``) so that ``op.fused_moe`` can record and replay them.
 """
 
 from __future__ import annotations

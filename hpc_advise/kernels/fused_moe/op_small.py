@@ -11,6 +11,9 @@ hands the down kernel h as with one split; DN_SPLIT = s: s programs per (entry, 
 steps, summed in split order by the token's last-arriving program; PDL = 1: programmatic dependent
 launches (``use_pdl``); PREFETCH = 1 (with PDL): each GEMM grid prefetches its weight tiles into L2
 before it waits for the previous grid (the gate/up grid only with PRE_Q).
+
+Workspace buffers and launches go through ``launch_plan`` (``empty``, ``launch``) so that ``op.fused_moe``
+can record and replay them; the arrival counters are kept for the process (``launch_plan.keep``).
 """
 
 from __future__ import annotations
