@@ -50,6 +50,7 @@ def plan_kernel(
     G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
     SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
     BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list (0: no list)
+    SNAP_GATE: tl.constexpr,  # snapped boundaries only if no share grows past (100 + SNAP_GATE) % of T / G
 ):
     # One program. Step 1: per-request unit counts and their prefix sum.
     offs_b = tl.arange(0, BLOCK_B)
@@ -71,32 +72,47 @@ def plan_kernel(
     tl.store(req_cost_ptr + offs_b * 0, cost_ends * 0, mask=offs_b == 0)
     tl.debug_barrier()  # req_start / req_cost are read back below (global memory, same CTA)
 
+    # Step 2a (dynamic, snap > 0): the snapped boundaries are kept only if no program's share grows by
+    # more than SNAP_GATE % of the even share T / G (else the plan is the even split, snap 0): snapping each
+    # boundary on its own may move both ends of a range outwards, which costs more than whole segments save
+    # wherever segments differ in length (sweep run 12).
+    if not STATIC:
+        if snap > 0:
+            heaviest = total * 0
+            for step in range(G_STEPS):
+                p = step * BLOCK_G + tl.arange(0, BLOCK_G)
+                live = p < G
+                _, _, _, _, x0 = _boundary(
+                    p, live, B, G, total_cost, seg_cost, snap, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
+                )
+                _, _, _, _, x1 = _boundary(
+                    p + 1,
+                    live,
+                    B,
+                    G,
+                    total_cost,
+                    seg_cost,
+                    snap,
+                    req_cost_ptr,
+                    seq_lens_ptr,
+                    TILE,
+                    SEARCH_STEPS,
+                )
+                heaviest = tl.maximum(heaviest, tl.max(tl.where(live, x1 - x0, 0), axis=0))
+            keep = heaviest.to(tl.int64) * G * 100 <= (100 + SNAP_GATE) * total_cost.to(tl.int64)
+            snap = tl.where(keep, snap, 0)
+
     # Step 2: every program's first unit and the request that unit belongs to.
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p <= G
         if not STATIC:
-            # program p starts at cost position x = ceil(p * T / G): its first unit is the first one whose
-            # span starts at or after x, so every program gets an equal share of tiles + segment starts
+            # program p starts at cost position x = ceil(p * T / G), moved onto a segment boundary if the
+            # snap applies: its first unit is the first one whose span starts at or after that position
+            b, h, off, tiles_b, _ = _boundary(
+                p, live, B, G, total_cost, seg_cost, snap, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
+            )
             x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
-            # largest b < B with req_cost[b] <= x (binary search, vectorised over programs)
-            lo = tl.zeros([BLOCK_G], dtype=tl.int32)
-            hi = tl.zeros([BLOCK_G], dtype=tl.int32) + B
-            for _ in tl.static_range(SEARCH_STEPS):
-                mid = (lo + hi) // 2
-                start = tl.load(req_cost_ptr + mid, mask=live & (hi - lo > 1), other=0)
-                go_up = (hi - lo > 1) & (start <= x)
-                go_down = (hi - lo > 1) & (start > x)
-                lo = tl.where(go_up, mid, lo)
-                hi = tl.where(go_down, mid, hi)
-            b = lo
-            lens_b = tl.load(seq_lens_ptr + b, mask=live, other=1)
-            tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
-            local = x - tl.load(req_cost_ptr + b, mask=live, other=0)
-            h = local // (tiles_b + seg_cost)
-            off = local - h * (tiles_b + seg_cost)
-            # a boundary near a segment boundary moves onto it (the segment is then not split here)
-            off = _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap)
             t = tl.where(off == 0, 0, tl.minimum(tl.maximum(off - seg_cost, 1), tiles_b))
             u = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b + t
             u = tl.where(x >= total_cost, total, u)
@@ -175,6 +191,45 @@ def plan_kernel(
         for w0 in range(0, W, BLOCK_G):
             k = w0 + tl.arange(0, BLOCK_G)
             tl.store(wide_list_ptr + k, k * 0 - 1, mask=(k >= n_wide) & (k < W))
+
+
+@triton.jit
+def _boundary(
+    p,
+    live,
+    B,
+    G,
+    total_cost,
+    seg_cost,
+    snap,
+    req_cost_ptr,
+    seq_lens_ptr,
+    TILE: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+):
+    """Where program p's range starts on the cost axis: x = ceil(p T / G), in request b, KV head h, at
+    offset off from that segment's start (snapped, see _snap_offset); returns (b, h, off, tiles of b,
+    the snapped cost position). x >= T lands past the last segment (off = the segment's cost or more)."""
+    x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
+    # largest b < B with req_cost[b] <= x (binary search, vectorised over programs)
+    lo = tl.zeros_like(p)
+    hi = tl.zeros_like(p) + B
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        start = tl.load(req_cost_ptr + mid, mask=live & (hi - lo > 1), other=0)
+        go_up = (hi - lo > 1) & (start <= x)
+        go_down = (hi - lo > 1) & (start > x)
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_down, mid, hi)
+    b = lo
+    lens_b = tl.load(seq_lens_ptr + b, mask=live, other=1)
+    tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
+    local = x - tl.load(req_cost_ptr + b, mask=live, other=0)
+    h = local // (tiles_b + seg_cost)
+    off = local - h * (tiles_b + seg_cost)
+    # a boundary near a segment boundary moves onto it (the segment is then not split here)
+    snapped = tl.where(x < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off)
+    return b, h, snapped, tiles_b, x - off + snapped
 
 
 @triton.jit

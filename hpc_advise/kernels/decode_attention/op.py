@@ -62,8 +62,16 @@ MAX_SEG_COST = 64
 # within that slack (uniform batches) no segment is split (no partials, no merge duty, one pipeline fill
 # per segment), long requests are still split evenly; a program's cost grows by at most 2 x slack.
 # 0: boundaries stay where the even split puts them. At most 50 (the slack stays under one share).
+# Sweep run 12 (H200, 2026-11-29 17:33 UTC, benchmarks/results/decode_attention_sweep_run12.md), bf16 64/8:
+# snap 25 made 64 x 4K 4 % faster (260.3 -> 249.9 us; every segment whole, the heaviest program 3.1 % over
+# the share) but every mixed case slower (up to +15 %; +34 % at snap 50), where moving both ends of a range
+# outwards left some program up to 1.45 shares. Hence the gate: the planner keeps the snapped boundaries
+# only if no program's cost exceeds the even share by more than SNAP_GATE %, else it plans with snap 0
+# (decided on the GPU in the same launch). On the swept cases the gate keeps snap 25 on 64/8 64 x 4K and
+# 1 x 128K (where it changes nothing) and falls back elsewhere (tests/kernels/test_decode_attention_snap.py).
 DEFAULT_SNAP = 0
 MAX_SNAP = 50
+SNAP_GATE = 4
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
 # tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
 DEFAULT_PT_CHUNK = 0
@@ -115,9 +123,14 @@ TUNED_BY_KV_DTYPE = {
 # 32 x 128 + 32 x 4K 127.8 -> 116.1, 1 x 128K + 31 x 4K 202.3 -> 192.5, 1 x 64K + 15 x 4K 112.1 -> 108.8 (the
 # 2-warp form timed again at each case's end: within 1.5 % of its first timing). The head count stands in for
 # the work per step (plan() sees no lengths without a host sync); only 1 and 8 KV heads were measured.
+# bf16 with >= 8 KV heads: boundary snap 25 under the gate (SNAP_GATE; sweep run 12, 2026-11-29 17:32 UTC: 64/8
+# 64 x 4K 260.3 -> 249.9 us with every segment whole; on the other seven 64/8 cases swept the gate falls back to
+# the snap-0 schedule timed there, on 1 x 128K it keeps one that timed the same). Not for 8/1 (no swept 8/1 case
+# gained) nor fp8 (all three swept fp8 64/8 cases slower ungated).
 MANY_KV_HEADS = 8
 TUNED_MANY_KV_HEADS = {
     torch.float8_e4m3fn: {"warp_split": True, "num_warps": 1, "ctas_per_sm": 7, "tile": 32},
+    torch.bfloat16: {"snap": 25},
 }
 # Measured at head_dim 128. At 256 one warp's [16, 256] fp32 accumulator spills 656 bytes and only 4 such
 # programs fit an SM (offline sm_90a, tests/kernels/test_decode_attention.py): there the run-7 form stays
@@ -295,6 +308,7 @@ class DecodePlan:
             G_STEPS=-(-(g + 1) // 256),
             SEARCH_STEPS=int(math.log2(block_b)) + 1,
             BLOCK_P=self.merge_block if self.wide_merge else 0,
+            SNAP_GATE=SNAP_GATE,
             num_warps=4,
         )
         if self.loop == "flat":

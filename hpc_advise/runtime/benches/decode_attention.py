@@ -77,24 +77,21 @@ PEER_TITLES = {
 # bf16 8/1 3-26 % slower, but for 128-token tiles at 8 warps, 1 program/SM on 1 x 128K (28.4 vs 30.0 us;
 # +5 and +15 % on the other two 8/1 cases); fp8 64/8: 1 warp x 32 tokens at 7 programs/SM 3.5-9 % faster on
 # all four cases (op.TUNED_MANY_KV_HEADS since), three buffers 8-17 % slower.
-# Sweep run 12 (boundary snap, '-snN': op.plan(snap=N)): does a plan that keeps segments whole where they
-# balance within N % of a share close bf16 64/8's 2-4 % to FlashInfer BatchAttention, and do three K/V
-# buffers (4 stages) pay once programs start no segment mid-way? 64/8 64 x 4K: 512 segments of 64 tiles
-# (+ 2 for the start) over 264 programs, a share of 128: today most programs start mid-segment; with a slack
-# >= 25 % (32 of 128) every program gets whole segments (1 or 2).
+# Sweep run 12 (boundary snap, '-snN': op.plan(snap=N), 2026-11-29 17:32 UTC,
+# benchmarks/results/decode_attention_sweep_run12.md), before the gate: snap 25 made bf16 64/8 64 x 4K 4 % faster
+# (260.3 -> 249.9 us, every segment whole) and every mixed case slower (up to +15 %, +34 % at snap 50; 8/1 and fp8
+# too); three K/V buffers no faster with whole segments either (256.0). Since then the planner keeps a snap only
+# when no program exceeds its share by more than op.SNAP_GATE %, and bf16 with >= 8 KV heads runs snap 25 by
+# default. Next call: the gated default against snap 0 (first, the pre-run-12 default) and gated snap 50.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # today's bf16 default (two K/V buffers, no snap)
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn10"),
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn25"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # snap 0: the bf16 schedule before run 12 (8/1's default)
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn25"),  # bf16 default with >= 8 KV heads since run 12 (gated)
     (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn50"),
-    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl"),  # three K/V buffers (run 10: no gain without snap)
-    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl-sn25"),
-    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl-sn50"),
+    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl-sn25"),  # three K/V buffers
 ]
 SWEEP_CONFIGS_FP8 = [
     (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # fp8 default at >= 8 KV heads (sweep run 10)
-    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl-sn25"),
-    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl-sn50"),
+    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl-sn25"),  # gated snap (ungated: slower in run 12)
 ]
 SWEEP_CASES = [(name, 64, 8, "bf16") for name in CASES] + [
     ("64 x 4K", 8, 1, "bf16"),
