@@ -99,8 +99,8 @@ def main() -> None:
         kvs = ("bf16", "fp8") if args.kv == "all" else args.kv.split(",")
         if args.heads == "all":  # per head count the sweep has; the others keep op.py's defaults
             swept = {
-                (r["config"]["kv_dtype"], f"{r['config']['num_q_heads']}/{r['config']['num_kv_heads']}")
-                for r in rows
+                (c.get("kv_dtype", "bf16"), f"{c.get('num_q_heads')}/{c.get('num_kv_heads')}")
+                for c in (r["config"] for r in rows)
             }
             by_heads = {
                 key: da.best_config(rows, *key, margin=args.margin) for key in sorted(swept) if key[0] in kvs
