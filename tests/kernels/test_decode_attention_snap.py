@@ -317,19 +317,28 @@ def test_snap_update_replans_in_place():
 @pytest.mark.parametrize("snap", [25, 50])
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8])
 def test_gpu_snap_real_sizes(snap, kv_dtype):
-    # 64/8 at the benchmark's page and head_dim: uniform 4K requests (whole segments), edge lengths and a
-    # long context (split), both the plan's own grid and the tuned launch variant of the KV dtype
+    # 64/8 at the benchmark's page and head_dim with the tuned launch variant of the KV dtype
     scales = (0.8, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    kw = dict(hq=64, hkv=8, d=128, page=64, kv_dtype=kv_dtype, scales=scales, tuned=True, snap=snap)
+    # uniform 4K requests over 66 programs: two whole segments per program pass the gate, none is split
+    uniform = [4096] * 16
+    p, _ = check(uniform, num_programs=66, **kw)
+    assert effective_snap(uniform, 8, p.tile, 66, p.seg_cost, snap) == snap
+    assert p.merge_first.tolist() == [-1] * 66
+    check_plan(p, uniform, 8, 66, p.seg_cost, snap, tile=p.tile)
+    # edge lengths and a long context over the tuned grid: split segments, the plan the model predicts
     lens = [4096] * 8 + EDGE + [70000]
-    p, _ = check(lens, hq=64, hkv=8, d=128, page=64, kv_dtype=kv_dtype, scales=scales, tuned=True, snap=snap)
+    p, _ = check(lens, **kw)
     assert p.snap == snap
+    check_plan(p, lens, 8, p.num_programs, p.seg_cost, snap, tile=p.tile)
 
 
 @pytest.mark.gpu
 def test_gpu_snap_cuda_graph_replay_matches_eager():
-    hq, hkv, d, page = 64, 8, 128, 64
+    # 66 programs: the uniform step keeps the snap (no split segment), the mixed ones fall back
+    hq, hkv, d, page, g = 64, 8, 128, 64, 66
     q, k, v, table, _ = make_case([12800, 100, 4096, 5000] + [4096] * 12, hq=hq, hkv=hkv, d=d, page=page)
-    lens_buf = torch.tensor([4000, 100, 4096, 64] + [4096] * 12, dtype=torch.int32, device="cuda")
+    lens_buf = torch.tensor([4096] * 16, dtype=torch.int32, device="cuda")
     p = op.plan(
         lens_buf,
         table,
@@ -338,7 +347,8 @@ def test_gpu_snap_cuda_graph_replay_matches_eager():
         num_kv_heads=hkv,
         head_dim=d,
         kv_dtype=k.dtype,
-        snap=50,
+        snap=25,
+        num_programs=g,
     )
     table_buf, out = table.clone(), torch.empty_like(q)
     stream = torch.cuda.Stream()
@@ -351,11 +361,12 @@ def test_gpu_snap_cuda_graph_replay_matches_eager():
     with torch.cuda.graph(graph):
         p.update(lens_buf, table_buf)
         op.run(p, q, k, v, out=out)
-    for new in ([4001, 1, 4096, 65] + [4096] * 12, [64] * 16, [12800, 100, 300, 5000] + [333] * 12):
+    for new in ([4001, 1, 4096, 65] + [4096] * 12, [4096] * 16, [12800, 100, 300, 5000] + [333] * 12):
         lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
+        check_plan(p, new, hkv, g, p.seg_cost, 25, tile=p.tile)  # the plan the replay computed
         eager = op.run(p.update(lens_buf, table_buf), q, k, v)
         assert torch.equal(out, eager), new
         ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
