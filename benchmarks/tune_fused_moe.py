@@ -50,7 +50,11 @@ functions (cProfile). Last it prints the markdown table (``overhead_table``).
 
 ``--persistent`` times, per point, the config ``op.get_config`` picks now against the one-launch
 persistent decode path's candidates (``persistent_candidates``), in one process, through the
-``--variants`` loop (the current pick re-timed last), and keeps the fastest if >= 2% faster than the current pick.
+``--variants`` loop (the current pick re-timed last), and keeps the fastest if >= 2% faster than the current pick,
+in a table of its own (``--out``, default fused_moe_configs_persistent.json here or under $OUT), never in the
+shipped configs.json: the persistent programs wait on each other's counters and assume the whole grid is
+resident, which a kernel on another stream (an EP collective, the other micro-batch) can break, and a hang is
+not worth the 1.7 µs it won on one point (kernel README, "Persistent decode path").
 
 ``--breakdown`` tunes nothing: it times each launch of the config ``op.get_config`` picks (the
 single-CTA and the multi-CTA router + input quantization, gate/up, down, reduce) and prints one line
@@ -445,10 +449,13 @@ def main() -> None:
                 with open(Path(os.environ["OUT"]) / name, "a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)
             return
+    name = "fused_moe_configs_persistent.json" if args.persistent else "fused_moe_configs.json"
     if args.out:
         out = Path(args.out)
     elif os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / "fused_moe_configs.json"
+        out = Path(os.environ["OUT"]) / name
+    elif args.persistent:  # opt-in only: never merged into the shipped table (docstring)
+        out = Path(name)
     else:
         out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
     gpu = torch.cuda.get_device_name()

@@ -139,6 +139,14 @@ def test_rank_without_local_tokens_writes_zeros():
 # dispatch and config validation (op.py hook)
 
 
+def test_shipped_configs_never_pick_the_persistent_path():
+    """The persistent path is opt-in (an explicit config, or a table of one's own from the tuner's
+    --persistent): its programs wait on each other's counters and assume the whole grid is resident, which
+    a kernel on another stream (an EP collective, the other micro-batch) can break (README)."""
+    data = json.loads(op.CONFIG_PATH.read_text())
+    assert data["entries"] and not [x for x in data["entries"] if op_persistent.is_persistent(x["config"])]
+
+
 def test_dispatch_sends_persistent_configs_to_the_path_and_checks_its_limits(monkeypatch, tmp_path):
     """A tuned persistent entry is used near its T through op.fused_moe (same output as the direct
     call), never past PERSISTENT_T_MAX, and never by the unfused baseline."""
