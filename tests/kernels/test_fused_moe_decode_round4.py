@@ -5,9 +5,9 @@ tile goes shared memory -> ldmatrix -> registers, is converted to f16 there (F2F
 the swap the weight tile is the MMA's M side (>= 64 rows) and the tokens its N side, so the dot is one
 Hopper fp8 wgmma (QGMMA) from shared memory (``kernel._prod``; sm_90a check below). The products and
 their fp32 sums per K step are the same numbers, so on the interpreter (exact fp32 dots) the output is
-bitwise the plain form's; on the H200 the two instruction kinds may sum a step's 128 products in another
-order, so the GPU tests hold the swap to ``SWAP_REL_DIFF_MAX`` of the plain form (and print the
-measured difference) and to the 2e-2 reference bound of test_fused_moe.py.
+bitwise the plain form's; on the H200 the fp8 wgmma sums a step's products with less than fp32 precision,
+so the GPU tests hold the swap to ``SWAP_REL_DIFF_MAX`` of the plain form (and print the measured
+difference) and to the 2e-2 reference bound of test_fused_moe.py.
 
 CPU tests run under the Triton interpreter at small sizes (I not a multiple of the tile, one expert
 taking every token, empty experts, an EP rank with no local tokens, T = 1 / 3 / 16); the ``gpu`` tests
@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E402
+from hpc_advise.runtime.benches.fused_moe import TUNE_MAX_REL_DIFF  # noqa: E402
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     CPU_CFG,
@@ -35,10 +36,15 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     run_and_check,
 )
 
-# swap vs plain form on the GPU: same products, a step's fp8 sums possibly in another order inside the
-# tensor cores (fp32), then the same fp8 re-quantization of h, where a flipped rounding moves one element
-# by one e4m3 step (README "Tolerances"): far below the 2e-2 reference bound, far above any bug's O(1)
-SWAP_REL_DIFF_MAX = 5e-3
+# swap vs plain form on the GPU: same products, but the swap's fp8 wgmma sums a step's products inside the
+# tensor cores with less than fp32 precision (the plain form's 16-row mma.sync converts to f16 and adds
+# in fp32; FAST_ACC, fp8 wgmma over 32 steps without promotion, measured 1.1-1.2e-2), and the fp8
+# re-quantization of h then flips some elements by one e4m3 step (README "Tolerances"). Measured on the
+# H200 (2026-11-29 17:59 UTC): Hy3 TP8 T = 64, GU_SWAP_AB, 5.29e-3 from the plain form and 5.34e-3 from
+# the reference (per-tensor static a2: the coarsest quantizer). So the bound is the tuner's own accuracy
+# guard for a config entering the shipped table (1e-2 against its first candidate): half the 2e-2
+# reference bound, and any indexing/scale bug is O(1)
+SWAP_REL_DIFF_MAX = TUNE_MAX_REL_DIFF
 SWAPS = (dict(GU_SWAP_AB=1), dict(DN_SWAP_AB=1), dict(GU_SWAP_AB=1, DN_SWAP_AB=1))
 
 
