@@ -337,7 +337,7 @@ def test_gpu_snap_real_sizes(snap, kv_dtype):
 def test_gpu_snap_cuda_graph_replay_matches_eager():
     # 66 programs: the uniform step keeps the snap (no split segment), the mixed ones fall back. The pool
     # holds KV (and page-table entries) up to the longest length each request takes below; columns past
-    # it are -1 and would fault if read (the H200 run of 18:10 UTC did, with request 1 at 4096 of 100)
+    # it are -1 and would fault if read (the H200 run of 18:01 UTC did, with request 1 at 4096 of 100)
     hq, hkv, d, page, g = 64, 8, 128, 64, 66
     q, k, v, table, _ = make_case([12800, 4096, 4096, 5000] + [4096] * 12, hq=hq, hkv=hkv, d=d, page=page)
     lens_buf = torch.tensor([4096] * 16, dtype=torch.int32, device="cuda")

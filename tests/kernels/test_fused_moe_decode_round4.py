@@ -40,7 +40,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
 # tensor cores with less than fp32 precision (the plain form's 16-row mma.sync converts to f16 and adds
 # in fp32; FAST_ACC, fp8 wgmma over 32 steps without promotion, measured 1.1-1.2e-2), and the fp8
 # re-quantization of h then flips some elements by one e4m3 step (README "Tolerances"). Measured on the
-# H200 (2026-11-29 17:59 UTC): Hy3 TP8 T = 64, GU_SWAP_AB, 5.29e-3 from the plain form and 5.34e-3 from
+# H200 (2026-11-29 17:55 UTC): Hy3 TP8 T = 64, GU_SWAP_AB, 5.29e-3 from the plain form and 5.34e-3 from
 # the reference (per-tensor static a2: the coarsest quantizer). So the bound is the tuner's own accuracy
 # guard for a config entering the shipped table (1e-2 against its first candidate): half the 2e-2
 # reference bound, and any indexing/scale bug is O(1)
