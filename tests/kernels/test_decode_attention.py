@@ -120,6 +120,35 @@ def check(
     return p, out
 
 
+def check_graph_replay(p, q, k, v, table, lens_buf, steps, *, page, eager=None, each=None):
+    """GPU: ``plan.update`` + ``run`` of plan ``p`` (lengths read from ``lens_buf``) warmed up on a side stream,
+    captured in a CUDA graph, then replayed once per lengths list in ``steps`` (written into ``lens_buf``, the
+    output poisoned first): bitwise the eager call (``eager(table)``, default ``run`` on the re-updated plan)
+    and within the bf16 tolerance of the reference. ``each(lengths)`` adds checks right after each replay."""
+    table_buf, out = table.clone(), torch.empty_like(q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        p.update(lens_buf, table_buf)
+        op.run(p, q, k, v, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        p.update(lens_buf, table_buf)
+        op.run(p, q, k, v, out=out)
+    for new in steps:
+        lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        if each is not None:
+            each(new)
+        want = eager(table_buf) if eager is not None else op.run(p.update(lens_buf, table_buf), q, k, v)
+        assert torch.equal(out, want), new
+        ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
+        assert rel_err(out, ref) <= TOL[torch.bfloat16], new
+
+
 # ---------------------------------------------------------------- CPU (interpreter) and GPU alike
 
 
@@ -676,28 +705,14 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
         warp_split=warp_split,
         num_stages=num_stages,
     )
-    table_buf, out = table.clone(), torch.empty_like(q)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        p.update(lens_buf, table_buf)
-        op.run(p, q, k, v, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        p.update(lens_buf, table_buf)
-        op.run(p, q, k, v, out=out)
-    for new in ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 100, 300, 5000]):
-        lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = op.decode_attention(q, k, v, table_buf, lens_buf, page_size=page)
-        if warp_split or num_stages:  # maybe not decode_attention()'s variant: eager with the same plan
-            eager = op.run(p.update(lens_buf, table_buf), q, k, v)
-        assert torch.equal(out, eager), new
-        ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
-        assert rel_err(out, ref) <= TOL[torch.bfloat16]
+    # decode_attention()'s own call where the plan is its variant, else eager with the same plan
+    tuned = (
+        None
+        if warp_split or num_stages
+        else lambda tb: op.decode_attention(q, k, v, tb, lens_buf, page_size=page)
+    )
+    steps = ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 100, 300, 5000])
+    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, eager=tuned)
 
 
 # ---------------------------------------------------------------- CPU only: what Triton builds for sm_90a

@@ -20,7 +20,17 @@ import torch
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
 from hpc_advise.runtime.benches import decode_attention as da
-from tests.kernels.test_decode_attention import BF16, DEVICE, EDGE, FP8, TOL, check, make_case, rel_err
+from tests.kernels.test_decode_attention import (
+    BF16,
+    DEVICE,
+    EDGE,
+    FP8,
+    TOL,
+    check,
+    check_graph_replay,
+    make_case,
+    rel_err,
+)
 
 PAGE, TILE, MERGE_BLOCK = 16, 16, 16
 
@@ -352,27 +362,12 @@ def test_gpu_snap_cuda_graph_replay_matches_eager():
         snap=25,
         num_programs=g,
     )
-    table_buf, out = table.clone(), torch.empty_like(q)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        p.update(lens_buf, table_buf)
-        op.run(p, q, k, v, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        p.update(lens_buf, table_buf)
-        op.run(p, q, k, v, out=out)
-    for new in ([4001, 1, 4096, 65] + [4096] * 12, [4096] * 16, [12800, 100, 300, 5000] + [333] * 12):
-        lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check_plan(p, new, hkv, g, p.seg_cost, 25, tile=p.tile)  # the plan the replay computed
-        eager = op.run(p.update(lens_buf, table_buf), q, k, v)
-        assert torch.equal(out, eager), new
-        ref = decode_attention_reference(q, k, v, table_buf, lens_buf, page_size=page)
-        assert rel_err(out, ref) <= TOL[BF16]
+    steps = ([4001, 1, 4096, 65] + [4096] * 12, [4096] * 16, [12800, 100, 300, 5000] + [333] * 12)
+
+    def planned_as_modelled(lens):  # the plan each replay computed on the GPU, against the planner model
+        check_plan(p, lens, hkv, g, p.seg_cost, 25, tile=p.tile)
+
+    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, each=planned_as_modelled)
 
 
 @pytest.mark.slow
