@@ -325,6 +325,27 @@ class DecodePlan:
         return self
 
 
+def _check_geometry(page_size: int, head_dim: int, num_q_heads: int, num_kv_heads: int) -> int:
+    """The GQA group of a supported (page size, head_dim, heads) geometry; ValueError otherwise."""
+    if page_size not in PAGE_SIZES:
+        _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
+    if head_dim not in HEAD_DIMS:
+        _fail(f"head_dim {head_dim} not supported (supported: {HEAD_DIMS})")
+    if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
+        _fail(f"num_q_heads {num_q_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
+    group = num_q_heads // num_kv_heads
+    if group > MAX_GROUP:
+        _fail(f"GQA group {group} (= {num_q_heads}/{num_kv_heads}) exceeds {MAX_GROUP}")
+    return group
+
+
+def _choice(name: str, value, allowed: tuple):
+    """``value`` if it is one of ``allowed``; ValueError naming the knob otherwise."""
+    if value not in allowed:
+        _fail(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
 def plan(
     seq_lens: torch.Tensor,
     page_table: torch.Tensor,
@@ -381,15 +402,7 @@ def plan(
     num_stages = tuned.get("num_stages") if num_stages is None else num_stages
     if tile is None and head_dim <= 128:  # measured at head_dim 128; 256 keeps its halved default tile
         tile = tuned.get("tile")
-    if page_size not in PAGE_SIZES:
-        _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
-    if head_dim not in HEAD_DIMS:
-        _fail(f"head_dim {head_dim} not supported (supported: {HEAD_DIMS})")
-    if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
-        _fail(f"num_q_heads {num_q_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
-    group = num_q_heads // num_kv_heads
-    if group > MAX_GROUP:
-        _fail(f"GQA group {group} (= {num_q_heads}/{num_kv_heads}) exceeds {MAX_GROUP}")
+    group = _check_geometry(page_size, head_dim, num_q_heads, num_kv_heads)
     seq_lens = _check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
     page_table = _check_tensor("page_table", page_table, 2, (torch.int32,))
     device = seq_lens.device
@@ -414,15 +427,11 @@ def plan(
         splits = int(static_splits) if static_splits else max(1, -(-g_dyn // (max_batch * num_kv_heads)))
         splits = min(splits, MAX_STATIC_SPLITS)
         g = max_batch * num_kv_heads * splits
-    merge_block = DEFAULT_MERGE_BLOCK if merge_block is None else int(merge_block)
-    if merge_block not in MERGE_BLOCKS:
-        _fail(f"merge_block must be one of {MERGE_BLOCKS}, got {merge_block}")
-    pt_chunk = DEFAULT_PT_CHUNK if pt_chunk is None else int(pt_chunk)
-    if pt_chunk not in PT_CHUNKS:
-        _fail(f"pt_chunk must be one of {PT_CHUNKS}, got {pt_chunk}")
-    loop = DEFAULT_LOOP if loop is None else loop
-    if loop not in LOOPS:
-        _fail(f"loop must be one of {LOOPS}, got {loop!r}")
+    merge_block = _choice(
+        "merge_block", DEFAULT_MERGE_BLOCK if merge_block is None else int(merge_block), MERGE_BLOCKS
+    )
+    pt_chunk = _choice("pt_chunk", DEFAULT_PT_CHUNK if pt_chunk is None else int(pt_chunk), PT_CHUNKS)
+    loop = _choice("loop", DEFAULT_LOOP if loop is None else loop, LOOPS)
     seg_cost = DEFAULT_SEG_COST if seg_cost is None else seg_cost
     if not isinstance(seg_cost, int) or not 0 <= seg_cost <= MAX_SEG_COST:
         _fail(f"seg_cost must be an int in 0..{MAX_SEG_COST}, got {seg_cost!r}")
