@@ -49,6 +49,26 @@ def _prefetch_l2(ptrs, mask):
 
 
 @triton.jit
+def _local_experts(topk_ids_ptr, offs, n_entries, expert_offset, num_experts):
+    """(e, local) of the entry ids ``offs``: e = the chosen expert minus ``expert_offset``; local = the
+    entry exists (< n_entries) and its expert is on this rank (0 <= e < num_experts)."""
+    inb = offs < n_entries
+    e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
+    return e, inb & (e >= 0) & (e < num_experts)
+
+
+@triton.jit
+def _store_block_experts(block_expert_ptr, b, ends, total, max_blocks, BLOCK_M: tl.constexpr):
+    """The local expert of each block b < max_blocks: the number of experts whose padded run ends
+    (``ends``: one past each run's last row) at or before the block's first row; -1 past the used rows
+    (``total``)."""
+    bstart = b * BLOCK_M
+    eb = tl.sum((ends[None, :] <= bstart[:, None]).to(tl.int32), axis=1)
+    eb = tl.where(bstart < total, eb, -1)
+    tl.store(block_expert_ptr + b, eb, mask=b < max_blocks)
+
+
+@triton.jit
 def _route(
     topk_ids_ptr,  # int32 [n]
     n_entries,
@@ -68,9 +88,7 @@ def _route(
     counts = tl.zeros([E_PAD], dtype=tl.int32)
     for start in range(0, n_entries, ROUTE_BLK):
         offs = start + offs0
-        inb = offs < n_entries
-        e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
-        valid = inb & (e >= 0) & (e < num_experts)
+        e, valid = _local_experts(topk_ids_ptr, offs, n_entries, expert_offset, num_experts)
         counts += tl.histogram(tl.where(valid, e, 0), E_PAD, mask=valid)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
@@ -83,20 +101,14 @@ def _route(
     max_blocks = max_padded // BLOCK_M
     offs_b0 = tl.arange(0, 32)
     for b0 in range(0, max_blocks, 32):
-        b = b0 + offs_b0
-        bstart = b * BLOCK_M
-        eb = tl.sum((ends[None, :] <= bstart[:, None]).to(tl.int32), axis=1)
-        eb = tl.where(bstart < total, eb, -1)
-        tl.store(block_expert_ptr + b, eb, mask=b < max_blocks)
+        _store_block_experts(block_expert_ptr, b0 + offs_b0, ends, total, max_blocks, BLOCK_M)
     for p0 in range(0, max_padded, ROUTE_BLK):
         p = p0 + offs0
         tl.store(sorted_ids_ptr + p, tl.zeros([ROUTE_BLK], dtype=tl.int32) + n_entries, mask=p < max_padded)
     tl.debug_barrier()
     for start in range(0, n_entries, ROUTE_BLK):
         offs = start + offs0
-        inb = offs < n_entries
-        e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
-        valid = inb & (e >= 0) & (e < num_experts)
+        e, valid = _local_experts(topk_ids_ptr, offs, n_entries, expert_offset, num_experts)
         pos = tl.atomic_add(cursor_ptr + tl.where(valid, e, 0), 1, mask=valid)
         tl.store(sorted_ids_ptr + pos, offs, mask=valid)
 
@@ -133,9 +145,7 @@ def _route_ranked(
     before = tl.zeros([E_PAD], dtype=tl.int32)
     for start in range(0, n_entries, ROUTE_BLK):
         offs = start + offs0
-        inb = offs < n_entries
-        e = tl.load(topk_ids_ptr + offs, mask=inb, other=-1) - expert_offset
-        valid = inb & (e >= 0) & (e < num_experts)
+        e, valid = _local_experts(topk_ids_ptr, offs, n_entries, expert_offset, num_experts)
         e = tl.where(valid, e, 0)
         counts += tl.histogram(e, E_PAD, mask=valid)
         before += tl.histogram(e, E_PAD, mask=valid & (offs < c0))
@@ -147,9 +157,7 @@ def _route_ranked(
         tl.store(num_padded_ptr, total)
     # (1) this chunk's entries
     offs_c = c0 + tl.arange(0, CHUNK)
-    in_c = offs_c < n_entries
-    e_c = tl.load(topk_ids_ptr + offs_c, mask=in_c, other=-1) - expert_offset
-    ok_c = in_c & (e_c >= 0) & (e_c < num_experts)
+    e_c, ok_c = _local_experts(topk_ids_ptr, offs_c, n_entries, expert_offset, num_experts)
     base = tl.sum(tl.where(bins[None, :] == e_c[:, None], (starts + before)[None, :], 0), axis=1)
     j_c = tl.arange(0, CHUNK)
     same = (e_c[:, None] == e_c[None, :]) & (j_c[None, :] < j_c[:, None]) & ok_c[None, :]
@@ -165,11 +173,7 @@ def _route_ranked(
     max_blocks = max_padded // BLOCK_M
     offs_b0 = tl.arange(0, 32)
     for b0 in range(r * 32, max_blocks, num_route * 32):
-        b = b0 + offs_b0
-        bstart = b * BLOCK_M
-        eb = tl.sum((ends[None, :] <= bstart[:, None]).to(tl.int32), axis=1)
-        eb = tl.where(bstart < total, eb, -1)
-        tl.store(block_expert_ptr + b, eb, mask=b < max_blocks)
+        _store_block_experts(block_expert_ptr, b0 + offs_b0, ends, total, max_blocks, BLOCK_M)
 
 
 @triton.jit
@@ -432,15 +436,63 @@ def _prod(a, b, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _prod_promoted(a, b, acc, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc + a · b with the fp8 tensor-core partial sums promoted to fp32 every BLOCK_K (one K step).
-    SWAP_AB: the step's fresh product of ``_prod`` added in fp32, which is what the promotion does (the
-    accumulator handed to a swapped dot, transposed each step, broke Triton 3.6's sm_90 pipeliner:
-    "operand does not dominate this use")."""
-    if SWAP_AB:
+def _prod_acc(a, b, acc, BLOCK_K: tl.constexpr, FAST_ACC: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc + a · b, one K step of a per-tensor-scaled GEMM (scales applied after the K loop). Default:
+    the fp8 tensor-core partial sums promoted to fp32 every BLOCK_K (sm_90 otherwise keeps the whole K
+    in its reduced-precision fp8 accumulator); SWAP_AB: the step's fresh product of ``_prod`` added in
+    fp32, which is what the promotion does (the accumulator handed to a swapped dot, transposed each
+    step, broke Triton 3.6's sm_90 pipeliner: "operand does not dominate this use"). FAST_ACC (config
+    key): the tensor cores' own fp8 accumulation over the whole K."""
+    if FAST_ACC:
+        tl.static_assert(not SWAP_AB)  # op refuses FAST_ACC with the swap
+        return tl.dot(a, b, acc)
+    elif SWAP_AB:
         return acc + _prod(a, b, True)
     else:
         return tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+
+
+@triton.jit
+def _w_step_tile(w_ptrs, w_ok, k0, offs_k, K, w_desc, e32, half, n0, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
+    """The fp8 weight tile [BLOCK_K, ROWS·BLOCK_N] of the K step at k0 (K: H for w13, I for w2): by TMA
+    (W_TMA, ``_w_tile``: ``half`` of expert e32 from row n0, zero-filled past the edges), else through
+    ``w_ptrs`` ([BLOCK_K, ROWS·BLOCK_N] at K offset 0), rows outside ``w_ok`` and (unless EVEN_K: BLOCK_K
+    divides K) columns past K read as 0."""
+    if W_TMA:
+        b = _w_tile(w_desc, e32, half, n0, k0, ROWS, BLOCK_N, BLOCK_K)
+    elif EVEN_K:
+        b = tl.load(w_ptrs + k0, mask=w_ok[None, :], other=0.0)
+    else:
+        b = tl.load(w_ptrs + k0, mask=w_ok[None, :] & ((k0 + offs_k) < K)[:, None], other=0.0)
+    return b
+
+
+@triton.jit
+def _scaled_step(a, b, k0, K, sa, sa_ptrs, sa_ok, sw, sw_ptrs, sw_ok, BLOCK_K: tl.constexpr,
+                 A_GROUP: tl.constexpr, W_VEC: tl.constexpr, SWAP_AB: tl.constexpr):  # fmt: skip
+    """One K step of a group/block-scaled GEMM (BLOCK_K <= 128, K the reduction length): the fresh fp32
+    product d = a [BLOCK_M, BLOCK_K] · b [BLOCK_K, N] (``_prod``) times the rows' activation group
+    scales sa [BLOCK_M] (A_GROUP) and the columns' weight block scales sw [N] (W_VEC: one per column),
+    each scale loaded here for the next step (one step ahead, loop-carried: the latency hides behind a
+    step) from ``sa_ptrs`` (rows outside ``sa_ok`` read as 0; None: all rows in bounds, unmasked) and
+    ``sw_ptrs`` (masked by ``sw_ok``). Returns (d, kn, sa, sw): the caller applies scalar weight scales
+    (W_SCALAR; kn = the next step's 128-group) and adds d to its fp32 accumulator (the promotion every
+    BLOCK_K). Scales a form does not use pass through unchanged."""
+    kn = tl.minimum(k0 + BLOCK_K, K - 1) // 128
+    d = _prod(a, b, SWAP_AB)
+    if A_GROUP:
+        if sa_ok is None:
+            sa_next = tl.load(sa_ptrs + kn)
+        else:
+            sa_next = tl.load(sa_ptrs + kn, mask=sa_ok, other=0.0)
+        d = d * sa[:, None]
+        sa = sa_next
+    if W_VEC:
+        sw_next = tl.load(sw_ptrs + kn, mask=sw_ok, other=0.0)
+        d = d * sw[None, :]
+        sw = sw_next
+    return d, kn, sa, sw
 
 
 @triton.jit
@@ -488,12 +540,10 @@ def _gate_up_two_dots(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k_ok = ((k0 + offs_k) < H) | EVEN_K  # all true when BLOCK_K divides H (folded away)
         a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if W_TMA:
-            bg = _w_tile(w_desc, e32, 0, n0, k0, 1, BLOCK_N, BLOCK_K)
-            bu = _w_tile(w_desc, e32, 1, n0, k0, 1, BLOCK_N, BLOCK_K)
-        else:
-            bg = tl.load(w_ptrs + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            bu = tl.load(w_ptrs + up_offset + k0, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        bg = _w_step_tile(w_ptrs, n_ok, k0, offs_k, H, w_desc, e32, 0, n0, 1, BLOCK_N, BLOCK_K, W_TMA, EVEN_K)
+        bu = _w_step_tile(
+            w_ptrs + up_offset, n_ok, k0, offs_k, H, w_desc, e32, 1, n0, 1, BLOCK_N, BLOCK_K, W_TMA, EVEN_K
+        )
         if A_GROUP or W_BLOCK:
             kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
             dg = _prod(a, bg, SWAP_AB)
@@ -515,8 +565,8 @@ def _gate_up_two_dots(
                 swu = swu_next
             u += du
         else:
-            g = _prod_promoted(a, bg, g, BLOCK_K, SWAP_AB)
-            u = _prod_promoted(a, bu, u, BLOCK_K, SWAP_AB)
+            g = _prod_acc(a, bg, g, BLOCK_K, False, SWAP_AB)
+            u = _prod_acc(a, bu, u, BLOCK_K, False, SWAP_AB)
     return g, u
 
 
@@ -638,7 +688,10 @@ def _gate_up_kernel(
         swg_ptr = ws_ptr + e * stride_wse + (pid_n * BLOCK_N // 128) * stride_wsn
         swu_ptr = ws_ptr + e * stride_wse + ((I + pid_n * BLOCK_N) // 128) * stride_wsn
         acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
-        # 128-group scales are loaded one K step ahead (loop-carried): their latency hides behind a step
+        # 128-group scales are loaded one K step ahead (loop-carried): their latency hides behind a step;
+        # 1.0 stands for those this form does not use (``_scaled_step`` passes them through)
+        sa = 1.0
+        sw = 1.0
         if A_GROUP:
             sa = tl.load(sa_ptrs + k_lo // 128, mask=row_ok, other=0.0)
         if W_BLOCK:
@@ -652,38 +705,25 @@ def _gate_up_kernel(
                 a = tl.load(a_ptrs + k0, mask=row_ok[:, None], other=0.0)
             else:
                 a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & ((k0 + offs_k) < H)[None, :], other=0.0)
-            if W_TMA:  # gate and up rows of expert e in one [1, 2, BN, BK] block: the merged tile
-                b = _w_tile(w_desc, e.to(tl.int32), 0, pid_n * BLOCK_N, k0, 2, BLOCK_N, BLOCK_K)
-            elif EVEN_K:
-                b = tl.load(w_ptrs + k0, mask=j_ok[None, :], other=0.0)
-            else:
-                b = tl.load(w_ptrs + k0, mask=j_ok[None, :] & ((k0 + offs_k) < H)[:, None], other=0.0)
+            # W_TMA: gate and up rows of expert e in one [1, 2, BN, BK] block, the merged tile
+            b = _w_step_tile(
+                w_ptrs, j_ok, k0, offs_k, H, w_desc, e.to(tl.int32), 0, pid_n * BLOCK_N, 2, BLOCK_N, BLOCK_K,
+                W_TMA, EVEN_K,
+            )  # fmt: skip
             if A_GROUP or W_BLOCK:
-                # scaled partial product of each step, added in fp32 (promotion every BLOCK_K)
-                kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
-                d = _prod(a, b, SWAP_AB)
-                if A_GROUP:
-                    sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
-                    d = d * sa[:, None]
-                    sa = sa_next
-                if W_BLOCK and W_SCALAR:
+                d, kn, sa, sw = _scaled_step(
+                    a, b, k0, H, sa, sa_ptrs, row_ok, sw, sw_ptrs, j_ok, BLOCK_K, A_GROUP, W_BLOCK and not W_SCALAR,
+                    SWAP_AB,
+                )  # fmt: skip
+                if W_BLOCK and W_SCALAR:  # the gate half's scale, then the up half's
                     swg_next = tl.load(swg_ptr + kn)
                     swu_next = tl.load(swu_ptr + kn)
                     d = d * tl.where(offs_j < BLOCK_N, swg, swu)[None, :]
                     swg = swg_next
                     swu = swu_next
-                elif W_BLOCK:
-                    sw_next = tl.load(sw_ptrs + kn, mask=j_ok, other=0.0)
-                    d = d * sw[None, :]
-                    sw = sw_next
                 acc += d
-            elif FAST_ACC:
-                tl.static_assert(not SWAP_AB)  # op refuses FAST_ACC with the swap
-                acc = tl.dot(a, b, acc)  # the tensor cores' own fp8 accumulation over the whole K
             else:
-                # promote the fp8 tensor-core partial sums to fp32 every BLOCK_K (sm_90 otherwise
-                # keeps the whole K in its reduced-precision fp8 accumulator)
-                acc = _prod_promoted(a, b, acc, BLOCK_K, SWAP_AB)
+                acc = _prod_acc(a, b, acc, BLOCK_K, FAST_ACC, SWAP_AB)
         g, u = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
     if not A_GROUP:
         sa_t = tl.load(a_scale_ptr)
@@ -842,7 +882,9 @@ def _down_kernel(
         tl.static_assert(BLOCK_N <= 128)
         sw_ptrs = ws_ptr + e * stride_wse + (pid_n * BLOCK_N // 128) * stride_wsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if A_GROUP:  # scales one K step ahead, as in the gate/up kernel
+    sa = 1.0  # scales one K step ahead, as in the gate/up kernel (1.0: not used by this form)
+    sw = 1.0
+    if A_GROUP:
         sa = tl.load(sa_ptrs)
     if W_BLOCK:
         sw = tl.load(sw_ptrs) if W_SCALAR else tl.load(sw_ptrs, mask=n_ok, other=0.0)
@@ -853,33 +895,23 @@ def _down_kernel(
             a = tl.load(a_ptrs + k0)
         else:
             a = tl.load(a_ptrs + k0, mask=((k0 + offs_k) < I)[None, :], other=0.0)
-        if W_TMA:
-            b = _w_tile(w_desc, e.to(tl.int32), 0, pid_n * BLOCK_N, k0, 1, BLOCK_N, BLOCK_K)
-        elif EVEN_K:
-            b = tl.load(w_ptrs + k0, mask=n_ok[None, :], other=0.0)
-        else:
-            b = tl.load(w_ptrs + k0, mask=n_ok[None, :] & ((k0 + offs_k) < I)[:, None], other=0.0)
+        b = _w_step_tile(
+            w_ptrs, n_ok, k0, offs_k, I, w_desc, e.to(tl.int32), 0, pid_n * BLOCK_N, 1, BLOCK_N, BLOCK_K,
+            W_TMA, EVEN_K,
+        )  # fmt: skip
         if A_GROUP or W_BLOCK:
-            kn = tl.minimum(k0 + BLOCK_K, I - 1) // 128
-            d = _prod(a, b, SWAP_AB)
-            if A_GROUP:
-                sa_next = tl.load(sa_ptrs + kn)
-                d = d * sa[:, None]
-                sa = sa_next
-            if W_BLOCK and W_SCALAR:
+            # sa_ok None: the padded intermediate's scale rows all exist (unmasked loads)
+            d, kn, sa, sw = _scaled_step(
+                a, b, k0, I, sa, sa_ptrs, None, sw, sw_ptrs, n_ok, BLOCK_K, A_GROUP, W_BLOCK and not W_SCALAR,
+                SWAP_AB,
+            )  # fmt: skip
+            if W_BLOCK and W_SCALAR:  # one scalar for the tile's rows
                 sw_next = tl.load(sw_ptrs + kn)
                 d = d * sw
                 sw = sw_next
-            elif W_BLOCK:
-                sw_next = tl.load(sw_ptrs + kn, mask=n_ok, other=0.0)
-                d = d * sw[None, :]
-                sw = sw_next
             acc += d
-        elif FAST_ACC:
-            tl.static_assert(not SWAP_AB)  # op refuses FAST_ACC with the swap
-            acc = tl.dot(a, b, acc)
         else:
-            acc = _prod_promoted(a, b, acc, BLOCK_K, SWAP_AB)
+            acc = _prod_acc(a, b, acc, BLOCK_K, FAST_ACC, SWAP_AB)
     scale = tl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling
     if not A_GROUP:
         scale = scale * tl.load(a2_scale_ptr)
