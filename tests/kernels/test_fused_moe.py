@@ -574,22 +574,31 @@ def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
     return ["hpc_advise.kernels.fused_moe.kernel", name, " ".join(types), consts, warps, stages, SM90_ALIGNED]
 
 
+# constexprs of the regular GEMMs' sm_90a builds at the block-scaled prefill tile (BLOCK_M 64, merged gate|up
+# dot, 128-wide K steps); every compile test of the fused MoE files derives its tiles from these two
+SM90_GATE_UP = dict(
+    BLOCK_M=64,
+    BLOCK_N=128,
+    BLOCK_K=128,
+    GROUP_M=8,
+    SPLIT_K=1,
+    A_GROUP=True,
+    W_BLOCK=True,
+    A2_GROUP=True,
+    OUT_MODE=0,
+    EVEN_K=True,
+    FAST_ACC=False,
+    TWO_DOTS=False,
+)
+SM90_DOWN = dict(
+    BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, A_GROUP=True, W_BLOCK=True, EVEN_K=True, FAST_ACC=False
+)
+
+
 @pytest.mark.slow
 def test_kernels_compile_for_sm90_with_pipelined_loads():
-    gu = dict(
-        BLOCK_M=16,
-        BLOCK_N=32,
-        BLOCK_K=128,
-        GROUP_M=1,
-        SPLIT_K=1,
-        A_GROUP=False,
-        W_BLOCK=False,
-        A2_GROUP=False,
-        OUT_MODE=0,
-        EVEN_K=True,
-        FAST_ACC=False,
-        TWO_DOTS=True,
-    )
+    per_tensor = dict(A_GROUP=False, W_BLOCK=False, A2_GROUP=False, TWO_DOTS=True)
+    gu = dict(SM90_GATE_UP, BLOCK_M=16, BLOCK_N=32, GROUP_M=1, **per_tensor)
     jobs = [
         ["_prep_kernel", dict(BLOCK_M=16, E_PAD=256, ROUTE_BLK=256, QROWS=16, GROUP=128, A_GROUP=True), 4, 3],
         ["_gate_up_kernel", gu, 4, 4],
@@ -609,21 +618,7 @@ def test_kernels_compile_for_sm90_with_pipelined_loads():
             4,
         ],
         ["_act_quant_kernel", dict(BLOCK_M=16, SPLIT_K=2, A2_GROUP=True), 4, 3],
-        [
-            "_down_kernel",
-            dict(
-                BLOCK_M=64,
-                BLOCK_N=128,
-                BLOCK_K=128,
-                GROUP_M=8,
-                A_GROUP=True,
-                W_BLOCK=True,
-                EVEN_K=False,
-                FAST_ACC=False,
-            ),
-            4,
-            4,
-        ],
+        ["_down_kernel", dict(SM90_DOWN, EVEN_K=False), 4, 4],
         ["_reduce_kernel", dict(BLOCK_H=1024), 4, 3],
     ]
     # programmatic dependent launches (config PDL = 1): griddepcontrol in every launch of the path
@@ -639,31 +634,8 @@ def test_prefill_gemm_tiles_compile_without_register_spills():
     """The prefill tiles the tuner chooses from keep their accumulators in registers on sm_90a: the old
     block-scaled gate/up tile (BLOCK_M 128, two accumulators + two fresh partial products) spilled
     ~300 bytes per thread (local-memory traffic in every K step) and ran at 11-13% of the fp8 rate."""
-    gu = dict(
-        BLOCK_M=64,
-        BLOCK_N=128,
-        BLOCK_K=128,
-        GROUP_M=8,
-        SPLIT_K=1,
-        A_GROUP=True,
-        W_BLOCK=True,
-        A2_GROUP=True,
-        OUT_MODE=0,
-        EVEN_K=True,
-        FAST_ACC=False,
-        TWO_DOTS=False,
-    )
+    gu, dn = SM90_GATE_UP, SM90_DOWN
     static = dict(gu, BLOCK_M=128, A_GROUP=False, W_BLOCK=False, A2_GROUP=False)
-    dn = dict(
-        BLOCK_M=64,
-        BLOCK_N=128,
-        BLOCK_K=128,
-        GROUP_M=8,
-        A_GROUP=True,
-        W_BLOCK=True,
-        EVEN_K=True,
-        FAST_ACC=False,
-    )
     dn_static = dict(dn, BLOCK_M=128, A_GROUP=False, W_BLOCK=False)
     jobs = [
         ["_gate_up_kernel", gu, 8, 3],  # block scales, one merged N = 256 dot

@@ -22,6 +22,8 @@ from hpc_advise.kernels.fused_moe.reference import moe_align_reference  # noqa: 
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     CPU_CFG,
+    SM90_DOWN,
+    SM90_GATE_UP,
     _seed,
     _sm90_job,
     check_graph_replay,
@@ -173,34 +175,8 @@ def test_decode_variant_kernels_compile_for_sm90_without_spills():
     register spills; both GEMMs keep their pipelined loads."""
     prep = dict(BLOCK_M=16, E_PAD=256, ROUTE_BLK=256, QROWS=16, GROUP=128, A_GROUP=True)
     prep.update(RANKED=True, CHUNK=64, ZERO_OUT=True, K_PAD=8)
-    gate_up = dict(
-        BLOCK_M=16,
-        BLOCK_N=128,
-        BLOCK_K=128,
-        GROUP_M=1,
-        SPLIT_K=1,
-        A_GROUP=True,
-        W_BLOCK=True,
-        A2_GROUP=True,
-        OUT_MODE=0,
-        EVEN_K=True,
-        FAST_ACC=False,
-        TWO_DOTS=False,
-        BLOCK_EXIT=True,
-    )
-    down = dict(
-        BLOCK_M=16,
-        BLOCK_N=64,
-        BLOCK_K=128,
-        GROUP_M=1,
-        A_GROUP=True,
-        W_BLOCK=True,
-        EVEN_K=True,
-        FAST_ACC=False,
-        REDUCE=True,
-        K_PAD=8,
-        BLOCK_EXIT=True,
-    )
+    gate_up = dict(SM90_GATE_UP, BLOCK_M=16, GROUP_M=1, BLOCK_EXIT=True)
+    down = dict(SM90_DOWN, BLOCK_M=16, BLOCK_N=64, GROUP_M=1, REDUCE=True, K_PAD=8, BLOCK_EXIT=True)
     jobs = [["_prep_kernel", prep, 4, 3], ["_gate_up_kernel", gate_up, 4, 4], ["_down_kernel", down, 4, 4]]
     jobs += [[name, dict(c, USE_PDL=True), w, st] for name, c, w, st in jobs]
     res = compile_sm90([_sm90_job(*job) for job in jobs])

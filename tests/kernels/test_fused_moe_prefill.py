@@ -26,6 +26,8 @@ from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E4
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     PREFILL_CFG,
+    SM90_DOWN,
+    SM90_GATE_UP,
     _seed,
     _sm90_job,
     check_graph_replay,
@@ -173,33 +175,9 @@ def test_weight_tma_tiles_compile_for_sm90_without_spills():
     """The W_TMA GEMMs build for sm_90a with wgmma, the activation rows still by cp.async, and no
     register spills, for the prefill tiles the tuner times (block scales: BLOCK_M 64 / 8 warps merged
     gate|up, 4-warp down; per-tensor: BLOCK_M 128 two dots, 128- and 256-wide K steps)."""
-    gu = dict(
-        BLOCK_M=64,
-        BLOCK_N=128,
-        BLOCK_K=128,
-        GROUP_M=8,
-        SPLIT_K=1,
-        A_GROUP=True,
-        W_BLOCK=True,
-        A2_GROUP=True,
-        OUT_MODE=0,
-        EVEN_K=True,
-        FAST_ACC=False,
-        TWO_DOTS=False,
-        W_TMA=True,
-    )
+    gu = dict(SM90_GATE_UP, W_TMA=True)
     static = dict(gu, BLOCK_M=128, A_GROUP=False, W_BLOCK=False, A2_GROUP=False, TWO_DOTS=True)
-    dn = dict(
-        BLOCK_M=64,
-        BLOCK_N=128,
-        BLOCK_K=128,
-        GROUP_M=8,
-        A_GROUP=True,
-        W_BLOCK=True,
-        EVEN_K=True,
-        FAST_ACC=False,
-        W_TMA=True,
-    )
+    dn = dict(SM90_DOWN, W_TMA=True)
     dn_static = dict(dn, BLOCK_M=128, A_GROUP=False, W_BLOCK=False)
     jobs = [
         ["_gate_up_kernel", gu, 8, 3],
