@@ -8,6 +8,7 @@
     python benchmarks/tune_fused_moe.py --prefill-variants [--shapes ...] [--ts 1024,4096,16384]
     python benchmarks/tune_fused_moe.py --decode-forms [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --swap-ab [--shapes ...] [--ts 16,64,128]
+    python benchmarks/tune_fused_moe.py --multi-tile [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
@@ -39,6 +40,12 @@ pick with its GEMMs swapped (GU_SWAP_AB, DN_SWAP_AB: the weight tile as the MMA'
 rows reach wgmma; ``swap_ab_candidates``), through the ``--decode-forms`` loop (one process, current pick
 re-timed last, a swap merged only if >= 2% faster).
 
+``--multi-tile`` times, per point (T <= 128), the config ``op.get_config`` picks now against the regular
+pick with multi-tile programs (GU_TILES, DN_TILES: a program computes that many adjacent N tiles of its
+block in one flattened, software-pipelined loop; ``multi_tile_candidates``), through the same loop (current
+pick re-timed last, merged only if >= 2% faster). Its candidates are precompiled at an H and I their tile
+counts divide (``multi_tile_compile_job``).
+
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
 looks up its config and goes through Triton's dispatch) and on (the signature's recorded plan replays the
@@ -65,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -384,6 +392,61 @@ def swap_ab_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+def _tile_counts(per_block: int, options: tuple[int, ...]) -> list[int]:
+    return [n for n in options if n <= per_block and per_block % n == 0]
+
+
+def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--multi-tile: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
+    then the regular pick (with PDL where the current pick has it; the one tuned at 4·T where the small-T
+    path serves T) with 2 / 3 / 4 gate/up tiles per program,
+    with 2 / 4 / 8 down tiles per program (each where it divides that GEMM's tiles per block), and both
+    together: the gate/up's smallest count with the down's 2 and 4, and with one gate/up stage more (a
+    multi-tile program streams longer, so a deeper pipeline may pay where fewer programs share an SM)."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    # where the small-T path serves T (Hy3 TP8 T = 16), the regular stand-in is the one tuned at 4·T: the
+    # default regular config there has 32-wide gate/up tiles and none of the tuned forms
+    reg_t = t if cur.get("PATH") is None else min(128, 4 * t)
+    reg = op.get_config(reg_t, k, e, h, i, mode, a2_group, allow_small=False)
+    if cur.get("PDL"):
+        reg = dict(reg, PDL=1)
+    reg = {key: v for key, v in reg.items() if key != "PREFETCH"}  # no multi-tile prefetch form
+    gus = _tile_counts(-(-i // reg["GU_N"]), (2, 3, 4))
+    dns = _tile_counts(-(-h // reg["DN_N"]), (2, 4, 8))
+    out = [cur] + [dict(reg, GU_TILES=g) for g in gus] + [dict(reg, DN_TILES=d) for d in dns]
+    if gus:
+        out += [dict(reg, GU_TILES=gus[0], DN_TILES=d) for d in dns if d <= 4]
+        out.append(dict(reg, GU_TILES=gus[0], DN_TILES=dns[0] if dns else 1, GU_STAGES=reg["GU_STAGES"] + 1))
+
+    def valid(c):
+        try:
+            op.check_forms(op.check_config(dict(c), a2_group, a2_group), a2_group, a2_group,
+                           mode.startswith("block"), h, i)  # fmt: skip
+        except op.FusedMoEError:
+            return False
+        return True
+
+    out = out[:1] + [c for c in out[1:] if valid(c)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+def multi_tile_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = False) -> tuple:
+    """``fb.compile_job`` at an I and H the config's tile counts divide: the kernels are built at a small
+    I and H (their sizes are not specialized beyond divisibility by 16 and by the K step), where 3 gate/up
+    or 4 down tiles per program would not divide the tiles (refused, then compiled inside the timing)."""
+    mode, cfg, unfused, inter, hidden = _fb_compile_job(shape, mode, cfg, unfused)
+    gu, dn = cfg.get("GU_TILES", 1), cfg.get("DN_TILES", 1)
+    if gu > 1:  # keep I % 128 == 0 iff the shape's I has it (the scalar-scale and group forms depend on it)
+        inter = math.lcm(cfg["GU_N"] * gu, 128) if inter % 128 == 0 else cfg["GU_N"] * gu
+    if dn > 1:
+        hidden = math.lcm(cfg["DN_N"] * dn, hidden)
+    return (mode, cfg, unfused, inter, hidden)
+
+
+_fb_compile_job = fb.compile_job
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
@@ -420,6 +483,11 @@ def main() -> None:
         "--swap-ab",
         action="store_true",
         help="time the current decode pick against the regular path with its GEMMs swapped (wgmma at 16 rows)",
+    )
+    ap.add_argument(
+        "--multi-tile",
+        action="store_true",
+        help="time the current decode pick against the regular path with multi-tile GEMM programs",
     )
     ap.add_argument(
         "--launch-overhead",
@@ -463,6 +531,9 @@ def main() -> None:
         fb.variant_candidates = persistent_candidates
     if args.swap_ab:  # the --decode-forms loop over the swap-AB candidates
         fb.decode_form_candidates = swap_ab_candidates
+    if args.multi_tile:  # the --decode-forms loop over the multi-tile candidates, built at sizes they divide
+        fb.decode_form_candidates = multi_tile_candidates
+        fb.compile_job = multi_tile_compile_job
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -472,7 +543,7 @@ def main() -> None:
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         prefill_variants=args.prefill_variants,
-        decode_forms=args.decode_forms or args.swap_ab,
+        decode_forms=args.decode_forms or args.swap_ab or args.multi_tile,
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)

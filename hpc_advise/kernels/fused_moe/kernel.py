@@ -570,73 +570,18 @@ def _gate_up_two_dots(
     return g, u
 
 
-@triton.jit(do_not_specialize=["top_k", "n_entries", "max_padded", "stride_wse", "stride_wsn"])
-def _gate_up_kernel(
-    xq_ptr,  # fp8 [T, H]
-    xs_ptr,  # fp32 [T, cdiv(H, G)] (A_GROUP)
-    a_scale_ptr,  # fp32 [1] (static)
-    w_ptr,  # fp8 [E, 2I, H]
-    ws_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
-    sorted_ids_ptr,
-    block_expert_ptr,
-    num_padded_ptr,
-    out_ptr,  # OUT_MODE 0: fp8 [P, I]; 1: fp32 [SPLIT_K, P, 2I]
-    outs_ptr,  # OUT_MODE 0: fp32 [P, cdiv(I, G)]
-    a2_scale_ptr,
-    H,
-    I,
-    top_k,
-    n_entries,
-    max_padded,
-    stride_we,
-    stride_wn,
-    stride_wse,
-    stride_wsn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    A_GROUP: tl.constexpr,
-    W_BLOCK: tl.constexpr,
-    A2_GROUP: tl.constexpr,
-    OUT_MODE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr,
-    TWO_DOTS: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-    BLOCK_EXIT: tl.constexpr = False,
-    W_TMA: tl.constexpr = False,
-    w_desc=None,  # W_TMA: w13 as [E, 2, I, H], block [1, 1 (TWO_DOTS) or 2, BN, BK]
-    W_SCALAR: tl.constexpr = False,
-    SWAP_AB: tl.constexpr = False,
-):
-    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
-    of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
-    the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
-    instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
-    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC). W_TMA (config key): the
-    weight tiles come by TMA from ``w_desc`` (the gathered A rows stay pointer loads). W_SCALAR (config
-    key, block scales): the weight scale of each tile half is a scalar per K step (op checks that the
-    halves lie in one 128-row group), not a per-column vector (fewer registers; same products).
-    SWAP_AB (config GU_SWAP_AB, decode tiles): every K step's dot runs with the weight tile as the MMA's
-    M side and the BLOCK_M token rows as its N side (``_prod``: wgmma at 16 rows instead of mma.sync);
-    the accumulator is the transposed product, transposed back, so scales and epilogue are unchanged."""
-    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    num_m_blocks = max_padded // BLOCK_M
-    pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    e, entry = _block_rows(
-        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
-    )
-    if e < 0:
-        return
-    e = e.to(tl.int64)
-    row_ok = entry < n_entries
-    tok = (entry // top_k).to(tl.int64)
+@triton.jit
+def _gate_up_tile(
+    pid_n, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr, w_ptr, ws_ptr,
+    out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse, stride_wsn, w_desc,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr, A2_GROUP: tl.constexpr, OUT_MODE: tl.constexpr, EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr, TWO_DOTS: tl.constexpr, W_TMA: tl.constexpr, W_SCALAR: tl.constexpr,
+    SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
+):  # fmt: skip
+    """N tile pid_n (of split pid_k) of the gate/up program's block: the K loop over [k_lo, k_hi) (merged
+    gate|up dot, or ``_gate_up_two_dots``), the per-tensor scales, then the epilogue (OUT_MODE 0: SiLU·up and
+    fp8 quantization of h; 1: fp32 split-K partials). The rest of ``_gate_up_kernel``'s docstring."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
@@ -744,6 +689,97 @@ def _gate_up_kernel(
         tl.store(base + I, u, mask=n_ok[None, :])
 
 
+@triton.jit(do_not_specialize=["top_k", "n_entries", "max_padded", "stride_wse", "stride_wsn"])
+def _gate_up_kernel(
+    xq_ptr,  # fp8 [T, H]
+    xs_ptr,  # fp32 [T, cdiv(H, G)] (A_GROUP)
+    a_scale_ptr,  # fp32 [1] (static)
+    w_ptr,  # fp8 [E, 2I, H]
+    ws_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    out_ptr,  # OUT_MODE 0: fp8 [P, I]; 1: fp32 [SPLIT_K, P, 2I]
+    outs_ptr,  # OUT_MODE 0: fp32 [P, cdiv(I, G)]
+    a2_scale_ptr,
+    H,
+    I,
+    top_k,
+    n_entries,
+    max_padded,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    A_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr,
+    A2_GROUP: tl.constexpr,
+    OUT_MODE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr,
+    TWO_DOTS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+    BLOCK_EXIT: tl.constexpr = False,
+    W_TMA: tl.constexpr = False,
+    w_desc=None,  # W_TMA: w13 as [E, 2, I, H], block [1, 1 (TWO_DOTS) or 2, BN, BK]
+    W_SCALAR: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
+    TILES: tl.constexpr = 1,
+):
+    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
+    of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
+    the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
+    instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
+    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC). W_TMA (config key): the
+    weight tiles come by TMA from ``w_desc`` (the gathered A rows stay pointer loads). W_SCALAR (config
+    key, block scales): the weight scale of each tile half is a scalar per K step (op checks that the
+    halves lie in one 128-row group), not a per-column vector (fewer registers; same products).
+    SWAP_AB (config GU_SWAP_AB, decode tiles): every K step's dot runs with the weight tile as the MMA's
+    M side and the BLOCK_M token rows as its N side (``_prod``: wgmma at 16 rows instead of mma.sync);
+    the accumulator is the transposed product, transposed back, so scales and epilogue are unchanged.
+    TILES (config GU_TILES, decode): the program computes TILES adjacent N tiles of its block, one after
+    the other (``_gate_up_tile`` each, same code), in one loop nest that Triton flattens into a single
+    software-pipelined loop over (tile, K step) (``tl.range(flatten=True)``): the next tile's first
+    weight tiles are in flight during the current tile's last K steps and epilogue, where separate
+    programs each fill their pipeline from empty; the grid shrinks by TILES."""
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    num_m_blocks = max_padded // BLOCK_M
+    # TILES > 1 (config GU_TILES): program = TILES adjacent N tiles of one block (op: TILES divides them)
+    pid_m, pid_g = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N) // TILES, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    e, entry = _block_rows(
+        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+    )
+    if e < 0:
+        return
+    e = e.to(tl.int64)
+    row_ok = entry < n_entries
+    tok = (entry // top_k).to(tl.int64)
+    if TILES == 1:
+        _gate_up_tile(
+            pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
+            w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+            stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
+            TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+        )  # fmt: skip
+    else:
+        for t in tl.range(0, TILES, flatten=True):
+            _gate_up_tile(
+                pid_g * TILES + t, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
+                w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+                stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
+                TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+            )  # fmt: skip
+
+
 @triton.jit(do_not_specialize=["max_padded"])
 def _act_quant_kernel(
     part_ptr,  # fp32 [SPLIT_K, P, 2I]
@@ -779,94 +815,18 @@ def _act_quant_kernel(
     _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128, A2_GROUP)
 
 
-@triton.jit(
-    do_not_specialize=[
-        "n_entries",
-        "max_padded",
-        "stride_wse",
-        "stride_wsn",
-        "top_k",
-        "expert_offset",
-        "num_experts",
-        "stride_out",
-    ]
-)
-def _down_kernel(
-    inter_ptr,  # fp8 [P, I]
-    inter_s_ptr,  # fp32 [P, cdiv(I, G)] (A_GROUP)
-    a2_scale_ptr,  # fp32 [1] (static)
-    w_ptr,  # fp8 [E, H, I]
-    ws_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
-    sorted_ids_ptr,
-    block_expert_ptr,
-    num_padded_ptr,
-    topk_w_ptr,  # fp32 [n]
-    y_ptr,  # bf16 [n, H]
-    H,
-    I,
-    n_entries,
-    max_padded,
-    routed_scaling,
-    stride_we,
-    stride_wn,
-    stride_wse,
-    stride_wsn,
-    count_ptr,  # REDUCE: int32 [>= T · cdiv(H, BLOCK_N)] arrival counters, 0 before and after
-    topk_ids_ptr,  # REDUCE: int32 [T, k]
-    out_ptr,  # REDUCE: bf16 [T, H], row stride stride_out
-    stride_out,
-    top_k,
-    expert_offset,
-    num_experts,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    A_GROUP: tl.constexpr,
-    W_BLOCK: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
-    REDUCE: tl.constexpr = False,
-    K_PAD: tl.constexpr = 1,
-    BLOCK_EXIT: tl.constexpr = False,
-    W_TMA: tl.constexpr = False,
-    w_desc=None,  # W_TMA: w2 as [E, 1, H, I], block [1, 1, BLOCK_N, BLOCK_K]
-    W_SCALAR: tl.constexpr = False,
-    A_TMA: tl.constexpr = False,
-    a_desc=None,  # A_TMA: the intermediate [P, I], block [BLOCK_M, BLOCK_K]
-    SWAP_AB: tl.constexpr = False,
-):
-    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N),): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
-    W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
-    scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products). A_TMA
-    (config DN_A_TMA): the intermediate rows, contiguous in the padded order, come by TMA too.
-    PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
-    (two launches back, so complete: the launch in between let this grid start only once all its
-    programs had passed their own wait) and prefetch this tile's weights into L2.
-    REDUCE (config DN_REDUCE = 1): the top-k sum without the reduce launch — see ``_reduce_in_down``.
-    SWAP_AB (config DN_SWAP_AB): the weight tile (BLOCK_N rows of H) as the MMA's M side (``_prod``)."""
-    num_m_blocks = max_padded // BLOCK_M
-    pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N), GROUP_M)
-    if PREFETCH:
-        tl.static_assert(USE_PDL)
-        if pid_m * BLOCK_M < tl.load(num_padded_ptr, cache_modifier=".cg"):
-            e_pf = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
-            rows_pf = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            row_ptrs = w_ptr + e_pf * stride_we + rows_pf.to(tl.int64) * stride_wn
-            for k0 in range(0, I, 128):
-                _prefetch_l2(row_ptrs + k0, rows_pf < H)
-    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    e, entry = _block_rows(
-        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
-    )
-    if e < 0:
-        return
-    e = e.to(tl.int64)
+@triton.jit
+def _down_tile(
+    pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+    stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr, REDUCE: tl.constexpr, K_PAD: tl.constexpr, W_TMA: tl.constexpr,
+    W_SCALAR: tl.constexpr, A_TMA: tl.constexpr, SWAP_AB: tl.constexpr,
+):  # fmt: skip
+    """H tile pid_n of the down program's block pid_m (expert e, sorted entries ``entry``): the K loop over I,
+    the routing-weight epilogue and the bf16 row store (REDUCE: then the top-k sum). The rest of
+    ``_down_kernel``'s docstring."""
     rows64 = offs_m.to(tl.int64)
     row_ok = entry < n_entries
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -939,6 +899,115 @@ def _down_kernel(
             num_experts,
             K_PAD,
         )
+
+
+@triton.jit(
+    do_not_specialize=[
+        "n_entries",
+        "max_padded",
+        "stride_wse",
+        "stride_wsn",
+        "top_k",
+        "expert_offset",
+        "num_experts",
+        "stride_out",
+    ]
+)
+def _down_kernel(
+    inter_ptr,  # fp8 [P, I]
+    inter_s_ptr,  # fp32 [P, cdiv(I, G)] (A_GROUP)
+    a2_scale_ptr,  # fp32 [1] (static)
+    w_ptr,  # fp8 [E, H, I]
+    ws_ptr,  # fp32 [E] or [E, cdiv(H, G), cdiv(I, G)]
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    topk_w_ptr,  # fp32 [n]
+    y_ptr,  # bf16 [n, H]
+    H,
+    I,
+    n_entries,
+    max_padded,
+    routed_scaling,
+    stride_we,
+    stride_wn,
+    stride_wse,
+    stride_wsn,
+    count_ptr,  # REDUCE: int32 [>= T · cdiv(H, BLOCK_N)] arrival counters, 0 before and after
+    topk_ids_ptr,  # REDUCE: int32 [T, k]
+    out_ptr,  # REDUCE: bf16 [T, H], row stride stride_out
+    stride_out,
+    top_k,
+    expert_offset,
+    num_experts,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    A_GROUP: tl.constexpr,
+    W_BLOCK: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
+    REDUCE: tl.constexpr = False,
+    K_PAD: tl.constexpr = 1,
+    BLOCK_EXIT: tl.constexpr = False,
+    W_TMA: tl.constexpr = False,
+    w_desc=None,  # W_TMA: w2 as [E, 1, H, I], block [1, 1, BLOCK_N, BLOCK_K]
+    W_SCALAR: tl.constexpr = False,
+    A_TMA: tl.constexpr = False,
+    a_desc=None,  # A_TMA: the intermediate [P, I], block [BLOCK_M, BLOCK_K]
+    SWAP_AB: tl.constexpr = False,
+    TILES: tl.constexpr = 1,
+):
+    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N) / TILES,): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
+    W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
+    scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products). A_TMA
+    (config DN_A_TMA): the intermediate rows, contiguous in the padded order, come by TMA too.
+    PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
+    (two launches back, so complete: the launch in between let this grid start only once all its
+    programs had passed their own wait) and prefetch this tile's weights into L2.
+    REDUCE (config DN_REDUCE = 1): the top-k sum without the reduce launch — see ``_reduce_in_down``.
+    SWAP_AB (config DN_SWAP_AB): the weight tile (BLOCK_N rows of H) as the MMA's M side (``_prod``).
+    TILES (config DN_TILES, decode): TILES adjacent H tiles of the block per program, one after the other
+    (``_down_tile`` each) in a loop nest Triton flattens into one pipelined loop over (tile, K step), as
+    ``_gate_up_kernel``'s GU_TILES (op: TILES divides the H tiles; not with PREFETCH)."""
+    num_m_blocks = max_padded // BLOCK_M
+    pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N) // TILES, GROUP_M)  # pid_n: tile group
+    if PREFETCH:
+        tl.static_assert(USE_PDL and TILES == 1)
+        if pid_m * BLOCK_M < tl.load(num_padded_ptr, cache_modifier=".cg"):
+            e_pf = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
+            rows_pf = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            row_ptrs = w_ptr + e_pf * stride_we + rows_pf.to(tl.int64) * stride_wn
+            for k0 in range(0, I, 128):
+                _prefetch_l2(row_ptrs + k0, rows_pf < H)
+    if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    e, entry = _block_rows(
+        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+    )
+    if e < 0:
+        return
+    e = e.to(tl.int64)
+    if TILES == 1:
+        _down_tile(
+            pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+            stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+            W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+        )  # fmt: skip
+    else:
+        for t in tl.range(0, TILES, flatten=True):
+            _down_tile(
+                pid_n * TILES + t, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+                n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+                stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+                W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+            )  # fmt: skip
 
 
 @triton.jit

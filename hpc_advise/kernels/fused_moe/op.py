@@ -10,6 +10,8 @@ ranked router on many programs), DN_REDUCE (the top-k sum in the down kernel, no
 BLOCK_EXIT (GEMM programs exit on the block's expert, one dependent load fewer) are regular-path
 variants; none of them changes the result. GU_SWAP_AB / DN_SWAP_AB run the regular path's gate/up / down
 GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token rows; same products).
+GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
+one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -239,6 +241,10 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
     if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
         raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
+    for key in ("GU_TILES", "DN_TILES"):
+        v = cfg.get(key, 1)
+        if type(v) is not int or v < 1:
+            raise FusedMoEError(f"{key}={v!r} must be a whole number of tiles per program (>= 1)")
     return cfg
 
 
@@ -271,6 +277,16 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
         raise FusedMoEError(
             f"W_TMA / DN_A_TMA need 16-byte rows: H and I multiples of 16, got H={hidden}, I={inter}"
         )
+    # multi-tile programs: a program takes GU_TILES / DN_TILES adjacent N tiles of one block, so the count
+    # must divide that GEMM's tiles per block; the down kernel's L2 prefetch covers one tile only
+    for key, n_key, n_all in (("GU_TILES", "GU_N", inter), ("DN_TILES", "DN_N", hidden)):
+        tiles, per_block = cfg.get(key, 1), -(-n_all // cfg[n_key])
+        if per_block % tiles:
+            raise FusedMoEError(
+                f"{key}={tiles} must divide the {per_block} tiles of {n_key}={cfg[n_key]} over {n_all} columns"
+            )
+    if cfg.get("DN_TILES", 1) > 1 and cfg.get("PREFETCH", 0):
+        raise FusedMoEError("DN_TILES > 1 has no L2 prefetch form (PREFETCH prefetches one tile per program)")
     # swap AB (weights as the MMA's M side) exists to reach wgmma at decode tiles: <= 32 token rows, and
     # a weight side of >= 64 rows per dot (the merged gate|up dot has 2·GU_N, separate dots GU_N)
     two_dots = not (a1_group or w_block or cfg.get("FAST_ACC", 0)) or cfg.get("GU_TWO_DOTS", 0)
@@ -569,7 +585,8 @@ class _Launch:
         n_entries=None,
     ):
         c = self.cfg
-        grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.I, c["GU_N"]), split_k)
+        tiles = c.get("GU_TILES", 1)  # N tiles per program (check_forms: divides cdiv(I, GU_N))
+        grid = ((self.P // c["BLOCK_M"]) * (triton.cdiv(self.I, c["GU_N"]) // tiles), split_k)
         # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
         two_dots = not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)) or bool(
             c.get("GU_TWO_DOTS", 0)
@@ -614,6 +631,7 @@ class _Launch:
             w_desc=desc,
             W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
             SWAP_AB=bool(c.get("GU_SWAP_AB", 0)),
+            TILES=tiles,
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
@@ -644,7 +662,8 @@ class _Launch:
         reduce = self.dn_reduce and out is not None
         counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
         out = self.y if out is None else out
-        grid = ((self.P // c["BLOCK_M"]) * self.num_n_down,)
+        tiles = c.get("DN_TILES", 1)  # H tiles per program (check_forms: divides them)
+        grid = ((self.P // c["BLOCK_M"]) * (self.num_n_down // tiles),)
         tma = bool(c.get("W_TMA", 0))
         desc = self.weight_desc(w2, 1, 1, c["DN_N"], c["DN_K"]) if tma else None
         a_tma = bool(c.get("DN_A_TMA", 0))
@@ -694,6 +713,7 @@ class _Launch:
             A_TMA=a_tma,
             a_desc=a_desc,
             SWAP_AB=bool(c.get("DN_SWAP_AB", 0)),
+            TILES=tiles,
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
