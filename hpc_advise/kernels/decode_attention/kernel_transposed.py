@@ -1,0 +1,250 @@
+"""The transposed attention pass of paged decode attention: tokens on the MMA's M side.
+
+Same plan, same workspace / partials contract and same merge as ``kernel.decode_kernel`` (descriptor
+prologue, page ids of ``PT_CHUNK`` tiles per load, page >= tile); only the tile loop's products differ.
+``decode_kernel`` computes ``S[heads, tokens] = q[heads, D] @ K_tile^T`` with the GQA group (8 heads) padded
+to the MMA's 16 rows and q as the operand re-read every tile. Here, per tile of T tokens of one KV head:
+
+    S^T[T, G]  = K_tile[T, D] @ q^T[D, G]          (K converted fp8 -> fp16 in registers: the A operand;
+                                                    q^T loop-invariant: the B operand, G = group padded to 16)
+    m' = max(m, max_tokens S^T),  P^T = 2^(S^T - m'),  l' = l 2^(m - m') + sum_tokens P^T
+    O^T[D, G] = O^T 2^(m - m') + V_tile^T[D, T] @ P^T[T, G]
+
+i.e. the same online softmax in base 2 as ``kernel._attend`` (logits scaled by ``qk_scale`` in fp32 after
+the product, P rounded to the product dtype, fp32 accumulators), with every tensor transposed: the
+running max / sum are per column (query head), reductions run over the token axis (axis 0). The output
+accumulator is ``O^T [D, G]``: ``D x 16`` fp32 spread over all the program's threads instead of one
+``[16, D]`` block per warp. At the segment's end ``O^T`` is transposed back and written by
+``kernel._finish`` (output rows or a partial).
+
+Layouts are Triton's: on sm_90a with 4 warps and a 64-token tile both products are warpgroup MMAs
+(M = 64 tokens, resp. M = D; N = 16), the first with K from registers, the second with V^T and P^T from
+shared memory; with fewer warps they are mma.sync. The README ("What limits it") has the offline sm_90a
+counts of each form. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact
+e4m3 -> fp16 pairs as in ``kernel._load_v_f16``), q's dtype for 16-bit KV.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from .kernel import _finish, _load_q, _load_v_f16, _q_as_f16
+
+
+@triton.jit
+def _attend_t(qt, k, v, valid, m_i, l_i, acc_t, qk_scale, PV_T: tl.constexpr):
+    """One online-softmax step, transposed: qt [D, G], k/v [T, D] (product dtype), valid [T]; m_i / l_i
+    [G] running max / sum (log2 domain) per query head, acc_t [D, G] fp32."""
+    s = tl.dot(k, qt) * qk_scale  # [T, G], log2 units
+    s = tl.where(valid[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: keep exp2 finite
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[None, :])
+    l_i = l_i * alpha[None, :] + p  # [T, G]: summed over the tokens once, at the segment's end
+    if PV_T:
+        acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p.to(qt.dtype))
+    else:
+        acc_t = acc_t * alpha[:, None] + tl.dot(tl.trans(p.to(qt.dtype)), v)
+    return m_new, l_i, acc_t
+
+
+@triton.jit
+def _e4m3x2_to_f16(x, ASM: tl.constexpr):
+    """Two fp16 (low byte's, high byte's) of int32 values holding an e4m3 pair in their low 16 bits."""
+    if ASM:
+        pair = tl.inline_asm_elementwise(
+            asm="cvt.rn.f16x2.e4m3x2 $0, $1;",
+            constraints="=r,h",
+            args=[x.to(tl.int16)],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+        lo = (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        hi = ((pair >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    else:
+        lo = (x & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        hi = ((x >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    return lo, hi
+
+
+@triton.jit
+def _perm_d(HEAD_DIM: tl.constexpr):
+    """Source column d(k) of column k of the permuted K / q operands: in each block of 16 columns, the
+    4 bytes at d = 4c..4c+3 go to k = 2c, 2c+1 (first pair) and 2c+8, 2c+9 (second pair), the columns one
+    thread holds in the 16-bit MMA's A-operand layout; so a thread loads its K bytes as whole int32."""
+    k = tl.arange(0, HEAD_DIM)
+    r = k % 16
+    return (k - r) + 4 * ((r % 8) // 2) + 2 * (r // 8) + r % 2
+
+
+@triton.jit
+def _load_k_perm(k_head, rows, offs_d4, valid, ASM: tl.constexpr):
+    """fp8 e4m3 K rows of a tile as fp16 [T, D] (exact) with the columns permuted as ``_perm_d`` says,
+    read as int32 (4 e4m3; K's strides and base are multiples of 4, checked by op.py)."""
+    x = tl.load(
+        k_head.to(tl.pointer_type(tl.int32), bitcast=True) + (rows // 4)[:, None] + offs_d4[None, :],
+        mask=valid[:, None],
+        other=0,
+    )
+    a0, a1 = _e4m3x2_to_f16(x & 0xFFFF, ASM)  # d = 4c, 4c + 1
+    b0, b1 = _e4m3x2_to_f16((x >> 16) & 0xFFFF, ASM)  # d = 4c + 2, 4c + 3
+    both = tl.join(tl.join(a0, b0), tl.join(a1, b1))  # [T, D / 4, 2 (half), 2 (pair)]
+    t: tl.constexpr = x.shape[0]
+    nb: tl.constexpr = x.shape[1] // 4
+    both = tl.reshape(both, [t, nb, 4, 2, 2])  # [T, block, c, half, pair]
+    return tl.reshape(
+        tl.permute(both, (0, 1, 3, 2, 4)), [t, 4 * x.shape[1]]
+    )  # k = 16 block + 8 half + 2 c + pair
+
+
+@triton.jit(do_not_specialize=["num_kv_heads"])  # one compile serves every head count
+def decode_transposed_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
+    v_ptr,  # [P, PAGE, Hkv, D]
+    out_ptr,  # [B, Hq, D], dtype of q
+    page_table_ptr,  # [B, >= max pages] int32
+    seq_lens_ptr,  # [B] int32
+    prog_desc_ptr,  # [G, 8] int32 (planner): range and first segment of each program
+    ws_o_ptr,  # [2G, GROUP, D] fp32 partial outputs (normalised)
+    ws_lse_ptr,  # [2G, GROUP] fp32 partial log2-sum-exp
+    scale_ptr,  # [2] fp32 (k_scale, v_scale) when SCALES_FROM_PTR
+    qk_scale,  # sm_scale * log2(e) (* k_scale unless SCALES_FROM_PTR)
+    v_scale,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    stride_ptb,
+    num_kv_heads,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,  # >= 16 and a power of two (the products' N)
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,  # >= TILE (one page id per tile)
+    TILE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    SCALES_FROM_PTR: tl.constexpr,
+    PT_CHUNK: tl.constexpr,  # > 0: page ids of PT_CHUNK tiles per load
+    F16_DOT: tl.constexpr = False,  # fp8 KV: K and V read as e4m3 pairs, converted to fp16 (q rescaled)
+    ASM_CVT: tl.constexpr = False,  # F16_DOT: cvt.rn.f16x2.e4m3x2 by inline PTX (False under the interpreter)
+    PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
+    PV_T: tl.constexpr = True,  # O^T += V^T @ P^T (True) or O += P @ V (False)
+):
+    if PDL:
+        gdc_launch_dependents()  # every program is resident from the start (see kernel.decode_kernel)
+    pid = tl.program_id(0)
+    j = tl.arange(0, 8)
+    d = tl.load(prog_desc_ptr + pid * 8 + j)
+    u_begin = tl.sum(tl.where(j == 0, d, 0), axis=0)
+    u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
+    b = tl.sum(tl.where(j == 2, d, 0), axis=0)
+    h = tl.sum(tl.where(j == 3, d, 0), axis=0)
+    t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
+    n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
+    seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+    if SCALES_FROM_PTR:
+        qk_scale = qk_scale * tl.load(scale_ptr)
+        v_scale = tl.load(scale_ptr + 1)
+
+    rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d2 = tl.arange(0, HEAD_DIM // 2)
+    offs_n = tl.arange(0, TILE)
+    offs_c = tl.arange(0, PT_CHUNK)
+    if F16_DOT:
+        offs_dq = _perm_d(HEAD_DIM)  # q's columns in K's permuted order
+        offs_d4 = tl.arange(0, HEAD_DIM // 4)
+    else:
+        offs_dq = offs_d
+
+    q_next = _load_q(q_ptr, b, h, rows, row_ok, offs_dq, stride_qb, stride_qh, u_begin < u_end, GROUP)
+    u = u_begin
+    while u < u_end:
+        seg_start = u - t0
+        t1 = tl.minimum(n_tiles, u_end - seg_start)
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q_rows = h64 * GROUP + rows
+        q = q_next
+        # the next segment of the range is (b, h + 1) or (b + 1, 0) from its first tile: its q rows and
+        # length are loaded while this one runs
+        new_req = h + 1 >= num_kv_heads
+        b_n = tl.where(new_req, b + 1, b)
+        h_n = tl.where(new_req, 0, h + 1)
+        more = seg_start + t1 < u_end
+        seq_len_n = tl.load(seq_lens_ptr + b_n, mask=more & new_req, other=seq_len)
+        q_next = _load_q(q_ptr, b_n, h_n, rows, row_ok, offs_dq, stride_qb, stride_qh, more, GROUP)
+        seg_scale = qk_scale
+        if F16_DOT:
+            q, q_unscale = _q_as_f16(q)
+            seg_scale = qk_scale * q_unscale
+        qt = tl.trans(q)  # [D, G]
+        m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([TILE, GROUP_PAD], dtype=tl.float32)
+        if PV_T:
+            acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], dtype=tl.float32)
+        else:
+            acc_t = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        offs_ks = offs_n * stride_ks  # token rows inside a page (int32: PAGE x stride fits)
+        offs_vs = offs_n * stride_vs
+        pt_row = page_table_ptr + b64 * stride_ptb
+        k_head = k_ptr + h64 * stride_kh
+        v_head = v_ptr + h64 * stride_vh
+        for c0 in range(t0, t1, PT_CHUNK):
+            c1 = tl.minimum(c0 + PT_CHUNK, t1)
+            pgs = tl.load(pt_row + ((c0 + offs_c) * TILE) // PAGE, mask=(c0 + offs_c) < c1, other=0)
+            for t in tl.range(c0, c1, num_stages=NUM_STAGES):
+                # PAGE >= TILE: the tile is tokens [s0, s0 + TILE) of one page; scalar base + fixed offsets
+                valid = offs_n < seq_len - t * TILE
+                pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0).to(tl.int64)
+                s0 = (t * TILE) % PAGE  # s0 * stride < PAGE * stride: int32
+                rows_k = (pg * stride_kp + s0 * stride_ks) + offs_ks
+                rows_v = (pg * stride_vp + s0 * stride_vs) + offs_vs
+                if F16_DOT:
+                    k = _load_k_perm(k_head, rows_k, offs_d4, valid, ASM_CVT)
+                    v = _load_v_f16(v_head, rows_v, offs_d2, valid, ASM_CVT)
+                else:
+                    k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                    v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                    k = k.to(q.dtype)
+                    v = v.to(q.dtype)
+                m_i, l_i, acc_t = _attend_t(qt, k, v, valid, m_i, l_i, acc_t, seg_scale, PV_T)
+
+        _finish(
+            out_ptr,
+            ws_o_ptr,
+            ws_lse_ptr,
+            b64,
+            q_rows,
+            rows,
+            row_ok,
+            offs_d,
+            m_i,
+            tl.sum(l_i, axis=0),
+            tl.trans(acc_t) if PV_T else acc_t,
+            v_scale,
+            (t0 == 0) & (t1 == n_tiles),
+            2 * pid + (u != u_begin).to(tl.int32),
+            stride_ob,
+            stride_oh,
+            GROUP,
+            HEAD_DIM,
+        )
+        u = seg_start + t1
+        # step to the range's next segment
+        b = b_n
+        h = h_n
+        t0 = t0 * 0
+        seq_len = seq_len_n
+        n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
