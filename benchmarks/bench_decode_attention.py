@@ -9,6 +9,7 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
   python benchmarks/bench_decode_attention.py --best-from sweep.jsonl --kv bf16 --margin 0.02   # per head count;
         the sweep's first (default) configuration unless another is > 2 % faster (geometric mean)
   python benchmarks/bench_decode_attention.py --kv bf16 --snap 25   # op.plan(snap=25) for every case
+  python benchmarks/bench_decode_attention.py --kv bf16 --whole-below 100 --seg-cost 4   # whole-segment plan
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
 """
@@ -50,6 +51,12 @@ def main() -> None:
         "fraction (geometric mean over the cases)",
     )
     ap.add_argument("--snap", type=int, help="op.plan(snap=...): boundary snap, %% of a program's share")
+    ap.add_argument(
+        "--whole-below",
+        type=int,
+        help="op.plan(whole_below=...): segments costing <= this %% of a program's share are never split",
+    )
+    ap.add_argument("--seg-cost", type=int, help="op.plan(seg_cost=...): tiles charged per segment start")
     ap.add_argument("--tile", type=int)
     ap.add_argument("--ctas-per-sm", type=int)
     ap.add_argument("--num-stages", type=int)
@@ -121,6 +128,8 @@ def main() -> None:
             num_stages=args.num_stages,
             num_warps=args.num_warps,
             snap=args.snap,
+            whole_below=args.whole_below,
+            seg_cost=args.seg_cost,
         ).items()
         if v is not None
     }

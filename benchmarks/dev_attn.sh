@@ -16,6 +16,7 @@
 # 60 s beside FlashInfer's warm-up (nvcc at MAX_JOBS=12; it ended at its 100 s limit again), so this stage no
 # longer warms FlashInfer (the bf16 grid loads its modules from the carried JIT cache: 27 s for 16 cases); sweep
 # 37 s (14 cases x 9 timings), grid 27 s, 127 s in all.
+# STAGE=run15 (carry .whl_attn): the whole-segment plan's GPU tests, sweep, grids and plan time (see the stage).
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -54,6 +55,46 @@ if [ "${STAGE:-sweep}" = run12 ]; then
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
   grep -h "^best of" "$RES/grid.log" | cut -c1-600
   grep -h "^|" "$RES/grid/decode_attention.md" 2>/dev/null | cut -d'|' -f2-3,7-8,10-11,15-16
+elif [ "${STAGE:-sweep}" = run15 ]; then
+  # (carry .whl_attn) the whole-segment plan, op.plan(whole_below=...). Stage 1: the GPU tests of
+  # test_decode_attention_plan.py and test_decode_attention_snap.py. Stage 2: the sweep (SWEEP_CONFIGS: the shipped
+  # default first and again last vs whole_below 100 at seg_cost 2 / 4 / 6 and the default at seg_cost 4, on 8 bf16
+  # 64/8 cases, 3 bf16 8/1, 3 fp8 64/8; plan µs per entry). Stage 3: the bf16 64/8 grid against FlashInfer with
+  # whole_below 100 at the seg_cost of the sweep's best whole-segment entry (geometric mean over the 64/8 cases,
+  # named on the command line, so the grid measures that form), then the bf16 8/1 grid with the defaults. Stage 4:
+  # plan time of an untracked copy of the previous planner (benchmarks/_plan_before/decode_attention, if there)
+  # against this one, in one process.
+  install_flashinfer
+  pack "flashinfer installed"
+  timeout "${TEST_S:-70}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_plan.py \
+    tests/kernels/test_decode_attention_snap.py -n 2 -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/sweep" "$RES/g64" "$RES/g81" "$RES/plan"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-75}" python3 benchmarks/bench_decode_attention.py --sweep \
+    > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  SC=$(python3 -c "import json, sys; from hpc_advise.runtime.benches import decode_attention as da
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+rows = [r for r in rows if r.get('subject') == 'decode_attention.sweep' and r['config'].get('whole_below')]
+print(da.best_config(rows, 'bf16', '64/8')['seg_cost'])" "$RES/sweep/decode_attention_sweep.jsonl" 2>/dev/null || echo 2)
+  echo "grid 64/8: --whole-below 100 --seg-cost $SC"
+  HPC_ADVISE_RESULTS=$RES/g64 timeout "${G64_S:-40}" python3 benchmarks/bench_decode_attention.py --grid full \
+    --kv bf16 --heads 64/8 --whole-below 100 --seg-cost "$SC" > "$RES/grid64.log" 2>&1
+  pack "grid 64/8 done"
+  HPC_ADVISE_RESULTS=$RES/g81 timeout "${G81_S:-25}" python3 benchmarks/bench_decode_attention.py --grid full \
+    --kv bf16 --heads 8/1 > "$RES/grid81.log" 2>&1
+  pack "grid 8/1 done"
+  if [ -d benchmarks/_plan_before/decode_attention ]; then
+    HPC_ADVISE_RESULTS=$RES/plan timeout "${PLAN_S:-25}" python3 benchmarks/plan_time_decode_attention.py \
+      --before benchmarks/_plan_before/decode_attention --whole-below 100 --seg-cost "$SC" > "$RES/plan.log" 2>&1
+    pack "plan time done"
+  fi
+  # short tables last: sweep (case, heads, KV, stages, variant, us, rel err, plan us, kept); plan time; grids (case,
+  # heads, ours, TB/s, static, FI BA, FI decode, vs FI BA, vs FI decode, plan us)
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+  grep -v "^|" "$RES/plan.log" 2>/dev/null | grep -E "^[0-9a-z]" | head -20
+  grep -h "^|" "$RES/g64/decode_attention.md" "$RES/g81/decode_attention.md" 2>/dev/null | cut -d'|' -f2-3,7-8,10-12,15-16,18
 elif [ "${STAGE:-sweep}" = run10 ]; then
   install_flashinfer
   warm_flashinfer

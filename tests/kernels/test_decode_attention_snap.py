@@ -375,9 +375,9 @@ def test_plan_kernel_compiles_for_sm90():
     # the interpreter runs the planner without compiling it: build both schedules for sm_90a (no spills)
     from tests.kernels.sm90_compile import compile_sm90
 
-    types = "*i32 " * 11 + "i32 " * 6
-    base = dict(NUM_KV_HEADS=8, TILE=64, BLOCK_B=256, BLOCK_G=256, G_STEPS=2, SEARCH_STEPS=9, BLOCK_P=16)
-    base["SNAP_GATE"] = op.SNAP_GATE
+    # 13 buffers, then B, G, splits, seg_cost, snap, whole_below, gate (op.SNAP_GATE / WHOLE_GATE), W
+    types = "*i32 " * 13 + "i32 " * 8
+    base = dict(NUM_KV_HEADS=8, TILE=64, BLOCK_B=256, BLOCK_G=512, G_STEPS=1, SEARCH_STEPS=9, BLOCK_P=16)
     jobs = [
         ["hpc_advise.kernels.decode_attention.kernel", "plan_kernel", types, base | {"STATIC": s}, 4, 1, []]
         for s in (False, True)

@@ -36,21 +36,24 @@ def plan_kernel(
     prog_desc_ptr,  # [G, 8] int32: u_begin, u_end, b, h, t0, n_tiles, seq_len of the first segment, 0
     req_cost_ptr,  # [max_batch + 1] int32: cost position where each request starts (dynamic schedule)
     wide_list_ptr,  # [W] int32: programs whose merge has more than BLOCK_P participants, then -1s
+    bounds_ptr,  # [4, G + 1] int32: the candidate plan's boundaries (cost position, unit, request); [3, 0] kept
+    region_ptr,  # [max_batch, 2] int32 (whole_below > 0): cost span [start, end) of each request's region
     B,
     G,
     splits,  # static schedule: programs per (request, KV head)
     seg_cost,  # dynamic schedule: cost of starting a segment, in tiles (0: balance tiles alone)
     snap,  # dynamic schedule: a boundary moves to a segment boundary within snap % of the share (0: never)
+    whole_below,  # dynamic schedule: segments costing <= whole_below % of the share are never split (0: off)
+    gate,  # snap / whole_below: the candidate plan is kept only if no range exceeds (100 + gate) % of T / G
     W,  # slots of wide_list
     NUM_KV_HEADS: tl.constexpr,
     TILE: tl.constexpr,
     STATIC: tl.constexpr,  # False: dynamic (even share of all units); True: `splits` programs per (b, h)
     BLOCK_B: tl.constexpr,  # power of two >= B
-    BLOCK_G: tl.constexpr,  # programs handled per step of the loop below
+    BLOCK_G: tl.constexpr,  # programs handled per step of the loops below (op.py: >= G + 1 up to 1024)
     G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
     SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
     BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list (0: no list)
-    SNAP_GATE: tl.constexpr,  # snapped boundaries only if no share grows past (100 + SNAP_GATE) % of T / G
 ):
     # One program. Step 1: per-request unit counts and their prefix sum.
     offs_b = tl.arange(0, BLOCK_B)
@@ -70,102 +73,134 @@ def plan_kernel(
     total_cost = tl.sum(costs, axis=0)
     tl.store(req_cost_ptr + offs_b + 1, cost_ends, mask=in_batch)
     tl.store(req_cost_ptr + offs_b * 0, cost_ends * 0, mask=offs_b == 0)
-    tl.debug_barrier()  # req_start / req_cost are read back below (global memory, same CTA)
-
-    # Step 2a (dynamic, snap > 0): the snapped boundaries are kept only if no program's share grows by
-    # more than SNAP_GATE % of the even share T / G (else the plan is the even split, snap 0): snapping each
-    # boundary on its own may move both ends of a range outwards, which costs more than whole segments save
-    # wherever segments differ in length (sweep run 12).
     if not STATIC:
-        if snap > 0:
-            heaviest = total * 0
-            for step in range(G_STEPS):
-                p = step * BLOCK_G + tl.arange(0, BLOCK_G)
-                live = p < G
-                _, _, _, _, x0 = _boundary(
-                    p, live, B, G, total_cost, seg_cost, snap, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
-                )
-                _, _, _, _, x1 = _boundary(
-                    p + 1,
-                    live,
-                    B,
-                    G,
-                    total_cost,
-                    seg_cost,
-                    snap,
-                    req_cost_ptr,
-                    seq_lens_ptr,
-                    TILE,
-                    SEARCH_STEPS,
-                )
-                heaviest = tl.maximum(heaviest, tl.max(tl.where(live, x1 - x0, 0), axis=0))
-            keep = heaviest.to(tl.int64) * G * 100 <= (100 + SNAP_GATE) * total_cost.to(tl.int64)
-            snap = tl.where(keep, snap, 0)
+        if whole_below > 0:
+            # regions: maximal runs of consecutive requests of one class (short: a segment costs at most
+            # whole_below % of the share T / G; all KV heads of a request have the same length)
+            short = _is_short(n_tiles + seg_cost, total_cost, G, whole_below)
+            lens_prev = tl.load(seq_lens_in_ptr + offs_b - 1, mask=in_batch & (offs_b > 0), other=0)
+            lens_next = tl.load(seq_lens_in_ptr + offs_b + 1, mask=offs_b + 1 < B, other=0)
+            short_prev = _is_short(
+                tl.maximum((lens_prev + TILE - 1) // TILE, 1) + seg_cost, total_cost, G, whole_below
+            )
+            short_next = _is_short(
+                tl.maximum((lens_next + TILE - 1) // TILE, 1) + seg_cost, total_cost, G, whole_below
+            )
+            opens = in_batch & ((offs_b == 0) | (short != short_prev))
+            closes = in_batch & ((offs_b == B - 1) | (short != short_next))
+            r_start = tl.associative_scan(tl.where(opens, cost_ends - costs, 0), 0, _max_combine)
+            r_end = tl.associative_scan(
+                tl.where(closes, cost_ends, 2147483647), 0, _min_combine, reverse=True
+            )
+            tl.store(region_ptr + 2 * offs_b, r_start, mask=in_batch)
+            tl.store(region_ptr + 2 * offs_b + 1, r_end, mask=in_batch)
+    tl.debug_barrier()  # req_start / req_cost / region are read back below (global memory, same CTA)
 
-    # Step 2: every program's first unit and the request that unit belongs to.
+    # Step 2: every program boundary, once: the even split's (program p starts at the first unit whose span
+    # starts at or after x = ceil(p T / G)) into prog_start / prog_b, and with snap or whole_below the
+    # candidate plan's (cost position, unit, request) into bounds.
+    candidate = (snap > 0) | (whole_below > 0)
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p <= G
         if not STATIC:
-            # program p starts at cost position x = ceil(p * T / G), moved onto a segment boundary if the
-            # snap applies: its first unit is the first one whose span starts at or after that position
-            b, h, off, tiles_b, _ = _boundary(
-                p, live, B, G, total_cost, seg_cost, snap, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
-            )
             x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
-            t = tl.where(off == 0, 0, tl.minimum(tl.maximum(off - seg_cost, 1), tiles_b))
-            u = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b + t
-            u = tl.where(x >= total_cost, total, u)
-            # t == tiles_b of the last KV head is the next request's first unit
-            nxt = tl.load(req_start_ptr + b + 1, mask=live, other=0)
-            b = tl.where((u >= nxt) & (b + 1 < B), b + 1, b)
+            b, h, off, tiles_b = _locate(x, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS)
+            u, b_u = _unit_at(x, b, h, off, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr)
+            if candidate:
+                if whole_below > 0:
+                    # region proportional: the region holding p gets programs P_r .. P_r+1 - 1, P_r =
+                    # round(region start * G / T), and its cost is split evenly over them; a boundary that
+                    # falls inside a short segment then moves to that segment's nearer end (start on a tie)
+                    y = _region_position(p, live, B, G, total_cost, req_cost_ptr, region_ptr, SEARCH_STEPS)
+                    b, h, off, tiles_b = _locate(
+                        y, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
+                    )
+                    near = _is_short(tiles_b + seg_cost, total_cost, G, whole_below) & (y < total_cost)
+                    moved = tl.where(near, _nearer_end(off, tiles_b + seg_cost), off)
+                else:
+                    # boundary snap: onto the nearer end of its segment when that lies within snap % of T / G
+                    y = x
+                    moved = tl.where(
+                        x < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off
+                    )
+                u_c, b_c = _unit_at(
+                    y, b, h, moved, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr
+                )
+                tl.store(bounds_ptr + p, y - off + moved, mask=live)
+                tl.store(bounds_ptr + (G + 1) + p, u_c, mask=live)
+                tl.store(bounds_ptr + 2 * (G + 1) + p, b_c, mask=live)
         else:
             # static split-k: program p = (b, h, s); s-th of `splits` equal chunks of the segment
             per_req = NUM_KV_HEADS * splits
-            b = tl.minimum(p // per_req, B - 1)
-            rem = p - b * per_req
+            b_u = tl.minimum(p // per_req, B - 1)
+            rem = p - b_u * per_req
             h = rem // splits
             s = rem - h * splits
-            lens_b = tl.load(seq_lens_in_ptr + b, mask=live, other=1)
+            lens_b = tl.load(seq_lens_in_ptr + b_u, mask=live, other=1)
             tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
             chunk = (tiles_b + splits - 1) // splits
-            seg_start = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b
+            seg_start = tl.load(req_start_ptr + b_u, mask=live, other=0) + h * tiles_b
             u = seg_start + tl.minimum(s * chunk, tiles_b)
             u = tl.where(p >= G, total, u)
         tl.store(prog_start_ptr + p, u, mask=live)
-        tl.store(prog_b_ptr + p, b, mask=p < G)
-    tl.debug_barrier()  # prog_start / prog_b are read back below
+        tl.store(prog_b_ptr + p, b_u, mask=p < G)
+    tl.debug_barrier()  # bounds is read back below
+
+    # Step 2b (snap / whole_below): the candidate plan is kept only if no program's cost-axis range exceeds
+    # (100 + gate) % of the even share T / G; else the even split stays.
+    if not STATIC:
+        if candidate:
+            heaviest = total * 0
+            for step in range(G_STEPS):
+                p = step * BLOCK_G + tl.arange(0, BLOCK_G)
+                live = p < G
+                y0 = tl.load(bounds_ptr + p, mask=live, other=0)
+                y1 = tl.load(bounds_ptr + p + 1, mask=live, other=0)
+                heaviest = tl.maximum(heaviest, tl.max(tl.where(live, y1 - y0, 0), axis=0))
+            keep = heaviest.to(tl.int64) * G * 100 <= (100 + gate) * total_cost.to(tl.int64)
+            tl.store(bounds_ptr + 3 * (G + 1), keep.to(tl.int32))
+            if keep:
+                for step in range(G_STEPS):
+                    p = step * BLOCK_G + tl.arange(0, BLOCK_G)
+                    live = p <= G
+                    u_c = tl.load(bounds_ptr + (G + 1) + p, mask=live, other=0)
+                    b_c = tl.load(bounds_ptr + 2 * (G + 1) + p, mask=live, other=0)
+                    tl.store(prog_start_ptr + p, u_c, mask=live)
+                    tl.store(prog_b_ptr + p, b_c, mask=p < G)
+            tl.debug_barrier()  # prog_start / prog_b are read back below
 
     # Step 3: merge duty. Program p merges the segment its range starts in when that segment began in
     # an earlier program (split) and ends inside p's range (p is its last participant).
     n_wide = total * 0
+    run_carry = total * 0 - 1
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p < G
         u_b = tl.load(prog_start_ptr + p, mask=live, other=0)
         u_e = tl.load(prog_start_ptr + p + 1, mask=live, other=0)
         b = tl.load(prog_b_ptr + p, mask=live, other=0)
-        lens_b = tl.load(seq_lens_ptr + b, mask=live, other=1)
-        tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
-        local = u_b - tl.load(req_start_ptr + b, mask=live, other=0)
-        h = local // tiles_b
-        t0 = local - h * tiles_b
+        h, t0, tiles_b, lens_b = _range_head(u_b, b, live, req_start_ptr, seq_lens_ptr, TILE)
         seg_start = u_b - t0
         duty = live & (u_b < u_e) & (t0 > 0) & (seg_start + tiles_b <= u_e)
         if STATIC:
             first = (b * NUM_KV_HEADS + h) * splits
         else:
-            # the segment's first unit spans from cost position c; program q's unsnapped boundary
-            # x_q = ceil(q T / G) is <= c exactly when q <= c G / T, so q0 = floor(c G / T) is the last
-            # program whose boundary lies at or before c (snapping never moves it past c: it moves at most
-            # to the end of the segment it lies in). Only x_{q0 + 1} can snap back onto c (x_{q0 + 2} lies
-            # more than a share, so more than the slack, past c): then q0 + 1 holds the first unit.
-            seg_len = tiles_b + seg_cost
-            c = tl.load(req_cost_ptr + b, mask=live, other=0) + h * seg_len
-            q0 = (c.to(tl.int64) * G) // tl.maximum(total_cost, 1)
-            x1 = (((q0 + 1) * total_cost + G - 1) // G).to(tl.int32)
-            back = (x1 < c + seg_len) & (_snap_offset(x1 - c, seg_len, total_cost, G, snap) == 0)
-            first = q0.to(tl.int32) + back.to(tl.int32)
+            # the first participant of the segment p's range starts in is the last program whose range
+            # starts at or before the segment's first unit. The programs starting inside the segment (t0 > 0)
+            # are consecutive, p among them: the first participant is the one before the first of them.
+            # Found by a running max over the programs (units and segments are ordered), for any plan.
+            prev = tl.maximum(p - 1, 0)
+            has_prev = live & (p > 0)
+            u_p = tl.load(prog_start_ptr + prev, mask=has_prev, other=0)
+            b_p = tl.load(prog_b_ptr + prev, mask=has_prev, other=0)
+            h_p, t0_p, _, _ = _range_head(u_p, b_p, has_prev, req_start_ptr, seq_lens_ptr, TILE)
+            inside_prev = has_prev & (b_p == b) & (h_p == h) & (t0_p > 0)
+            opens_run = live & (t0 > 0) & (inside_prev == 0)
+            run = tl.associative_scan(tl.where(opens_run, p, -1), 0, _max_combine)
+            run = tl.maximum(run, run_carry)
+            run_carry = tl.max(run, axis=0)
+            first = run - 1
         tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
         if BLOCK_P > 0:
             # compact list of the programs whose merge has more than BLOCK_P participants (at most one
@@ -194,26 +229,29 @@ def plan_kernel(
 
 
 @triton.jit
-def _boundary(
-    p,
-    live,
-    B,
-    G,
-    total_cost,
-    seg_cost,
-    snap,
-    req_cost_ptr,
-    seq_lens_ptr,
-    TILE: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-):
-    """Where program p's range starts on the cost axis: x = ceil(p T / G), in request b, KV head h, at
-    offset off from that segment's start (snapped, see _snap_offset); returns (b, h, off, tiles of b,
-    the snapped cost position). x >= T lands past the last segment (off = the segment's cost or more)."""
-    x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _is_short(seg_len, total_cost, G, whole_below):
+    """A segment of cost seg_len is short (never split with whole_below) if it costs at most whole_below %
+    of the even share T / G (integer test: 100 G seg_len <= whole_below T)."""
+    return seg_len.to(tl.int64) * G * 100 <= whole_below * total_cost.to(tl.int64)
+
+
+@triton.jit
+def _locate(x, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """The segment holding cost position x: (request b, KV head h, offset of x from the segment's start,
+    tiles of b). x >= T lands past the last segment (offset = the segment's cost or more)."""
     # largest b < B with req_cost[b] <= x (binary search, vectorised over programs)
-    lo = tl.zeros_like(p)
-    hi = tl.zeros_like(p) + B
+    lo = tl.zeros_like(x)
+    hi = tl.zeros_like(x) + B
     for _ in tl.static_range(SEARCH_STEPS):
         mid = (lo + hi) // 2
         start = tl.load(req_cost_ptr + mid, mask=live & (hi - lo > 1), other=0)
@@ -226,22 +264,74 @@ def _boundary(
     tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
     local = x - tl.load(req_cost_ptr + b, mask=live, other=0)
     h = local // (tiles_b + seg_cost)
-    off = local - h * (tiles_b + seg_cost)
-    # a boundary near a segment boundary moves onto it (the segment is then not split here)
-    snapped = tl.where(x < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off)
-    return b, h, snapped, tiles_b, x - off + snapped
+    return b, h, local - h * (tiles_b + seg_cost), tiles_b
+
+
+@triton.jit
+def _unit_at(x, b, h, off, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr):
+    """The first unit whose span starts at or after cost offset off of segment (b, h), and its request
+    (a boundary at a segment's end is the next segment's first unit); x >= T: past the last unit."""
+    t = tl.where(off == 0, 0, tl.minimum(tl.maximum(off - seg_cost, 1), tiles_b))
+    u = tl.load(req_start_ptr + b, mask=live, other=0) + h * tiles_b + t
+    u = tl.where(x >= total_cost, total, u)
+    # t == tiles_b of the last KV head is the next request's first unit
+    nxt = tl.load(req_start_ptr + b + 1, mask=live, other=0)
+    return u, tl.where((u >= nxt) & (b + 1 < B), b + 1, b)
+
+
+@triton.jit
+def _region_position(p, live, B, G, total_cost, req_cost_ptr, region_ptr, SEARCH_STEPS: tl.constexpr):
+    """Cost position of boundary p with whole_below: region r (cost span [a, e)) owns the programs
+    P_r = round(a G / T) .. round(e G / T) - 1 and boundary p of them sits at a + ceil((p - P_r)(e - a) / k),
+    k = its program count. p belongs to the region of the last request b with 2 G req_cost[b] < (2p + 1) T
+    (i.e. round(req_cost[b] G / T) <= p); boundary 0 is 0, boundary G is T. A region with no program
+    (round(a G / T) = round(e G / T)) is held by the program before it."""
+    T64 = total_cost.to(tl.int64)
+    lim = (2 * p.to(tl.int64) + 1) * T64
+    lo = tl.zeros_like(p)
+    hi = tl.zeros_like(p) + B
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        start = tl.load(req_cost_ptr + mid, mask=live & (hi - lo > 1), other=0)
+        go_up = (hi - lo > 1) & (2 * start.to(tl.int64) * G < lim)
+        go_down = (hi - lo > 1) & (2 * start.to(tl.int64) * G >= lim)
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_down, mid, hi)
+    a = tl.load(region_ptr + 2 * lo, mask=live, other=0).to(tl.int64)
+    e = tl.load(region_ptr + 2 * lo + 1, mask=live, other=0).to(tl.int64)
+    p_a = (2 * a * G + T64) // (2 * T64)
+    p_e = (2 * e * G + T64) // (2 * T64)
+    k = tl.maximum(p_e - p_a, 1)
+    y = a + ((p - p_a) * (e - a) + k - 1) // k
+    # boundary 0 is 0 even where the first regions get no program of their own (program 0 then holds them)
+    return tl.where(p >= G, T64, tl.where(p == 0, 0, y)).to(tl.int32)
+
+
+@triton.jit
+def _range_head(u, b, live, req_start_ptr, seq_lens_ptr, TILE: tl.constexpr):
+    """(KV head, tile in segment, tiles per segment, length) of unit u of request b."""
+    lens_b = tl.load(seq_lens_ptr + b, mask=live, other=1)
+    tiles_b = tl.maximum((lens_b + TILE - 1) // TILE, 1)
+    local = u - tl.load(req_start_ptr + b, mask=live, other=0)
+    h = local // tiles_b
+    return h, local - h * tiles_b, tiles_b, lens_b
+
+
+@triton.jit
+def _nearer_end(off, seg_len):
+    """The nearer end of a segment of cost seg_len from offset off: its start (0; also on a tie) or end."""
+    return tl.where((off > 0) & (seg_len - off < off), seg_len, tl.where(off > 0, 0, off))
 
 
 @triton.jit
 def _snap_offset(off, seg_len, total_cost, G, snap):
     """Where a program boundary at cost offset ``off`` inside a segment of cost ``seg_len`` goes: to the
-    segment's start (0) or end (seg_len), whichever is nearer (the start on a tie), when that distance is
-    at most snap % of the even share T / G (integer test: 100 G d <= snap T); else it stays. Monotone in
-    ``off``, so snapped boundaries stay ordered; snap <= 50 keeps the slack under one share."""
-    d_end = seg_len - off
-    to_start = (off > 0) & (off <= d_end) & (off.to(tl.int64) * G * 100 <= snap * total_cost.to(tl.int64))
-    to_end = (off > 0) & (d_end < off) & (d_end.to(tl.int64) * G * 100 <= snap * total_cost.to(tl.int64))
-    return tl.where(to_start, 0, tl.where(to_end, seg_len, off))
+    segment's nearer end (_nearer_end) when that end lies within snap % of the even share T / G (integer
+    test: 100 G d <= snap T); else it stays. Monotone in ``off``, so snapped boundaries stay ordered;
+    snap <= 50 keeps the slack under one share."""
+    d = tl.minimum(off, seg_len - off)
+    near = d.to(tl.int64) * G * 100 <= snap * total_cost.to(tl.int64)
+    return tl.where(near, _nearer_end(off, seg_len), off)
 
 
 @triton.jit

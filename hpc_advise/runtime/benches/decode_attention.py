@@ -82,17 +82,34 @@ PEER_TITLES = {
 # (260.3 -> 249.9 us, every segment whole) and every mixed case slower (up to +15 %, +34 % at snap 50; 8/1 and fp8
 # too); three K/V buffers no faster with whole segments either (256.0). Since then the planner keeps a snap only
 # when no program exceeds its share by more than op.SNAP_GATE %, and bf16 with >= 8 KV heads runs snap 25 by
-# default. Next call: the gated default against snap 0 (first, the pre-run-12 default) and gated snap 50.
+# default. Sweep run 13 (lead's call, 17:53 UTC): gated snap 25 kept 64 x 4K's gain (261.0 -> 249.8 us), the mixed
+# cases within -0.4 / +0 % of snap 0. Sweep run 15: the whole-segment plan ('-wbN': op.plan(whole_below=N), short
+# segments never split, each region of one class over its proportional number of programs, gated at
+# op.WHOLE_GATE) at seg_cost 2 / 4 / 6 against the shipped default (first, and again last) and the default's
+# plan at seg_cost 4 (seg_cost alone). On 8/1 the shipped plan is snap 0; gated snap 25 falls back to it on the
+# three 8/1 cases swept (planner model, tests/kernels/test_decode_attention_snap.py) but on 1 x 128K, where both
+# snapped and unsnapped boundaries fall inside the 2048-tile segments' interiors alike.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl"),  # snap 0: the bf16 schedule before run 12 (8/1's default)
     (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn25"),  # bf16 default with >= 8 KV heads since run 12 (gated)
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn50"),
-    (64, 2, 4, 4, "nested-desc-w-pc32-s2-pdl-sn25"),  # three K/V buffers
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-wb100"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s4-pdl-wb100"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s6-pdl-wb100"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s4-pdl-sn25"),
 ]
 SWEEP_CONFIGS_FP8 = [
     (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # fp8 default at >= 8 KV heads (sweep run 10)
-    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl-sn25"),  # gated snap (ungated: slower in run 12)
 ]
+
+
+def whole_segments(entry: tuple, seg_cost: int, whole_below: int = 100) -> tuple:
+    """Sweep entry ``entry`` with the whole-segment plan ('-wbN') at ``seg_cost`` ('-sN') instead of its own."""
+    loop, *flags = entry[4].split("-")
+    flags = [f for f in flags if not (f[:1] == "s" and f[1:].isdigit()) and f[:2] not in ("sn", "wb")]
+    return (*entry[:4], "-".join([loop, *flags, f"s{seg_cost}", f"wb{whole_below}"]))
+
+
+# sweep run 15: the whole-segment plan at seg_cost 2 / 4 / 6 in the fp8 default's launch form
+SWEEP_CONFIGS_FP8 += [whole_segments(SWEEP_CONFIGS_FP8[0], c) for c in (2, 4, 6)]
 SWEEP_CASES = [(name, 64, 8, "bf16") for name in CASES] + [
     ("64 x 4K", 8, 1, "bf16"),
     ("1 x 128K", 8, 1, "bf16"),
@@ -113,11 +130,13 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
     snap = [f for f in flags if f[:2] == "sn" and f[2:].isdigit()]
+    whole = [f for f in flags if f[:2] == "wb" and f[2:].isdigit()]  # '-wbN': op.plan(whole_below=N)
     known = {"desc", "prefetch", "w", "f16", "pdl", "ws"} | set(merge) | set(chunk) | set(cost) | set(snap)
+    known |= set(whole)
     unknown = set(flags) - known
-    if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1 or len(snap) > 1:
+    if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1 or len(snap) > 1 or len(whole) > 1:
         raise ValueError(
-            f"unknown variant flags {sorted(unknown) or merge + chunk + cost + snap} in {variant!r}"
+            f"unknown variant flags {sorted(unknown) or merge + chunk + cost + snap + whole} in {variant!r}"
         )
     return dict(
         tile=tile,
@@ -135,6 +154,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         pdl="pdl" in flags,
         warp_split="ws" in flags,
         snap=int(snap[0][2:]) if snap else 0,
+        whole_below=int(whole[0][2:]) if whole else 0,
     )
 
 
@@ -546,7 +566,7 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
             if again:
                 entry = (*entry[:4], entry[4] + " (again)")
             try:
-                calls, _, outs = _ours(w, "dynamic", **cfg)
+                calls, plans, outs = _ours(w, "dynamic", **cfg)
                 calls[0]()
                 torch.cuda.synchronize()
             except Exception as exc:  # a candidate that does not build or launch here: say so, go on
@@ -569,6 +589,10 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
                 # case's end 254.6): the first configuration is timed twice and the first timing dropped
                 _time(calls)
             t, how = _time(calls)
+            # the plan of one decode step (update replayed in a graph), and whether the gate kept the snapped /
+            # whole-segment candidate (bounds[3, 0]; '-' where the plan has none)
+            plan_t, _ = _time([lambda p=plans[0], w=w: p.update(w.seq_lens, w.tables[0], validate=False)])
+            kept = int(plans[0].bounds[3, 0]) if cfg.get("snap") or cfg.get("whole_below") else "-"
             rows.append(
                 run_row(
                     kind="kernel",
@@ -582,6 +606,8 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
                         "timing": how,
                         "rel_err": err,
                         "ok": ok,
+                        "plan_us": plan_t.p50,
+                        "plan_kept": kept,
                         **cfg,
                         **({"repeat": True} if again else {}),
                         **({"first": True} if i == 0 else {}),
@@ -594,16 +620,18 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
             )
             table.append(
                 [name, f"{hq}/{hkv}", kv, *entry, round(t.p50, 1), f"{err:.1e}" + ("" if ok else " FAIL")]
+                + [round(plan_t.p50, 1), kept]
             )
             print(f"sweep {time.time() - t0:5.1f}s", *table[-1], flush=True)  # progress if the run is cut
-            del calls, outs
+            del calls, plans, outs
         del w, ref
         torch.cuda.empty_cache()
     sweep.seconds = time.time() - t0
     return (
         rows,
         table,
-        ["case", "Hq/Hkv", "KV", "tile", "CTAs/SM", "stages", "warps", "variant", "µs", "rel err"],
+        ["case", "Hq/Hkv", "KV", "tile", "CTAs/SM", "stages", "warps", "variant", "µs", "rel err"]
+        + ["plan µs", "kept"],
     )
 
 
@@ -623,6 +651,7 @@ CONFIG_KEYS = (
     "pdl",
     "warp_split",
     "snap",
+    "whole_below",
 )
 # keys older sweeps' rows lack, with the value they ran with
 OLD_SWEEP_DEFAULTS = {
@@ -635,6 +664,7 @@ OLD_SWEEP_DEFAULTS = {
     "pdl": False,
     "warp_split": False,
     "snap": 0,
+    "whole_below": 0,
 }
 
 
