@@ -3,10 +3,11 @@
 # benchmarks/dev_moe.sh with these stages and settings (its stage logic, limits and packing are reused):
 #   newtests  GPU tests of tests/kernels/test_fused_moe_decode_round5.py: multi-tile GEMM programs (GU_TILES,
 #             DN_TILES) at the real decode shapes bitwise against the one-tile programs and within 2e-2 of the
-#             reference, CUDA-graph replay with fresh routing, eager launch-plan replay, an EP rank without
-#             local tokens (<= 60 s)
+#             reference, split-K summed in the gate/up kernel (GU_RED) bitwise the separate launch, CUDA-graph
+#             replay with fresh routing, eager launch-plan replay, an EP rank without local tokens (<= 60 s)
 #   tune      tune_fused_moe.py --multi-tile: the current pick against the regular path with multi-tile
-#             programs at T = 16 / 64 / 128 on DeepSeek-V3 EP8, Qwen3-30B, Hy3 TP8, Qwen3-235B, one process per
+#             programs (and GU_RED split-K at T = 16 where K is long) at T = 16 / 64 / 128 on DeepSeek-V3 EP8,
+#             Qwen3-30B, Hy3 TP8, Qwen3-235B, one process per
 #             shape list, current pick timed first and again last, merged only where >= 2% faster (<= 90 s)
 #   bench     bench_fused_moe.py --ts 1,4,16,64,128 on all five shapes with the peers, on the merged
 #             configs (<= 100 s)

@@ -42,7 +42,8 @@ re-timed last, a swap merged only if >= 2% faster).
 
 ``--multi-tile`` times, per point (T <= 128), the config ``op.get_config`` picks now against the regular
 pick with multi-tile programs (GU_TILES, DN_TILES: a program computes that many adjacent N tiles of its
-block in one flattened, software-pipelined loop; ``multi_tile_candidates``), through the same loop (current
+block in one flattened, software-pipelined loop) and, at T <= 16 with long K loops, split-K summed in the
+gate/up kernel (GU_RED; ``multi_tile_candidates``), through the same loop (current
 pick re-timed last, merged only if >= 2% faster). Its candidates are precompiled at an H and I their tile
 counts divide (``multi_tile_compile_job``).
 
@@ -82,8 +83,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
 
 
+def _gate_up_call(launch, w13):
+    """The config's gate/up step of one prepared ``op._Launch``: one launch, or with split-K the launch of
+    fp32 partials + the SiLU / quantization launch, or (GU_RED) the launch that sums them itself."""
+    import torch
+
+    from hpc_advise.kernels.fused_moe.op_small import _counters
+
+    split = launch.cfg["SPLIT_K"]
+    if split == 1:
+        return lambda: launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1)
+    part = torch.empty(split, launch.P, 2 * launch.I, dtype=torch.float32, device=w13.device)
+    if launch.cfg.get("GU_RED", 0):
+        cnt = _counters(w13.device, (launch.P // launch.cfg["BLOCK_M"]) * -(-launch.I // launch.cfg["GU_N"]))
+        return lambda: launch.gate_up(w13, launch.inter, launch.inter_s, 2, split, part=part, counters=cnt)
+    return lambda: (launch.gate_up(w13, part, part, 1, split), launch.act_quant(part, split))
+
+
 def _stage_times(launch, w13, w2, x) -> dict:
-    """µs per launch (graph replay) of one prepared ``op._Launch``."""
+    """µs per launch (graph replay) of one prepared ``op._Launch`` (gate/up: with split-K its launches)."""
     import torch
 
     from hpc_advise.runtime.benchmarking import time_cuda
@@ -91,9 +109,7 @@ def _stage_times(launch, w13, w2, x) -> dict:
     out = torch.empty_like(x)
     launch.prep(x)
     return {
-        "gate_up_us": time_cuda(
-            lambda: launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1), inner=4, reps=10
-        ).p50,
+        "gate_up_us": time_cuda(_gate_up_call(launch, w13), inner=4, reps=10).p50,
         "down_us": time_cuda(lambda: launch.down(w2, 1.0), inner=4, reps=10).p50,
         "reduce_us": time_cuda(lambda: launch.reduce(out), inner=4, reps=10).p50,
     }
@@ -112,7 +128,7 @@ def _variant_stage_times(op, args: tuple, cfg: dict, w2) -> dict:
     fused = op._Launch(*args[:-1], dict(cfg, DN_REDUCE=1))
     out = torch.empty_like(x)
     fused.prep(x, out)
-    fused.gate_up(args[1], fused.inter, fused.inter_s, 0, 1)
+    _gate_up_call(fused, args[1])()
     down_us = time_cuda(lambda: fused.down(w2, 1.0, out), inner=4, reps=10).p50
     return {"prep_ranked_us": prep_us, "down_reduce_us": down_us}
 
@@ -150,9 +166,6 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
             row["prep_single_us"] = _prep_time(op, args, 1 << 62)
             row["prep_multi_us"] = _prep_time(op, args, 1)
             launch = op._Launch(*args)
-            if launch.cfg["SPLIT_K"] != 1:
-                log(f"  {shape} T={t}: split-K config, breakdown skipped")
-                continue
             row.update(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
             row.update(_variant_stage_times(op, args, launch.cfg, wts["w2"]))
             flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
@@ -402,7 +415,10 @@ def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
     path serves T) with 2 / 3 / 4 gate/up tiles per program,
     with 2 / 4 / 8 down tiles per program (each where it divides that GEMM's tiles per block), and both
     together: the gate/up's smallest count with the down's 2 and 4, and with one gate/up stage more (a
-    multi-tile program streams longer, so a deeper pipeline may pay where fewer programs share an SM)."""
+    multi-tile program streams longer, so a deeper pipeline may pay where fewer programs share an SM). At
+    T <= 16 with H >= 4096 (few gate/up programs of >= 32 K steps: DeepSeek-V3 EP8 has ~13 active local
+    experts x 16 tiles for 132 SMs) also split-K 2 with the SiLU / quantization launch, and split-K 2 / 4
+    summed in the gate/up kernel (GU_RED)."""
     a2_group = mode.endswith("dynamic")
     cur = op.get_config(t, k, e, h, i, mode, a2_group)
     # where the small-T path serves T (Hy3 TP8 T = 16), the regular stand-in is the one tuned at 4·T: the
@@ -418,6 +434,8 @@ def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
     if gus:
         out += [dict(reg, GU_TILES=gus[0], DN_TILES=d) for d in dns if d <= 4]
         out.append(dict(reg, GU_TILES=gus[0], DN_TILES=dns[0] if dns else 1, GU_STAGES=reg["GU_STAGES"] + 1))
+    if t <= 16 and h >= 4096 and reg["SPLIT_K"] == 1:  # few programs of long K loops: split-K 2 / 4
+        out += [dict(reg, SPLIT_K=2), dict(reg, SPLIT_K=2, GU_RED=1), dict(reg, SPLIT_K=4, GU_RED=1)]
 
     def valid(c):
         try:

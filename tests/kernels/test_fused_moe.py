@@ -566,6 +566,11 @@ def _sm90_job(name: str, consts: dict, warps: int, stages: int) -> list:
             types.append(f"tensordesc<fp8e4nv[1,{halves},{consts['BLOCK_N']},{consts['BLOCK_K']}]>")
         else:
             consts["w_desc"] = None
+    if name == "_gate_up_kernel":  # OUT_MODE 2 (GU_RED): fp32 split partials and int32 arrival counters
+        if consts["OUT_MODE"] == 2:
+            types += ["*fp32", "*i32"]
+        else:
+            consts.update(part_ptr=None, count_ptr=None)
     if name == "_down_kernel":
         if consts.setdefault("A_TMA", False):  # the intermediate by TMA: [BLOCK_M, BLOCK_K] blocks
             types.append(f"tensordesc<fp8e4nv[{consts['BLOCK_M']},{consts['BLOCK_K']}]>")

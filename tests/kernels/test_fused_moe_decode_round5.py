@@ -45,6 +45,20 @@ def _load_tuner():
     return tune
 
 
+@pytest.fixture
+def poisoned_workspace(monkeypatch):
+    """Unplanned calls whose fp32 workspace buffers (split partials) start as NaN: a sum that reads a
+    partial before its split stored it cannot pass on stale memory of an earlier call."""
+    empty = LP.empty
+
+    def poisoned(*shape, dtype, device):
+        t = empty(*shape, dtype=dtype, device=device)
+        return t.fill_(float("nan")) if dtype == torch.float32 else t
+
+    monkeypatch.setattr(LP, "ENABLED", False)
+    monkeypatch.setattr(LP, "empty", poisoned)
+
+
 def _same_with_tiles(p, cfg: dict, tiles: list[dict], seed: int) -> None:
     plain, _, _ = run_and_check(p, config=cfg, seed=seed)
     for extra in tiles:
@@ -128,6 +142,55 @@ def test_multi_tile_launch_plan_replays_bitwise():
     assert torch.equal(got1, want1) and torch.equal(got2, want2) and torch.equal(again, want1), seed
 
 
+@pytest.mark.parametrize(
+    "mode,t,h,i,cfg",
+    [
+        # block scales, dynamic a2 (GU_N 128: one group per tile), swapped TMA forms, with multi-tile programs
+        (
+            "block-dynamic",
+            3,
+            512,
+            256,
+            dict(CPU_CFG, GU_N=128, W_TMA=1, W_SCALAR=1, GU_SWAP_AB=1, GU_TILES=2),
+        ),
+        # T = 1, pointer tiles, I = 128: one N tile per expert (split 4: one K step per split)
+        ("block-dynamic", 1, 512, 128, dict(CPU_CFG, GU_N=128)),
+        # per-tensor, static a2: 64-wide tiles, the third ragged (I = 160)
+        ("tensor-static", 16, 512, 160, dict(CPU_CFG, GU_N=64, DN_K=64, PDL=1)),
+    ],
+)
+def test_split_k_summed_in_gate_up_bitwise_the_separate_launch(mode, t, h, i, cfg, poisoned_workspace):
+    """GU_RED: the last split of a tile sums the fp32 partials (split order) and runs the fused epilogue:
+    bitwise the split-K path with the SiLU / quantization launch, and every arrival counter back at 0."""
+    from hpc_advise.kernels.fused_moe.op_small import _counters
+
+    seed = _seed()
+    p = make_problem(t, 8, h, i, 4, mode, device="cpu")
+    for split in (2, 4):
+        plain, _, _ = run_and_check(p, config=dict(cfg, SPLIT_K=split), seed=seed)
+        got, _, _ = run_and_check(p, config=dict(cfg, SPLIT_K=split, GU_RED=1), seed=seed)
+        assert torch.equal(plain, got), (seed, split)
+        assert not _counters(torch.device("cpu"), 1).any(), "counters are reset by the last arrival"
+
+
+def test_split_k_summed_in_gate_up_shared_experts_and_fallback(monkeypatch, poisoned_workspace):
+    """GU_RED where two tokens share experts and one expert is empty on this rank's half, then with a counter
+    slice too small for the (block, N tile) counters: the separate launch runs instead (same output)."""
+    seed = _seed()
+    ids = torch.tensor([[1, 2, 5, 6], [2, 1, 6, 7]], dtype=torch.int32)
+    p = make_problem(2, 8, 512, 256, 4, "block-dynamic", device="cpu", ids=ids)
+    cfg = dict(CPU_CFG, GU_N=128, SPLIT_K=2)
+    plain, _, _ = run_and_check(p, config=cfg, seed=seed)
+    got, _, _ = run_and_check(p, config=dict(cfg, GU_RED=1), seed=seed)
+    assert torch.equal(plain, got), seed
+    monkeypatch.setattr(op, "COUNTER_SLICE", 4)
+    launches = []
+    act_quant = op._Launch.act_quant
+    monkeypatch.setattr(op._Launch, "act_quant", lambda self, *a: launches.append(a) or act_quant(self, *a))
+    fallback, _, _ = run_and_check(p, config=dict(cfg, GU_RED=1), seed=seed)
+    assert len(launches) == 1 and torch.equal(plain, fallback), seed
+
+
 def test_multi_tile_refused_where_the_tiles_do_not_divide():
     """Refused before any launch, with the reason: a tile count that does not divide the GEMM's tiles per
     block (I = 256 has 2 gate/up tiles of 128; H = 256 has 4 down tiles of 64), a count that is not a whole
@@ -141,6 +204,9 @@ def test_multi_tile_refused_where_the_tiles_do_not_divide():
         (dict(base, DN_TILES=True), "whole number"),
         (dict(base, DN_TILES=2.0), "whole number"),
         (dict(base, DN_TILES=2, PDL=1, PREFETCH=1), "prefetch"),
+        (dict(base, GU_RED=1), "SPLIT_K > 1"),  # nothing to sum
+        (dict(base, GU_N=64, SPLIT_K=2, GU_RED=1), "GU_N == 128"),  # a 64-wide tile is half a group
+        (dict(base, SPLIT_K=2, GU_RED=2), "must be 0 or 1"),
     ):
         with pytest.raises(FusedMoEError, match=words):
             fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], config=cfg, **p["kw"])
@@ -148,7 +214,7 @@ def test_multi_tile_refused_where_the_tiles_do_not_divide():
 
 def test_multi_tile_candidates_are_valid_configs_of_every_shape():
     """The tuner's --multi-tile candidates pass the op's checks at every tuned decode point (the current
-    pick first, every other a regular config with tiles), and their precompile jobs are built at an I and H
+    pick first, every other a regular config with tiles or split-K), and their precompile jobs are built at an I and H
     the tile counts divide, with I % 128 == 0 exactly where the shape's I has it."""
     from hpc_advise.runtime.benches import fused_moe as fb
 
@@ -161,7 +227,7 @@ def test_multi_tile_candidates_are_valid_configs_of_every_shape():
             assert cands[0] == op.get_config(t, k, e, h, i, mode, a_group)
             assert len(cands) >= 3, (shape, t, cands)
             for c in cands[1:]:
-                assert c.get("GU_TILES", 1) > 1 or c.get("DN_TILES", 1) > 1, c
+                assert c.get("GU_TILES", 1) > 1 or c.get("DN_TILES", 1) > 1 or c["SPLIT_K"] > 1, c
                 c = op.check_config(dict(c), a_group, a_group)
                 op.check_forms(c, a_group, a_group, mode.startswith("block"), h, i)
                 _, _, _, inter, hidden = tune.multi_tile_compile_job(shape, mode, c)
@@ -224,7 +290,7 @@ def test_gpu_multi_tile_bitwise_the_one_tile_programs(point):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("point", ["qwen3-30b-a3b-16", "hy3-tp8"])
+@pytest.mark.parametrize("point", ["hy3-tp8"])  # block scales: the GU_RED graph test below (with DN_TILES)
 def test_gpu_multi_tile_graph_replay_tracks_new_routing(point):
     """Captured once (two calls back to back, PDL), replayed with fresh routing written into the ids,
     output poisoned with NaN before each replay (test_fused_moe.check_graph_replay)."""
@@ -239,7 +305,7 @@ def test_gpu_multi_tile_graph_replay_tracks_new_routing(point):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("point", ["deepseek-v3-ep8", "qwen3-30b-a3b-128"])
+@pytest.mark.parametrize("point", ["qwen3-30b-a3b-128"])
 def test_gpu_multi_tile_eager_plan_replay_bitwise(point):
     """Eager calls through the launch plans: the second call of the signature (replaying the compiled
     multi-tile launches) is bitwise the first (recorded) one, and a call on new routing matches the
@@ -269,3 +335,36 @@ def test_gpu_multi_tile_expert_parallel_rank_without_local_tokens():
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off, ids=ids)
     out, _, _ = run_and_check(p, config=dict(_regular(t, k, e, h, i, mode), **tiles), seed=seed)
     assert (out == 0).all(), seed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("point", ["deepseek-v3-ep8"])
+def test_gpu_split_k_summed_in_gate_up_bitwise_the_separate_launch(point):
+    """GU_RED at the real T = 16 shape it is for (DeepSeek-V3 EP8: block scales, swapped TMA tiles): split 2
+    and 4, bitwise the split-K path with the SiLU / quantization launch, reproducible (with PDL), and the
+    arrival counters back at 0."""
+    from hpc_advise.kernels.fused_moe.op_small import _counters
+
+    seed = _seed()
+    e, h, i, k, ge, off, mode, t, _ = GPU_POINTS[point]
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    base = _regular(t, k, e, h, i, mode)
+    for split in (2, 4):
+        plain, _, _ = run_and_check(p, config=dict(base, SPLIT_K=split), seed=seed)
+        got, _, _ = run_and_check(p, config=dict(base, SPLIT_K=split, GU_RED=1), seed=seed)
+        again, _, _ = run_and_check(p, config=dict(base, SPLIT_K=split, GU_RED=1, PDL=1), seed=seed)
+        assert torch.equal(plain, got) and torch.equal(got, again), (seed, split)
+    assert not _counters(torch.device("cuda"), 4096).any()
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_summed_in_gate_up_graph_replay_tracks_new_routing():
+    seed = _seed()
+    e, h, i, k, ge, off, mode, t, tiles = GPU_POINTS["deepseek-v3-ep8"]
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    cfg = dict(_regular(t, k, e, h, i, mode), PDL=1, SPLIT_K=2, GU_RED=1, DN_TILES=tiles["DN_TILES"])
+    out = torch.empty_like(p["x"])
+    call = lambda: fused_moe(
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
+    )
+    check_graph_replay(p, call, out, seed=seed, replays=3, capture_calls=2)

@@ -573,7 +573,8 @@ def _gate_up_two_dots(
 @triton.jit
 def _gate_up_tile(
     pid_n, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr, w_ptr, ws_ptr,
-    out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse, stride_wsn, w_desc,
+    out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+    stride_wsn, w_desc,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr, A2_GROUP: tl.constexpr, OUT_MODE: tl.constexpr, EVEN_K: tl.constexpr,
     FAST_ACC: tl.constexpr, TWO_DOTS: tl.constexpr, W_TMA: tl.constexpr, W_SCALAR: tl.constexpr,
@@ -581,7 +582,9 @@ def _gate_up_tile(
 ):  # fmt: skip
     """N tile pid_n (of split pid_k) of the gate/up program's block: the K loop over [k_lo, k_hi) (merged
     gate|up dot, or ``_gate_up_two_dots``), the per-tensor scales, then the epilogue (OUT_MODE 0: SiLU·up and
-    fp8 quantization of h; 1: fp32 split-K partials). The rest of ``_gate_up_kernel``'s docstring."""
+    fp8 quantization of h; 1: fp32 split-K partials; 2: the partials, then the last split to arrive at the
+    tile's counter ``cnt_ptr + pid_n`` sums them and runs epilogue 0). The rest of ``_gate_up_kernel``'s
+    docstring."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
@@ -683,10 +686,43 @@ def _gate_up_tile(
         _silu_mul_quant_store(
             g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
         )
+    elif OUT_MODE == 1:
+        _store_split_partials(g, u, out_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
     else:
-        base = out_ptr + (pid_k * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
-        tl.store(base, g, mask=n_ok[None, :])
-        tl.store(base + I, u, mask=n_ok[None, :])
+        _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
+        # the split that arrives last sums all SPLIT_K partials in split order (those of
+        # _act_quant_kernel, deterministic), then runs the fused epilogue; the others are done
+        tl.debug_barrier()  # every thread's partial store before the (gpu-scope, acq_rel) arrival
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I, ".cg")
+            tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+            _silu_mul_quant_store(
+                g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
+            )
+
+
+@triton.jit
+def _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I):
+    """Split pid_k's fp32 gate and up sums of rows offs_m, columns offs_n into part [SPLIT_K, P, 2I]."""
+    base = part_ptr + (pid_k * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
+    tl.store(base, g, mask=n_ok[None, :])
+    tl.store(base + I, u, mask=n_ok[None, :])
+
+
+@triton.jit
+def _sum_split_partials(
+    part_ptr, SPLIT_K: tl.constexpr, max_padded, offs_m, offs_n, n_ok, I, CACHE: tl.constexpr
+):
+    """(gate, up): the SPLIT_K fp32 partials of rows offs_m, columns offs_n summed in split order from 0.
+    CACHE ".cg" reads through L2 (partials another CTA just wrote: never a stale L1 line)."""
+    g = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
+    u = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
+    for s in range(0, SPLIT_K):
+        base = part_ptr + (s * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
+        g += tl.load(base, mask=n_ok[None, :], other=0.0, cache_modifier=CACHE)
+        u += tl.load(base + I, mask=n_ok[None, :], other=0.0, cache_modifier=CACHE)
+    return g, u
 
 
 @triton.jit(do_not_specialize=["top_k", "n_entries", "max_padded", "stride_wse", "stride_wsn"])
@@ -730,8 +766,10 @@ def _gate_up_kernel(
     W_SCALAR: tl.constexpr = False,
     SWAP_AB: tl.constexpr = False,
     TILES: tl.constexpr = 1,
+    part_ptr=None,  # OUT_MODE 2: fp32 [SPLIT_K, P, 2I] split partials
+    count_ptr=None,  # OUT_MODE 2: int32 [>= P/BLOCK_M · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
 ):
-    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
+    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N) / TILES, SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
     the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
     instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
@@ -746,7 +784,10 @@ def _gate_up_kernel(
     the other (``_gate_up_tile`` each, same code), in one loop nest that Triton flattens into a single
     software-pipelined loop over (tile, K step) (``tl.range(flatten=True)``): the next tile's first
     weight tiles are in flight during the current tile's last K steps and epilogue, where separate
-    programs each fill their pipeline from empty; the grid shrinks by TILES."""
+    programs each fill their pipeline from empty; the grid shrinks by TILES.
+    OUT_MODE 2 (config GU_RED with SPLIT_K > 1): split-K without the ``_act_quant_kernel`` launch: each split
+    stores its fp32 partials, and the last of the tile's SPLIT_K programs to arrive at its counter sums them
+    (split order, as that kernel) and runs the fused epilogue, then resets the counter."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -763,10 +804,13 @@ def _gate_up_kernel(
     e = e.to(tl.int64)
     row_ok = entry < n_entries
     tok = (entry // top_k).to(tl.int64)
+    cnt_ptr = count_ptr
+    if OUT_MODE == 2:  # this block's row of (block, N tile) counters
+        cnt_ptr = count_ptr + pid_m * tl.cdiv(I, BLOCK_N)
     if TILES == 1:
         _gate_up_tile(
             pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
-            w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+            w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
             stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
             TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
         )  # fmt: skip
@@ -774,7 +818,7 @@ def _gate_up_kernel(
         for t in tl.range(0, TILES, flatten=True):
             _gate_up_tile(
                 pid_g * TILES + t, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
-                w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+                w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
                 stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
                 TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
             )  # fmt: skip
@@ -806,12 +850,7 @@ def _act_quant_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * 128 + tl.arange(0, 128)
     n_ok = offs_n < I
-    g = tl.zeros([BLOCK_M, 128], dtype=tl.float32)
-    u = tl.zeros([BLOCK_M, 128], dtype=tl.float32)
-    for s in range(0, SPLIT_K):
-        base = part_ptr + (s * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
-        g += tl.load(base, mask=n_ok[None, :], other=0.0)
-        u += tl.load(base + I, mask=n_ok[None, :], other=0.0)
+    g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I, "")
     _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128, A2_GROUP)
 
 

@@ -11,7 +11,9 @@ BLOCK_EXIT (GEMM programs exit on the block's expert, one dependent load fewer) 
 variants; none of them changes the result. GU_SWAP_AB / DN_SWAP_AB run the regular path's gate/up / down
 GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token rows; same products).
 GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
-one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output).
+one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_RED
+(with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
+SiLU / quantization launch (bitwise the same).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -236,6 +238,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "DN_A_TMA",
         "GU_SWAP_AB",
         "DN_SWAP_AB",
+        "GU_RED",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
@@ -285,6 +288,12 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
             raise FusedMoEError(
                 f"{key}={tiles} must divide the {per_block} tiles of {n_key}={cfg[n_key]} over {n_all} columns"
             )
+    # split-K summed in the gate/up kernel: its fused epilogue quantizes per 128-column group of one tile
+    if cfg.get("GU_RED", 0) and (cfg["SPLIT_K"] < 2 or (a2_group and cfg["GU_N"] != GROUP)):
+        raise FusedMoEError(
+            "GU_RED sums split-K partials in the gate/up kernel: it needs SPLIT_K > 1 and, with dynamic "
+            f"intermediate scales, GU_N == 128; got SPLIT_K={cfg['SPLIT_K']}, GU_N={cfg['GU_N']}"
+        )
     if cfg.get("DN_TILES", 1) > 1 and cfg.get("PREFETCH", 0):
         raise FusedMoEError("DN_TILES > 1 has no L2 prefetch form (PREFETCH prefetches one tile per program)")
     # swap AB (weights as the MMA's M side) exists to reach wgmma at decode tiles: <= 32 token rows, and
@@ -583,7 +592,12 @@ class _Launch:
         sorted_ids=None,
         top_k=None,
         n_entries=None,
+        part=None,
+        counters=None,
     ):
+        """Gate/up GEMM: out_mode 0 fp8 h (+ group scales) into out / outs; 1 fp32 split partials into out;
+        2 (GU_RED) the partials into ``part``, summed by the tile's last split into out / outs (``counters``:
+        zeroed, one per (block, N tile))."""
         c = self.cfg
         tiles = c.get("GU_TILES", 1)  # N tiles per program (check_forms: divides cdiv(I, GU_N))
         grid = ((self.P // c["BLOCK_M"]) * (triton.cdiv(self.I, c["GU_N"]) // tiles), split_k)
@@ -632,6 +646,8 @@ class _Launch:
             W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
             SWAP_AB=bool(c.get("GU_SWAP_AB", 0)),
             TILES=tiles,
+            part_ptr=part,
+            count_ptr=counters,
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
@@ -938,8 +954,15 @@ def _fused_moe_calls(
         launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1)
     else:
         part = LP.empty(split, launch.P, 2 * launch.I, dtype=torch.float32, device=hidden.device)
-        launch.gate_up(w13, part, part, 1, split)
-        launch.act_quant(part, split)
+        # GU_RED: the partials summed in the gate/up kernel (one counter per (block, N tile) in the stream's
+        # zeroed slice, which the down kernel's DN_REDUCE counters reuse after it: the launches are ordered)
+        tiles = (launch.P // launch.cfg["BLOCK_M"]) * triton.cdiv(launch.I, launch.cfg["GU_N"])
+        if launch.cfg.get("GU_RED", 0) and tiles <= COUNTER_SLICE:
+            cnt = _counters(hidden.device, tiles)
+            launch.gate_up(w13, launch.inter, launch.inter_s, 2, split, part=part, counters=cnt)
+        else:  # the separate SiLU / quantization launch (bitwise the same sums)
+            launch.gate_up(w13, part, part, 1, split)
+            launch.act_quant(part, split)
     launch.down(w2, routed_scaling_factor, result)
     if not launch.dn_reduce:
         launch.reduce(result)
