@@ -35,6 +35,9 @@ def main() -> None:
         "--peers", default=",".join(da.PEERS), help="comma-separated subset of " + ",".join(da.PEERS)
     )
     ap.add_argument("--sweep", action="store_true", help="sweep tile / CTAs per SM / stages / warps")
+    ap.add_argument(
+        "--sweep-set", choices=sorted(da.SWEEP_SETS), help="--sweep: a named set of cases and configs"
+    )
     ap.add_argument("--tune", action="store_true", help="sweep first, then run the grid with the best config")
     ap.add_argument("--warm-flashinfer", action="store_true", help="compile FlashInfer's modules and exit")
     ap.add_argument(
@@ -73,10 +76,12 @@ def main() -> None:
         return
     best, best_fp8, by_heads = {}, None, {}
     if args.sweep or args.tune:
-        rows, table, headers = da.sweep()
+        rows, table, headers = da.sweep(**da.SWEEP_SETS.get(args.sweep_set, {}))
         # --tune with --heads H/K: the best over the swept cases of those heads (the grid's)
         pick = args.heads if args.tune else "all"
-        best, best_fp8 = da.best_config(rows, "bf16", pick), da.best_config(rows, "fp8", pick)
+        kvs = {r["config"]["kv_dtype"] for r in rows}  # a --sweep-set may hold one KV dtype only
+        best = da.best_config(rows, "bf16", pick) if "bf16" in kvs else {}
+        best_fp8 = da.best_config(rows, "fp8", pick) if "fp8" in kvs else None
         swept = sorted(
             {
                 (r["config"]["kv_dtype"], f"{r['config']['num_q_heads']}/{r['config']['num_kv_heads']}")
@@ -88,7 +93,7 @@ def main() -> None:
             rows,
             table,
             headers,
-            stem="decode_attention_sweep",
+            stem="decode_attention_sweep" + (f"_{args.sweep_set}" if args.sweep_set else ""),
             title="Decode attention: launch-configuration sweep (dynamic schedule, page 64, D 128)",
             notes="CUDA-graph replay over rotated page tables (pool >> L2); p50 µs per call. 'rel err': "
             "relative Frobenius error of the configuration's output against the float64 reference "
@@ -136,7 +141,9 @@ def main() -> None:
     if args.variant:
         v = da.variant_config(0, 0, 0, 0, args.variant)
         cfg |= {
-            k: v[k] for k in da.CONFIG_KEYS if k not in ("tile", "ctas_per_sm", "num_stages", "num_warps")
+            k: v[k]
+            for k in da.CONFIG_KEYS
+            if k in v and k not in ("tile", "ctas_per_sm", "num_stages", "num_warps")
         }
     asked = {p for p in args.peers.split(",") if p}
     peers = [p for p in da.PEERS if p in asked]  # table columns in the canonical order

@@ -121,6 +121,21 @@ elif [ "${STAGE:-sweep}" = run10 ]; then
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-//'
   grep -h "^best of" "$RES/grid64.log" "$RES/grid81.log" | cut -c1-400
   grep -h "^|" "$RES/g64/decode_attention.md" "$RES/g81/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-8,10-11,14-15
+elif [ "${STAGE:-sweep}" = fp8t ]; then
+  # the transposed fp8 kernel (kernel_transposed.py, no FlashInfer): its GPU tests, then the 'fp8t' sweep set
+  # (benches/decode_attention.py SWEEP_SETS: the fp8 64/8 default first and again last vs the transposed
+  # candidates on the 8 fp8 64/8 cases + 2 fp8 8/1, rel. error per case) in one process
+  timeout "${TEST_S:-55}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_transposed.py -n 2 \
+    -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/sweep"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-125}" python3 benchmarks/bench_decode_attention.py --sweep \
+    --sweep-set fp8t > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  grep -i "error\|Traceback" "$RES/sweep.log" | grep -v "^sweep" | head -5
+  # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
   pack "sweep done"

@@ -353,9 +353,9 @@ def test_tuned_variant_matches_reference(kv_dtype):
 
 @pytest.mark.parametrize("schedule", ["dynamic", "static"])
 def test_tuned_many_kv_heads_fp8_matches_reference(schedule):
-    # fp8 with 8 KV heads: the tuned variant (TUNED_MANY_KV_HEADS, sweep run 10) runs the warp split with one
-    # warp per program over 32-token tiles; group 2, page 64, edge lengths of both tile sizes and a request
-    # split over several programs
+    # fp8 with 8 KV heads: the tuned variant (TUNED_MANY_KV_HEADS, sweep fp8t) runs the transposed kernel, 4
+    # warps over 64-token tiles; group 2, page 64, edge lengths of 32- and 64-token tiles and a request split
+    # over several programs
     p, _ = check(
         [1, 31, 32, 33, 63, 64, 65, 97, 450],
         hq=16,
@@ -368,7 +368,7 @@ def test_tuned_many_kv_heads_fp8_matches_reference(schedule):
         schedule=schedule,
         tuned=True,
     )
-    assert p.warp_split and (p.num_warps, p.tile) == (1, 32) and op._warp_split(p) == 1
+    assert p.transposed and (p.num_warps, p.tile) == (4, 64)  # kernel_transposed.py since sweep fp8t
     if schedule == "dynamic":
         assert max(p.merge_first.tolist()) >= 0
 
@@ -921,7 +921,7 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
     seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
     table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     kw = dict(page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128)
-    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: warp split, 1 warp x 32 tokens, 7 programs/SM)
+    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: transposed kernel, 4 warps x 64 tokens, 3/SM)
         tuned = op.TUNED_BY_KV_DTYPE[kv_dtype] | (
             op.TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if hkv == 8 else {}
         )
@@ -932,7 +932,7 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
                 assert p.num_programs == op._num_sms(p.device) * value
             else:
                 assert getattr(p, key) == value, key
-    assert op.tuned_config(FP8, 8)["warp_split"] and not op.tuned_config(FP8, 1).get("warp_split")
+    assert op.tuned_config(FP8, 8)["transposed"] and not op.tuned_config(FP8, 1).get("transposed")
     # head_dim 256: the 2-warp form (one warp's [16, 256] accumulator would spill 656 bytes)
     wide = op.plan(seq_lens, table, kv_dtype=FP8, **(kw | dict(num_q_heads=64, num_kv_heads=8, head_dim=256)))
     assert (wide.warp_split, wide.num_warps, wide.tile) == (True, 2, 32)

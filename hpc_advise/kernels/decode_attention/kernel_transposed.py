@@ -7,21 +7,29 @@ to the MMA's 16 rows and q as the operand re-read every tile. Here, per tile of 
 
     S^T[T, G]  = K_tile[T, D] @ q^T[D, G]          (K converted fp8 -> fp16 in registers: the A operand;
                                                     q^T loop-invariant: the B operand, G = group padded to 16)
-    m' = max(m, max_tokens S^T),  P^T = 2^(S^T - m'),  l' = l 2^(m - m') + sum_tokens P^T
+    m' = max(m, max_tokens S^T),  P^T = 2^(S^T - m'),  L' = L 2^(m - m') + P^T
     O^T[D, G] = O^T 2^(m - m') + V_tile^T[D, T] @ P^T[T, G]
 
 i.e. the same online softmax in base 2 as ``kernel._attend`` (logits scaled by ``qk_scale`` in fp32 after
 the product, P rounded to the product dtype, fp32 accumulators), with every tensor transposed: the
-running max / sum are per column (query head), reductions run over the token axis (axis 0). The output
+running max is per column (query head), its reduction runs over the token axis. The running sum is kept
+per element, ``L [T, G]``, and summed over the tokens once at the segment's end (``l = sum_tokens L``, the
+same value up to fp32 summation order): the max is the only cross-warp reduction per tile. The output
 accumulator is ``O^T [D, G]``: ``D x 16`` fp32 spread over all the program's threads instead of one
 ``[16, D]`` block per warp. At the segment's end ``O^T`` is transposed back and written by
 ``kernel._finish`` (output rows or a partial).
 
-Layouts are Triton's: on sm_90a with 4 warps and a 64-token tile both products are warpgroup MMAs
-(M = 64 tokens, resp. M = D; N = 16), the first with K from registers, the second with V^T and P^T from
-shared memory; with fewer warps they are mma.sync. The README ("What limits it") has the offline sm_90a
-counts of each form. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact
-e4m3 -> fp16 pairs as in ``kernel._load_v_f16``), q's dtype for 16-bit KV.
+fp8 K is read as int32 (4 e4m3 bytes) and its head_dim permuted (``_perm_d``, q the same way, so every
+q.k is unchanged): the 4 bytes land in the columns one thread holds in the 16-bit MMA's A-operand layout,
+so the loaded tile converts (two ``cvt.rn.f16x2.e4m3x2``) straight into the operand registers. V is read
+as e4m3 pairs like ``kernel._load_v_f16``.
+
+Layouts are Triton's (3.6): on sm_90a with 4 warps and a 64-token tile both products are warpgroup MMAs
+(m64n16k16; M = 64 tokens, resp. 2 x 64 rows of D), the first with K from registers and q^T from shared
+memory, the second with V^T from registers (converted V through shared memory, ``ldmatrix.trans``) and P^T
+from shared memory; with fewer warps they are mma.sync. README ("What limits it") has the offline sm_90a
+counts. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact e4m3 -> fp16), q's
+dtype for 16-bit KV.
 """
 
 from __future__ import annotations
@@ -34,9 +42,9 @@ from .kernel import _finish, _load_q, _load_v_f16, _q_as_f16
 
 
 @triton.jit
-def _attend_t(qt, k, v, valid, m_i, l_i, acc_t, qk_scale, PV_T: tl.constexpr):
-    """One online-softmax step, transposed: qt [D, G], k/v [T, D] (product dtype), valid [T]; m_i / l_i
-    [G] running max / sum (log2 domain) per query head, acc_t [D, G] fp32."""
+def _attend_t(qt, k, v, valid, m_i, l_i, acc_t, qk_scale):
+    """One online-softmax step, transposed: qt [D, G], k/v [T, D] (product dtype), valid [T]; m_i [G]
+    running max (log2 domain) per query head, l_i [T, G] running sums per token row, acc_t [D, G] fp32."""
     s = tl.dot(k, qt) * qk_scale  # [T, G], log2 units
     s = tl.where(valid[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
@@ -44,10 +52,7 @@ def _attend_t(qt, k, v, valid, m_i, l_i, acc_t, qk_scale, PV_T: tl.constexpr):
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[None, :])
     l_i = l_i * alpha[None, :] + p  # [T, G]: summed over the tokens once, at the segment's end
-    if PV_T:
-        acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p.to(qt.dtype))
-    else:
-        acc_t = acc_t * alpha[:, None] + tl.dot(tl.trans(p.to(qt.dtype)), v)
+    acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p.to(qt.dtype))
     return m_new, l_i, acc_t
 
 
@@ -138,7 +143,6 @@ def decode_transposed_kernel(
     F16_DOT: tl.constexpr = False,  # fp8 KV: K and V read as e4m3 pairs, converted to fp16 (q rescaled)
     ASM_CVT: tl.constexpr = False,  # F16_DOT: cvt.rn.f16x2.e4m3x2 by inline PTX (False under the interpreter)
     PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
-    PV_T: tl.constexpr = True,  # O^T += V^T @ P^T (True) or O += P @ V (False)
 ):
     if PDL:
         gdc_launch_dependents()  # every program is resident from the start (see kernel.decode_kernel)
@@ -192,10 +196,7 @@ def decode_transposed_kernel(
         qt = tl.trans(q)  # [D, G]
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([TILE, GROUP_PAD], dtype=tl.float32)
-        if PV_T:
-            acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], dtype=tl.float32)
-        else:
-            acc_t = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+        acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], dtype=tl.float32)
         offs_ks = offs_n * stride_ks  # token rows inside a page (int32: PAGE x stride fits)
         offs_vs = offs_n * stride_vs
         pt_row = page_table_ptr + b64 * stride_ptb
@@ -219,7 +220,7 @@ def decode_transposed_kernel(
                     v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
                     k = k.to(q.dtype)
                     v = v.to(q.dtype)
-                m_i, l_i, acc_t = _attend_t(qt, k, v, valid, m_i, l_i, acc_t, seg_scale, PV_T)
+                m_i, l_i, acc_t = _attend_t(qt, k, v, valid, m_i, l_i, acc_t, seg_scale)
 
         _finish(
             out_ptr,
@@ -232,7 +233,7 @@ def decode_transposed_kernel(
             offs_d,
             m_i,
             tl.sum(l_i, axis=0),
-            tl.trans(acc_t) if PV_T else acc_t,
+            tl.trans(acc_t),
             v_scale,
             (t0 == 0) & (t1 == n_tiles),
             2 * pid + (u != u_begin).to(tl.int32),

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import kernel as _k
+from . import kernel_transposed as _kt
 
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (1, 16, 64)
@@ -141,9 +142,15 @@ TUNED_BY_KV_DTYPE = {
 # 64 x 4K 260.3 -> 249.9 us with every segment whole; on the other seven 64/8 cases swept the gate falls back to
 # the snap-0 schedule timed there, on 1 x 128K it keeps one that timed the same). Not for 8/1 (no swept 8/1 case
 # gained) nor fp8 (all three swept fp8 64/8 cases slower ungated).
+# fp8 with >= 8 KV heads since sweep fp8t (2026-11-29 19:19 UTC, benchmarks/results/decode_attention_sweep_fp8t.md):
+# the transposed kernel (kernel_transposed.py: tokens on wgmma's M side, 4 warps x 64-token tiles, 3 programs/SM,
+# registers capped at 168 so that they fit), 6-15 % faster than the 1-warp split on all 8 fp8 64/8 cases (64 x 4K
+# 194.9 -> 177.1 us, 1 x 128K + 31 x 4K 190.4 -> 172.3, 1 x 128K 110.3 -> 93.8; the split again at each case's
+# end within 1.1 % of its first timing); 2 programs/SM (no cap) and 4 (cap 128, spills in the loop) were slower.
+# Where it cannot run (page < 64) plan() falls back to the nested loop with the same warps, tile and grid.
 MANY_KV_HEADS = 8
 TUNED_MANY_KV_HEADS = {
-    torch.float8_e4m3fn: {"warp_split": True, "num_warps": 1, "ctas_per_sm": 7, "tile": 32},
+    torch.float8_e4m3fn: {"transposed": True, "num_warps": 4, "ctas_per_sm": 3, "tile": 64},
     torch.bfloat16: {"snap": 25},
 }
 # Measured at head_dim 128. At 256 one warp's [16, 256] fp32 accumulator spills 656 bytes and only 4 such
@@ -243,6 +250,7 @@ class DecodePlan:
     warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
     snap: int = 0  # dynamic schedule: boundaries move onto segment boundaries within snap % of a share
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
+    transposed: bool = False  # nested loop: kernel_transposed's tile loop (tokens on the MMA's M side)
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -413,6 +421,7 @@ def plan(
     warp_split: bool | None = None,
     snap: int | None = None,
     whole_below: int | None = None,
+    transposed: bool | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -436,6 +445,8 @@ def plan(
     pdl = tuned.get("pdl") if pdl is None else pdl
     warp_split = tuned.get("warp_split", DEFAULT_WARP_SPLIT) if warp_split is None else warp_split
     snap, whole_below = _whole_or_snap(tuned, snap, whole_below)
+    explicit_transposed = transposed is not None
+    transposed = tuned.get("transposed", False) if transposed is None else bool(transposed)
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
     num_stages = tuned.get("num_stages") if num_stages is None else num_stages
@@ -486,6 +497,10 @@ def plan(
         )
     wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
     wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
+    why_not = _transposed_unsupported(loop, prefetch, desc, pt_chunk, page_size, tile) if transposed else None
+    if why_not and explicit_transposed:
+        _fail(f"transposed=True needs {why_not}")
+    transposed = transposed and not why_not  # a tuned default falls back to the nested loop's kernel
     i32 = dict(dtype=torch.int32, device=device)
     # flat loop: one descriptor per unit; at most max_batch * Hkv * tiles of the longest possible request
     max_units = (
@@ -534,6 +549,7 @@ def plan(
         warp_split=bool(warp_split),
         snap=snap,
         whole_below=whole_below,
+        transposed=transposed,
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
         bounds=torch.zeros(4, g + 1, **i32),
@@ -669,6 +685,31 @@ def run(
             NUM_KV_HEADS=plan.num_kv_heads,
             **common,
         )
+    elif plan.transposed:
+        # K read as int32 (4 e4m3 each): its strides and base must be multiples of 4 for fp16 products
+        k4 = k_cache.data_ptr() % 4 == 0 and all(st % 4 == 0 for st in k_cache.stride()[:3])
+        _kt.decode_transposed_kernel[(g,)](
+            q,
+            k_cache,
+            v_cache,
+            out,
+            plan.page_table,
+            plan.seq_lens,
+            plan.prog_desc,
+            plan.ws_o,
+            plan.ws_lse,
+            scales,
+            qk_scale,
+            v_arg,
+            *strides,
+            plan.num_kv_heads,
+            PT_CHUNK=plan.pt_chunk,
+            F16_DOT=f16_dot and k4,
+            ASM_CVT=f16_dot and k4 and not _interpreting(),
+            PDL=pdl,
+            **common,
+            **_register_cap(plan),
+        )
     else:
         _k.decode_kernel[(g,)](
             q,
@@ -699,6 +740,28 @@ def run(
         )
     _merge(plan, out, pdl)
     return out
+
+
+def _transposed_unsupported(loop, prefetch, desc, pt_chunk: int, page_size: int, tile: int) -> str | None:
+    """What the transposed kernel (kernel_transposed.py) needs that this configuration lacks, or None."""
+    if loop != "nested" or prefetch or not (DEFAULT_DESC if desc is None else desc):
+        return "loop='nested' with desc=True and prefetch=False"
+    if pt_chunk == 0:
+        return "pt_chunk > 0 (page ids loaded ahead)"
+    if page_size < tile:
+        return f"page_size >= tile (one page id per tile), got page_size {page_size} and tile {tile}"
+    return None
+
+
+def _register_cap(plan: DecodePlan) -> dict:
+    """``maxnreg`` for the transposed kernel: registers per thread capped so that the dynamic grid's
+    programs per SM fit (ptxas otherwise takes up to 255 and 2 programs of 4 warps fill an SM; offline
+    sm_90a, README "What limits it"). Empty on CPU, for the static grid and where no cap is needed."""
+    if plan.device.type != "cuda" or plan.static_splits or _interpreting():
+        return {}
+    ctas = max(1, plan.num_programs // _num_sms(plan.device))
+    regs = 65536 // (ctas * 32 * plan.num_warps) // 8 * 8
+    return {"maxnreg": regs} if regs < 255 else {}
 
 
 def _warp_split(plan: DecodePlan) -> int:

@@ -97,7 +97,7 @@ SWEEP_CONFIGS = [
     (64, 2, 3, 4, "nested-desc-w-pc32-s4-pdl-sn25"),
 ]
 SWEEP_CONFIGS_FP8 = [
-    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # fp8 default at >= 8 KV heads (sweep run 10)
+    (32, 7, 3, 1, "nested-desc-w-pc32-s4-f16-ws-pdl"),  # fp8 default at >= 8 KV heads, sweep run 10 to fp8t
 ]
 
 
@@ -121,6 +121,31 @@ SWEEP_CASES = [(name, 64, 8, "bf16") for name in CASES] + [
 # A configuration whose output differs from the float64 reference by more than this (relative Frobenius
 # norm; the tests' tolerances) is reported as failed and never chosen.
 SWEEP_TOL = {"bf16": 5e-3, "fp8": 2e-2}
+# Named sweeps (bench_decode_attention.py --sweep-set NAME): keyword arguments of sweep().
+# 'fp8t': the transposed fp8 kernel (kernel_transposed.py, '-tr': tokens on wgmma's M side, 4 warps x 64
+# tokens) against the fp8 64/8 default (timed first and again last) on the 8 fp8 64/8 cases and 2 fp8 8/1
+# ones: programs per SM 2 (no register cap) / 3 / 4 (op caps registers at 168 / 128 so they fit), 4, 3 or 2
+# stages, seg_cost 4 or 2 (page 64 holds tiles of at most 64 tokens). Offline sm_90a per warp and 64-token
+# tile (README, "What limits it"): 373-389 SASS instructions, 5 barriers, 16 wgmma; spills only outside the
+# loop at 168 registers, inside it at 128.
+_FP8T = "nested-desc-w-pc32-s4-f16-pdl-tr"
+SWEEP_SETS = {
+    "fp8t": dict(
+        cases=[(name, 64, 8, "fp8") for name in CASES]
+        + [("64 x 4K", 8, 1, "fp8"), ("32 x 128 + 32 x 4K", 8, 1, "fp8")],
+        configs=[],
+        fp8_configs=[
+            SWEEP_CONFIGS_FP8[0],
+            (64, 2, 3, 4, _FP8T),
+            (64, 2, 4, 4, _FP8T),
+            (64, 3, 3, 4, _FP8T),
+            (64, 3, 2, 4, _FP8T),
+            (64, 3, 3, 4, _FP8T.replace("-s4-", "-s2-")),
+            (64, 4, 2, 4, _FP8T),
+            (64, 4, 3, 4, _FP8T),
+        ],
+    )
+}
 
 
 def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
@@ -131,7 +156,9 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
     snap = [f for f in flags if f[:2] == "sn" and f[2:].isdigit()]
     whole = [f for f in flags if f[:2] == "wb" and f[2:].isdigit()]  # '-wbN': op.plan(whole_below=N)
-    known = {"desc", "prefetch", "w", "f16", "pdl", "ws"} | set(merge) | set(chunk) | set(cost) | set(snap)
+    known = (
+        {"desc", "prefetch", "w", "f16", "pdl", "ws", "tr"} | set(merge) | set(chunk) | set(cost) | set(snap)
+    )
     known |= set(whole)
     unknown = set(flags) - known
     if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1 or len(snap) > 1 or len(whole) > 1:
@@ -155,6 +182,8 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         warp_split="ws" in flags,
         snap=int(snap[0][2:]) if snap else 0,
         whole_below=int(whole[0][2:]) if whole else 0,
+        # '-tr': op.plan(transposed=True), kernel_transposed.py; the key only when set (older entries unchanged)
+        **({"transposed": True} if "tr" in flags else {}),
     )
 
 
@@ -652,6 +681,7 @@ CONFIG_KEYS = (
     "warp_split",
     "snap",
     "whole_below",
+    "transposed",
 )
 # keys older sweeps' rows lack, with the value they ran with
 OLD_SWEEP_DEFAULTS = {
@@ -665,6 +695,7 @@ OLD_SWEEP_DEFAULTS = {
     "warp_split": False,
     "snap": 0,
     "whole_below": 0,
+    "transposed": False,
 }
 
 
