@@ -13,13 +13,16 @@ Launches, in order:
                           tokens without a local slot.
   2. ``_gate_up_kernel``  gate and up tiles of one expert in one program, A rows read through the
                           sorted entry ids (no gathered copy); epilogue SiLU(gate)·up + fp8 quant of
-                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1).
-  3. ``_act_quant_kernel`` only for split-K: sums the partials, SiLU·up, fp8 quant.
+                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1),
+                          or (OUT_MODE 2, config GU_RED) partials summed by the tile's last split.
+  3. ``_act_quant_kernel`` only for split-K without GU_RED: sums the partials, SiLU·up, fp8 quant.
   4. ``_down_kernel``     down GEMM over the padded intermediate; epilogue multiplies by the routing
                           weight (and routed scaling factor) and writes one bf16 row per (token, slot).
   5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16;
                           with REDUCE (config DN_REDUCE) the down kernel does it (``_reduce_in_down``)
                           and this launch is skipped.
+TILES (config GU_TILES / DN_TILES): a GEMM program computes that many adjacent N tiles of its block
+(``_gate_up_tile`` / ``_down_tile`` each) in one flattened, software-pipelined loop over (tile, K step).
 USE_PDL (config PDL = 1, SM90+): each launch is a programmatic dependent launch whose programs wait
 (griddepcontrol.wait) for the prior grid before reading or writing anything, so only the launch
 latency and the prior grid's tail overlap.
