@@ -59,7 +59,7 @@ elif [ "${STAGE:-sweep}" = run15 ]; then
   # (carry .whl_attn) the whole-segment plan, op.plan(whole_below=...). Stage 1: the GPU tests of
   # test_decode_attention_plan.py and test_decode_attention_snap.py. Stage 2: the sweep (SWEEP_CONFIGS: the shipped
   # default first and again last vs whole_below 100 at seg_cost 2 / 4 / 6 and the default at seg_cost 4, on 8 bf16
-  # 64/8 cases, 3 bf16 8/1, 3 fp8 64/8; plan µs per entry). Stage 3: the bf16 64/8 grid against FlashInfer with
+  # 64/8 cases, 3 bf16 8/1, 3 fp8 64/8 in the fp8 default's form; plan µs per entry; --sweep-set run15). Stage 3: the bf16 64/8 grid against FlashInfer with
   # whole_below 100 at the seg_cost of the sweep's best whole-segment entry (geometric mean over the 64/8 cases,
   # named on the command line, so the grid measures that form), then the bf16 8/1 grid with the defaults. Stage 4:
   # plan time of an untracked copy of the previous planner (benchmarks/_plan_before/decode_attention, if there)
@@ -72,12 +72,12 @@ elif [ "${STAGE:-sweep}" = run15 ]; then
   pack "gpu tests done"
   mkdir -p "$RES/sweep" "$RES/g64" "$RES/g81" "$RES/plan"
   HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-75}" python3 benchmarks/bench_decode_attention.py --sweep \
-    > "$RES/sweep.log" 2>&1
+    --sweep-set run15 > "$RES/sweep.log" 2>&1
   pack "sweep done"
   SC=$(python3 -c "import json, sys; from hpc_advise.runtime.benches import decode_attention as da
 rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
 rows = [r for r in rows if r.get('subject') == 'decode_attention.sweep' and r['config'].get('whole_below')]
-print(da.best_config(rows, 'bf16', '64/8')['seg_cost'])" "$RES/sweep/decode_attention_sweep.jsonl" 2>/dev/null || echo 2)
+print(da.best_config(rows, 'bf16', '64/8')['seg_cost'])" "$RES/sweep/decode_attention_sweep_run15.jsonl" 2>/dev/null || echo 2)
   echo "grid 64/8: --whole-below 100 --seg-cost $SC"
   HPC_ADVISE_RESULTS=$RES/g64 timeout "${G64_S:-40}" python3 benchmarks/bench_decode_attention.py --grid full \
     --kv bf16 --heads 64/8 --whole-below 100 --seg-cost "$SC" > "$RES/grid64.log" 2>&1

@@ -138,10 +138,16 @@ TUNED_BY_KV_DTYPE = {
 # 32 x 128 + 32 x 4K 127.8 -> 116.1, 1 x 128K + 31 x 4K 202.3 -> 192.5, 1 x 64K + 15 x 4K 112.1 -> 108.8 (the
 # 2-warp form timed again at each case's end: within 1.5 % of its first timing). The head count stands in for
 # the work per step (plan() sees no lengths without a host sync); only 1 and 8 KV heads were measured.
-# bf16 with >= 8 KV heads: boundary snap 25 under the gate (SNAP_GATE; sweep run 12, 2026-11-29 17:32 UTC: 64/8
-# 64 x 4K 260.3 -> 249.9 us with every segment whole; on the other seven 64/8 cases swept the gate falls back to
-# the snap-0 schedule timed there, on 1 x 128K it keeps one that timed the same). Not for 8/1 (no swept 8/1 case
-# gained) nor fp8 (all three swept fp8 64/8 cases slower ungated).
+# bf16 with >= 8 KV heads: whole segments by cost, whole_below 100 (WHOLE_GATE), seg_cost 2, since sweep run 15
+# (2026-11-29 19:34 UTC, benchmarks/results/decode_attention_sweep_run15.md), in place of the gated snap 25 of sweep
+# run 12 (64/8 64 x 4K 260.3 -> 249.9 us with every segment whole): 64/8 1 x 128K + 31 x 4K 254.0 (again 253.3) ->
+# 246.3 us (the 4K requests whole, two per program; the snap's gate fell back to the even split there), 64 x 4K the
+# same 245.0 (whole segments either way), the other six 64/8 cases within the default's own spread (the plan is the
+# same even split); plan 9.0-9.8 -> 10.8-15.6 us per decode step (one region search and one more boundary search).
+# seg_cost 4 / 6 were no faster (64 x 4K 248.6 with the snap at 4; 1 x 128K + 31 x 4K 256.3 at 6, where the gate
+# falls back). Not for 8/1 (a 4K segment is 4 shares there: the plans are the same, only the plan time grows) nor
+# for fp8 (the transposed kernel's default; whole_below 100 at seg_cost 2 read 32 x 128 + 32 x 4K 108.7 -> 105.4,
+# the other two swept cases equal, not adopted: two knobs at once, unswept apart).
 # fp8 with >= 8 KV heads since sweep fp8t (2026-11-29 19:19 UTC, benchmarks/results/decode_attention_sweep_fp8t.md):
 # the transposed kernel (kernel_transposed.py: tokens on wgmma's M side, 4 warps x 64-token tiles, 3 programs/SM,
 # registers capped at 168 so that they fit), 6-15 % faster than the 1-warp split on all 8 fp8 64/8 cases (64 x 4K
@@ -151,7 +157,7 @@ TUNED_BY_KV_DTYPE = {
 MANY_KV_HEADS = 8
 TUNED_MANY_KV_HEADS = {
     torch.float8_e4m3fn: {"transposed": True, "num_warps": 4, "ctas_per_sm": 3, "tile": 64},
-    torch.bfloat16: {"snap": 25},
+    torch.bfloat16: {"whole_below": 100},
 }
 # Measured at head_dim 128. At 256 one warp's [16, 256] fp32 accumulator spills 656 bytes and only 4 such
 # programs fit an SM (offline sm_90a, tests/kernels/test_decode_attention.py): there the run-7 form stays

@@ -83,15 +83,16 @@ PEER_TITLES = {
 # too); three K/V buffers no faster with whole segments either (256.0). Since then the planner keeps a snap only
 # when no program exceeds its share by more than op.SNAP_GATE %, and bf16 with >= 8 KV heads runs snap 25 by
 # default. Sweep run 13 (lead's call, 17:53 UTC): gated snap 25 kept 64 x 4K's gain (261.0 -> 249.8 us), the mixed
-# cases within -0.4 / +0 % of snap 0. Sweep run 15: the whole-segment plan ('-wbN': op.plan(whole_below=N), short
+# cases within -0.4 / +0 % of snap 0. Sweep run 15 (2026-11-29 19:34 UTC, --sweep-set run15,
+# benchmarks/results/decode_attention_sweep_run15.md): the whole-segment plan ('-wbN': op.plan(whole_below=N), short
 # segments never split, each region of one class over its proportional number of programs, gated at
-# op.WHOLE_GATE) at seg_cost 2 / 4 / 6 against the shipped default (first, and again last) and the default's
-# plan at seg_cost 4 (seg_cost alone). On 8/1 the shipped plan is snap 0; gated snap 25 falls back to it on the
-# three 8/1 cases swept (planner model, tests/kernels/test_decode_attention_snap.py) but on 1 x 128K, where both
-# snapped and unsnapped boundaries fall inside the 2048-tile segments' interiors alike.
+# op.WHOLE_GATE) at seg_cost 2 / 4 / 6 against the gated snap 25 (first, and again last) and the snap at seg_cost 4:
+# whole_below 100 at seg_cost 2 made 64/8 1 x 128K + 31 x 4K 3 % faster (254.0 -> 246.3 us) and left the other
+# cases within the default's spread, the bf16 default with >= 8 KV heads since; larger seg_cost no faster. On 8/1
+# the shipped plan is snap 0, which gated snap 25 and whole_below 100 reproduce on the three 8/1 cases swept.
 SWEEP_CONFIGS = [
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn25"),  # bf16 default with >= 8 KV heads since run 12 (gated)
-    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-wb100"),
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-wb100"),  # bf16 default with >= 8 KV heads since run 15
+    (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-sn25"),  # ... from run 12 to 15 (gated snap)
     (64, 2, 3, 4, "nested-desc-w-pc32-s4-pdl-wb100"),
     (64, 2, 3, 4, "nested-desc-w-pc32-s6-pdl-wb100"),
     (64, 2, 3, 4, "nested-desc-w-pc32-s4-pdl-sn25"),
@@ -144,7 +145,14 @@ SWEEP_SETS = {
             (64, 4, 2, 4, _FP8T),
             (64, 4, 3, 4, _FP8T),
         ],
-    )
+    ),
+    # 'run15' (issue 5): the default sweep's cases and bf16 configs; fp8 64/8 in the transposed default's form
+    # (op.TUNED_MANY_KV_HEADS since sweep fp8t) first and again last, against its whole-segment plan at
+    # seg_cost 2 / 4 / 6
+    "run15": dict(
+        configs=SWEEP_CONFIGS,
+        fp8_configs=[(64, 3, 3, 4, _FP8T)] + [whole_segments((64, 3, 3, 4, _FP8T), c) for c in (2, 4, 6)],
+    ),
 }
 
 
@@ -386,6 +394,12 @@ def _dtype_name(dt) -> str:
     return "fp8" if "float8" in str(dt) else "bf16"
 
 
+def _progress(name: str, hq: int, hkv: int, who: str, us: float) -> None:
+    """One line per timed provider (a grid that stalls shows where: run 15's grids ended at their limits
+    without a line of output)."""
+    print(f"grid {time.strftime('%H:%M:%S')} {name} {hq}/{hkv} {who}: {us:.1f} us", flush=True)
+
+
 def bench_case(name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=PEERS, env=None, **cfg):
     """Rows and one table line for one case."""
     import torch
@@ -407,6 +421,7 @@ def bench_case(name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=P
     rows = []
     calls, plans, outs = _ours(w, "dynamic", **cfg)
     t_ours, how = _time(calls)
+    _progress(name, hq, hkv, "ours", t_ours.p50)
     rows.append(
         run_row(
             kind="kernel",
@@ -451,6 +466,7 @@ def bench_case(name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=P
             o = po[0]["out"] if isinstance(po[0], dict) else po[0]
             diff = _rel(o, ours_out)
             results[peer] = t
+            _progress(name, hq, hkv, peer, t.p50)
             rows.append(
                 run_row(
                     kind="kernel",
