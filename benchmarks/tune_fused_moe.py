@@ -10,6 +10,7 @@
     python benchmarks/tune_fused_moe.py --swap-ab [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --multi-tile [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
+    python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -46,6 +47,13 @@ block in one flattened, software-pipelined loop) and, at T <= 16 with long K loo
 gate/up kernel (GU_RED; ``multi_tile_candidates``), through the same loop (current
 pick re-timed last, merged only if >= 2% faster). Its candidates are precompiled at an H and I their tile
 counts divide (``multi_tile_compile_job``).
+
+``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
+against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
+and 2: with the first K steps' weights prefetched to L2 before the prologue; with PDL where the pick has
+none; ``fuse_quant_candidates``), through the ``--decode-forms`` loop (one process, current pick re-timed
+last, merged only if >= 2% faster). Its candidates are precompiled at the shape's H (the prologue's tile
+depends on the K span: ``fuse_quant_compile_job``).
 
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
@@ -465,6 +473,29 @@ def multi_tile_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = Fal
 _fb_compile_job = fb.compile_job
 
 
+def fuse_quant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--fuse-quant: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
+    then, where that is a small-T PRE_Q pick and T <= FUSE_T_MAX, the same with FUSE_QUANT 1 and 2 (and with
+    PDL on both launches where the pick has none: the down grid then launches while gate/up runs); nothing
+    else (the other keys keep the pick's values, so a gain is the fold's)."""
+    from hpc_advise.kernels.fused_moe import op_small
+
+    cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
+    if not (op_small.is_small(cur) and cur.get("PRE_Q", 0) and t <= op_small.FUSE_T_MAX):
+        return [cur]
+    out = [cur] + [dict(cur, FUSE_QUANT=f) for f in (1, 2)]
+    if not cur.get("PDL", 0):
+        out += [dict(cur, FUSE_QUANT=f, PDL=1) for f in (1, 2)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+def fuse_quant_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = False) -> tuple:
+    """``fb.compile_job``, at the shape's own H for FUSE_QUANT configs: the gate/up prologue's tile
+    (Q_GROUPS, Q_CHUNKS) follows the K span H / SPLIT_K, so a build at H = 256 would not serve the shape."""
+    job = _fb_compile_job(shape, mode, cfg, unfused)
+    return job[:4] + (fb.SHAPES[shape][1],) if cfg.get("FUSE_QUANT", 0) else job
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
@@ -513,6 +544,11 @@ def main() -> None:
         help="host vs GPU time of one eager call on the persistent, small-T and regular paths",
     )
     ap.add_argument(
+        "--fuse-quant",
+        action="store_true",
+        help="time the current small-T pick against its quantization launch folded into gate/up (T <= 4)",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="time the current pick against the one-launch persistent decode path (T <= 16)",
@@ -552,6 +588,9 @@ def main() -> None:
     if args.multi_tile:  # the --decode-forms loop over the multi-tile candidates, built at sizes they divide
         fb.decode_form_candidates = multi_tile_candidates
         fb.compile_job = multi_tile_compile_job
+    if args.fuse_quant:  # the --decode-forms loop over the FUSE_QUANT candidates, built at the shape's H
+        fb.decode_form_candidates = fuse_quant_candidates
+        fb.compile_job = fuse_quant_compile_job
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -561,7 +600,7 @@ def main() -> None:
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         prefill_variants=args.prefill_variants,
-        decode_forms=args.decode_forms or args.swap_ab or args.multi_tile,
+        decode_forms=args.decode_forms or args.swap_ab or args.multi_tile or args.fuse_quant,
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)

@@ -25,6 +25,9 @@ n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP 
      slot order j = 0..k−1 (slots of other EP ranks, or −1, skipped: they compute nothing), writes the
      bf16 output and resets the counter to 0. No reduce launch, no atomics on the output. DN_SPLIT
      programs per (entry, H tile) split the K = I steps; their rows are summed in split order too.
+  FUSE_QUANT (with PRE_Q): no launch 0. Each gate/up program that owns an expert quantizes the T rows of
+     its K range itself (``_quant_span``, the same arithmetic as launch 0: bitwise its values) into a
+     private scratch slice, then runs the PRE_Q loop on that slice: one launch boundary fewer per call.
   USE_PDL: each kernel is a programmatic dependent launch that waits (griddepcontrol.wait) for the
      prior grid before touching anything it wrote, and lets the next grid launch at once.
 
@@ -81,6 +84,33 @@ def _gate_up_step(bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GR
     return acc_g, acc_u
 
 
+@triton.jit
+def _quant_span(x_ptr, stride_x, q_ptr, qs_ptr, a_scale, T, H, k_lo, k_hi,
+                Q_GROUPS: tl.constexpr, Q_CHUNKS: tl.constexpr, A_GROUP: tl.constexpr):  # fmt: skip
+    """FUSE_QUANT prologue: columns [k_lo, k_hi) of the T bf16 rows at ``x_ptr`` quantized to fp8 at
+    ``q_ptr`` [T, H] (and with A_GROUP the 1×128 group scales at ``qs_ptr`` [T, cdiv(H, 128)]): the
+    arithmetic of ``kernel._quant_rows`` (amax per group, IEEE division, clamp), so bitwise launch 0's
+    values. One [Q_GROUPS, 128] tile per row and chunk: one memory round trip each, no walk over groups
+    (with A_GROUP, k_lo is a multiple of 128 and k_hi one or H, so every tile row is one whole group)."""
+    num_groups = tl.cdiv(H, 128)
+    offs_g = tl.arange(0, Q_GROUPS)
+    offs_c = tl.arange(0, 128)
+    for r in range(0, T):  # r < T <= FUSE_T_MAX: int32 row offsets
+        for c in tl.static_range(Q_CHUNKS):
+            starts = k_lo + (c * Q_GROUPS + offs_g) * 128
+            cols = starts[:, None] + offs_c[None, :]
+            m = cols < k_hi
+            x = tl.load(x_ptr + r * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+            if A_GROUP:
+                s = tl.maximum(tl.max(tl.abs(x), axis=1), SCALE_EPS) / FP8_MAX
+                q = tl.math.div_rn(x, s[:, None])
+                tl.store(qs_ptr + r * num_groups + starts // 128, s, mask=starts < k_hi)
+            else:
+                q = tl.math.div_rn(x, a_scale)
+            q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)
+            tl.store(q_ptr + r * H + cols, q.to(q_ptr.dtype.element_ty), mask=m)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _small_quant_kernel(
     x_ptr,  # bf16 [T, H], row stride stride_x
@@ -110,8 +140,8 @@ def _small_quant_kernel(
 )
 def _small_gate_up_kernel(
     x_ptr,  # bf16 [T, H], row stride stride_x
-    xq_ptr,  # PRE_Q: fp8 [T, H] from _small_quant_kernel
-    xs_ptr,  # PRE_Q with A_GROUP: fp32 [T, cdiv(H, G)]
+    xq_ptr,  # PRE_Q: fp8 [T, H] from _small_quant_kernel; FUSE_QUANT: fp8 [programs, T, H] scratch
+    xs_ptr,  # PRE_Q with A_GROUP: fp32 [T, cdiv(H, G)]; FUSE_QUANT: fp32 [programs, T, cdiv(H, G)]
     a13_scale_ptr,  # fp32 [1] (static)
     a2_scale_ptr,  # fp32 [1] (static a2, H_MODE 1)
     topk_ids_ptr,  # int32 [T, k]
@@ -148,6 +178,10 @@ def _small_gate_up_kernel(
     GU_RED: tl.constexpr,  # SPLIT_K > 1 summed here: the last-arriving split runs the H_MODE 1 epilogue
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent launch (wait for the prior grid here)
     PREFETCH: tl.constexpr,  # (USE_PDL and PRE_Q) prefetch this tile's weights to L2 before the wait
+    FUSE_QUANT: tl.constexpr = False,  # (PRE_Q) quantize the rows here (_quant_span), not in launch 0
+    Q_GROUPS: tl.constexpr = 1,  # FUSE_QUANT: 128-column groups per prologue tile (power of two)
+    Q_CHUNKS: tl.constexpr = 1,  # FUSE_QUANT: prologue tiles per row (Q_GROUPS · Q_CHUNKS >= the K span)
+    PF_STEPS: tl.constexpr = 0,  # FUSE_QUANT on SM90: K steps of weights prefetched to L2 before the prologue
 ):
     num_n = tl.cdiv(I, BLOCK_N)
     pid = tl.program_id(0)
@@ -197,6 +231,21 @@ def _small_gate_up_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
+    if FUSE_QUANT:
+        tl.static_assert(PRE_Q != 0)
+        if PF_STEPS > 0:  # the first K steps' weights are in flight while the rows are quantized
+            rows_pf = w_ptr + e64 * stride_we + offs_n.to(tl.int64) * stride_wn
+            for k0 in tl.static_range(0, PF_STEPS * BLOCK_K, 128):
+                _prefetch_l2(rows_pf + k_lo + k0, n_ok & (k_lo + k0 < k_hi))
+                _prefetch_l2(rows_pf + I * stride_wn + k_lo + k0, n_ok & (k_lo + k0 < k_hi))
+        # this program's private slice of the scratch (no other program writes it: no cross-CTA order)
+        prog = (pid_k * tl.num_programs(0) + pid).to(tl.int64) * T
+        xq_ptr += prog * H
+        xs_ptr += prog * tl.cdiv(H, 128)
+        _quant_span(x_ptr, stride_x, xq_ptr, xs_ptr, tl.load(a13_scale_ptr), T, H, k_lo, k_hi, Q_GROUPS,
+                    Q_CHUNKS, A_GROUP)  # fmt: skip
+        tl.debug_barrier()  # bar.sync: every thread's scratch stores are visible to the CTA's loads below
+    XQ_CACHE: tl.constexpr = ".cg" if FUSE_QUANT else ""
     x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
     xq_ptrs = xq_ptr + offs_m.to(tl.int64)[None, :] * H + offs_k[:, None]  # transposed: [BLOCK_K, BLOCK_M]
     # swap A and B: weight rows are the dot's M side (BLOCK_N >= 64: a Hopper wgmma reads the fp8 tile
@@ -221,10 +270,16 @@ def _small_gate_up_kernel(
         bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if PRE_Q:
-            at = tl.load(xq_ptrs + k0, mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # [BLOCK_K, BLOCK_M]
+            # FUSE_QUANT: through L2 (.cg), never an L1 line older than this program's own prologue stores
+            at = tl.load(
+                xq_ptrs + k0, mask=k_ok[:, None] & row_ok[None, :], other=0.0, cache_modifier=XQ_CACHE
+            )
             if A_GROUP:
                 sa = tl.load(
-                    xs_ptr + offs_m.to(tl.int64) * tl.cdiv(H, 128) + k0 // 128, mask=row_ok, other=0.0
+                    xs_ptr + offs_m.to(tl.int64) * tl.cdiv(H, 128) + k0 // 128,
+                    mask=row_ok,
+                    other=0.0,
+                    cache_modifier=XQ_CACHE,
                 )
             else:  # static activation scale: applied after the loop, unused by _gate_up_step
                 sa = 1.0

@@ -10,7 +10,12 @@ kernel sums its split-K partials itself (the last-arriving split of each tile, i
 hands the down kernel h as with one split; DN_SPLIT = s: s programs per (entry, H tile) over the K = I
 steps, summed in split order by the token's last-arriving program; PDL = 1: programmatic dependent
 launches (``use_pdl``); PREFETCH = 1 (with PDL): each GEMM grid prefetches its weight tiles into L2
-before it waits for the previous grid (the gate/up grid only with PRE_Q).
+before it waits for the previous grid (the gate/up grid only with PRE_Q); FUSE_QUANT = 1 (with PRE_Q,
+T <= ``FUSE_T_MAX``): no quantization launch; every gate/up program that owns an expert quantizes the
+T rows of its K range into a private scratch slice first (bitwise launch 0's values), so the path runs
+two launches; FUSE_QUANT = 2: the same, and on SM90 the program's first GU_STAGES K steps of weights are
+prefetched to L2 before it quantizes. Above ``FUSE_T_MAX`` (a T = 4 entry serves up to T = 8) a
+FUSE_QUANT config runs as plain PRE_Q: the same values, the scratch would grow as T · programs.
 
 Workspace buffers and launches go through ``launch_plan`` (``empty``, ``launch``) so that ``op.fused_moe``
 can record and replay them; the arrival counters are kept for the process (``launch_plan.keep``).
@@ -31,6 +36,8 @@ SMALL_T_MAX = 32  # one A-tile row per token: BLOCK_M = 16 up to T = 16, else 32
 # untuned shapes take the small path up to this T; 0 since the first H200 sweep (2026-11-29) measured
 # the small path slower than the regular one at every shape and T (configs.json decides per shape)
 SMALL_T_DEFAULT = 0
+FUSE_T_MAX = 4  # FUSE_QUANT serves T <= this (scratch: T rows per gate/up program), else runs as PRE_Q
+FUSE_MAXNREG = 128  # FUSE_QUANT gate/up with 8 warps: 65536 / (2 · 256) registers, 2 CTAs per SM
 SMALL_KEYS = ("GU_N", "GU_K", "SPLIT_K", "GU_WARPS", "GU_STAGES", "DN_N", "DN_K", "DN_WARPS", "DN_STAGES")
 
 
@@ -140,6 +147,14 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         raise error(
             f"PRE_Q={cfg['PRE_Q']} must be 0 (quantize per K step) or 1 (a quantization launch first)"
         )
+    if cfg.get("FUSE_QUANT", 0) not in (0, 1, 2):
+        raise error(
+            f"FUSE_QUANT={cfg['FUSE_QUANT']} must be 0, 1 (quantize in the gate/up prologue) or 2 (and prefetch)"
+        )
+    if cfg.get("FUSE_QUANT", 0) and not cfg.get("PRE_Q", 0):
+        raise error(
+            "FUSE_QUANT folds PRE_Q's quantization launch into the gate/up kernel: it needs PRE_Q = 1"
+        )
     for key in ("GU_RED", "PDL", "PREFETCH"):
         if cfg.get(key, 0) not in (0, 1):
             raise error(f"{key}={cfg[key]} must be 0 or 1")
@@ -191,7 +206,26 @@ def fused_moe_small(
     pdl = use_pdl(c, dev)
     launch_kw = {"launch_pdl": True} if pdl else {}
     prefetch = pdl and bool(c.get("PREFETCH", 0))  # weights to L2 before each grid's wait
-    if pre_q:  # launch 0: the inputs quantized once (kernel._quant_rows tiles), no router
+    fuse = int(c.get("FUSE_QUANT", 0)) if pre_q and t <= FUSE_T_MAX else 0
+    grid_gu = (n * triton.cdiv(inter, c["GU_N"]), split)
+    k_span = triton.cdiv(triton.cdiv(h, c["GU_K"]), split) * c["GU_K"]
+    q_groups = min(32, triton.next_power_of_2(triton.cdiv(k_span, GROUP))) if fuse else 1
+    fuse_kw = {}
+    if fuse:  # private scratch of T rows per gate/up program (programs that own no expert leave it)
+        xq = LP.empty(grid_gu[0] * split * t, h, dtype=FP8, device=dev)
+        xs = LP.empty(grid_gu[0] * split * t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
+        sm90 = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+        fuse_kw = dict(
+            FUSE_QUANT=True,
+            Q_GROUPS=q_groups,
+            Q_CHUNKS=triton.cdiv(triton.cdiv(k_span, GROUP), q_groups),
+            PF_STEPS=int(c["GU_STAGES"]) if fuse == 2 and sm90 else 0,  # inline PTX: SM90 only
+        )
+        if sm90 and c["GU_WARPS"] == 8:
+            # the prologue lifts ptxas' pick from 92 to 136 registers (sm_90a, 128-wide block-scaled tile),
+            # which leaves 1 CTA per SM; at 128 it builds without spills: 2 per SM, as the plain kernel
+            fuse_kw["maxnreg"] = FUSE_MAXNREG
+    elif pre_q:  # launch 0: the inputs quantized once (kernel._quant_rows tiles), no router
         xq = LP.empty(t, h, dtype=FP8, device=dev)
         xs = LP.empty(t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
         LP.launch(KS._small_quant_kernel, (triton.cdiv(t, 16) * triton.cdiv(h, GROUP),))(
@@ -227,7 +261,7 @@ def fused_moe_small(
     counters = _counters(dev, t * num_h + (n * num_n if gu_red else 0))
     s13 = (ws13.stride(0), ws13.stride(1)) if w_block else (0, 0)
     s2 = (ws2.stride(0), ws2.stride(1)) if w_block else (0, 0)
-    LP.launch(KS._small_gate_up_kernel, (n * triton.cdiv(inter, c["GU_N"]), split))(
+    LP.launch(KS._small_gate_up_kernel, grid_gu)(
         hidden,
         xq,
         xs,
@@ -265,7 +299,8 @@ def fused_moe_small(
         EVEN_K=h % c["GU_K"] == 0,
         GU_RED=gu_red,
         USE_PDL=pdl,
-        PREFETCH=prefetch and pre_q,
+        PREFETCH=prefetch and pre_q and not fuse,  # nothing runs between the ids' writer and this grid
+        **fuse_kw,
         num_warps=c["GU_WARPS"],
         num_stages=c["GU_STAGES"],
         **launch_kw,
@@ -312,6 +347,7 @@ def fused_moe_small(
 
 
 __all__ = [
+    "FUSE_T_MAX",
     "SMALL_KEYS",
     "SMALL_T_DEFAULT",
     "SMALL_T_MAX",
