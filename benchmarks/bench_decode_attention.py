@@ -11,6 +11,7 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
   python benchmarks/bench_decode_attention.py --kv bf16 --snap 25   # op.plan(snap=25) for every case
   python benchmarks/bench_decode_attention.py --kv bf16 --whole-below 100 --seg-cost 4   # whole-segment plan
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
+  python benchmarks/bench_decode_attention.py --kv fp8 --heads 8/1 --config '{"transposed": true, "tile": 64}'
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
 """
 
@@ -69,6 +70,12 @@ def main() -> None:
         help="loop and flags as in the sweep, e.g. nested-desc-m128-pc64 (overrides loop, prefetch, desc, "
         "merge_block, pt_chunk, wide_merge, seg_cost, f16_dot)",
     )
+    ap.add_argument(
+        "--config",
+        metavar="JSON",
+        help="op.plan keyword arguments as a JSON object (e.g. a sweep row's config keys); the flags above "
+        "override it",
+    )
     args = ap.parse_args()
 
     if args.warm_flashinfer:
@@ -125,6 +132,12 @@ def main() -> None:
                 f"best of {args.best_from} over heads {args.heads}: bf16 {best}; fp8 {best_fp8}", flush=True
             )
     cfg = dict(best)
+    if args.config:
+        given = json.loads(args.config)
+        unknown = set(given) - set(da.CONFIG_KEYS) if isinstance(given, dict) else {"(not an object)"}
+        if unknown:
+            ap.error(f"--config: a JSON object with keys among {da.CONFIG_KEYS}; unknown: {sorted(unknown)}")
+        cfg |= given
     cfg |= {
         k: v
         for k, v in dict(

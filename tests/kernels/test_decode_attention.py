@@ -921,9 +921,9 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
     seq_lens = torch.tensor([100, 7], dtype=torch.int32, device=DEVICE)
     table = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     kw = dict(page_size=64, num_q_heads=8, num_kv_heads=1, head_dim=128)
-    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: transposed kernel, 4 warps x 64 tokens, 3/SM)
+    for hkv in (1, 8):  # 8: TUNED_MANY_KV_HEADS on top (fp8: transposed, 4 warps x 64 tokens, 3/SM); 1: FEW
         tuned = op.TUNED_BY_KV_DTYPE[kv_dtype] | (
-            op.TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if hkv == 8 else {}
+            op.TUNED_MANY_KV_HEADS.get(kv_dtype, {}) if hkv == 8 else op.TUNED_FEW_KV_HEADS.get(kv_dtype, {})
         )
         assert op.tuned_config(kv_dtype, hkv) == tuned
         p = op.plan(seq_lens, table, kv_dtype=kv_dtype, **(kw | dict(num_q_heads=8 * hkv, num_kv_heads=hkv)))
@@ -932,7 +932,8 @@ def test_plan_takes_the_measured_variant_of_its_kv_dtype(kv_dtype):
                 assert p.num_programs == op._num_sms(p.device) * value
             else:
                 assert getattr(p, key) == value, key
-    assert op.tuned_config(FP8, 8)["transposed"] and not op.tuned_config(FP8, 1).get("transposed")
+    assert op.tuned_config(FP8, 8)["transposed"] and op.tuned_config(FP8, 1)["transposed"]  # sweeps fp8t, t2
+    assert op.tuned_config(FP8, 1, page_size=16) == op.TUNED_BY_KV_DTYPE[FP8]  # page < tile: the plain loop's
     # head_dim 256: the 2-warp form (one warp's [16, 256] accumulator would spill 656 bytes)
     wide = op.plan(seq_lens, table, kv_dtype=FP8, **(kw | dict(num_q_heads=64, num_kv_heads=8, head_dim=256)))
     assert (wide.warp_split, wide.num_warps, wide.tile) == (True, 2, 32)

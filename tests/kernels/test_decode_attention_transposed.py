@@ -1,11 +1,14 @@
 """Tests of the transposed attention pass (hpc_advise/kernels/decode_attention/kernel_transposed.py).
 
 CPU: the Triton interpreter at small sizes against the float64 reference on the dequantised inputs (the
-tolerances of test_decode_attention.py: fp8 2e-2, bf16 5e-3), NaN-poisoned outputs and unused pool slots,
-split segments (a small grid), both schedules; the fp8 path's permuted int32 K load and its fallback to the
-plain conversion for a K layout that is not 4-byte aligned; plan validation and the tuned-default fallback.
-Offline sm_90a build (slow): warpgroup MMAs, pipelined K/V copies, no spills. GPU (``-m gpu``): real sizes at
-the benchmark's shapes and a CUDA-graph replay with new lengths, bitwise equal to eager.
+tolerances of test_decode_attention.py: fp8 2e-2, bf16 / fp16 5e-3), NaN-poisoned outputs and unused pool
+slots, split segments (a small grid), both schedules, fp8 / bf16 / fp16 KV (16-bit KV in q's dtype, no
+conversion), batch 1 at each edge length; the fp8 path's permuted int32 K load and its fallback to the plain
+conversion for a K layout that is not 4-byte aligned; plan validation and the tuned-default fallback; the
+sweep sets' entries (fp8t, t2: each head count's shipped default first). Offline sm_90a build (slow): warpgroup
+MMAs, pipelined K/V copies, no spills, programs per SM by shared memory. GPU (``-m gpu``): CUDA-graph replays with
+new lengths, bitwise equal to eager (fp8 64/8, bf16 64/8 and 8/1; first, so a time-limited device stage runs
+them), then real sizes at the benchmark's shapes for every sweep form.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from hpc_advise.kernels.decode_attention.reference import decode_attention_refer
 from hpc_advise.runtime.benches import decode_attention as da
 from tests.kernels.test_decode_attention import (
     BF16,
+    DEVICE,
     EDGE,
     FP8,
     TOL,
@@ -42,6 +46,8 @@ SMALL = dict(transposed=True, num_warps=4, num_programs=5)
         (FP8, 16, 64, 64),
         (BF16, 8, 64, 32),
         (BF16, 16, 128, 64),
+        (BF16, 8, 128, 64),  # the bf16 target shape (sweep t2): both products wgmma from shared memory
+        (BF16, 1, 64, 64),
     ],
 )
 def test_matches_reference(kv_dtype, group, d, tile, schedule):
@@ -82,6 +88,43 @@ def test_fp8_scales_from_tensors_and_long_segment_split():
     op.run(p, q, k, v, k_scale=ks, v_scale=vs, out=out)
     ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=64, k_scale=0.45, v_scale=2.5)
     assert rel_err(out, ref) <= TOL[FP8]
+
+
+def _run_16bit(lens, *, dtype, hq, hkv, d, page=64, **plan_kw):
+    """q and KV both in ``dtype`` (fp16 needs fp16 q: ``check`` draws bf16 q), NaN-poisoned output and pool
+    slots; returns (plan, error against the float64 reference)."""
+    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=dtype, q_dtype=dtype)
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=page,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        kv_dtype=dtype,
+        **plan_kw,
+    )
+    out = torch.full_like(q, float("nan"))
+    op.run(p, q, k, v, out=out)
+    return p, rel_err(out, decode_attention_reference(q, k, v, table, seq_lens, page_size=page))
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "static"])
+@pytest.mark.parametrize("group,d,tile", [(8, 128, 64), (1, 64, 32), (16, 64, 64)])
+def test_fp16_kv_matches_reference(group, d, tile, schedule):
+    p, err = _run_16bit(
+        EDGE_LENS, dtype=torch.float16, hq=2 * group, hkv=2, d=d, schedule=schedule, tile=tile, **SMALL
+    )
+    assert p.transposed and not p.f16_dot
+    assert err <= TOL[torch.float16], err
+
+
+@pytest.mark.parametrize("length", EDGE_LENS)
+def test_bf16_batch_one(length):
+    # one request of each edge length, group 8, D 128, split over the 5 programs where it has > 1 tile of 32
+    p, err = _run_16bit([length], dtype=BF16, hq=8, hkv=1, d=128, tile=32, **SMALL)
+    assert p.transposed
+    assert err <= TOL[BF16], err
 
 
 def test_fp8_k_layout_not_4_byte_aligned_takes_plain_conversion():
@@ -149,6 +192,80 @@ def test_sweep_set_fp8t_entries_are_valid_plans():
         assert p.transposed and p.f16_dot, entry
 
 
+def test_fp8_few_kv_heads_default_and_its_page_fallback():
+    # fp8 8/1 (op.TUNED_FEW_KV_HEADS, sweep t2): the transposed kernel at 2 programs/SM where pages hold a tile;
+    # with page 16 the plain loop at its previous knobs (3 programs/SM), not the transposed form's grid
+    sms = op._num_sms(torch.device(DEVICE))
+    for page, transposed, ctas in ((64, True, 2), (16, False, 3)):
+        _, _, _, table, seq_lens = make_case([300, 5], hq=8, hkv=1, d=128, page=page, kv_dtype=FP8)
+        p = op.plan(
+            seq_lens, table, page_size=page, num_q_heads=8, num_kv_heads=1, head_dim=128, kv_dtype=FP8
+        )
+        assert (p.transposed, p.num_programs, p.tile, p.num_warps) == (transposed, sms * ctas, 64, 4), page
+    # bf16 and head_dim 256 keep their tables
+    assert "transposed" not in op.tuned_config(BF16, 1) and "transposed" not in op.tuned_config(FP8, 1, 256)
+
+
+def test_sweep_set_t2_defaults_first_and_transposed_candidates():
+    # sweep t2: each head count's first entry is the default of the time (the baseline timed first and again last:
+    # for bf16 today's default, for fp8 8/1 the plain loop, still the default where pages are shorter than 64);
+    # every other entry builds a transposed plan at its shape, fp16 products only for fp8; fp8 8/1 now ships the
+    # sweep's pick, entry 1 (2 programs/SM)
+    by_heads = da.SWEEP_SETS["t2"]["configs_by_heads"]
+    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS["t2"]["cases"]} == set(by_heads)
+    same = (
+        "tile",
+        "num_stages",
+        "num_warps",
+        "seg_cost",
+        "snap",
+        "whole_below",
+        "pt_chunk",
+        "pdl",
+        "warp_split",
+    )
+    for (kv, heads), entries in by_heads.items():
+        dtype = FP8 if kv == "fp8" else BF16
+        hq, hkv = map(int, heads.split("/"))
+        _, _, _, table, seq_lens = make_case([4096, 70], hq=hq, hkv=hkv, d=128, page=64, kv_dtype=dtype)
+        geo = dict(page_size=64, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, num_programs=7)
+        shipped = op.plan(seq_lens, table, kv_dtype=dtype, **geo)
+        plans = []
+        for i, entry in enumerate(entries):
+            cfg = da.variant_config(*entry)
+            cfg.pop("ctas_per_sm")
+            plans.append(op.plan(seq_lens, table, **cfg, **geo))
+            assert plans[-1].transposed == (i > 0) and plans[-1].f16_dot == (kv == "fp8"), entry
+        ships = 1 if kv == "fp8" else 0
+        assert all(getattr(plans[ships], f) == getattr(shipped, f) for f in same + ("transposed",)), kv
+        assert op.tuned_config(dtype, hkv).get("ctas_per_sm", op.DEFAULT_CTAS_PER_SM) == entries[ships][1]
+        before = op.tuned_config(dtype, hkv, page_size=16)  # fp8: the plain loop's knobs (page < 64)
+        assert (
+            before.get("ctas_per_sm", op.DEFAULT_CTAS_PER_SM) == entries[0][1] and "transposed" not in before
+        )
+
+
+@pytest.mark.slow
+def test_bf16_compiles_for_sm90_with_wgmma_and_kv_buffers():
+    # 16-bit KV (sweep t2's forms, bf16 64/8 and 8/1, D 128, tile 64, 4 warps): both products are warpgroup MMAs
+    # with K and Vᵀ read from their async-copy buffers (no conversion, no register staging); 3 stages: 3 K/V
+    # buffers, 2 programs per SM; 2 stages: 2 buffers, room for 3 programs by shared memory (op.run caps the
+    # registers at 168 for them)
+    from tests.kernels.sm90_compile import compile_sm90
+
+    types = "*bf16 *bf16 *bf16 *bf16 *i32 *i32 *i32 *fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
+    strides = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs"]
+    strides += ["stride_vh", "stride_ob", "stride_oh"]
+    job = ["hpc_advise.kernels.decode_attention.kernel_transposed", "decode_transposed_kernel", types]
+    consts = dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=128, PAGE=64, TILE=64, SCALES_FROM_PTR=False, PT_CHUNK=32)
+    jobs = [job + [consts | dict(NUM_STAGES=st, PDL=True), 4, st, strides] for st in (3, 2)]
+    three, two = compile_sm90(jobs)
+    for r in (three, two):
+        assert r["wgmma"] == 2 and r["stack"] == 0 and r["ctas_per_sm"] >= 2, r
+    assert three["async_copies"] == 6 and two["async_copies"] == 4, (three, two)  # K and V, a copy per buffer
+    assert 3 * (two["shared"] + 1024) <= 228 * 1024 < 3 * (three["shared"] + 1024), (three, two)
+
+
 @pytest.mark.slow
 def test_transposed_compiles_for_sm90_with_wgmma():
     # what Triton 3.6 builds for the H200 at the target shape (fp8 64/8, D 128, tile 64, 4 warps): both
@@ -178,21 +295,60 @@ def test_transposed_compiles_for_sm90_with_wgmma():
 
 # ---------------------------------------------------------------- GPU, real sizes
 
+FP8T = da.SWEEP_SETS["fp8t"]["fp8_configs"]
+T2 = da.SWEEP_SETS["t2"]["configs_by_heads"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "hq,hkv,kv_dtype,entry",
+    [
+        (64, 8, FP8, FP8T[3]),  # fp8 64/8 default: 3 programs/SM, registers capped
+        (64, 8, BF16, T2[("bf16", "64/8")][2]),  # bf16: 3 programs/SM, 2 stages, registers capped
+        (8, 1, BF16, T2[("bf16", "8/1")][1]),  # bf16: 2 programs/SM, 3 stages
+    ],
+    ids=["fp8-64x8", "bf16-64x8", "bf16-8x1"],
+)
+def test_gpu_cuda_graph_replay_matches_eager(hq, hkv, kv_dtype, entry):
+    # first in the file: the device stage runs these before the real-size cases (-n 2)
+    d, page = 128, 64
+    q, k, v, table, _ = make_case(
+        [12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype
+    )
+    lens_buf = torch.tensor([4000, 100, 9000, 64], dtype=torch.int32, device="cuda")
+    cfg = da.variant_config(*entry)
+    p = op.plan(lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, **cfg)
+    assert p.transposed
+    steps = ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 100, 300, 5000])
+    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_kv_real_sizes():
+    cfg = da.variant_config(*T2[("bf16", "8/1")][2])  # the bf16 8/1 candidate's form on fp16 q and KV
+    p, err = _run_16bit(EDGE + [70000], dtype=torch.float16, hq=8, hkv=1, d=128, **cfg)
+    assert p.transposed
+    assert err <= TOL[torch.float16], err
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "lens,hq,hkv,kv_dtype,schedule,entry",
     [
-        (EDGE + [70000], 64, 8, FP8, "dynamic", 1),
-        ([128] * 8 + [3000] * 8 + [70000], 64, 8, FP8, "static", 1),
-        (EDGE, 8, 1, FP8, "dynamic", 3),
-        (EDGE + [70000], 64, 8, FP8, "dynamic", 6),  # 4 programs/SM: registers capped at 128
-        (EDGE + [70000], 64, 8, FP8, "dynamic", 7),  # 4 programs/SM, 3 stages
-        ([128] * 8 + [3000] * 8, 64, 8, BF16, "dynamic", 1),
+        ([128] * 8 + [3000] * 8 + [70000], 64, 8, BF16, "dynamic", T2[("bf16", "64/8")][1]),
+        (EDGE + [70000], 8, 1, BF16, "dynamic", T2[("bf16", "8/1")][2]),
+        (EDGE, 64, 8, BF16, "static", T2[("bf16", "64/8")][2]),
+        (EDGE + [70000], 8, 1, FP8, "dynamic", T2[("fp8", "8/1")][3]),  # 3 programs/SM, 4 stages
+        (EDGE + [70000], 64, 8, FP8, "dynamic", FP8T[7]),  # 4 programs/SM, 3 stages
+        # sweep fp8t's call ran these four (passed)
+        (EDGE + [70000], 64, 8, FP8, "dynamic", FP8T[1]),
+        ([128] * 8 + [3000] * 8 + [70000], 64, 8, FP8, "static", FP8T[1]),
+        (EDGE, 8, 1, FP8, "dynamic", FP8T[3]),
+        (EDGE + [70000], 64, 8, FP8, "dynamic", FP8T[6]),  # 4 programs/SM: registers capped at 128
     ],
 )
 def test_gpu_real_sizes(lens, hq, hkv, kv_dtype, schedule, entry):
-    cfg = da.variant_config(*da.SWEEP_SETS["fp8t"]["fp8_configs"][entry])
+    cfg = da.variant_config(*entry)
     if schedule == "static":
         cfg.pop("ctas_per_sm")
     scales = (0.8, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
@@ -200,15 +356,3 @@ def test_gpu_real_sizes(lens, hq, hkv, kv_dtype, schedule, entry):
         lens, hq=hq, hkv=hkv, d=128, page=64, kv_dtype=kv_dtype, schedule=schedule, scales=scales, **cfg
     )
     assert p.transposed
-
-
-@pytest.mark.gpu
-def test_gpu_cuda_graph_replay_matches_eager():
-    hq, hkv, d, page = 64, 8, 128, 64
-    q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page, kv_dtype=FP8)
-    lens_buf = torch.tensor([4000, 100, 9000, 64], dtype=torch.int32, device="cuda")
-    cfg = da.variant_config(*da.SWEEP_SETS["fp8t"]["fp8_configs"][3])  # 3 programs/SM, registers capped
-    p = op.plan(lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, **cfg)
-    assert p.transposed
-    steps = ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 100, 300, 5000])
-    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page)

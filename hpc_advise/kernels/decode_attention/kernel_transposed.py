@@ -27,9 +27,12 @@ as e4m3 pairs like ``kernel._load_v_f16``.
 Layouts are Triton's (3.6): on sm_90a with 4 warps and a 64-token tile both products are warpgroup MMAs
 (m64n16k16; M = 64 tokens, resp. 2 x 64 rows of D), the first with K from registers and q^T from shared
 memory, the second with V^T from registers (converted V through shared memory, ``ldmatrix.trans``) and P^T
-from shared memory; with fewer warps they are mma.sync. README ("What limits it") has the offline sm_90a
-counts. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact e4m3 -> fp16), q's
-dtype for 16-bit KV.
+from shared memory; with fewer warps they are mma.sync. For 16-bit KV (bf16 / fp16 in q's dtype, no
+conversion) both warpgroup MMAs read every operand from shared memory: K straight from its async-copy buffer,
+Vᵀ as a transposed view of V's buffer, qᵀ and Pᵀ as above, so nothing is staged through registers; each of
+``NUM_STAGES`` buffers holds a K and a V tile (32 KB at tile 64, D 128). README ("What limits it") has the
+offline sm_90a counts. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact
+e4m3 -> fp16), q's dtype for 16-bit KV.
 """
 
 from __future__ import annotations

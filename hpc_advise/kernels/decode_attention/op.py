@@ -163,15 +163,33 @@ TUNED_MANY_KV_HEADS = {
 # programs fit an SM (offline sm_90a, tests/kernels/test_decode_attention.py): there the run-7 form stays
 # (2 warps, 4 programs/SM, 144 bytes spilled), unmeasured at 256 either way.
 TUNED_MANY_KV_HEADS_WIDE = {torch.float8_e4m3fn: {"warp_split": True, "num_warps": 2, "ctas_per_sm": 4}}
+# ... and with fewer KV heads at head_dim <= 128 and page >= 64: fp8 runs the transposed kernel (4 warps x 64 tokens,
+# 2 programs/SM, 3 stages, no register cap) since sweep t2 (2026-11-29 19:45 UTC,
+# benchmarks/results/decode_attention_sweep_t2.md): 4.8-15.8 % faster than the plain loop on all 8 fp8 8/1 cases (64 x U
+# 86.6 -> 73.5 us, 128 x U 150.0 -> 130.5, 64 x 4K 40.6 -> 36.4, 32 x 128 + 32 x 4K 27.8 -> 26.5, 1 x 128K 35.2 ->
+# 29.7; the plain loop again at each case's end within 1.0 %). At 3 programs/SM (registers capped at 168) it was
+# 1.6-23 % faster (more on the U cases: 69.5 / 116.6 us, less on 1 x 128K: 34.5), 2.0 % slower in geometric mean.
+# With page < 64 the table does not apply (the transposed kernel needs page >= tile): the plain loop's knobs stay.
+# bf16 (sweep t2, 64/8 and 8/1): the transposed kernel is no faster (2 programs/SM, 3 stages: -0.3..+0.7 % on 64/8,
+# -0.6..+9.5 % on 8/1; 3 programs/SM, 2 stages, never faster), so 16-bit KV keeps the plain loop.
+TUNED_FEW_KV_HEADS = {torch.float8_e4m3fn: {"transposed": True, "num_warps": 4, "ctas_per_sm": 2, "tile": 64}}
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
 
-def tuned_config(kv_dtype: torch.dtype | None, num_kv_heads: int, head_dim: int = 128) -> dict:
-    """The measured launch knobs for this KV dtype, KV-head count and head_dim (see ``TUNED_BY_KV_DTYPE``)."""
-    table = TUNED_MANY_KV_HEADS if head_dim <= 128 else TUNED_MANY_KV_HEADS_WIDE
-    many = table.get(kv_dtype, {}) if num_kv_heads >= MANY_KV_HEADS else {}
-    return TUNED_BY_KV_DTYPE.get(kv_dtype, {}) | many
+def tuned_config(
+    kv_dtype: torch.dtype | None, num_kv_heads: int, head_dim: int = 128, page_size: int | None = None
+) -> dict:
+    """The measured launch knobs for this KV dtype, KV-head count, head_dim and page size (see
+    ``TUNED_BY_KV_DTYPE``); ``page_size`` None: as for pages of at least 64 tokens."""
+    if head_dim > 128:
+        table = TUNED_MANY_KV_HEADS_WIDE if num_kv_heads >= MANY_KV_HEADS else {}
+    elif num_kv_heads >= MANY_KV_HEADS:
+        table = TUNED_MANY_KV_HEADS
+    else:
+        few = TUNED_FEW_KV_HEADS.get(kv_dtype, {})
+        table = {kv_dtype: few} if page_size is None or page_size >= few.get("tile", DEFAULT_TILE) else {}
+    return TUNED_BY_KV_DTYPE.get(kv_dtype, {}) | table.get(kv_dtype, {})
 
 
 def _fail(msg: str) -> None:
@@ -441,7 +459,7 @@ def plan(
     programs as the dynamic one at ``max_batch``)."""
     if schedule not in SCHEDULES:
         _fail(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    tuned = tuned_config(kv_dtype, num_kv_heads, head_dim)
+    tuned = tuned_config(kv_dtype, num_kv_heads, head_dim, page_size)
     desc = tuned.get("desc") if desc is None else desc
     merge_block = tuned.get("merge_block") if merge_block is None else merge_block
     pt_chunk = tuned.get("pt_chunk") if pt_chunk is None else pt_chunk

@@ -130,6 +130,10 @@ SWEEP_TOL = {"bf16": 5e-3, "fp8": 2e-2}
 # tile (README, "What limits it"): 373-389 SASS instructions, 5 barriers, 16 wgmma; spills only outside the
 # loop at 168 registers, inside it at 128.
 _FP8T = "nested-desc-w-pc32-s4-f16-pdl-tr"
+# the shipped defaults with fewer than op.MANY_KV_HEADS KV heads (op.TUNED_BY_KV_DTYPE), as sweep entries
+_BF16_8_1 = (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl")
+_FP8_8_1 = (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl")
+_T2_BF16 = ((2, 3), (3, 2))  # (programs per SM, stages) of the transposed bf16 candidates
 SWEEP_SETS = {
     "fp8t": dict(
         cases=[(name, 64, 8, "fp8") for name in CASES]
@@ -152,6 +156,25 @@ SWEEP_SETS = {
     "run15": dict(
         configs=SWEEP_CONFIGS,
         fp8_configs=[(64, 3, 3, 4, _FP8T)] + [whole_segments((64, 3, 3, 4, _FP8T), c) for c in (2, 4, 6)],
+    ),
+    # 't2' (issue 5): the transposed kernel on 16-bit KV and on fp8 8/1, against each head count's shipped default
+    # (first, and again last) on the 8 bf16 64/8, 8 bf16 8/1 and 8 fp8 8/1 cases. Offline sm_90a, bf16 tile 64,
+    # 4 warps: both products wgmma with every operand in shared memory (K straight from its async-copy buffer,
+    # Vᵀ as a transposed descriptor, no register staging); per warp and tile 402 SASS instructions, 6 barriers,
+    # 16 wgmma (the plain loop at its default: 478, 9, 32 mma.sync + 28 ldmatrix); num_stages K/V buffers of
+    # 32 KB: 3 stages 104 KB and 252 registers (2 programs/SM), 2 stages 72 KB capped at 168 registers (3/SM,
+    # 424 instructions, spills outside the loop only); 4 stages 137 KB (1/SM, not swept). fp8 8/1: 2 programs/SM
+    # (sweep fp8t's best 8/1 form), 3 (the 64/8 default's) at 3 and 4 stages (72 KB, spill-free loop at 168).
+    "t2": dict(
+        cases=[(name, hq, hkv, "bf16") for hq, hkv in ((64, 8), (8, 1)) for name in CASES]
+        + [(name, 8, 1, "fp8") for name in CASES],
+        configs_by_heads={
+            ("bf16", "64/8"): [SWEEP_CONFIGS[0]]
+            + [(64, c, s, 4, SWEEP_CONFIGS[0][4] + "-tr") for c, s in _T2_BF16],
+            ("bf16", "8/1"): [_BF16_8_1] + [(64, c, s, 4, _BF16_8_1[4] + "-tr") for c, s in _T2_BF16],
+            ("fp8", "8/1"): [_FP8_8_1]
+            + [(64, c, s, 4, _FP8_8_1[4] + "-tr") for c, s in ((2, 3), (3, 3), (3, 4))],
+        },
     ),
 }
 
@@ -586,9 +609,10 @@ def bench(
     return rows, table, headers(chosen)
 
 
-def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP8):
+def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP8, configs_by_heads=None):
     """Time the dynamic kernel under each launch configuration and check its output against the float64
-    reference (rotation 0); returns (rows, table, headers). ``sweep.seconds`` holds the wall time."""
+    reference (rotation 0); returns (rows, table, headers). ``sweep.seconds`` holds the wall time.
+    ``configs_by_heads[(kv, 'Hq/Hkv')]``, where given, replaces ``configs`` / ``fp8_configs`` for those cases."""
     import torch
 
     from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
@@ -602,7 +626,10 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
         kr, vr = (w.k.to(torch.bfloat16), w.v.to(torch.bfloat16)) if kv == "fp8" else (w.k, w.v)
         ref = decode_attention_reference(w.q, kr, vr, w.tables[0], w.seq_lens, page_size=PAGE)
         del kr, vr
-        entries = list(fp8_configs if kv == "fp8" else configs)
+        entries = (configs_by_heads or {}).get((kv, f"{hq}/{hkv}")) or (
+            fp8_configs if kv == "fp8" else configs
+        )
+        entries = list(entries)
         # the first configuration once more at the end: the spread of one configuration within the process,
         # against which the differences between configurations are read (its row says repeat; never chosen)
         for i, entry in enumerate(entries + entries[:1]):
