@@ -104,7 +104,8 @@ elif [ "${STAGE:-sweep}" = t2 ]; then
   # configuration named on the command line (--config); then, for each head count where the sweep picked the
   # transposed kernel for bf16, that bf16 grid with it while LIMIT_S leaves time. Run t2 (19:43 UTC, TEST_S=60
   # SWEEP_S=100 G64_S=45 G81_S=30): 9 of 13 tests in 60 s (none failed), sweep 46 s, each fp8 grid cut after one case
-  # (FlashInfer's first fp8 BatchAttention call took 17 s): an fp8 grid with peers needs ~2 minutes here.
+  # (FlashInfer's first fp8 BatchAttention call took 17 s; the fp8 decode-TC module has no built .so in the carried
+  # JIT cache, likely compiled at first use): an fp8 grid with peers needs that module warmed or ~2 minutes here.
   install_flashinfer
   pack "flashinfer installed"
   timeout "${TEST_S:-70}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_transposed.py -n 2 \
