@@ -14,7 +14,8 @@
 #                 the CUDA sources of kernels the decode benchmark never JIT-compiles (fused MoE, GDN,
 #                 KDA, Blackwell and other csrc/ and cutlass/ trees), so that it fits the 64 MiB carry
 #                 limit; apache-tvm-ffi 0.1.15.post2 (cp312 wheel); fiws/fi_cache.tgz, FlashInfer's JIT
-#                 cache from an earlier call (without it the first compile of its four modules took 102 s)
+#                 cache from an earlier call (without it the first compile of its four modules took 102 s;
+#                 FI_CACHE_OUT=1 returns the cache after the grid, with whatever this call compiled)
 #   .whl_moe      fbgemm-gpu-genai 1.6.0 (cp312 wheel) for benchmarks/bench_fused_moe.py's fbgemm peer
 #                 (carry it instead of .whl_attn: both together exceed 64 MiB)
 # Results land in $OUT/results.tgz (re-packed after every stage, so a timeout keeps what finished).
@@ -62,6 +63,9 @@ if has decode; then
     ${GRID_ARGS:-} > "$RES/decode.log" 2>&1
   tail -30 "$RES/decode.log"
   pack "decode attention done"
+  # FI_CACHE_OUT=1: FlashInfer's JIT cache after the grid (modules compiled in this call included) as
+  # $OUT/fi_cache.tgz, to replace .whl_attn/fiws/fi_cache.tgz so later calls skip the compiles
+  [ -n "${FI_CACHE_OUT:-}" ] && tar czf "$OUT/fi_cache.tgz" -C /tmp/fiws .cache && ls -la "$OUT/fi_cache.tgz"
 fi
 MOE_SHAPES=${MOE_SHAPES:-hy3,qwen3-235b,hy3-tp8,qwen3-30b-a3b,deepseek-v3-ep8}
 if has moe-small; then
