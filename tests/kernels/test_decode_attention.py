@@ -863,6 +863,7 @@ def test_sweep_variants_and_best_config_skip_failures():
         warp_split=False,
         snap=0,
         whole_below=0,
+        transposed=False,
     )
     assert da.variant_config(128, 2, 3, 4, "nested-desc-m128-pc32")["pt_chunk"] == 32
     assert da.variant_config(64, 2, 3, 4, "nested-desc-pc32-ws")["warp_split"] is True

@@ -177,7 +177,13 @@ def test_validation_and_tuned_fallback(monkeypatch):
 def test_sweep_set_fp8t_entries_are_valid_plans():
     # the benchmark's 'fp8t' sweep: every transposed candidate builds a transposed plan at its shape
     assert da.variant_config(64, 3, 3, 4, "nested-desc-pc32-tr")["transposed"] is True
-    assert "transposed" not in da.variant_config(64, 3, 3, 4, "nested-desc-pc32")
+    # an entry without '-tr' runs the nested loop's kernel even where the tuned default is the transposed one
+    assert da.variant_config(64, 3, 3, 4, "nested-desc-pc32")["transposed"] is False
+    _, _, _, t8, l8 = make_case([300], hq=64, hkv=8, d=128, page=64, kv_dtype=FP8)
+    base = da.variant_config(*da.SWEEP_CONFIGS_FP8[0])
+    base.pop("ctas_per_sm")
+    geo8 = dict(page_size=64, num_q_heads=64, num_kv_heads=8, head_dim=128, num_programs=7, kv_dtype=FP8)
+    assert not op.plan(l8, t8, **base, **geo8).transposed
     _, _, _, table, seq_lens = make_case(
         [4096, 70], hq=64, hkv=8, d=128, page=64, kv_dtype=FP8, extra_pages=0
     )

@@ -213,8 +213,9 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         warp_split="ws" in flags,
         snap=int(snap[0][2:]) if snap else 0,
         whole_below=int(whole[0][2:]) if whole else 0,
-        # '-tr': op.plan(transposed=True), kernel_transposed.py; the key only when set (older entries unchanged)
-        **({"transposed": True} if "tr" in flags else {}),
+        # '-tr': op.plan(transposed=True), kernel_transposed.py. Always explicit: an entry without it must run
+        # the nested loop's kernel, not whatever op.TUNED_* picks now (fp8 defaults to the transposed kernel)
+        transposed="tr" in flags,
     )
 
 
