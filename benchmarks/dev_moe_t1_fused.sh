@@ -10,7 +10,10 @@
 #             timed first and again last, merged into $RES/fused_moe_configs.json only where >= 2% faster
 #             (<= 60 s, timing budget 35 s)
 #   bench     bench_fused_moe.py --no-peers --shapes (those four) --ts 1 on the merged table, in what is left
-# Usage: CALL_S=145 bash benchmarks/dev_moe_t1_fused.sh   (timeout_s 150). Results: $OUT/results.tgz.
+# Usage: CALL_S=144 bash benchmarks/dev_moe_t1_fused.sh   (timeout_s 150). Results: $OUT/results.tgz.
+# Run once, 2026-11-29 19:53 UTC (74 s; benchmarks/results/fused_moe_decode_t1_fused.md), before FUSE_L1 existed.
+# FUSE_L1 (the tuner's --fuse-quant now also times it with group scales) untimed; the T = 1 point it is for:
+#   STAGES=tune MOE_SHAPES=qwen3-235b,qwen3-30b-a3b,deepseek-v3-ep8 MOE_TS=1 CALL_S=90 bash benchmarks/dev_moe_t1_fused.sh
 export STAGES=${STAGES:-"newtests tune"}
 export MOE_TESTS=${MOE_TESTS:-tests/kernels/test_fused_moe_decode_t1_fused.py}
 export MOE_NEW_SEL=${MOE_NEW_SEL:-gpu}

@@ -50,8 +50,8 @@ counts divide (``multi_tile_compile_job``).
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
-and 2: with the first K steps' weights prefetched to L2 before the prologue; with PDL where the pick has
-none; ``fuse_quant_candidates``), through the ``--decode-forms`` loop (one process, current pick re-timed
+and 2: with the first K steps' weights prefetched to L2 before the prologue; with dynamic group scales also
+with FUSE_L1; with PDL where the pick has none; ``fuse_quant_candidates``), through the ``--decode-forms`` loop (one process, current pick re-timed
 last, merged only if >= 2% faster). Its candidates are precompiled at the shape's H (the prologue's tile
 depends on the K span: ``fuse_quant_compile_job``).
 
@@ -476,14 +476,17 @@ _fb_compile_job = fb.compile_job
 def fuse_quant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--fuse-quant: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
     then, where that is a small-T PRE_Q pick and T <= FUSE_T_MAX, the same with FUSE_QUANT 1 and 2 (and with
-    PDL on both launches where the pick has none: the down grid then launches while gate/up runs); nothing
-    else (the other keys keep the pick's values, so a gain is the fold's)."""
+    PDL on both launches where the pick has none: the down grid then launches while gate/up runs), and with
+    dynamic group scales both also with FUSE_L1 (the loop's group-scale loads through L1: its sm_90a PTX is
+    the PRE_Q loop's); nothing else (the other keys keep the pick's values, so a gain is the fold's)."""
     from hpc_advise.kernels.fused_moe import op_small
 
     cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
     if not (op_small.is_small(cur) and cur.get("PRE_Q", 0) and t <= op_small.FUSE_T_MAX):
         return [cur]
     out = [cur] + [dict(cur, FUSE_QUANT=f) for f in (1, 2)]
+    if mode.endswith("dynamic"):
+        out += [dict(cur, FUSE_QUANT=f, FUSE_L1=1) for f in (1, 2)]
     if not cur.get("PDL", 0):
         out += [dict(cur, FUSE_QUANT=f, PDL=1) for f in (1, 2)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())

@@ -46,11 +46,11 @@ def cpu_cfg(**kw) -> dict:
 
 
 def _same_fused(p, cfg: dict, seed: int, scaling: float = 1.0) -> torch.Tensor:
-    """The PRE_Q output and the FUSE_QUANT 1 / 2 outputs: each within the tolerance of the reference
-    (NaN-poisoned ``out``, run_and_check) and the fused ones bitwise the PRE_Q one."""
+    """The PRE_Q output and the FUSE_QUANT 1 / 2 outputs (2 also with FUSE_L1): each within the tolerance
+    of the reference (NaN-poisoned ``out``, run_and_check) and the fused ones bitwise the PRE_Q one."""
     plain, _, _ = run_and_check(p, config=cfg, scaling=scaling, seed=seed)
-    for fuse in (1, 2):
-        got, _, _ = run_and_check(p, config=dict(cfg, FUSE_QUANT=fuse), scaling=scaling, seed=seed)
+    for fuse in (dict(FUSE_QUANT=1), dict(FUSE_QUANT=2), dict(FUSE_QUANT=2, FUSE_L1=1)):
+        got, _, _ = run_and_check(p, config=dict(cfg, **fuse), scaling=scaling, seed=seed)
         assert torch.equal(plain, got), (seed, fuse)
     return plain
 
@@ -198,6 +198,7 @@ def test_fused_quant_config_errors_are_clear():
     for cfg, words in (
         (cpu_cfg(PRE_Q=0, FUSE_QUANT=1), "needs PRE_Q = 1"),
         (cpu_cfg(FUSE_QUANT=3), "FUSE_QUANT=3 must be 0, 1"),
+        (cpu_cfg(FUSE_L1=1), "FUSE_L1=1 must be 0 or 1, and 1 only with FUSE_QUANT"),
     ):
         with pytest.raises(FusedMoEError, match=words):
             fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], config=cfg, **p["kw"])
@@ -211,15 +212,19 @@ def _load_tuner():
 
 def test_tuner_fuse_quant_candidates(monkeypatch):
     """--fuse-quant: the current pick first; FUSE_QUANT 1 / 2 only for a small-T PRE_Q pick at T <= 4,
-    with PDL added where the pick has none; nothing else changed in the candidates."""
+    with dynamic group scales also with FUSE_L1, with PDL added where the pick has none; nothing else
+    changed in the candidates."""
     tune = _load_tuner()
     small = cpu_cfg(PDL=0)
     monkeypatch.setattr(op, "get_config", lambda *a, **kw: small)
-    cands = tune.fuse_quant_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
+    cands = tune.fuse_quant_candidates(op, 1, 8, 192, 4096, 1536, "tensor-static")
     assert cands[0] == small and len(cands) == 5
-    rest = lambda c: {k: v for k, v in c.items() if k not in ("FUSE_QUANT", "PDL")}  # noqa: E731
+    rest = lambda c: {k: v for k, v in c.items() if k not in ("FUSE_QUANT", "PDL", "FUSE_L1")}  # noqa: E731
     assert all(rest(c) == rest(small) for c in cands)
     assert {(c.get("FUSE_QUANT"), c.get("PDL")) for c in cands[1:]} == {(1, 0), (2, 0), (1, 1), (2, 1)}
+    cands = tune.fuse_quant_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
+    assert cands[0] == small and len(cands) == 7 and all(rest(c) == rest(small) for c in cands)
+    assert sum(c.get("FUSE_L1", 0) for c in cands) == 2
     assert tune.fuse_quant_candidates(op, op_small.FUSE_T_MAX + 1, 8, 128, 4096, 1536, "block-dynamic") == [
         small
     ]

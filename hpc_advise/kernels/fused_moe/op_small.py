@@ -14,8 +14,10 @@ before it waits for the previous grid (the gate/up grid only with PRE_Q); FUSE_Q
 T <= ``FUSE_T_MAX``): no quantization launch; every gate/up program that owns an expert quantizes the
 T rows of its K range into a private scratch slice first (bitwise launch 0's values), so the path runs
 two launches; FUSE_QUANT = 2: the same, and on SM90 the program's first GU_STAGES K steps of weights are
-prefetched to L2 before it quantizes. Above ``FUSE_T_MAX`` (a T = 4 entry serves up to T = 8) a
-FUSE_QUANT config runs as plain PRE_Q: the same values, the scratch would grow as T · programs.
+prefetched to L2 before it quantizes. FUSE_L1 = 1 (with FUSE_QUANT): the gate/up loop reads the scratch's
+group scales through L1 as the PRE_Q loop reads launch 0's (default 0: through L2 only, ``.cg``, the form
+measured on 2026-11-29; kernel README, "Small-T path"). Above ``FUSE_T_MAX`` (a T = 4 entry serves up to
+T = 8) a FUSE_QUANT config runs as plain PRE_Q: the same values, the scratch would grow as T · programs.
 
 Workspace buffers and launches go through ``launch_plan`` (``empty``, ``launch``) so that ``op.fused_moe``
 can record and replay them; the arrival counters are kept for the process (``launch_plan.keep``).
@@ -149,12 +151,15 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         )
     if cfg.get("FUSE_QUANT", 0) not in (0, 1, 2):
         raise error(
-            f"FUSE_QUANT={cfg['FUSE_QUANT']} must be 0, 1 (quantize in the gate/up prologue) or 2 (and prefetch)"
+            f"FUSE_QUANT={cfg['FUSE_QUANT']} must be 0, 1 (quantize in the gate/up prologue) "
+            "or 2 (and prefetch)"
         )
     if cfg.get("FUSE_QUANT", 0) and not cfg.get("PRE_Q", 0):
         raise error(
             "FUSE_QUANT folds PRE_Q's quantization launch into the gate/up kernel: it needs PRE_Q = 1"
         )
+    if cfg.get("FUSE_L1", 0) not in (0, 1) or (cfg.get("FUSE_L1", 0) and not cfg.get("FUSE_QUANT", 0)):
+        raise error(f"FUSE_L1={cfg['FUSE_L1']} must be 0 or 1, and 1 only with FUSE_QUANT")
     for key in ("GU_RED", "PDL", "PREFETCH"):
         if cfg.get(key, 0) not in (0, 1):
             raise error(f"{key}={cfg[key]} must be 0 or 1")
@@ -220,6 +225,7 @@ def fused_moe_small(
             Q_GROUPS=q_groups,
             Q_CHUNKS=triton.cdiv(triton.cdiv(k_span, GROUP), q_groups),
             PF_STEPS=int(c["GU_STAGES"]) if fuse == 2 and sm90 else 0,  # inline PTX: SM90 only
+            XQ_L1=bool(c.get("FUSE_L1", 0)),
         )
         if sm90 and c["GU_WARPS"] == 8:
             # the prologue lifts ptxas' pick from 92 to 136 registers (sm_90a, 128-wide block-scaled tile),
