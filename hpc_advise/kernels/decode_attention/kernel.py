@@ -506,6 +506,35 @@ def _finish(
         tl.store(ws_lse_ptr + slot_id * GROUP + rows, lse, mask=row_ok)
 
 
+@triton.jit
+def _range_desc(prog_desc_ptr, pid):
+    """Program ``pid``'s range and first segment from the planner's descriptor in one 32-byte load:
+    (u_begin, u_end, b, h, t0, n_tiles, seq_len)."""
+    j = tl.arange(0, 8)
+    d = tl.load(prog_desc_ptr + pid * 8 + j)
+    u_begin = tl.sum(tl.where(j == 0, d, 0), axis=0)
+    u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
+    b = tl.sum(tl.where(j == 2, d, 0), axis=0)
+    h = tl.sum(tl.where(j == 3, d, 0), axis=0)
+    t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
+    n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
+    seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+    return u_begin, u_end, b, h, t0, n_tiles, seq_len
+
+
+@triton.jit
+def _next_segment(b, h, num_kv_heads, seg_start, t1, u_end, seq_lens_ptr, seq_len):
+    """The segment after (b, h) in a range that goes on to unit ``u_end`` — (b, h + 1) or (b + 1, 0), from its
+    first tile —, whether there is one (``more``: this segment, units from ``seg_start`` to tile ``t1``, ends
+    before ``u_end``), and its length (loaded only when it starts a new request): (b_n, h_n, more, seq_len_n)."""
+    new_req = h + 1 >= num_kv_heads
+    b_n = tl.where(new_req, b + 1, b)
+    h_n = tl.where(new_req, 0, h + 1)
+    more = seg_start + t1 < u_end
+    seq_len_n = tl.load(seq_lens_ptr + b_n, mask=more & new_req, other=seq_len)
+    return b_n, h_n, more, seq_len_n
+
+
 @triton.jit(do_not_specialize=["num_kv_heads"])  # one compile serves every head count
 def decode_kernel(
     q_ptr,  # [B, Hq, D]
@@ -556,17 +585,9 @@ def decode_kernel(
         gdc_launch_dependents()
     pid = tl.program_id(0)
     if DESC:
-        # one 32-byte load gives the range and its first segment; the next segment of a range is always
-        # (b, h + 1) or (b + 1, 0) from its first tile, so no request-start lookups are needed at all
-        j = tl.arange(0, 8)
-        d = tl.load(prog_desc_ptr + pid * 8 + j)
-        u_begin = tl.sum(tl.where(j == 0, d, 0), axis=0)
-        u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
-        b = tl.sum(tl.where(j == 2, d, 0), axis=0)
-        h = tl.sum(tl.where(j == 3, d, 0), axis=0)
-        t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
-        n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
-        seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+        # the next segment of a range is always (b, h + 1) or (b + 1, 0) from its first tile, so no
+        # request-start lookups are needed at all
+        u_begin, u_end, b, h, t0, n_tiles, seq_len = _range_desc(prog_desc_ptr, pid)
     else:
         u_begin = tl.load(prog_start_ptr + pid)
         u_end = tl.load(prog_start_ptr + pid + 1)
@@ -607,12 +628,9 @@ def decode_kernel(
         q_rows = h64 * GROUP + rows
         if DESC:
             q = q_next
-            # the next segment of the range is (b, h + 1) or (b + 1, 0) from its first tile
-            new_req = h + 1 >= num_kv_heads
-            b_n = tl.where(new_req, b + 1, b)
-            h_n = tl.where(new_req, 0, h + 1)
-            more = seg_start + t1 < u_end
-            seq_len_n = tl.load(seq_lens_ptr + b_n, mask=more & new_req, other=seq_len)
+            b_n, h_n, more, seq_len_n = _next_segment(
+                b, h, num_kv_heads, seg_start, t1, u_end, seq_lens_ptr, seq_len
+            )
             q_next = _load_q(q_ptr, b_n, h_n, rows, row_ok, offs_d, stride_qb, stride_qh, more, GROUP)
         else:
             q = _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, u < u_end, GROUP)

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .kernel import _finish, _load_q, _load_v_f16, _q_as_f16
+from .kernel import _finish, _load_q, _load_v_f16, _next_segment, _q_as_f16, _range_desc
 
 
 @triton.jit
@@ -150,15 +150,7 @@ def decode_transposed_kernel(
     if PDL:
         gdc_launch_dependents()  # every program is resident from the start (see kernel.decode_kernel)
     pid = tl.program_id(0)
-    j = tl.arange(0, 8)
-    d = tl.load(prog_desc_ptr + pid * 8 + j)
-    u_begin = tl.sum(tl.where(j == 0, d, 0), axis=0)
-    u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
-    b = tl.sum(tl.where(j == 2, d, 0), axis=0)
-    h = tl.sum(tl.where(j == 3, d, 0), axis=0)
-    t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
-    n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
-    seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+    u_begin, u_end, b, h, t0, n_tiles, seq_len = _range_desc(prog_desc_ptr, pid)
     if SCALES_FROM_PTR:
         qk_scale = qk_scale * tl.load(scale_ptr)
         v_scale = tl.load(scale_ptr + 1)
@@ -186,11 +178,9 @@ def decode_transposed_kernel(
         q = q_next
         # the next segment of the range is (b, h + 1) or (b + 1, 0) from its first tile: its q rows and
         # length are loaded while this one runs
-        new_req = h + 1 >= num_kv_heads
-        b_n = tl.where(new_req, b + 1, b)
-        h_n = tl.where(new_req, 0, h + 1)
-        more = seg_start + t1 < u_end
-        seq_len_n = tl.load(seq_lens_ptr + b_n, mask=more & new_req, other=seq_len)
+        b_n, h_n, more, seq_len_n = _next_segment(
+            b, h, num_kv_heads, seg_start, t1, u_end, seq_lens_ptr, seq_len
+        )
         q_next = _load_q(q_ptr, b_n, h_n, rows, row_ok, offs_dq, stride_qb, stride_qh, more, GROUP)
         seg_scale = qk_scale
         if F16_DOT:
