@@ -32,6 +32,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     make_problem,
     run_and_check,
 )
+from tests.kernels.test_fused_moe_host import check_plan_replays  # noqa: E402
 
 
 def _load_tuner():
@@ -124,22 +125,14 @@ def test_multi_tile_launch_plan_replays_bitwise():
     """A multi-tile config through the launch plans: the first eager call records (the grid is the
     multi-tile one), a second call on other inputs and a third on the first inputs replay, each bitwise
     the unplanned call's output."""
-    seed = _seed()
+    _seed()
     cfg = dict(CPU_CFG, GU_N=128, GU_TILES=2, DN_TILES=4, PDL=1)
-    p1, p2 = (make_problem(3, 8, 256, 256, 4, "block-dynamic", device="cpu") for _ in range(2))
-
-    def call(p):
-        return fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], config=cfg, **p["kw"])
-
-    LP.ENABLED = False
-    try:
-        want1, want2 = call(p1), call(p2)
-    finally:
-        LP.ENABLED = True
-    records, hits = op._PLANS.records, op._PLANS.hits
-    got1, got2, again = call(p1), call(p2), call(p1)
-    assert op._PLANS.records == records + 1 and op._PLANS.hits == hits + 2
-    assert torch.equal(got1, want1) and torch.equal(got2, want2) and torch.equal(again, want1), seed
+    check_plan_replays(
+        "block-dynamic",
+        cfg,
+        "cpu",
+        problem=lambda: make_problem(3, 8, 256, 256, 4, "block-dynamic", device="cpu"),
+    )
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     make_problem,
     run_and_check,
 )
+from tests.kernels.test_fused_moe_host import check_plan_replays  # noqa: E402
 from tests.kernels.test_fused_moe_small import _small_job  # noqa: E402
 
 FP8_NAN = 0x7F  # float8_e4m3fn NaN bits: scratch bytes no program wrote
@@ -175,22 +176,14 @@ def test_fused_quant_above_fuse_t_max_runs_the_quant_launch(allocations):
 def test_fused_quant_launch_plan_replays_bitwise():
     """Through the launch plans: the first eager call records (two launches, the scratch a workspace slot),
     a call on other inputs and a third on the first inputs replay, each bitwise the unplanned call."""
-    seed = _seed()
+    _seed()
     cfg = cpu_cfg(FUSE_QUANT=1, SPLIT_K=2, GU_RED=1)
-    p1, p2 = (make_problem(2, 6, 384, 192, 3, "block-dynamic", device="cpu") for _ in range(2))
-
-    def call(p):
-        return fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], config=cfg, **p["kw"])
-
-    LP.ENABLED = False
-    try:
-        want1, want2 = call(p1), call(p2)
-    finally:
-        LP.ENABLED = True
-    records, hits = op._PLANS.records, op._PLANS.hits
-    got1, got2, again = call(p1), call(p2), call(p1)
-    assert op._PLANS.records == records + 1 and op._PLANS.hits == hits + 2
-    assert torch.equal(got1, want1) and torch.equal(got2, want2) and torch.equal(again, want1), seed
+    check_plan_replays(
+        "block-dynamic",
+        cfg,
+        "cpu",
+        problem=lambda: make_problem(2, 6, 384, 192, 3, "block-dynamic", device="cpu"),
+    )
 
 
 def test_fused_quant_config_errors_are_clear():

@@ -64,8 +64,9 @@ def _paths(a2_group: bool) -> dict:
     }
 
 
-def _replays_bitwise(mode: str, cfg: dict, device: str, problem=None, **extra) -> None:
-    """Record on problem 1, replay on problem 2 and on problem 1 again: each bitwise the unplanned call."""
+def check_plan_replays(mode: str, cfg: dict, device: str, problem=None, **extra) -> None:
+    """Record on problem 1, replay on problem 2 and on problem 1 again: each bitwise the unplanned call (also
+    used by the other fused-MoE test files for their config keys)."""
     make = problem or (lambda: make_problem(T, E, H, I, K, mode, device=device))
     p1, p2 = make(), make()
     want1, want2 = _unplanned(p1, cfg, **extra), _unplanned(p2, cfg, **extra)
@@ -93,7 +94,7 @@ def _replays_bitwise(mode: str, cfg: dict, device: str, problem=None, **extra) -
     ],
 )
 def test_plan_replays_bitwise_the_unplanned_call(mode, path):
-    _replays_bitwise(mode, _paths(mode.endswith("dynamic"))[path], "cpu")
+    check_plan_replays(mode, _paths(mode.endswith("dynamic"))[path], "cpu")
     (plan,) = op._PLANS.plans.values()
     descs = sum(len(step.descs) for step in plan.steps)
     assert descs == (3 if path == "regular-tma" else 0)  # over w13, w2 and the intermediate (workspace)
@@ -109,14 +110,14 @@ def test_plan_with_device_scale_tensors_passes_them_as_they_are():
         p["kw"] = {k: torch.tensor([v]) if k.startswith("a") else v for k, v in p["kw"].items()}
         return p
 
-    _replays_bitwise("tensor-static", cfg, "cpu", problem=problem)
+    check_plan_replays("tensor-static", cfg, "cpu", problem=problem)
     (plan,) = op._PLANS.plans.values()
     assert plan.meta == (True, True, True)
 
 
 def test_workspace_allocated_per_call_above_the_kept_size(monkeypatch):
     monkeypatch.setattr(LP, "WS_PLAN_BYTES", 0)
-    _replays_bitwise("block-dynamic", _paths(True)["regular"], "cpu")
+    check_plan_replays("block-dynamic", _paths(True)["regular"], "cpu")
     (plan,) = op._PLANS.plans.values()
     assert plan.ws is None and plan.spec
 
@@ -130,7 +131,7 @@ def test_int64_ids_and_expert_parallel_offset_replay_bitwise():
         p["ids"][0, 0] = -1
         return p
 
-    _replays_bitwise("block-dynamic", _paths(True)["regular"], "cpu", problem=problem)
+    check_plan_replays("block-dynamic", _paths(True)["regular"], "cpu", problem=problem)
     (plan,) = op._PLANS.plans.values()
     assert plan.meta[0] is False  # the ids are a per-call conversion, not the caller's tensor
 
