@@ -409,6 +409,13 @@ def _whole_or_snap(tuned: dict, snap: int | None, whole_below: int | None) -> tu
     return snap, whole_below
 
 
+def _int_in(name: str, value, hi: int, unit: str = "") -> int:
+    """``value`` if it is an int (not a bool) in 0..``hi``; ValueError naming the knob otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        _fail(f"{name} must be an int in 0..{hi}{unit}, got {value!r}")
+    return value
+
+
 def _choice(name: str, value, allowed: tuple):
     """``value`` if it is one of ``allowed``; ValueError naming the knob otherwise."""
     if value not in allowed:
@@ -506,19 +513,9 @@ def plan(
     )
     pt_chunk = _choice("pt_chunk", DEFAULT_PT_CHUNK if pt_chunk is None else int(pt_chunk), PT_CHUNKS)
     loop = _choice("loop", DEFAULT_LOOP if loop is None else loop, LOOPS)
-    seg_cost = DEFAULT_SEG_COST if seg_cost is None else seg_cost
-    if not isinstance(seg_cost, int) or not 0 <= seg_cost <= MAX_SEG_COST:
-        _fail(f"seg_cost must be an int in 0..{MAX_SEG_COST}, got {seg_cost!r}")
-    if isinstance(snap, bool) or not isinstance(snap, int) or not 0 <= snap <= MAX_SNAP:
-        _fail(f"snap must be an int in 0..{MAX_SNAP} (% of a program's share), got {snap!r}")
-    if (
-        isinstance(whole_below, bool)
-        or not isinstance(whole_below, int)
-        or not 0 <= whole_below <= MAX_WHOLE_BELOW
-    ):
-        _fail(
-            f"whole_below must be an int in 0..{MAX_WHOLE_BELOW} (% of a program's share), got {whole_below!r}"
-        )
+    seg_cost = _int_in("seg_cost", DEFAULT_SEG_COST if seg_cost is None else seg_cost, MAX_SEG_COST)
+    snap = _int_in("snap", snap, MAX_SNAP, " (% of a program's share)")
+    whole_below = _int_in("whole_below", whole_below, MAX_WHOLE_BELOW, " (% of a program's share)")
     wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
     wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
     why_not = _transposed_unsupported(loop, prefetch, desc, pt_chunk, page_size, tile) if transposed else None
@@ -597,6 +594,37 @@ def _scale_arg(name: str, s: object, device: torch.device) -> float | torch.Tens
     return v
 
 
+def _check_run_inputs(plan: DecodePlan, q, k_cache, v_cache, out):
+    """run()'s tensors checked against the plan (dtypes, devices, shapes; clear errors), ``out`` allocated
+    when None: (q, k_cache, v_cache, out)."""
+    if not isinstance(plan, DecodePlan):
+        raise TypeError("decode_attention: run() needs the DecodePlan returned by plan()")
+    q = _check_tensor("q", q, 3, (torch.bfloat16, torch.float16))
+    kv_dtypes = (q.dtype, torch.float8_e4m3fn)
+    k_cache = _check_tensor("k_cache", k_cache, 4, kv_dtypes)
+    v_cache = _check_tensor("v_cache", v_cache, 4, kv_dtypes)
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"decode_attention: k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _same_device(name, t, plan.device)
+    want_q = (plan.batch, plan.num_q_heads, plan.head_dim)
+    if tuple(q.shape) != want_q:
+        _fail(f"q has shape {tuple(q.shape)}, the plan expects {want_q}")
+    want_kv = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if tuple(t.shape[1:]) != want_kv:
+            _fail(f"{name} has shape {tuple(t.shape)}, expected [num_pages, {', '.join(map(str, want_kv))}]")
+    if k_cache.shape[0] != v_cache.shape[0]:
+        _fail(f"k_cache has {k_cache.shape[0]} pages, v_cache {v_cache.shape[0]}")
+    if out is None:
+        return q, k_cache, v_cache, torch.empty_like(q)
+    _check_tensor("out", out, 3, (q.dtype,))
+    _same_device("out", out, plan.device)
+    if out.shape != q.shape:
+        _fail(f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)}")
+    return q, k_cache, v_cache, out
+
+
 def run(
     plan: DecodePlan,
     q: torch.Tensor,
@@ -609,33 +637,8 @@ def run(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of every query against its request's paged KV; returns ``out`` ``[B, Hq, D]``."""
-    if not isinstance(plan, DecodePlan):
-        raise TypeError("decode_attention: run() needs the DecodePlan returned by plan()")
-    q = _check_tensor("q", q, 3, (torch.bfloat16, torch.float16))
-    kv_dtypes = (q.dtype, torch.float8_e4m3fn)
-    k_cache = _check_tensor("k_cache", k_cache, 4, kv_dtypes)
-    v_cache = _check_tensor("v_cache", v_cache, 4, kv_dtypes)
-    if k_cache.dtype != v_cache.dtype:
-        raise TypeError(f"decode_attention: k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _same_device(name, t, plan.device)
-    B, Hq, D = q.shape
-    want_q = (plan.batch, plan.num_q_heads, plan.head_dim)
-    if (B, Hq, D) != want_q:
-        _fail(f"q has shape {tuple(q.shape)}, the plan expects {want_q}")
-    want_kv = (plan.page_size, plan.num_kv_heads, plan.head_dim)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if tuple(t.shape[1:]) != want_kv:
-            _fail(f"{name} has shape {tuple(t.shape)}, expected [num_pages, {', '.join(map(str, want_kv))}]")
-    if k_cache.shape[0] != v_cache.shape[0]:
-        _fail(f"k_cache has {k_cache.shape[0]} pages, v_cache {v_cache.shape[0]}")
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        _check_tensor("out", out, 3, (q.dtype,))
-        _same_device("out", out, plan.device)
-        if out.shape != q.shape:
-            _fail(f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)}")
+    q, k_cache, v_cache, out = _check_run_inputs(plan, q, k_cache, v_cache, out)
+    D = q.shape[2]
     sm = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     if not math.isfinite(sm) or sm <= 0:
         _fail(f"sm_scale must be positive and finite, got {sm}")
