@@ -29,6 +29,12 @@ SRC=$PWD
 if [ -f .whl_sglang/tree.tar.gz ]; then
   mkdir -p /tmp/tree && tar xzf .whl_sglang/tree.tar.gz -C /tmp/tree && SRC=/tmp/tree
   cp .whl_sglang/tree_commit.txt "$RES/"
+  # the tree is whatever commit pack_sglang_carry.sh archived last: say loudly when it is not this working tree
+  # (a stale tree.tar.gz ran the previous session's code in one call of 2026-11-29 20:07 UTC)
+  STALE=$(diff -rq /tmp/tree/hpc_advise hpc_advise 2>&1 | grep -v __pycache__ | tee "$RES/tree_vs_working_tree.txt" | wc -l)
+  [ "$STALE" -gt 0 ] && echo "WARNING: the carried tree (commit $(cat .whl_sglang/tree_commit.txt)) differs from this" \
+    "working tree in $STALE hpc_advise paths (uncommitted edits, or a stale tree.tar.gz: re-pack it with" \
+    "git archive, see benchmarks/pack_sglang_carry.sh)"
 fi
 cd "$SRC" || exit 1
 export PYTHONPATH=$SITE:$SRC PYTHONUNBUFFERED=1
