@@ -154,6 +154,14 @@ def check_ranges(p, segs, units, g):
     return starts, len(merged)
 
 
+def program_costs(segs, starts, seg_cost):
+    """Each program's cost on the planner's axis: its tiles, plus seg_cost for every segment start it holds."""
+    unit_cost = []
+    for _, _, tiles, _, _ in segs:
+        unit_cost += [1 + seg_cost] + [1] * (tiles - 1)
+    return [sum(unit_cost[a:b]) for a, b in zip(starts, starts[1:], strict=False)]
+
+
 def check_whole_plan(p, lens, hkv, g, seg_cost, whole_below, tile=TILE):
     """Every property of a plan with whole_below; returns (kept, number of split segments)."""
     segs, _, total, units = layout(lens, hkv, tile, seg_cost)
@@ -161,10 +169,7 @@ def check_whole_plan(p, lens, hkv, g, seg_cost, whole_below, tile=TILE):
     assert bool(p.bounds[3, 0].item()) == kept
     starts, n_split = check_ranges(p, segs, units, g)
     assert starts == want
-    unit_cost = []
-    for _, _, tiles, _, _ in segs:
-        unit_cost += [1 + seg_cost] + [1] * (tiles - 1)
-    costs = [sum(unit_cost[starts[q] : starts[q + 1]]) for q in range(g)]
+    costs = program_costs(segs, starts, seg_cost)
     if kept:
         # short segments whole; each program within (100 + gate) % of the share (the gate) + one segment
         # start (a boundary inside a long segment's first tile takes that tile, of cost 1 + seg_cost, whole)
@@ -183,7 +188,8 @@ def check_whole_plan(p, lens, hkv, g, seg_cost, whole_below, tile=TILE):
     return kept, n_split
 
 
-def _plan(lens, hkv, g, seg_cost, whole_below, tile=TILE, **kw):
+def plan_case(lens, hkv, g, seg_cost, whole_below, tile=TILE, **kw):
+    """A CPU plan of lens (random page tables) at page PAGE, head_dim 64, the wide merge and descriptors."""
     _, _, _, table, seq_lens = make_case(lens, hq=hkv, hkv=hkv, d=64, page=PAGE)
     kw = dict(merge_block=MERGE_BLOCK, wide_merge=True, desc=True) | kw
     return op.plan(
@@ -223,7 +229,7 @@ ADVERSARIAL = [
 @pytest.mark.parametrize("case", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
 def test_whole_plan_adversarial_mixes(case, whole_below):
     lens, hkv, g, seg_cost = case
-    check_whole_plan(_plan(lens, hkv, g, seg_cost, whole_below), lens, hkv, g, seg_cost, whole_below)
+    check_whole_plan(plan_case(lens, hkv, g, seg_cost, whole_below), lens, hkv, g, seg_cost, whole_below)
 
 
 def test_whole_plan_random_mixes():
@@ -238,7 +244,7 @@ def test_whole_plan_random_mixes():
         hkv, g = rng.choice((1, 2, 4)), rng.randint(2, 60)
         seg_cost, whole_below = rng.choice((0, 2, 4, 6)), rng.choice((25, 60, 100, 140, 200))
         kept, _ = check_whole_plan(
-            _plan(lens, hkv, g, seg_cost, whole_below), lens, hkv, g, seg_cost, whole_below
+            plan_case(lens, hkv, g, seg_cost, whole_below), lens, hkv, g, seg_cost, whole_below
         )
         kept_any |= kept
     assert kept_any  # the draws exercise the kept plan, not only the fallback
@@ -248,7 +254,7 @@ def test_whole_plan_keeps_short_segments_whole_and_splits_long_ones_evenly():
     # 1 x 128K + 31 x 4K at 64/8, scaled down: a long request before uniform short ones, two KV heads, 20
     # programs; three whole short segments hold 1.02 shares
     lens, hkv, g, seg_cost = [4096] + [256] * 15, 2, 20, 2
-    p = _plan(lens, hkv, g, seg_cost, 100)
+    p = plan_case(lens, hkv, g, seg_cost, 100)
     kept, n_split = check_whole_plan(p, lens, hkv, g, seg_cost, 100)
     assert kept
     segs, _, total, _ = layout(lens, hkv, TILE, seg_cost)
@@ -271,8 +277,8 @@ def test_whole_plan_gate_falls_back_to_the_even_split():
     lens, hkv, g, seg_cost = [32] * 32 + [256] * 32, 1, 30, 2
     _, kept = model_plan(lens, hkv, TILE, g, seg_cost, 100)
     assert not kept
-    even = _plan(lens, hkv, g, seg_cost, 0)
-    p = _plan(lens, hkv, g, seg_cost, 100)
+    even = plan_case(lens, hkv, g, seg_cost, 0)
+    p = plan_case(lens, hkv, g, seg_cost, 100)
     assert p.bounds[3, 0].item() == 0
     for name in ("prog_start", "prog_b", "merge_first", "merge_bh", "merge_seg", "prog_desc", "wide_list"):
         assert torch.equal(getattr(p, name), getattr(even, name)), name
@@ -284,7 +290,7 @@ def test_first_participant_for_every_plan_kind():
     for lens, hkv, g in (([97], 1, 30), ([480, 4640], 1, 10), ([1, 63, 64, 65, 97] * 3, 2, 23)):
         segs, _, _, units = layout(lens, hkv, TILE, 2)
         for kw in (dict(snap=0, whole_below=0), dict(snap=25, whole_below=0), dict(snap=0, whole_below=100)):
-            p = _plan(lens, hkv, g, 2, kw.pop("whole_below"), **kw)
+            p = plan_case(lens, hkv, g, 2, kw.pop("whole_below"), **kw)
             check_ranges(p, segs, units, g)
 
 

@@ -31,20 +31,15 @@ from tests.kernels.test_decode_attention import (
     make_case,
     rel_err,
 )
-
-PAGE, TILE, MERGE_BLOCK = 16, 16, 16
-
-
-def _segments(lens, hkv, tile, seg_cost):
-    """(first unit, cost position, tiles, b * hkv + h) of every segment, in unit order; total cost."""
-    segs, unit, cost = [], 0, 0
-    for b, n in enumerate(lens):
-        tiles = max(1, math.ceil(n / tile))
-        for h in range(hkv):
-            segs.append((unit, cost, tiles, b * hkv + h))
-            unit += tiles
-            cost += tiles + seg_cost
-    return segs, cost
+from tests.kernels.test_decode_attention_plan import (
+    MERGE_BLOCK,
+    PAGE,
+    TILE,
+    check_ranges,
+    layout,
+    plan_case,
+    program_costs,
+)
 
 
 def _unsnapped(p, total, g):
@@ -56,7 +51,7 @@ def _segment_at(segs, x):
 
 
 def _positions(segs, total, g, seg_cost, snap):
-    """Per program boundary p = 0..g: (first unit, cost position) after the snap (kernel._boundary)."""
+    """Per program boundary p = 0..g: (first unit, cost position) after the snap (kernel._snap_offset)."""
     units = sum(s[2] for s in segs)
     out = []
     for p in range(g + 1):
@@ -64,7 +59,7 @@ def _positions(segs, total, g, seg_cost, snap):
         if x >= total:
             out.append((units, x))
             continue
-        u0, c, tiles, _ = segs[_segment_at(segs, x)]
+        u0, c, tiles, _, _ = segs[_segment_at(segs, x)]
         off, length = x - c, tiles + seg_cost
         if 0 < off <= length - off and 100 * g * off <= snap * total:
             off = 0
@@ -76,88 +71,49 @@ def _positions(segs, total, g, seg_cost, snap):
 
 def effective_snap(lens, hkv, tile, g, seg_cost, snap):
     """The snap the planner keeps: snap if no program's cost-axis share exceeds T / G by more than
-    op.SNAP_GATE %, else 0 (kernel.plan_kernel, step 2a)."""
-    segs, total = _segments(lens, hkv, tile, seg_cost)
+    op.SNAP_GATE %, else 0 (kernel.plan_kernel, step 2b)."""
+    segs, _, total, _ = layout(lens, hkv, tile, seg_cost)
     pos = [c for _, c in _positions(segs, total, g, seg_cost, snap)]
     heaviest = max(b - a for a, b in zip(pos, pos[1:], strict=False))
     return snap if 100 * g * heaviest <= (100 + op.SNAP_GATE) * total else 0
 
 
 def model_starts(lens, hkv, tile, g, seg_cost, snap):
-    """prog_start as the planner should compute it (kernel.plan_kernel, steps 2a and 2)."""
-    segs, total = _segments(lens, hkv, tile, seg_cost)
+    """prog_start as the planner should compute it (kernel.plan_kernel, steps 2 and 2b)."""
+    segs, _, total, _ = layout(lens, hkv, tile, seg_cost)
     snap = effective_snap(lens, hkv, tile, g, seg_cost, snap)
     return [u for u, _ in _positions(segs, total, g, seg_cost, snap)]
 
 
 def _plan(lens, hkv, g, seg_cost, snap, tile=TILE, max_batch=None):
-    _, _, _, table, seq_lens = make_case(lens, hq=hkv, hkv=hkv, d=64, page=PAGE)
-    return op.plan(
-        seq_lens,
-        table,
-        page_size=PAGE,
-        num_q_heads=hkv,
-        num_kv_heads=hkv,
-        head_dim=64,
-        tile=tile,
-        num_programs=g,
-        seg_cost=seg_cost,
-        snap=snap,
-        merge_block=MERGE_BLOCK,
-        wide_merge=True,
-        desc=True,
-        max_batch=max_batch,
-    )
+    return plan_case(lens, hkv, g, seg_cost, 0, tile, snap=snap, max_batch=max_batch)
 
 
 def check_plan(p, lens, hkv, g, seg_cost, snap, tile=TILE):
     """Every property of a dynamic plan with snap; returns the number of split segments."""
-    segs, total = _segments(lens, hkv, tile, seg_cost)
+    segs, _, total, units = layout(lens, hkv, tile, seg_cost)
     snap = effective_snap(lens, hkv, tile, g, seg_cost, snap)
-    units = sum(s[2] for s in segs)
-    starts = p.prog_start.tolist()
+    # every unit exactly once (contiguous ordered ranges from 0 to the last unit), the merge bookkeeping as
+    # the ranges imply it
+    starts, n_split = check_ranges(p, segs, units, g)
     assert starts == model_starts(lens, hkv, tile, g, seg_cost, snap)
-    # every unit exactly once: contiguous ordered ranges from 0 to the last unit
-    assert starts[0] == 0 and starts[-1] == units
-    assert all(a <= b for a, b in zip(starts, starts[1:], strict=False)), starts
     seg_firsts = {s[0] for s in segs} | {units}
     # no segment is split where a segment boundary lies within the slack of the unsnapped boundary
     for q in range(1, g):
         x = _unsnapped(q, total, g)
         if x >= total:
             continue
-        _, c, tiles, _ = segs[_segment_at(segs, x)]
+        _, c, tiles, _, _ = segs[_segment_at(segs, x)]
         near = min(x - c, tiles + seg_cost - (x - c))
         if x > c and 100 * g * near <= snap * total:
             assert starts[q] in seg_firsts, (q, x, c, starts[q])
     # each program's cost (tiles + seg_cost per segment start) within share + seg_cost + 2 x slack, and
     # with a kept snap within (100 + SNAP_GATE) % of T / G + seg_cost
-    unit_cost = []
-    for _, _, tiles, _ in segs:
-        unit_cost += [1 + seg_cost] + [1] * (tiles - 1)
     share, slack = math.ceil(total / g), snap * total / (100 * g)
     bound = min(share + 2 * slack, (100 + op.SNAP_GATE) * total / (100 * g)) if snap else share
-    for q in range(g):
-        cost = sum(unit_cost[starts[q] : starts[q + 1]])
+    for q, cost in enumerate(program_costs(segs, starts, seg_cost)):
         assert cost <= bound + seg_cost, (q, cost, share, slack)
-    # merge bookkeeping from the ranges alone: a segment touched by several non-empty ranges is merged
-    # by the last of them, whose merge_first names the first; everyone else merges nothing
-    want_first, want_seg, want_bh, wide = [-1] * g, {}, {}, []
-    for u0, _, tiles, bh in segs:
-        parts = [
-            q for q in range(g) if starts[q] < starts[q + 1] and starts[q] < u0 + tiles and u0 < starts[q + 1]
-        ]
-        if len(parts) > 1:
-            last = parts[-1]
-            want_first[last], want_seg[last], want_bh[last] = parts[0], u0, bh
-            if last - parts[0] + 1 > MERGE_BLOCK:
-                wide.append(last)
-    assert p.merge_first.tolist() == want_first
-    merge_seg, merge_bh = p.merge_seg.tolist(), p.merge_bh.tolist()
-    assert all(merge_seg[q] == want_seg[q] and merge_bh[q] == want_bh[q] for q in want_seg)
-    listed = p.wide_list.tolist()
-    assert listed == wide + [-1] * (len(listed) - len(wide))
-    return len(want_seg)
+    return n_split
 
 
 ADVERSARIAL = [
