@@ -92,14 +92,17 @@ def check(
     schedule="dynamic",
     scales=(1.0, 1.0),
     tuned=False,
+    q_dtype=torch.bfloat16,
     **plan_kw,
 ):
     """One random case through plan + run against the reference; ``tuned``: the launch variant
     op.TUNED_BY_KV_DTYPE gives this KV dtype (what decode_attention() and the SGLang backend run) for the
-    knobs ``plan_kw`` leaves unset, else op.py's module defaults."""
+    knobs ``plan_kw`` leaves unset, else op.py's module defaults. fp16 KV needs ``q_dtype=torch.float16``."""
     if tuned:
         plan_kw["kv_dtype"] = kv_dtype
-    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
+    q, k, v, table, seq_lens = make_case(
+        lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, q_dtype=q_dtype
+    )
     p = op.plan(
         seq_lens,
         table,
