@@ -43,19 +43,33 @@ def _data_dir(kind: str):
     return resources.files("hpc_advise.profiles").joinpath(kind)
 
 
+def _load_dir(kind: str, suffix: str, parse, build) -> dict:
+    """Every ``*suffix`` file of the ``kind`` data folder, parsed and built into a profile, by key."""
+    out = {}
+    for entry in sorted(_data_dir(kind).iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(suffix):
+            prof = build(parse(entry.read_text(encoding="utf-8"), entry.name), entry.name)
+            out[prof.key] = prof
+    return out
+
+
+def _parse_toml(text: str, origin: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{origin}: {exc}") from exc
+
+
+def _parse_json(text: str, origin: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{origin}:{exc.lineno}: {exc.msg}") from None
+
+
 @functools.lru_cache(maxsize=1)
 def _gpus() -> dict[str, GpuProfile]:
-    out: dict[str, GpuProfile] = {}
-    for entry in sorted(_data_dir("gpus").iterdir(), key=lambda p: p.name):
-        if not entry.name.endswith(".toml"):
-            continue
-        try:
-            data = tomllib.loads(entry.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{entry.name}: {exc}") from exc
-        prof = gpu_from_toml(data, entry.name)
-        out[prof.key] = prof
-    return out
+    return _load_dir("gpus", ".toml", _parse_toml, gpu_from_toml)
 
 
 def model_from_json(data: dict, origin: str) -> ModelProfile:
@@ -77,17 +91,7 @@ def model_from_json(data: dict, origin: str) -> ModelProfile:
 
 @functools.lru_cache(maxsize=1)
 def _models() -> dict[str, ModelProfile]:
-    out: dict[str, ModelProfile] = {}
-    for entry in sorted(_data_dir("models").iterdir(), key=lambda p: p.name):
-        if not entry.name.endswith(".json"):
-            continue
-        try:
-            data = json.loads(entry.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ModelConfigError(f"{entry.name}:{exc.lineno}: {exc.msg}") from None
-        prof = model_from_json(data, entry.name)
-        out[prof.key] = prof
-    return out
+    return _load_dir("models", ".json", _parse_json, model_from_json)
 
 
 def _names(key: str, aliases: tuple[str, ...], extra: tuple[str, ...] = ()) -> set[str]:
