@@ -148,6 +148,11 @@ def notes() -> None:
     pass
 
 
+def _file_option(help_text: str):
+    """The notes commands' ``--file PATH`` option ('-' reads stdin)."""
+    return click.option("--file", "file", type=click.Path(dir_okay=False, allow_dash=True), help=help_text)
+
+
 def _body(text: str | None, file: str | None) -> str | None:
     if text is not None and file is not None:
         raise click.UsageError("give the note as TEXT or --file, not both")
@@ -163,12 +168,7 @@ def _body(text: str | None, file: str | None) -> str | None:
 @click.option("--title", help="Short title (searched, and weighted above the body).")
 @click.option("--tag", "tags", multiple=True, help="Tag the note (repeatable).")
 @click.option("--run", "run_ids", type=int, multiple=True, help="Link to a run id (repeatable).")
-@click.option(
-    "--file",
-    "file",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    help="Read the body from a file ('-': stdin).",
-)
+@_file_option("Read the body from a file ('-': stdin).")
 @db_option
 def notes_add(text, title, tags, run_ids, file, db_path) -> None:
     """Add a note. TEXT '-' reads the body from stdin."""
@@ -186,12 +186,7 @@ def notes_add(text, title, tags, run_ids, file, db_path) -> None:
 @click.option("--title", help="New title.")
 @click.option("--tag", "tags", multiple=True, help="Replace the tags with these (repeatable).")
 @click.option("--run", "run_ids", type=int, multiple=True, help="Link one more run id (repeatable).")
-@click.option(
-    "--file",
-    "file",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    help="New body from a file ('-': stdin).",
-)
+@_file_option("New body from a file ('-': stdin).")
 @db_option
 def notes_edit(note_id, text, title, tags, run_ids, file, db_path) -> None:
     """Change a note's body, title or tags; link more runs."""
