@@ -19,22 +19,14 @@ from tests.advisor.advisor_helpers import advisor_home  # noqa: F401
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
 
 
+def _args(trace, db, *extra) -> list[str]:
+    """`recommend`'s arguments for Hy3 on 8 H200s: a trace (a path, or a name under examples/traces)."""
+    path = trace if isinstance(trace, Path) else TRACES / trace
+    return ["--trace", str(path), "--model", "hy3", "--gpu", "h200", "--gpus", "8", "--db", str(db), *extra]
+
+
 def _recommend(trace, db, *extra):
-    args = [
-        "--trace",
-        str(trace if isinstance(trace, Path) else TRACES / trace),
-        "--model",
-        "hy3",
-        "--gpu",
-        "h200",
-        "--gpus",
-        "8",
-        "--db",
-        str(db),
-        "--json",
-        *extra,
-    ]
-    res = CliRunner().invoke(recommend, args)
+    res = CliRunner().invoke(recommend, _args(trace, db, "--json", *extra))
     assert res.exit_code == 0, res.output
     return json.loads(res.output)
 
@@ -130,22 +122,7 @@ def test_agentic_example_is_not_prefill_saturated(advisor_home, tmp_path):  # no
 
 
 def test_table_output_has_reasons_and_launch_line(advisor_home, tmp_path):  # noqa: F811
-    args = [
-        "--trace",
-        str(TRACES / "chat_uniform.csv"),
-        "--model",
-        "hy3",
-        "--gpu",
-        "h200",
-        "--gpus",
-        "8",
-        "--db",
-        str(tmp_path / "kb.db"),
-        "--slo-tpot-ms",
-        "50",
-        "--top",
-        "3",
-    ]
+    args = _args("chat_uniform.csv", tmp_path / "kb.db", "--slo-tpot-ms", "50", "--top", "3")
     res = CliRunner().invoke(recommend, args)
     assert res.exit_code == 0, res.output
     assert "TPOT p99" in res.output and "launch:" in res.output and "python" in res.output
@@ -154,20 +131,7 @@ def test_table_output_has_reasons_and_launch_line(advisor_home, tmp_path):  # no
 
 def test_plot_needs_the_extra_or_writes_png(advisor_home, tmp_path):  # noqa: F811
     png = tmp_path / "p.png"
-    args = [
-        "--trace",
-        str(TRACES / "chat_uniform.csv"),
-        "--model",
-        "hy3",
-        "--gpu",
-        "h200",
-        "--gpus",
-        "8",
-        "--db",
-        str(tmp_path / "kb.db"),
-        "--plot",
-        str(png),
-    ]
+    args = _args("chat_uniform.csv", tmp_path / "kb.db", "--plot", str(png))
     res = CliRunner().invoke(recommend, args)
     try:
         import matplotlib  # noqa: F401
