@@ -151,6 +151,10 @@ class Columns:
     def __len__(self) -> int:
         return int(self.t.size)
 
+    def request_arrays(self) -> tuple[np.ndarray, ...]:
+        """(t, n_in, n_out, cached, failed, hashes): the arrays a summary reads."""
+        return self.t, self.n_in, self.n_out, self.cached, self.failed, self.hashes
+
     def select(self, keep: np.ndarray) -> Columns:
         hashes = self.hashes[np.repeat(keep, self.hash_counts)] if self.hashes.size else self.hashes
         return Columns(
@@ -246,14 +250,7 @@ class Summarizer:
         self.add_columns(to_columns([request]))
 
     def add_columns(self, cols: Columns) -> None:
-        t, n_in, n_out, cached, failed, hashes = (
-            cols.t,
-            cols.n_in,
-            cols.n_out,
-            cols.cached,
-            cols.failed,
-            cols.hashes,
-        )
+        t, n_in, n_out, cached, failed, hashes = cols.request_arrays()
         self.block_sizes |= cols.block_sizes
         first_index = self.n_read
         self.n_read += t.size
@@ -267,14 +264,7 @@ class Summarizer:
             keep &= (t >= start) & (t < end)  # NaN (untimed) compares False: dropped
         if not keep.all():
             cols = cols.select(keep)
-            t, n_in, n_out, cached, failed, hashes = (
-                cols.t,
-                cols.n_in,
-                cols.n_out,
-                cols.cached,
-                cols.failed,
-                cols.hashes,
-            )
+            t, n_in, n_out, cached, failed, hashes = cols.request_arrays()
         if t.size == 0:
             return
 
