@@ -4,11 +4,14 @@ The Triton interpreter runs kernels without compiling them, so a CPU test can pa
 fails to build, or builds with fewer pipelined loads or more registers than intended. ``compile_sm90``
 compiles kernels for sm_90a in a subprocess (the interpreter flag removed) with the ptxas that ships with
 triton and reports, per job: async copies and wgmma ops in the TTGIR, shared memory (bytes), registers per
-thread and stack bytes (spills; read from the cubin with the bundled cuobjdump) and the CTAs per SM those two allow.
+thread and stack bytes (spills; read from the cubin with the bundled cuobjdump) and the CTAs per SM those two allow,
+and for the smallest loop of the SASS that holds a warpgroup MMA: its instructions, barriers and local-memory
+accesses (``loop``: ``{"instructions", "barriers", "local"}``; None where no loop has one).
 
 A job is ``(module, kernel, types, constexprs, num_warps, num_stages, aligned)``: ``types`` lists the
 Triton types of the non-constexpr arguments in order (``"*bf16 i32 fp32 ..."``); pointers and the int
-arguments named in ``aligned`` get the divisibility-by-16 hint the launcher gives them at run time.
+arguments named in ``aligned`` get the divisibility-by-16 hint the launcher gives them at run time. An eighth
+element, where given, caps the registers per thread (``maxnreg``, as op.py passes it at launch).
 Constexpr parameters with a default that ``constexprs`` does not name build with that default.
 """
 
@@ -29,7 +32,7 @@ from triton.compiler import ASTSource
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 out = []
-for module, name, types, consts, warps, stages, aligned in json.loads(sys.argv[1]):
+for module, name, types, consts, warps, stages, aligned, *cap in json.loads(sys.argv[1]):
     fn = getattr(importlib.import_module(module), name)
     types = iter(types.split())
     sig, attrs = {}, {}
@@ -44,12 +47,25 @@ for module, name, types, consts, warps, stages, aligned in json.loads(sys.argv[1
         if sig[arg].startswith("*") or arg in aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
+                       options=dict(num_warps=warps, num_stages=stages, **({"maxnreg": cap[0]} if cap else {})))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
         res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", f.name],
                              capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    at = {int(a, 16): i for i, (a, _) in enumerate(ins)}
+    loops = []  # the body of each backward branch (a loop) that holds a warpgroup MMA
+    for j, (_, text) in enumerate(ins):
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        i = at.get(int(m.group(1), 16), j + 1) if m else j + 1
+        if i <= j and any("HGMMA" in t for _, t in ins[i:j + 1]):
+            loops.append([t for _, t in ins[i:j + 1]])
+    body = min(loops, key=len) if loops else None
+    loop = body and {"instructions": len(body), "barriers": sum(bool(re.search(r"\bBAR\.", t)) for t in body),
+                     "local": sum(bool(re.search(r"\b(LDL|STL)\b", t)) for t in body)}
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     stack = int(re.search(r"STACK:(\d+)", res).group(1))  # > 0: registers spilled to local memory
     ttgir = k.asm["ttgir"]
@@ -59,7 +75,7 @@ for module, name, types, consts, warps, stages, aligned in json.loads(sys.argv[1
     by_smem = (228 * 1024) // (shared + 1024) if shared else 32
     out.append({"kernel": name, "async_copies": ttgir.count("async_copy_global_to_local"),
                 "wgmma": ttgir.count("warp_group_dot "), "shared": shared, "registers": regs, "stack": stack,
-                "ctas_per_sm": min(by_regs, by_smem, 2048 // threads, 32)})
+                "ctas_per_sm": min(by_regs, by_smem, 2048 // threads, 32), "loop": loop})
 print(json.dumps(out))
 """
 
