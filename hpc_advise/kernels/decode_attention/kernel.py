@@ -54,6 +54,7 @@ def plan_kernel(
     G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
     SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
     BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list (0: no list)
+    MERGE_IN_PASS: tl.constexpr = 0,  # > 0: split segments of at most this many programs merge in the pass
 ):
     # One program. Step 1: per-request unit counts and their prefix sum.
     offs_b = tl.arange(0, BLOCK_B)
@@ -98,38 +99,79 @@ def plan_kernel(
 
     # Step 2: every program boundary, once: the even split's (program p starts at the first unit whose span
     # starts at or after x = ceil(p T / G)) into prog_start / prog_b, and with snap or whole_below the
-    # candidate plan's (cost position, unit, request) into bounds.
+    # candidate plan's (cost position, unit, request) into bounds. With whole_below the even split is searched
+    # only where the gate (step 2b) refuses the candidate: its search shares nothing with the candidate's.
     candidate = (snap > 0) | (whole_below > 0)
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p <= G
         if not STATIC:
-            x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
-            b, h, off, tiles_b = _locate(x, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS)
-            u, b_u = _unit_at(x, b, h, off, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr)
-            if candidate:
-                if whole_below > 0:
-                    # region proportional: the region holding p gets programs P_r .. P_r+1 - 1, P_r =
-                    # round(region start * G / T), and its cost is split evenly over them; a boundary that
-                    # falls inside a short segment then moves to that segment's nearer end (start on a tie)
-                    y = _region_position(p, live, B, G, total_cost, req_cost_ptr, region_ptr, SEARCH_STEPS)
-                    b, h, off, tiles_b = _locate(
-                        y, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
-                    )
-                    near = _is_short(tiles_b + seg_cost, total_cost, G, whole_below) & (y < total_cost)
-                    moved = tl.where(near, _nearer_end(off, tiles_b + seg_cost), off)
-                else:
+            if whole_below > 0:
+                # region proportional: the region holding p gets programs P_r .. P_r+1 - 1, P_r =
+                # round(region start * G / T), and its cost is split evenly over them; a boundary that
+                # falls inside a short segment then moves to that segment's nearer end (start on a tie)
+                y = _region_position(p, live, B, G, total_cost, req_cost_ptr, region_ptr, SEARCH_STEPS)
+                b, h, off, tiles_b = _locate(
+                    y, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS
+                )
+                near = _is_short(tiles_b + seg_cost, total_cost, G, whole_below) & (y < total_cost)
+                moved = tl.where(near, _nearer_end(off, tiles_b + seg_cost), off)
+                _store_bounds(
+                    bounds_ptr,
+                    p,
+                    live,
+                    G,
+                    y,
+                    b,
+                    h,
+                    off,
+                    moved,
+                    tiles_b,
+                    B,
+                    total,
+                    total_cost,
+                    seg_cost,
+                    req_start_ptr,
+                )
+            else:
+                x, b, h, off, tiles_b = _even_boundaries(
+                    p,
+                    live,
+                    G,
+                    B,
+                    total,
+                    total_cost,
+                    seg_cost,
+                    req_cost_ptr,
+                    seq_lens_ptr,
+                    req_start_ptr,
+                    prog_start_ptr,
+                    prog_b_ptr,
+                    TILE,
+                    SEARCH_STEPS,
+                )
+                if snap > 0:
                     # boundary snap: onto the nearer end of its segment when that lies within snap % of T / G
-                    y = x
                     moved = tl.where(
                         x < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off
                     )
-                u_c, b_c = _unit_at(
-                    y, b, h, moved, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr
-                )
-                tl.store(bounds_ptr + p, y - off + moved, mask=live)
-                tl.store(bounds_ptr + (G + 1) + p, u_c, mask=live)
-                tl.store(bounds_ptr + 2 * (G + 1) + p, b_c, mask=live)
+                    _store_bounds(
+                        bounds_ptr,
+                        p,
+                        live,
+                        G,
+                        x,
+                        b,
+                        h,
+                        off,
+                        moved,
+                        tiles_b,
+                        B,
+                        total,
+                        total_cost,
+                        seg_cost,
+                        req_start_ptr,
+                    )
         else:
             # static split-k: program p = (b, h, s); s-th of `splits` equal chunks of the segment
             per_req = NUM_KV_HEADS * splits
@@ -143,8 +185,12 @@ def plan_kernel(
             seg_start = tl.load(req_start_ptr + b_u, mask=live, other=0) + h * tiles_b
             u = seg_start + tl.minimum(s * chunk, tiles_b)
             u = tl.where(p >= G, total, u)
-        tl.store(prog_start_ptr + p, u, mask=live)
-        tl.store(prog_b_ptr + p, b_u, mask=p < G)
+            tl.store(prog_start_ptr + p, u, mask=live)
+            tl.store(prog_b_ptr + p, b_u, mask=p < G)
+        if MERGE_IN_PASS > 0:
+            # arrival counters and participant counts start at 0 every plan (step 3 fills the counts)
+            tl.store(prog_desc_ptr + 8 * G + p, p * 0, mask=p < G)
+            tl.store(prog_desc_ptr + 9 * G + p, p * 0, mask=p < G)
     tl.debug_barrier()  # bounds is read back below
 
     # Step 2b (snap / whole_below): the candidate plan is kept only if no program's cost-axis range exceeds
@@ -168,12 +214,32 @@ def plan_kernel(
                     b_c = tl.load(bounds_ptr + 2 * (G + 1) + p, mask=live, other=0)
                     tl.store(prog_start_ptr + p, u_c, mask=live)
                     tl.store(prog_b_ptr + p, b_c, mask=p < G)
+            elif whole_below > 0:  # refused: the even split, which step 2 left out for whole_below
+                for step in range(G_STEPS):
+                    p = step * BLOCK_G + tl.arange(0, BLOCK_G)
+                    _even_boundaries(
+                        p,
+                        p <= G,
+                        G,
+                        B,
+                        total,
+                        total_cost,
+                        seg_cost,
+                        req_cost_ptr,
+                        seq_lens_ptr,
+                        req_start_ptr,
+                        prog_start_ptr,
+                        prog_b_ptr,
+                        TILE,
+                        SEARCH_STEPS,
+                    )
             tl.debug_barrier()  # prog_start / prog_b are read back below
 
     # Step 3: merge duty. Program p merges the segment its range starts in when that segment began in
     # an earlier program (split) and ends inside p's range (p is its last participant).
     n_wide = total * 0
     run_carry = total * 0 - 1
+    busy_carry = total * 0  # non-empty ranges before this step (MERGE_IN_PASS)
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p < G
@@ -201,6 +267,14 @@ def plan_kernel(
             run = tl.maximum(run, run_carry)
             run_carry = tl.max(run, axis=0)
             first = run - 1
+        if MERGE_IN_PASS > 0:
+            # split segments of at most MERGE_IN_PASS programs are merged inside the attention pass by the
+            # participant that arrives last (kernel._arrive_and_merge), the merge launches skip them
+            in_pass = duty & (p - first + 1 <= MERGE_IN_PASS)
+            busy_carry = _plan_merge_in_pass(
+                prog_desc_ptr, p, live, G, u_b, u_e, t0, first, in_pass, busy_carry
+            )
+            duty = duty & (in_pass == 0)
         tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
         if BLOCK_P > 0:
             # compact list of the programs whose merge has more than BLOCK_P participants (at most one
@@ -221,7 +295,8 @@ def plan_kernel(
         tl.store(desc + 4, t0, mask=live)
         tl.store(desc + 5, tiles_b, mask=live)
         tl.store(desc + 6, lens_b, mask=live)
-        tl.store(desc + 7, u_b * 0, mask=live)
+        if MERGE_IN_PASS == 0:
+            tl.store(desc + 7, u_b * 0, mask=live)
     if BLOCK_P > 0:
         for w0 in range(0, W, BLOCK_G):
             k = w0 + tl.arange(0, BLOCK_G)
@@ -236,6 +311,66 @@ def _max_combine(a, b):
 @triton.jit
 def _min_combine(a, b):
     return tl.minimum(a, b)
+
+
+@triton.jit
+def _even_boundaries(
+    p,
+    live,
+    G,
+    B,
+    total,
+    total_cost,
+    seg_cost,
+    req_cost_ptr,
+    seq_lens_ptr,
+    req_start_ptr,
+    prog_start_ptr,
+    prog_b_ptr,
+    TILE: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+):
+    """The even split's boundaries p (program p starts at the first unit whose span starts at or after
+    x = ceil(p T / G)) into prog_start / prog_b; returns x and the segment holding it (_locate)."""
+    x = ((p.to(tl.int64) * total_cost + G - 1) // G).to(tl.int32)
+    b, h, off, tiles_b = _locate(x, live, B, seg_cost, req_cost_ptr, seq_lens_ptr, TILE, SEARCH_STEPS)
+    u, b_u = _unit_at(x, b, h, off, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr)
+    tl.store(prog_start_ptr + p, u, mask=live)
+    tl.store(prog_b_ptr + p, b_u, mask=p < G)
+    return x, b, h, off, tiles_b
+
+
+@triton.jit
+def _store_bounds(
+    bounds_ptr, p, live, G, y, b, h, off, moved, tiles_b, B, total, total_cost, seg_cost, req_start_ptr
+):
+    """The candidate plan's boundary p: cost position y moved from offset off to ``moved`` inside its segment
+    (b, h), as (cost position, unit, request) into bounds[0..2, p]."""
+    u_c, b_c = _unit_at(y, b, h, moved, tiles_b, live, B, total, total_cost, seg_cost, req_start_ptr)
+    tl.store(bounds_ptr + p, y - off + moved, mask=live)
+    tl.store(bounds_ptr + (G + 1) + p, u_c, mask=live)
+    tl.store(bounds_ptr + 2 * (G + 1) + p, b_c, mask=live)
+
+
+@triton.jit
+def _plan_merge_in_pass(prog_desc_ptr, p, live, G, u_b, u_e, t0, first, in_pass, busy_carry):
+    """Planner bookkeeping of the in-pass merge for programs p (one step of step 3's loop); returns the
+    running count of non-empty ranges. The rows after prog_desc's G descriptors (int32, G each):
+    8G + i: arrival counter of the split segment whose first participant is program i (0 between calls);
+    9G + i: its participant count (non-empty ranges among programs first .. last) if it is merged in the
+    pass, else 0; 10G + i: its last participant; 11G + i: non-empty ranges among programs 0 .. i (scratch).
+    Descriptor word 7 of program p: the counter a piece of p's *first* segment arrives at (the segment's first
+    participant where p starts inside it, else p); a piece of any later segment of p's range is p's own."""
+    busy = live & (u_b < u_e)
+    upto = busy_carry + tl.cumsum(busy.to(tl.int32), axis=0)
+    tl.store(prog_desc_ptr + 11 * G + p, upto, mask=live)
+    tl.store(prog_desc_ptr + p * 8 + 7, tl.where(t0 > 0, first, p), mask=live)
+    tl.debug_barrier()  # upto of the first participants (this step or an earlier one) is read back
+    upto_first = tl.load(prog_desc_ptr + 11 * G + first, mask=in_pass, other=0)
+    # first participant: busy (it holds the segment's first unit), counted in upto_first
+    tl.store(prog_desc_ptr + 9 * G + first, upto - upto_first + 1, mask=in_pass)
+    tl.store(prog_desc_ptr + 10 * G + first, p, mask=in_pass)
+    return busy_carry + tl.sum(busy.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -507,6 +642,126 @@ def _finish(
 
 
 @triton.jit
+def _arrive_and_merge(
+    prog_desc_ptr,
+    ws_o_ptr,
+    ws_lse_ptr,
+    out_ptr,
+    pid,
+    complete,
+    first_seg,
+    desc_first,
+    seg_start,
+    b64,
+    q_rows,
+    rows,
+    row_ok,
+    offs_d,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """After ``_finish`` wrote a segment not ``complete`` (a partial of a split segment): if the planner marked it
+    for the in-pass merge, count this piece in (``atom.acq_rel.gpu``: the release publishes the partial, the
+    acquire makes the others' visible) and, if it is the last to arrive, merge all participants' partials into
+    ``out`` now and reset the counter for the next call. ``first_seg``: the piece is the range's first segment
+    (its counter is then descriptor word 7, ``desc_first``, else the program's own); ``seg_start``: the
+    segment's first unit. Rows after the descriptors: ``plan_kernel``'s ``_plan_merge_in_pass``."""
+    G = tl.num_programs(0)
+    cidx = tl.where(first_seg, desc_first, pid)
+    mip = prog_desc_ptr + 8 * G
+    need = tl.load(mip + G + cidx, mask=complete == 0, other=0)
+    if need > 0:
+        tl.debug_barrier()  # every thread's partial stores happen before the release below
+        old = tl.atomic_add(mip + cidx, 1, sem="acq_rel", scope="gpu")
+        if old == need - 1:
+            last = tl.load(mip + 2 * G + cidx)
+            _merge_partials(
+                prog_desc_ptr,
+                ws_o_ptr,
+                ws_lse_ptr,
+                out_ptr,
+                cidx,
+                last,
+                seg_start,
+                b64,
+                q_rows,
+                rows,
+                row_ok,
+                offs_d,
+                stride_ob,
+                stride_oh,
+                GROUP,
+                HEAD_DIM,
+            )
+            tl.store(mip + cidx, 0)  # the segment is merged: every piece has arrived, the count starts over
+
+
+@triton.jit
+def _merge_partials(
+    prog_desc_ptr,
+    ws_o_ptr,
+    ws_lse_ptr,
+    out_ptr,
+    lo,
+    hi,
+    seg_start,
+    b64,
+    q_rows,
+    rows,
+    row_ok,
+    offs_d,
+    stride_ob,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """The log-sum-exp merge of ``merge_kernel`` for one segment, all query rows and columns at once, over the
+    partials of programs ``lo`` .. ``hi`` (empty ranges wrote none) in program order: the maximum lse first,
+    then the weighted sum one partial at a time. The same arithmetic as merge_kernel's single step for a
+    segment of at most ``merge_block`` participants except the order of the weighted sum (merge_kernel: a
+    reduction over the block): equal for two participants, else within fp32 rounding of it. Partials are
+    read through L2 (``.cg``): other programs wrote them during this pass."""
+    m = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
+    for k in range(lo, hi + 1):
+        k_start = tl.load(prog_desc_ptr + k * 8)
+        k_end = tl.load(prog_desc_ptr + k * 8 + 1)
+        slot = (2 * k + (k_start < seg_start).to(tl.int32)).to(tl.int64)
+        lse = tl.load(
+            ws_lse_ptr + slot * GROUP + rows,
+            mask=row_ok & (k_end > k_start),
+            other=float("-inf"),
+            cache_modifier=".cg",
+        )
+        m = tl.maximum(m, lse)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([rows.shape[0], HEAD_DIM], dtype=tl.float32)
+    w_sum = tl.zeros(rows.shape, dtype=tl.float32)
+    for k in range(lo, hi + 1):
+        k_start = tl.load(prog_desc_ptr + k * 8)
+        k_end = tl.load(prog_desc_ptr + k * 8 + 1)
+        ok = row_ok & (k_end > k_start)
+        slot = (2 * k + (k_start < seg_start).to(tl.int32)).to(tl.int64)
+        lse = tl.load(ws_lse_ptr + slot * GROUP + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(
+            ws_o_ptr + (slot * GROUP + rows)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=ok[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        w = tl.exp2(lse - m_use)
+        acc += w[:, None] * o
+        w_sum += w
+    res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)[:, None]
+    tl.store(
+        out_ptr + b64 * stride_ob + q_rows[:, None] * stride_oh + offs_d[None, :],
+        res.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+
+
+@triton.jit
 def _range_desc(prog_desc_ptr, pid):
     """Program ``pid``'s range and first segment from the planner's descriptor in one 32-byte load:
     (u_begin, u_end, b, h, t0, n_tiles, seq_len)."""
@@ -578,6 +833,7 @@ def decode_kernel(
     ASM_CVT: tl.constexpr = False,  # F16_DOT: V's e4m3 -> fp16 by inline PTX (False under the interpreter)
     PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
     WARP_SPLIT: tl.constexpr = 0,  # > 0 (PT_CHUNK, PAGE >= TILE): the tile's tokens split over this many warps
+    MERGE_IN_PASS: tl.constexpr = False,  # split segments the planner marked are merged here (_arrive_and_merge)
 ):
     if PDL:
         # every program of the persistent grid is resident from the start: the merge launch may begin
@@ -596,6 +852,9 @@ def decode_kernel(
         t0 = b * 0
         n_tiles = b * 0 + 1
         seq_len = b * 0 + 1
+    desc_first = pid
+    if MERGE_IN_PASS:
+        desc_first = tl.load(prog_desc_ptr + pid * 8 + 7)
 
     if SCALES_FROM_PTR:
         qk_scale = qk_scale * tl.load(scale_ptr)
@@ -768,6 +1027,27 @@ def decode_kernel(
             GROUP,
             HEAD_DIM,
         )
+        if MERGE_IN_PASS:
+            _arrive_and_merge(
+                prog_desc_ptr,
+                ws_o_ptr,
+                ws_lse_ptr,
+                out_ptr,
+                pid,
+                (t0 == 0) & (t1 == n_tiles),
+                u == u_begin,
+                desc_first,
+                seg_start,
+                b64,
+                q_rows,
+                rows,
+                row_ok,
+                offs_d,
+                stride_ob,
+                stride_oh,
+                GROUP,
+                HEAD_DIM,
+            )
         u = seg_start + t1
         if DESC:
             # the segment ended inside the range (or the range ends here): step to the next one
