@@ -11,6 +11,7 @@
     python benchmarks/tune_fused_moe.py --multi-tile [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
+    python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -54,6 +55,13 @@ and 2: with the first K steps' weights prefetched to L2 before the prologue; wit
 with FUSE_L1; with PDL where the pick has none; ``fuse_quant_candidates``), through the ``--decode-forms`` loop (one process, current pick re-timed
 last, merged only if >= 2% faster). Its candidates are precompiled at the shape's H (the prologue's tile
 depends on the K span: ``fuse_quant_compile_job``).
+
+``--scale-lag`` times, per point (T <= 128), the config ``op.get_config`` picks now against the same pick with
+its gate/up up products scaled one K step late (SCALE_LAG: the up wgmma stays in flight across the step), on the
+regular path also the two-dot form alone (GU_TWO_DOTS, which the lag runs, so the two effects separate) and the
+lag with one gate/up stage fewer from 4 (two-dot TMA tiles: 2 programs per SM at 3 stages), through the
+``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2% faster;
+``scale_lag_candidates``).
 
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
@@ -499,6 +507,35 @@ def fuse_quant_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = Fal
     return job[:4] + (fb.SHAPES[shape][1],) if cfg.get("FUSE_QUANT", 0) else job
 
 
+def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--scale-lag: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then
+    the same with SCALE_LAG where the path has the form (the regular path; the small-T path's PRE_Q loop) and the
+    scales make it apply (group or block scales); on the regular path also GU_TWO_DOTS alone and, from 4 gate/up
+    stages, the lag at one stage fewer. Nothing else changes, so a gain is the lag's (or the two dots')."""
+    from hpc_advise.kernels.fused_moe import op_small
+
+    a2_group = mode.endswith("dynamic")
+    block = mode.startswith("block")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group)
+    if not (a2_group or block) or cur.get("PATH") not in (None, "small"):
+        return [cur]
+    if op_small.is_small(cur):
+        return [cur, dict(cur, SCALE_LAG=1)] if cur.get("PRE_Q", 0) else [cur]
+    out = [cur, dict(cur, GU_TWO_DOTS=1), dict(cur, SCALE_LAG=1)]
+    if cur["GU_STAGES"] >= 4:
+        out.append(dict(cur, SCALE_LAG=1, GU_STAGES=cur["GU_STAGES"] - 1))
+
+    def valid(c):
+        try:
+            op.check_forms(op.check_config(dict(c), a2_group, a2_group), a2_group, a2_group, block, h, i)
+        except op.FusedMoEError:
+            return False
+        return True
+
+    out = out[:1] + [c for c in out[1:] if valid(c)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
@@ -552,6 +589,11 @@ def main() -> None:
         help="time the current small-T pick against its quantization launch folded into gate/up (T <= 4)",
     )
     ap.add_argument(
+        "--scale-lag",
+        action="store_true",
+        help="time the current decode pick against its up products scaled one K step late (SCALE_LAG)",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="time the current pick against the one-launch persistent decode path (T <= 16)",
@@ -594,6 +636,8 @@ def main() -> None:
     if args.fuse_quant:  # the --decode-forms loop over the FUSE_QUANT candidates, built at the shape's H
         fb.decode_form_candidates = fuse_quant_candidates
         fb.compile_job = fuse_quant_compile_job
+    if args.scale_lag:  # the --decode-forms loop over the SCALE_LAG candidates
+        fb.decode_form_candidates = scale_lag_candidates
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -603,7 +647,7 @@ def main() -> None:
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         prefill_variants=args.prefill_variants,
-        decode_forms=args.decode_forms or args.swap_ab or args.multi_tile or args.fuse_quant,
+        decode_forms=any((args.decode_forms, args.swap_ab, args.multi_tile, args.fuse_quant, args.scale_lag)),
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)

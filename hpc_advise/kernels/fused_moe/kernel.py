@@ -432,10 +432,27 @@ def _prod(a, b, SWAP_AB: tl.constexpr):
     operands from shared memory, where a 16-row M side gets mma.sync: every step's fp8 tile goes shared
     memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, README
     "Swap AB at decode tiles"). The transposes are layout changes; the products are the same."""
+    return _rows_first(_prod_issued(a, b, SWAP_AB), SWAP_AB)
+
+
+@triton.jit
+def _prod_issued(a, b, SWAP_AB: tl.constexpr):
+    """The dot of ``_prod`` as the MMA computes it: SWAP_AB gives bᵀ · aᵀ [N, M] (not transposed back), so
+    a SCALE_LAG loop can carry the raw MMA result to the next step (a transpose between the dot and the
+    loop's yield would count as a use and force the dot's wait in Triton 3.6's wgmma pipeliner)."""
     if SWAP_AB:
-        return tl.trans(tl.dot(tl.trans(b), tl.trans(a)))
+        return tl.dot(tl.trans(b), tl.trans(a))
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _rows_first(d, SWAP_AB: tl.constexpr):
+    """A product of ``_prod_issued`` as [M, N] (SWAP_AB: transposed back, a layout change)."""
+    if SWAP_AB:
+        return tl.trans(d)
+    else:
+        return d
 
 
 @triton.jit
@@ -523,6 +540,7 @@ def _gate_up_two_dots(
     A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    LAG: tl.constexpr = False,
 ):
     """Separate gate and up dots (config GU_TWO_DOTS; always for per-tensor weights with a static a13
     scale unless FAST_ACC): the fp32 accumulators of a BLOCK_M = 128 tile fit beside one dot's fresh
@@ -532,9 +550,24 @@ def _gate_up_two_dots(
     activation group scale and the gate / up rows' weight block scale (a scalar each: the tile's
     columns lie in one 128-row group), scales loaded one step ahead. W_TMA: weight tiles by TMA
     (``_w_tile``, halves 0 / 1 of expert e32). SWAP_AB: each dot with the weights as the MMA's M side
-    (``_prod``)."""
+    (``_prod``).
+    LAG (config SCALE_LAG, group/block scales): the up product of step k is scaled and added in step k + 1
+    (the last one after the loop), carried as the raw MMA result with its scales. Triton 3.6's sm_90
+    pipeliner then keeps the up dot in flight (no wait after it in the loop) while the gate product of
+    step k and the up product of step k - 1 are scaled; the gate dot's `wgmma.wait_group 0` retires the
+    previous up dot. Same products, same multiplications, same additions in the same order: bitwise
+    the form without it (``_lagged_scale_add``)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if LAG:
+        tl.static_assert(A_GROUP or W_BLOCK)
+        # the previous step's up product as issued ([BLOCK_N, BLOCK_M] swapped) and its two scales
+        if SWAP_AB:
+            pu = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        else:
+            pu = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        psa = tl.zeros([BLOCK_M], dtype=tl.float32)
+        psw = 0.0
     if A_GROUP:
         sa = tl.load(sa_ptrs + k_lo // 128, mask=row_ok, other=0.0)
     if W_BLOCK:
@@ -550,6 +583,13 @@ def _gate_up_two_dots(
         if A_GROUP or W_BLOCK:
             kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
             dg = _prod(a, bg, SWAP_AB)
+            if LAG:
+                # the previous step's up product first (the gate dot's wait retired it; its registers are
+                # free before the next up dot's), then this step's up dot, in flight while dg is scaled
+                u = _lagged_scale_add(u, pu, psa, psw, A_GROUP, W_BLOCK, SWAP_AB)
+                if LAG == 2:
+                    u = _in_order(u)
+                pu = _prod_issued(a, bu, SWAP_AB)
             if A_GROUP:
                 sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
                 dg = dg * sa[:, None]
@@ -557,20 +597,57 @@ def _gate_up_two_dots(
                 swg_next = tl.load(swg_ptr + kn)
                 dg = dg * swg
                 swg = swg_next
-            g += dg
-            du = _prod(a, bu, SWAP_AB)
-            if A_GROUP:
-                du = du * sa[:, None]
-                sa = sa_next
-            if W_BLOCK:
-                swu_next = tl.load(swu_ptr + kn)
-                du = du * swu
-                swu = swu_next
-            u += du
+            if LAG:
+                g += dg
+                # this step's scales for its up product, read again (L1 hits: the gate's one-step-ahead loads
+                # read them last step). Carried on from sa / swu instead, a value loaded two steps before its
+                # use, Triton 3.6's pipeliner left the whole loop unpipelined (sm_90a TTGIR: no multi-buffering)
+                if A_GROUP:
+                    psa = tl.load(sa_ptrs + k0 // 128, mask=row_ok, other=0.0)
+                    sa = sa_next
+                if W_BLOCK:
+                    psw = tl.load(swu_ptr + k0 // 128)
+            else:
+                g += dg
+                du = _prod(a, bu, SWAP_AB)
+                if A_GROUP:
+                    du = du * sa[:, None]
+                    sa = sa_next
+                if W_BLOCK:
+                    swu_next = tl.load(swu_ptr + kn)
+                    du = du * swu
+                    swu = swu_next
+                u += du
         else:
             g = _prod_acc(a, bg, g, BLOCK_K, False, SWAP_AB)
             u = _prod_acc(a, bu, u, BLOCK_K, False, SWAP_AB)
+    if LAG:  # the last step's up product
+        u = _lagged_scale_add(u, pu, psa, psw, A_GROUP, W_BLOCK, SWAP_AB)
     return g, u
+
+
+@triton.jit
+def _in_order(x):
+    """x through a volatile identity (inline PTX ``mov``, not pure): LLVM keeps volatile inline assembly in
+    program order, so the arithmetic that produces x stays ahead of the wgmma issued next. Without it LLVM
+    sank a lagged product's scale math past the next up dot, both products' registers were live at once,
+    the loop's back edge copied the in-flight accumulator, and ptxas serialized every wgmma of the loop
+    (C7514, sm_90a). Device builds only (SCALE_LAG 2): the interpreter runs no inline PTX."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _lagged_scale_add(acc, p, psa, psw, A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc + the previous K step's product ``p`` (as issued, ``_prod_issued``) times its rows' activation
+    group scales ``psa`` (A_GROUP) and then its weight block scale ``psw`` (W_BLOCK, a scalar): the
+    multiplications of the unlagged step in its order, so the sum is bitwise the same. Before the first
+    step p, psa and psw are zeros: acc + 0 · 0 leaves the zero accumulator a zero."""
+    d = _rows_first(p, SWAP_AB)
+    if A_GROUP:
+        d = d * psa[:, None]
+    if W_BLOCK:
+        d = d * psw
+    return acc + d
 
 
 @triton.jit
@@ -581,7 +658,7 @@ def _gate_up_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr, A2_GROUP: tl.constexpr, OUT_MODE: tl.constexpr, EVEN_K: tl.constexpr,
     FAST_ACC: tl.constexpr, TWO_DOTS: tl.constexpr, W_TMA: tl.constexpr, W_SCALAR: tl.constexpr,
-    SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
+    SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, LAG: tl.constexpr,
 ):  # fmt: skip
     """N tile pid_n (of split pid_k) of the gate/up program's block: the K loop over [k_lo, k_hi) (merged
     gate|up dot, or ``_gate_up_two_dots``), the per-tensor scales, then the epilogue (OUT_MODE 0: SiLU·up and
@@ -625,8 +702,10 @@ def _gate_up_tile(
             A_GROUP,
             W_BLOCK,
             SWAP_AB,
+            LAG,
         )
     else:
+        tl.static_assert(not LAG)  # op: SCALE_LAG runs the two-dot form
         offs_j = tl.arange(0, 2 * BLOCK_N)
         col = pid_n * BLOCK_N + offs_j % BLOCK_N  # column of I (gate half, then up half)
         j_ok = col < I
@@ -771,6 +850,7 @@ def _gate_up_kernel(
     TILES: tl.constexpr = 1,
     part_ptr=None,  # OUT_MODE 2: fp32 [SPLIT_K, P, 2I] split partials
     count_ptr=None,  # OUT_MODE 2: int32 [>= P/BLOCK_M · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
+    SCALE_LAG: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N) / TILES, SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
@@ -790,7 +870,9 @@ def _gate_up_kernel(
     programs each fill their pipeline from empty; the grid shrinks by TILES.
     OUT_MODE 2 (config GU_RED with SPLIT_K > 1): split-K without the ``_act_quant_kernel`` launch: each split
     stores its fp32 partials, and the last of the tile's SPLIT_K programs to arrive at its counter sums them
-    (split order, as that kernel) and runs the fused epilogue, then resets the counter."""
+    (split order, as that kernel) and runs the fused epilogue, then resets the counter.
+    SCALE_LAG (config key, group/block scales, with TWO_DOTS): each step's up product is scaled one step
+    later, so its wgmma stays in flight while the scale math runs (``_gate_up_two_dots``; bitwise)."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -815,7 +897,7 @@ def _gate_up_kernel(
             pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
             w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
             stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
-            TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+            TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
         )  # fmt: skip
     else:
         for t in tl.range(0, TILES, flatten=True):
@@ -823,7 +905,7 @@ def _gate_up_kernel(
                 pid_g * TILES + t, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
                 w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
                 stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
-                TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+                TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
             )  # fmt: skip
 
 

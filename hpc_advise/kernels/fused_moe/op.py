@@ -13,7 +13,9 @@ GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token r
 GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
 one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_RED
 (with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
-SiLU / quantization launch (bitwise the same).
+SiLU / quantization launch (bitwise the same). SCALE_LAG (group / block scales) runs the gate/up GEMM as two
+dots and scales each K step's up product one step later, so that dot stays in flight across the step
+(bitwise the two-dot form).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -239,6 +241,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "GU_SWAP_AB",
         "DN_SWAP_AB",
         "GU_RED",
+        "SCALE_LAG",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
@@ -271,10 +274,22 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
             "W_SCALAR (one weight block scale per tile half and K step) needs GU_N, DN_N <= 128 and "
             f"I % 128 == 0, got GU_N={cfg['GU_N']}, DN_N={cfg['DN_N']}, I={inter}"
         )
-    if cfg.get("GU_TWO_DOTS", 0) and w_block and (cfg["GU_N"] != GROUP or inter % GROUP):
+    # SCALE_LAG: the gate/up K step's up product scaled one step later (kernel._gate_up_two_dots), so it runs
+    # the two-dot form and exists only where a K step's product is scaled (group or block scales)
+    lag = cfg.get("SCALE_LAG", 0)
+    if lag and not (a1_group or w_block):
         raise FusedMoEError(
-            "GU_TWO_DOTS with block scales needs GU_N == 128 and I % 128 == 0 (one weight scale per tile "
-            f"half and K step), got GU_N={cfg['GU_N']}, I={inter}"
+            "SCALE_LAG delays the per-K-step scaling of group / block scales; per-tensor weights with a static "
+            "activation scale have none (their fp8 partial sums are promoted unscaled)"
+        )
+    if lag and cfg.get("FAST_ACC", 0):
+        raise FusedMoEError(
+            "SCALE_LAG runs the two-dot gate/up form; FAST_ACC is the one-dot form without it"
+        )
+    if (cfg.get("GU_TWO_DOTS", 0) or lag) and w_block and (cfg["GU_N"] != GROUP or inter % GROUP):
+        raise FusedMoEError(
+            "GU_TWO_DOTS / SCALE_LAG with block scales need GU_N == 128 and I % 128 == 0 (one weight scale per "
+            f"tile half and K step), got GU_N={cfg['GU_N']}, I={inter}"
         )
     if (cfg.get("W_TMA", 0) or cfg.get("DN_A_TMA", 0)) and (hidden % 16 or inter % 16):
         raise FusedMoEError(
@@ -298,7 +313,7 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
         raise FusedMoEError("DN_TILES > 1 has no L2 prefetch form (PREFETCH prefetches one tile per program)")
     # swap AB (weights as the MMA's M side) exists to reach wgmma at decode tiles: <= 32 token rows, and
     # a weight side of >= 64 rows per dot (the merged gate|up dot has 2·GU_N, separate dots GU_N)
-    two_dots = not (a1_group or w_block or cfg.get("FAST_ACC", 0)) or cfg.get("GU_TWO_DOTS", 0)
+    two_dots = not (a1_group or w_block or cfg.get("FAST_ACC", 0)) or cfg.get("GU_TWO_DOTS", 0) or lag
     for key, rows in (("GU_SWAP_AB", cfg["GU_N"] * (1 if two_dots else 2)), ("DN_SWAP_AB", cfg["DN_N"])):
         if cfg.get(key, 0) and (cfg["BLOCK_M"] > 32 or rows < 64):
             raise FusedMoEError(
@@ -602,8 +617,9 @@ class _Launch:
         tiles = c.get("GU_TILES", 1)  # N tiles per program (check_forms: divides cdiv(I, GU_N))
         grid = ((self.P // c["BLOCK_M"]) * (triton.cdiv(self.I, c["GU_N"]) // tiles), split_k)
         # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
+        lag = bool(c.get("SCALE_LAG", 0))  # check_forms: group / block scales; runs the two-dot form
         two_dots = not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)) or bool(
-            c.get("GU_TWO_DOTS", 0)
+            c.get("GU_TWO_DOTS", 0) or lag
         )
         tma = bool(c.get("W_TMA", 0))
         desc = self.weight_desc(w13, 2, 1 if two_dots else 2, c["GU_N"], c["GU_K"]) if tma else None
@@ -648,6 +664,8 @@ class _Launch:
             TILES=tiles,
             part_ptr=part,
             count_ptr=counters,
+            # 2 on the GPU: with the inline-PTX order pin (kernel._in_order), which the interpreter cannot run
+            SCALE_LAG=(2 if w13.device.type == "cuda" else 1) if lag else 0,
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,

@@ -160,9 +160,13 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         )
     if cfg.get("FUSE_L1", 0) not in (0, 1) or (cfg.get("FUSE_L1", 0) and not cfg.get("FUSE_QUANT", 0)):
         raise error(f"FUSE_L1={cfg['FUSE_L1']} must be 0 or 1, and 1 only with FUSE_QUANT")
-    for key in ("GU_RED", "PDL", "PREFETCH"):
+    for key in ("GU_RED", "PDL", "PREFETCH", "SCALE_LAG"):
         if cfg.get(key, 0) not in (0, 1):
             raise error(f"{key}={cfg[key]} must be 0 or 1")
+    if cfg.get("SCALE_LAG", 0) and not cfg.get("PRE_Q", 0):
+        raise error(
+            "SCALE_LAG (up products scaled a K step late) is built for the PRE_Q gate/up loop: it needs PRE_Q = 1"
+        )
     if not 1 <= int(cfg.get("DN_SPLIT", 1)) <= 8:
         raise error(f"DN_SPLIT={cfg['DN_SPLIT']} must be in [1, 8]")
     return cfg
@@ -198,6 +202,12 @@ def fused_moe_small(
     if t == 0:
         return out
     c = config
+    lag = int(c.get("SCALE_LAG", 0))
+    if lag and not (a1_group or w_block):
+        raise ValueError(
+            "SCALE_LAG delays the per-K-step scaling of group / block scales; per-tensor weights with a static "
+            "activation scale have none"
+        )
     split = int(c["SPLIT_K"])
     dev = hidden.device
     ids = topk_ids.to(torch.int32).contiguous()
@@ -216,11 +226,15 @@ def fused_moe_small(
     k_span = triton.cdiv(triton.cdiv(h, c["GU_K"]), split) * c["GU_K"]
     q_groups = min(32, triton.next_power_of_2(triton.cdiv(k_span, GROUP))) if fuse else 1
     fuse_kw = {}
+    if lag and dev.type == "cuda" and c["GU_WARPS"] == 8:
+        # SCALE_LAG keeps two fp32 product tiles live: ptxas' pick for the 8-warp 128-wide block-scaled tile
+        # goes from 92 to 140 registers (sm_90a), 1 CTA per SM; at 128 it builds without spills, 2 per SM
+        fuse_kw["maxnreg"] = FUSE_MAXNREG
     if fuse:  # private scratch of T rows per gate/up program (programs that own no expert leave it)
         xq = LP.empty(grid_gu[0] * split * t, h, dtype=FP8, device=dev)
         xs = LP.empty(grid_gu[0] * split * t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
         sm90 = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-        fuse_kw = dict(
+        fuse_kw.update(
             FUSE_QUANT=True,
             Q_GROUPS=q_groups,
             Q_CHUNKS=triton.cdiv(triton.cdiv(k_span, GROUP), q_groups),
@@ -306,6 +320,7 @@ def fused_moe_small(
         GU_RED=gu_red,
         USE_PDL=pdl,
         PREFETCH=prefetch and pre_q and not fuse,  # nothing runs between the ids' writer and this grid
+        SCALE_LAG=(2 if dev.type == "cuda" else 1) if lag else 0,  # 2: with kernel._in_order (inline PTX)
         **fuse_kw,
         num_warps=c["GU_WARPS"],
         num_stages=c["GU_STAGES"],
