@@ -10,6 +10,8 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
         the sweep's first (default) configuration unless another is > 2 % faster (geometric mean)
   python benchmarks/bench_decode_attention.py --kv bf16 --snap 25   # op.plan(snap=25) for every case
   python benchmarks/bench_decode_attention.py --kv bf16 --whole-below 100 --seg-cost 4   # whole-segment plan
+  python benchmarks/bench_decode_attention.py --kv bf16 --merge-in-pass 4   # in-pass merge of small splits
+  python benchmarks/bench_decode_attention.py --sweep --sweep-set mip   # in-pass merge against the defaults
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
   python benchmarks/bench_decode_attention.py --kv fp8 --heads 8/1 --config '{"transposed": true, "tile": 64}'
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
@@ -61,6 +63,11 @@ def main() -> None:
         help="op.plan(whole_below=...): segments costing <= this %% of a program's share are never split",
     )
     ap.add_argument("--seg-cost", type=int, help="op.plan(seg_cost=...): tiles charged per segment start")
+    ap.add_argument(
+        "--merge-in-pass",
+        type=int,
+        help="op.plan(merge_in_pass=N): split segments of <= N programs merge in the pass",
+    )
     ap.add_argument("--tile", type=int)
     ap.add_argument("--ctas-per-sm", type=int)
     ap.add_argument("--num-stages", type=int)
@@ -148,6 +155,7 @@ def main() -> None:
             snap=args.snap,
             whole_below=args.whole_below,
             seg_cost=args.seg_cost,
+            merge_in_pass=args.merge_in_pass,
         ).items()
         if v is not None
     }

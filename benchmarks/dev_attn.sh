@@ -179,20 +179,50 @@ elif [ "${STAGE:-sweep}" = run10 ]; then
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-//'
   grep -h "^best of" "$RES/grid64.log" "$RES/grid81.log" | cut -c1-400
   grep -h "^|" "$RES/g64/decode_attention.md" "$RES/g81/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-8,10-11,14-15
-elif [ "${STAGE:-sweep}" = fp8t ]; then
-  # the transposed fp8 kernel (kernel_transposed.py, no FlashInfer): its GPU tests, then the 'fp8t' sweep set
-  # (benches/decode_attention.py SWEEP_SETS: the fp8 64/8 default first and again last vs the transposed
-  # candidates on the 8 fp8 64/8 cases + 2 fp8 8/1, rel. error per case) in one process
+elif [ "${STAGE:-sweep}" = fp8t ] || [ "$STAGE" = fp8w ]; then
+  # the transposed fp8 kernel (kernel_transposed.py, no FlashInfer): its GPU tests, then the sweep set named
+  # $STAGE (benches/decode_attention.py SWEEP_SETS: the fp8 default first and again last vs the transposed
+  # candidates on the 8 fp8 64/8 cases + 2 fp8 8/1, rel. error per case) in one process. STAGE=fp8w: the
+  # 128-token forms (8 warps as one product, 4 warps as two), only their GPU tests (-k fp8w; TEST_K overrides)
+  [ "$STAGE" = fp8w ] && TEST_K=${TEST_K:-fp8w}
   timeout "${TEST_S:-55}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_transposed.py -n 2 \
-    -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+    ${TEST_K:+-k "$TEST_K"} -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
   pack "gpu tests done"
   mkdir -p "$RES/sweep"
   HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-125}" python3 benchmarks/bench_decode_attention.py --sweep \
-    --sweep-set fp8t > "$RES/sweep.log" 2>&1
+    --sweep-set "$STAGE" > "$RES/sweep.log" 2>&1
   pack "sweep done"
   grep -i "error\|Traceback" "$RES/sweep.log" | grep -v "^sweep" | head -5
   # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+elif [ "${STAGE:-sweep}" = mip ]; then
+  # issue 5, the in-pass merge (op.plan(merge_in_pass=N), no FlashInfer). Stage 1: the GPU tests of
+  # test_decode_attention_merge_in_pass.py (real sizes with 20 racing calls of one plan, CUDA-graph replays), then
+  # test_decode_attention.py's GPU tests through the merge launches (real sizes, CUDA-graph replays). Stage 2:
+  # sweep set 'mip' (16 bf16 cases, 64/8 and 8/1: each head count's shipped default first and again last against
+  # merge_in_pass 2 / 4 / 16; one process, rel. error per entry). Stage 3: plan time, previous planner vs this one.
+  timeout "${TEST_S:-70}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_merge_in_pass.py \
+    tests/kernels/test_decode_attention.py -k "merge_in_pass or cuda_graph or real_sizes" -n 2 -p no:cacheprovider \
+    -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/sweep"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-100}" python3 benchmarks/bench_decode_attention.py --sweep \
+    --sweep-set mip > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  # Stage 3: plan time of an untracked copy of the previous planner (benchmarks/_plan_before/decode_attention, if
+  # there: the whole-segment plan searched the even split for every boundary even where its gate kept the candidate)
+  # against this one (even split searched only where the gate refuses), in one process
+  if [ -d benchmarks/_plan_before/decode_attention ]; then
+    mkdir -p "$RES/plan"
+    HPC_ADVISE_RESULTS=$RES/plan timeout "${PLAN_S:-30}" python3 benchmarks/plan_time_decode_attention.py \
+      --before benchmarks/_plan_before/decode_attention > "$RES/plan.log" 2>&1
+    pack "plan time done"
+  fi
+  grep -i "Traceback" -A3 "$RES/sweep.log" "$RES/plan.log" 2>/dev/null | head -8
+  grep -v "^|" "$RES/plan.log" 2>/dev/null | grep -E "^[0-9a-z]" | head -16
+  # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1

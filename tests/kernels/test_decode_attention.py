@@ -867,8 +867,10 @@ def test_sweep_variants_and_best_config_skip_failures():
         snap=0,
         whole_below=0,
         transposed=False,
+        merge_in_pass=0,
     )
     assert da.variant_config(128, 2, 3, 4, "nested-desc-m128-pc32")["pt_chunk"] == 32
+    assert da.variant_config(64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-mip4")["merge_in_pass"] == 4
     assert da.variant_config(64, 2, 3, 4, "nested-desc-pc32-ws")["warp_split"] is True
     cfg = da.variant_config(64, 2, 3, 4, "nested-desc-w-pc64-s4-f16-pdl")
     assert (cfg["wide_merge"], cfg["seg_cost"], cfg["f16_dot"], cfg["pdl"]) == (True, 4, True, True)

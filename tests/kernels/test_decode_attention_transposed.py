@@ -5,8 +5,10 @@ tolerances of test_decode_attention.py: fp8 2e-2, bf16 / fp16 5e-3), NaN-poisone
 slots, split segments (a small grid), both schedules, fp8 / bf16 / fp16 KV (16-bit KV in q's dtype, no
 conversion), batch 1 at each edge length; the fp8 path's permuted int32 K load and its fallback to the plain
 conversion for a K layout that is not 4-byte aligned; plan validation and the tuned-default fallback; the
-sweep sets' entries (fp8t, t2: each head count's shipped default first). Offline sm_90a build (slow): warpgroup
-MMAs, pipelined K/V copies, no spills, programs per SM by shared memory. GPU (``-m gpu``): CUDA-graph replays with
+sweep sets' entries (fp8t, t2, fp8w: each head count's shipped default first). The 128-token forms (sweep fp8w; two
+pages of 64 per tile): 8 warps (one product over both pages) and 4 warps (two products of 64 rows, op._halves) at
+lengths around 64 and 128 tokens. Offline sm_90a build (slow): warpgroup MMAs, pipelined K/V copies, no spills (in
+the loop, for the register-capped forms), programs per SM by shared memory and registers. GPU (``-m gpu``): CUDA-graph replays with
 new lengths, bitwise equal to eager (fp8 64/8, bf16 64/8 and 8/1; first, so a time-limited device stage runs
 them), then real sizes at the benchmark's shapes for every sweep form.
 """
@@ -32,6 +34,9 @@ from tests.kernels.test_decode_attention import (
 )
 
 EDGE_LENS = [1, 63, 64, 65, 97]
+EDGE_LENS_128 = EDGE_LENS + [127, 128, 129]  # around the 128-token tile and its second page
+# the 128-token forms of sweep fp8w: (num_warps, products per tile)
+WIDE_FORMS = [(8, 1), (4, 2)]
 # the transposed form at the interpreter's sizes: 4 warps (wgmma on sm_90a at tile 64), a grid of 5
 # programs so that segments are split between programs and merged
 SMALL = dict(transposed=True, num_warps=4, num_programs=5)
@@ -66,6 +71,48 @@ def test_matches_reference(kv_dtype, group, d, tile, schedule):
         **SMALL,
     )
     assert p.transposed
+
+
+@pytest.mark.parametrize("schedule", ["dynamic", "static"])
+@pytest.mark.parametrize("warps,halves", WIDE_FORMS)
+@pytest.mark.parametrize(
+    "kv_dtype,group,d", [(FP8, 8, 128), (FP8, 1, 64), (FP8, 16, 64), (BF16, 8, 128), (BF16, 16, 64)]
+)
+def test_128_token_tiles_match_reference(kv_dtype, group, d, warps, halves, schedule):
+    # tiles of 128 tokens over two pages of 64, split between the 5 programs and merged
+    scales = (0.8, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    form = SMALL | dict(num_warps=warps, tile=128)
+    p, _ = check(
+        EDGE_LENS_128,
+        hq=2 * group,
+        hkv=2,
+        d=d,
+        page=64,
+        kv_dtype=kv_dtype,
+        schedule=schedule,
+        scales=scales,
+        tuned=True,
+        **form,
+    )
+    assert p.transposed and (p.tile, p.num_warps, op._halves(p)) == (128, warps, halves)
+
+
+@pytest.mark.parametrize("length", EDGE_LENS_128)
+@pytest.mark.parametrize("warps,halves", WIDE_FORMS)
+def test_128_token_tiles_batch_one(length, warps, halves):
+    p, _ = check(
+        [length],
+        hq=8,
+        hkv=1,
+        d=64,
+        page=64,
+        kv_dtype=FP8,
+        scales=(0.8, 1.3),
+        tuned=True,
+        tile=128,
+        **(SMALL | dict(num_warps=warps)),
+    )
+    assert p.transposed and op._halves(p) == halves
 
 
 def test_fp8_scales_from_tensors_and_long_segment_split():
@@ -149,6 +196,9 @@ def test_validation_and_tuned_fallback(monkeypatch):
         op.plan(seq_lens, table, tile=16, transposed=True, loop="flat", pt_chunk=32, **geo)
     with pytest.raises(ValueError, match="pt_chunk > 0"):
         op.plan(seq_lens, table, tile=16, transposed=True, desc=True, pt_chunk=0, **geo)
+    # 128-token tiles need pages of 64 (two page ids per tile); 16-token pages do not hold them
+    with pytest.raises(ValueError, match=r"page_size >= tile or == tile / 2.*page_size 16 and tile 128"):
+        op.plan(seq_lens, table, tile=128, transposed=True, desc=True, pt_chunk=32, **geo)
     # as a tuned default it falls back to the nested loop's kernel where it cannot run
     tuned = dict(op.TUNED_MANY_KV_HEADS)
     tuned[FP8] = tuned[FP8] | {"transposed": True, "tile": 64}
@@ -182,6 +232,29 @@ def test_sweep_set_fp8t_entries_are_valid_plans():
             seq_lens, table, page_size=64, num_q_heads=64, num_kv_heads=8, head_dim=128, num_programs=7, **cfg
         )
         assert p.transposed and p.f16_dot, entry
+
+
+def test_sweep_set_fp8w_defaults_first_and_128_token_forms():
+    # sweep fp8w: each head count's shipped fp8 default first (timed first and again last); every other entry a
+    # transposed 128-token plan with fp16 products at page 64, 8 warps as one product, 4 warps as two
+    by_heads = da.SWEEP_SETS["fp8w"]["configs_by_heads"]
+    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS["fp8w"]["cases"]} == set(by_heads)
+    for (_, heads), entries in by_heads.items():
+        hq, hkv = map(int, heads.split("/"))
+        _, _, _, table, seq_lens = make_case([4096, 70], hq=hq, hkv=hkv, d=128, page=64, kv_dtype=FP8)
+        geo = dict(page_size=64, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, num_programs=7)
+        shipped = op.plan(seq_lens, table, kv_dtype=FP8, **geo)
+        for i, entry in enumerate(entries):
+            cfg = da.variant_config(*entry)
+            ctas = cfg.pop("ctas_per_sm")
+            p = op.plan(seq_lens, table, **cfg, **geo)
+            assert p.transposed and p.f16_dot, entry
+            if i == 0:
+                same = ("tile", "num_warps", "num_stages", "seg_cost", "transposed")
+                assert all(getattr(p, f) == getattr(shipped, f) for f in same), heads
+                assert op.tuned_config(FP8, hkv)["ctas_per_sm"] == ctas, heads
+            else:
+                assert (p.tile, op._halves(p)) == (128, 2 if p.num_warps == 4 else 1), entry
 
 
 def test_fp8_few_kv_heads_default_and_its_page_fallback():
@@ -285,10 +358,35 @@ def test_transposed_compiles_for_sm90_with_wgmma():
     assert r["stack"] == 0 and r["ctas_per_sm"] >= 2, r
 
 
+@pytest.mark.slow
+def test_128_token_tiles_compile_for_sm90_without_loop_spills():
+    # sweep fp8w's forms at the target shape (fp8 64/8, D 128, page 64, tile 128, 2 programs/SM): 8 warps with
+    # registers capped at 128 (op._register_cap) and 4 warps as two m64 products (255 registers, no cap); both
+    # products warpgroup MMAs, K/V copies pipelined, no local memory inside the tile loop, 2 programs per SM;
+    # per program and token fewer barriers than the 64-token default (5 per 64 tokens at 4 warps)
+    from tests.kernels.sm90_compile import compile_sm90
+
+    types = "*bf16 *fp8e4nv *fp8e4nv *bf16 *i32 *i32 *i32 *fp32 *fp32 *fp32 fp32 fp32 " + "i32 " * 12
+    strides = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs"]
+    strides += ["stride_vh", "stride_ob", "stride_oh"]
+    consts = dict(GROUP=8, GROUP_PAD=16, HEAD_DIM=128, PAGE=64, TILE=128, NUM_STAGES=3, SCALES_FROM_PTR=False)
+    consts |= dict(PT_CHUNK=32, F16_DOT=True, ASM_CVT=True, PDL=True)
+    job = ["hpc_advise.kernels.decode_attention.kernel_transposed", "decode_transposed_kernel", types]
+    eight, four = compile_sm90(
+        [job + [consts, 8, 3, strides, 128], job + [consts | dict(HALVES=2), 4, 3, strides]]
+    )
+    for r, halves in ((eight, 1), (four, 2)):
+        assert r["wgmma"] == 2 * halves and r["async_copies"] == 6 * halves, r
+        assert r["loop"]["local"] == 0 and r["ctas_per_sm"] >= 2, r
+        assert r["loop"]["barriers"] / 128 < 5 / 64, r
+    assert eight["registers"] <= 128, eight
+
+
 # ---------------------------------------------------------------- GPU, real sizes
 
 FP8T = da.SWEEP_SETS["fp8t"]["fp8_configs"]
 T2 = da.SWEEP_SETS["t2"]["configs_by_heads"]
+FP8W = da.SWEEP_SETS["fp8w"]["configs_by_heads"]
 
 
 @pytest.mark.gpu
@@ -298,8 +396,11 @@ T2 = da.SWEEP_SETS["t2"]["configs_by_heads"]
         (64, 8, FP8, FP8T[3]),  # fp8 64/8 default: 3 programs/SM, registers capped
         (64, 8, BF16, T2[("bf16", "64/8")][2]),  # bf16: 3 programs/SM, 2 stages, registers capped
         (8, 1, BF16, T2[("bf16", "8/1")][1]),  # bf16: 2 programs/SM, 3 stages
+        (64, 8, FP8, FP8W[("fp8", "64/8")][1]),  # 128-token tiles: 8 warps, registers capped at 128
+        (64, 8, FP8, FP8W[("fp8", "64/8")][3]),  # ... 4 warps, two products per tile
+        (8, 1, FP8, FP8W[("fp8", "8/1")][1]),
     ],
-    ids=["fp8-64x8", "bf16-64x8", "bf16-8x1"],
+    ids=["fp8-64x8", "bf16-64x8", "bf16-8x1", "fp8w-64x8-8warps", "fp8w-64x8-4warps", "fp8w-8x1-8warps"],
 )
 def test_gpu_cuda_graph_replay_matches_eager(hq, hkv, kv_dtype, entry):
     # first in the file: the device stage runs these before the real-size cases (-n 2)
@@ -336,6 +437,25 @@ def test_gpu_fp16_kv_real_sizes():
         ([128] * 8 + [3000] * 8 + [70000], 64, 8, FP8, "static", FP8T[1]),
         (EDGE, 8, 1, FP8, "dynamic", FP8T[3]),
         (EDGE + [70000], 64, 8, FP8, "dynamic", FP8T[6]),  # 4 programs/SM: registers capped at 128
+        # sweep fp8w's 128-token forms (lengths around 128 too)
+        pytest.param(
+            EDGE + [127, 129, 70000], 64, 8, FP8, "dynamic", FP8W[("fp8", "64/8")][2], id="fp8w-8w-s2"
+        ),
+        pytest.param(
+            EDGE + [127, 129, 70000], 64, 8, FP8, "dynamic", FP8W[("fp8", "64/8")][4], id="fp8w-4w-s2"
+        ),
+        pytest.param(
+            [128] * 8 + [3000] * 8 + [70000],
+            64,
+            8,
+            FP8,
+            "static",
+            FP8W[("fp8", "64/8")][1],
+            id="fp8w-8w-static",
+        ),
+        pytest.param(
+            EDGE + [127, 129, 70000], 8, 1, FP8, "dynamic", FP8W[("fp8", "8/1")][3], id="fp8w-8x1-4w"
+        ),
     ],
 )
 def test_gpu_real_sizes(lens, hq, hkv, kv_dtype, schedule, entry):

@@ -1,7 +1,7 @@
 """The transposed attention pass of paged decode attention: tokens on the MMA's M side.
 
 Same plan, same workspace / partials contract and same merge as ``kernel.decode_kernel`` (descriptor
-prologue, page ids of ``PT_CHUNK`` tiles per load, page >= tile); only the tile loop's products differ.
+prologue, page ids of ``PT_CHUNK`` tiles per load, page >= tile or = tile / 2); only the tile loop's products differ.
 ``decode_kernel`` computes ``S[heads, tokens] = q[heads, D] @ K_tile^T`` with the GQA group (8 heads) padded
 to the MMA's 16 rows and q as the operand re-read every tile. Here, per tile of T tokens of one KV head:
 
@@ -33,6 +33,12 @@ Vᵀ as a transposed view of V's buffer, qᵀ and Pᵀ as above, so nothing is s
 ``NUM_STAGES`` buffers holds a K and a V tile (32 KB at tile 64, D 128). README ("What limits it") has the
 offline sm_90a counts. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact
 e4m3 -> fp16), q's dtype for 16-bit KV.
+
+Tiles of 128 tokens (an option; measured slower than 64 for fp8, README "Sweep fp8w"): with PAGE = TILE / 2 each
+tile's two pages come from two page-id vectors per chunk. 8 warps run the tile as one product (two warpgroups,
+each an m64 half of S^T and then of O^T's D rows); ``HALVES`` 2 (op._halves: 4 warps) runs it as two products of
+TILE / 2 tokens, one page base each, whose logits meet in one element-wise max before the one reduction over the
+tokens (``_attend_t``).
 """
 
 from __future__ import annotations
@@ -41,21 +47,34 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .kernel import _finish, _load_q, _load_v_f16, _next_segment, _q_as_f16, _range_desc
+from .kernel import _arrive_and_merge, _finish, _load_q, _load_v_f16, _next_segment, _q_as_f16, _range_desc
 
 
 @triton.jit
-def _attend_t(qt, k, v, valid, m_i, l_i, acc_t, qk_scale):
+def _attend_t(qt, k, v, valid, k1, v1, valid1, m_i, l_i, acc_t, qk_scale, HALVES: tl.constexpr):
     """One online-softmax step, transposed: qt [D, G], k/v [T, D] (product dtype), valid [T]; m_i [G]
-    running max (log2 domain) per query head, l_i [T, G] running sums per token row, acc_t [D, G] fp32."""
+    running max (log2 domain) per query head, l_i [T, G] running sums per token row, acc_t [D, G] fp32.
+    HALVES 2: k1 / v1 / valid1 are the tile's second T tokens (else unused): both halves' logits meet in one
+    element-wise max before the one reduction over the tokens, so a tile of 2T tokens pays one cross-warp
+    max; their P^T products accumulate into acc_t one after the other."""
     s = tl.dot(k, qt) * qk_scale  # [T, G], log2 units
     s = tl.where(valid[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    if HALVES == 2:
+        s1 = tl.dot(k1, qt) * qk_scale
+        s1 = tl.where(valid1[:, None], s1, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(tl.maximum(s, s1), axis=0))
+    else:
+        s1 = s
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing valid yet: keep exp2 finite
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[None, :])
-    l_i = l_i * alpha[None, :] + p  # [T, G]: summed over the tokens once, at the segment's end
     acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p.to(qt.dtype))
+    if HALVES == 2:
+        p1 = tl.exp2(s1 - m_use[None, :])
+        acc_t = tl.dot(tl.trans(v1), p1.to(qt.dtype), acc_t)
+        p = p + p1
+    l_i = l_i * alpha[None, :] + p  # [T, G]: summed over the tokens once, at the segment's end
     return m_new, l_i, acc_t
 
 
@@ -109,6 +128,31 @@ def _load_k_perm(k_head, rows, offs_d4, valid, ASM: tl.constexpr):
     )  # k = 16 block + 8 half + 2 c + pair
 
 
+@triton.jit
+def _load_kv(
+    k_head,
+    v_head,
+    rows_k,
+    rows_v,
+    valid,
+    offs_d,
+    offs_d2,
+    offs_d4,
+    dtype: tl.constexpr,
+    F16_DOT: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """K and V rows ``rows_k`` / ``rows_v`` (element offsets, rows past ``valid`` 0) as product operands:
+    fp8 as fp16 (K permuted, ``_load_k_perm``; V by e4m3 pairs) with F16_DOT, else converted to ``dtype``."""
+    if F16_DOT:
+        k = _load_k_perm(k_head, rows_k, offs_d4, valid, ASM)
+        v = _load_v_f16(v_head, rows_v, offs_d2, valid, ASM)
+    else:
+        k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(dtype)
+        v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0).to(dtype)
+    return k, v
+
+
 @triton.jit(do_not_specialize=["num_kv_heads"])  # one compile serves every head count
 def decode_transposed_kernel(
     q_ptr,  # [B, Hq, D]
@@ -138,7 +182,7 @@ def decode_transposed_kernel(
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # >= 16 and a power of two (the products' N)
     HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,  # >= TILE (one page id per tile)
+    PAGE: tl.constexpr,  # >= TILE (one page id per tile) or TILE / 2 (two)
     TILE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     SCALES_FROM_PTR: tl.constexpr,
@@ -146,11 +190,16 @@ def decode_transposed_kernel(
     F16_DOT: tl.constexpr = False,  # fp8 KV: K and V read as e4m3 pairs, converted to fp16 (q rescaled)
     ASM_CVT: tl.constexpr = False,  # F16_DOT: cvt.rn.f16x2.e4m3x2 by inline PTX (False under the interpreter)
     PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
+    HALVES: tl.constexpr = 1,  # 2: each tile as two products of TILE / 2 tokens (see _attend_t)
+    MERGE_IN_PASS: tl.constexpr = False,  # split segments the planner marked merge here (kernel._arrive_and_merge)
 ):
     if PDL:
         gdc_launch_dependents()  # every program is resident from the start (see kernel.decode_kernel)
     pid = tl.program_id(0)
     u_begin, u_end, b, h, t0, n_tiles, seq_len = _range_desc(prog_desc_ptr, pid)
+    desc_first = pid
+    if MERGE_IN_PASS:
+        desc_first = tl.load(prog_desc_ptr + pid * 8 + 7)
     if SCALES_FROM_PTR:
         qk_scale = qk_scale * tl.load(scale_ptr)
         v_scale = tl.load(scale_ptr + 1)
@@ -159,11 +208,12 @@ def decode_transposed_kernel(
     row_ok = rows < GROUP
     offs_d = tl.arange(0, HEAD_DIM)
     offs_d2 = tl.arange(0, HEAD_DIM // 2)
-    offs_n = tl.arange(0, TILE)
+    SUB: tl.constexpr = TILE // HALVES  # token rows of one product
+    offs_n = tl.arange(0, SUB)
     offs_c = tl.arange(0, PT_CHUNK)
+    offs_d4 = tl.arange(0, HEAD_DIM // 4)
     if F16_DOT:
         offs_dq = _perm_d(HEAD_DIM)  # q's columns in K's permuted order
-        offs_d4 = tl.arange(0, HEAD_DIM // 4)
     else:
         offs_dq = offs_d
 
@@ -188,7 +238,7 @@ def decode_transposed_kernel(
             seg_scale = qk_scale * q_unscale
         qt = tl.trans(q)  # [D, G]
         m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([TILE, GROUP_PAD], dtype=tl.float32)
+        l_i = tl.zeros([SUB, GROUP_PAD], dtype=tl.float32)
         acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], dtype=tl.float32)
         offs_ks = offs_n * stride_ks  # token rows inside a page (int32: PAGE x stride fits)
         offs_vs = offs_n * stride_vs
@@ -197,23 +247,82 @@ def decode_transposed_kernel(
         v_head = v_ptr + h64 * stride_vh
         for c0 in range(t0, t1, PT_CHUNK):
             c1 = tl.minimum(c0 + PT_CHUNK, t1)
-            pgs = tl.load(pt_row + ((c0 + offs_c) * TILE) // PAGE, mask=(c0 + offs_c) < c1, other=0)
+            if PAGE >= TILE:
+                pgs = tl.load(pt_row + ((c0 + offs_c) * TILE) // PAGE, mask=(c0 + offs_c) < c1, other=0)
+                pgs1 = pgs
+            else:  # TILE == 2 PAGE: the pages of each tile's first and second half, one vector each
+                col = 2 * (c0 + offs_c)
+                pgs = tl.load(pt_row + col, mask=(c0 + offs_c) < c1, other=0)
+                pgs1 = tl.load(
+                    pt_row + col + 1, mask=((c0 + offs_c) < c1) & ((col + 1) * PAGE < seq_len), other=0
+                )
             for t in tl.range(c0, c1, num_stages=NUM_STAGES):
-                # PAGE >= TILE: the tile is tokens [s0, s0 + TILE) of one page; scalar base + fixed offsets
-                valid = offs_n < seq_len - t * TILE
+                # each product's SUB rows lie in one page: a scalar base + fixed in-page offsets
                 pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0).to(tl.int64)
-                s0 = (t * TILE) % PAGE  # s0 * stride < PAGE * stride: int32
-                rows_k = (pg * stride_kp + s0 * stride_ks) + offs_ks
-                rows_v = (pg * stride_vp + s0 * stride_vs) + offs_vs
-                if F16_DOT:
-                    k = _load_k_perm(k_head, rows_k, offs_d4, valid, ASM_CVT)
-                    v = _load_v_f16(v_head, rows_v, offs_d2, valid, ASM_CVT)
+                if PAGE >= TILE:
+                    pg1 = pg
+                    s0 = (t * TILE) % PAGE  # s0 * stride < PAGE * stride: int32
                 else:
-                    k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                    v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                    k = k.to(q.dtype)
-                    v = v.to(q.dtype)
-                m_i, l_i, acc_t = _attend_t(qt, k, v, valid, m_i, l_i, acc_t, seg_scale)
+                    pg1 = tl.sum(tl.where(offs_c == t - c0, pgs1, 0), axis=0).to(tl.int64)
+                    s0 = t * 0
+                if HALVES == 2:
+                    valid = offs_n < seq_len - t * TILE
+                    valid1 = offs_n < seq_len - t * TILE - SUB
+                    s_hi = (s0 + SUB) % PAGE  # second half: the same page (PAGE >= TILE) or the next one
+                    k, v = _load_kv(
+                        k_head,
+                        v_head,
+                        pg * stride_kp + s0 * stride_ks + offs_ks,
+                        pg * stride_vp + s0 * stride_vs + offs_vs,
+                        valid,
+                        offs_d,
+                        offs_d2,
+                        offs_d4,
+                        q.dtype,
+                        F16_DOT,
+                        ASM_CVT,
+                    )
+                    k1, v1 = _load_kv(
+                        k_head,
+                        v_head,
+                        pg1 * stride_kp + s_hi * stride_ks + offs_ks,
+                        pg1 * stride_vp + s_hi * stride_vs + offs_vs,
+                        valid1,
+                        offs_d,
+                        offs_d2,
+                        offs_d4,
+                        q.dtype,
+                        F16_DOT,
+                        ASM_CVT,
+                    )
+                else:
+                    valid1 = offs_n < seq_len - t * TILE
+                    valid = valid1
+                    if PAGE >= TILE:
+                        rows_k = (pg * stride_kp + s0 * stride_ks) + offs_ks
+                        rows_v = (pg * stride_vp + s0 * stride_vs) + offs_vs
+                    else:  # one product over both pages: each row's page base
+                        lo = offs_n < PAGE
+                        rows_k = tl.where(lo, pg * stride_kp, pg1 * stride_kp - PAGE * stride_ks) + offs_ks
+                        rows_v = tl.where(lo, pg * stride_vp, pg1 * stride_vp - PAGE * stride_vs) + offs_vs
+                    k, v = _load_kv(
+                        k_head,
+                        v_head,
+                        rows_k,
+                        rows_v,
+                        valid,
+                        offs_d,
+                        offs_d2,
+                        offs_d4,
+                        q.dtype,
+                        F16_DOT,
+                        ASM_CVT,
+                    )
+                    k1 = k
+                    v1 = v
+                m_i, l_i, acc_t = _attend_t(
+                    qt, k, v, valid, k1, v1, valid1, m_i, l_i, acc_t, seg_scale, HALVES
+                )
 
         _finish(
             out_ptr,
@@ -235,6 +344,27 @@ def decode_transposed_kernel(
             GROUP,
             HEAD_DIM,
         )
+        if MERGE_IN_PASS:
+            _arrive_and_merge(
+                prog_desc_ptr,
+                ws_o_ptr,
+                ws_lse_ptr,
+                out_ptr,
+                pid,
+                (t0 == 0) & (t1 == n_tiles),
+                u == u_begin,
+                desc_first,
+                seg_start,
+                b64,
+                q_rows,
+                rows,
+                row_ok,
+                offs_d,
+                stride_ob,
+                stride_oh,
+                GROUP,
+                HEAD_DIM,
+            )
         u = seg_start + t1
         # step to the range's next segment
         b = b_n

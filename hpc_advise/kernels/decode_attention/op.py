@@ -87,6 +87,13 @@ SNAP_GATE = 4
 DEFAULT_WHOLE_BELOW = 0
 MAX_WHOLE_BELOW = 200
 WHOLE_GATE = 8
+# Merge in the attention pass (merge_in_pass=N > 0, nested loop): a split segment with at most N participating
+# programs is merged by the participant that finishes last (per-segment arrival counters in the plan's buffers,
+# atom.acq_rel.gpu), right after its own partial, instead of by the merge launch after the whole grid; wider
+# segments keep the merge launches, which skip the ones merged in the pass. 0: every split segment is merged by
+# the launches (the behaviour before this knob).
+DEFAULT_MERGE_IN_PASS = 0
+MAX_MERGE_IN_PASS = 64
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
 # tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
 DEFAULT_PT_CHUNK = 0
@@ -275,6 +282,7 @@ class DecodePlan:
     snap: int = 0  # dynamic schedule: boundaries move onto segment boundaries within snap % of a share
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
     transposed: bool = False  # nested loop: kernel_transposed's tile loop (tokens on the MMA's M side)
+    merge_in_pass: int = 0  # nested loop: split segments of <= this many programs merge in the attention pass
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -367,6 +375,7 @@ class DecodePlan:
             G_STEPS=-(-(g + 1) // block_g),
             SEARCH_STEPS=int(math.log2(block_b)) + 1,
             BLOCK_P=self.merge_block if self.wide_merge else 0,
+            MERGE_IN_PASS=self.merge_in_pass,
             num_warps=4,
         )
         if self.loop == "flat":
@@ -453,6 +462,7 @@ def plan(
     snap: int | None = None,
     whole_below: int | None = None,
     transposed: bool | None = None,
+    merge_in_pass: int | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -477,6 +487,9 @@ def plan(
     warp_split = tuned.get("warp_split", DEFAULT_WARP_SPLIT) if warp_split is None else warp_split
     snap, whole_below = _whole_or_snap(tuned, snap, whole_below)
     explicit_transposed = transposed is not None
+    merge_in_pass = (
+        tuned.get("merge_in_pass", DEFAULT_MERGE_IN_PASS) if merge_in_pass is None else merge_in_pass
+    )
     transposed = tuned.get("transposed", False) if transposed is None else bool(transposed)
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
@@ -516,6 +529,9 @@ def plan(
     seg_cost = _int_in("seg_cost", DEFAULT_SEG_COST if seg_cost is None else seg_cost, MAX_SEG_COST)
     snap = _int_in("snap", snap, MAX_SNAP, " (% of a program's share)")
     whole_below = _int_in("whole_below", whole_below, MAX_WHOLE_BELOW, " (% of a program's share)")
+    merge_in_pass = _int_in("merge_in_pass", merge_in_pass, MAX_MERGE_IN_PASS, " (participating programs)")
+    if merge_in_pass and loop != "nested":
+        _fail(f"merge_in_pass={merge_in_pass} needs loop='nested' (the flat loop merges in the launch only)")
     wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
     wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
     why_not = _transposed_unsupported(loop, prefetch, desc, pt_chunk, page_size, tile) if transposed else None
@@ -562,7 +578,8 @@ def plan(
         merge_first=torch.full((g,), -1, **i32),
         merge_bh=torch.zeros(g, **i32),
         merge_seg=torch.zeros(g, **i32),
-        prog_desc=torch.zeros(g, 8, **i32),
+        # the G descriptors, then the in-pass merge's 4 rows of G (kernel._plan_merge_in_pass)
+        prog_desc=torch.zeros(12 * g, **i32)[: 8 * g].view(g, 8),
         wide_merge=wide_merge,
         seg_cost=seg_cost,
         f16_dot=bool(f16_dot),
@@ -571,6 +588,7 @@ def plan(
         snap=snap,
         whole_below=whole_below,
         transposed=transposed,
+        merge_in_pass=merge_in_pass,
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
         bounds=torch.zeros(4, g + 1, **i32),
@@ -734,6 +752,8 @@ def run(
             F16_DOT=f16_dot and k4,
             ASM_CVT=f16_dot and k4 and not _interpreting(),
             PDL=pdl,
+            HALVES=_halves(plan),
+            MERGE_IN_PASS=plan.merge_in_pass > 0,
             **common,
             **_register_cap(plan),
         )
@@ -763,6 +783,7 @@ def run(
             ASM_CVT=f16_dot and not _interpreting(),
             PDL=pdl,
             WARP_SPLIT=warp_split,
+            MERGE_IN_PASS=plan.merge_in_pass > 0,
             **common,
         )
     _merge(plan, out, pdl)
@@ -775,9 +796,18 @@ def _transposed_unsupported(loop, prefetch, desc, pt_chunk: int, page_size: int,
         return "loop='nested' with desc=True and prefetch=False"
     if pt_chunk == 0:
         return "pt_chunk > 0 (page ids loaded ahead)"
-    if page_size < tile:
-        return f"page_size >= tile (one page id per tile), got page_size {page_size} and tile {tile}"
+    if page_size < tile and 2 * page_size != tile:
+        return (
+            f"page_size >= tile or == tile / 2 (one or two page ids per tile), got page_size {page_size} "
+            f"and tile {tile}"
+        )
     return None
+
+
+def _halves(plan: DecodePlan) -> int:
+    """Products per tile of the transposed kernel: 2 (two of tile / 2 token rows, one cross-warp max) where
+    the tile holds 32 or more rows per warp (4 warps x 128 tokens: each warpgroup MMA stays m64), else 1."""
+    return 2 if plan.tile >= 32 * plan.num_warps else 1
 
 
 def _register_cap(plan: DecodePlan) -> dict:

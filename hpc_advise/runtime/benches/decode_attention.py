@@ -176,7 +176,37 @@ SWEEP_SETS = {
             + [(64, c, s, 4, _FP8_8_1[4] + "-tr") for c, s in ((2, 3), (3, 3), (3, 4))],
         },
     ),
+    # 'mip' (issue 5): split segments of at most N programs merged inside the attention pass ('-mipN':
+    # op.plan(merge_in_pass=N), the last participant to arrive merges) against each head count's shipped bf16
+    # default (first, and again last) on the 8 bf16 64/8 and 8 bf16 8/1 cases
+    "mip": dict(
+        cases=[(name, hq, hkv, "bf16") for hq, hkv in ((64, 8), (8, 1)) for name in CASES],
+        configs_by_heads={
+            ("bf16", "64/8"): [SWEEP_CONFIGS[0]]
+            + [(*SWEEP_CONFIGS[0][:4], f"{SWEEP_CONFIGS[0][4]}-mip{n}") for n in (2, 4, 16)],
+            ("bf16", "8/1"): [_BF16_8_1] + [(*_BF16_8_1[:4], f"{_BF16_8_1[4]}-mip{n}") for n in (2, 4, 16)],
+        },
+    ),
 }
+
+
+# 'fp8w' (issue 5): the transposed fp8 kernel over 128-token tiles (two pages of 64), one cross-warp max per 128
+# tokens, against each head count's shipped default (first, and again last) on the 8 fp8 64/8 cases and 2 fp8 8/1:
+# 8 warps (two warpgroups, each an m64 half of Sᵀ and of Oᵀ; registers capped at 128 for 2 programs/SM) and
+# 4 warps (each tile as two m64 products, kernel_transposed._attend_t's HALVES; 255 registers, 2 programs/SM), at
+# 3 / 2 stages, seg_cost 4 / 2 (a segment start in 128-token tiles). Offline sm_90a per program and token (README,
+# "What limits it"): the 64-token default 24.3 warp-instructions and 0.078 barriers, 8 warps x 128 25.6 (3 stages) /
+# 24.4 (2) and 0.039, 4 warps x 128 20.0 and 0.055; no spill in any loop.
+_FP8W_64_8 = [(64, 3, 3, 4, _FP8T)] + [(128, 2, s, w, _FP8T) for w in (8, 4) for s in (3, 2)]
+_FP8W_64_8 += [(128, 2, 3, w, _FP8T.replace("-s4-", "-s2-")) for w in (8, 4)]
+SWEEP_SETS["fp8w"] = dict(
+    cases=[(name, 64, 8, "fp8") for name in CASES]
+    + [("64 x 4K", 8, 1, "fp8"), ("32 x 128 + 32 x 4K", 8, 1, "fp8")],
+    configs_by_heads={
+        ("fp8", "64/8"): _FP8W_64_8,
+        ("fp8", "8/1"): [(64, 2, 3, 4, _FP8T)] + [(128, 2, s, w, _FP8T) for w, s in ((8, 3), (8, 2), (4, 3))],
+    },
+)
 
 
 def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
@@ -187,15 +217,15 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
     snap = [f for f in flags if f[:2] == "sn" and f[2:].isdigit()]
     whole = [f for f in flags if f[:2] == "wb" and f[2:].isdigit()]  # '-wbN': op.plan(whole_below=N)
+    mip = [f for f in flags if f[:3] == "mip" and f[3:].isdigit()]  # '-mipN': op.plan(merge_in_pass=N)
     known = (
         {"desc", "prefetch", "w", "f16", "pdl", "ws", "tr"} | set(merge) | set(chunk) | set(cost) | set(snap)
     )
-    known |= set(whole)
+    known |= set(whole) | set(mip)
     unknown = set(flags) - known
-    if unknown or len(merge) > 1 or len(chunk) > 1 or len(cost) > 1 or len(snap) > 1 or len(whole) > 1:
-        raise ValueError(
-            f"unknown variant flags {sorted(unknown) or merge + chunk + cost + snap + whole} in {variant!r}"
-        )
+    repeated = [g for g in (merge, chunk, cost, snap, whole, mip) if len(g) > 1]
+    if unknown or repeated:
+        raise ValueError(f"unknown variant flags {sorted(unknown) or sum(repeated, [])} in {variant!r}")
     return dict(
         tile=tile,
         ctas_per_sm=ctas,
@@ -216,6 +246,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         # '-tr': op.plan(transposed=True), kernel_transposed.py. Always explicit: an entry without it must run
         # the nested loop's kernel, not whatever op.TUNED_* picks now (fp8 defaults to the transposed kernel)
         transposed="tr" in flags,
+        merge_in_pass=int(mip[0][3:]) if mip else 0,
     )
 
 
@@ -726,6 +757,7 @@ CONFIG_KEYS = (
     "snap",
     "whole_below",
     "transposed",
+    "merge_in_pass",
 )
 # keys older sweeps' rows lack, with the value they ran with
 OLD_SWEEP_DEFAULTS = {
@@ -740,6 +772,7 @@ OLD_SWEEP_DEFAULTS = {
     "snap": 0,
     "whole_below": 0,
     "transposed": False,
+    "merge_in_pass": 0,
 }
 
 
