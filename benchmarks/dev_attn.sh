@@ -202,9 +202,13 @@ elif [ "${STAGE:-sweep}" = mip ]; then
   # test_decode_attention.py's GPU tests through the merge launches (real sizes, CUDA-graph replays). Stage 2:
   # sweep set 'mip' (16 bf16 cases, 64/8 and 8/1: each head count's shipped default first and again last against
   # merge_in_pass 2 / 4 / 16; one process, rel. error per entry). Stage 3: plan time, previous planner vs this one.
+  # Sweep mip's call (21:40 UTC, TEST_S=70 SWEEP_S=100 PLAN_S=30): 6 of the 19 tests finished in 70 s (1 failed, the
+  # test's cross-build check, since changed), 9 of 16 sweep cases in 100 s, 13 of 14 plan cases in 30 s: all of it needs
+  # about TEST_S=150 SWEEP_S=180 PLAN_S=35; TEST_K="merge_in_pass" runs this file's 8 GPU tests alone (-x: a failure's
+  # assertion reaches the log even when the stage limit cuts the rest).
   timeout "${TEST_S:-70}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_merge_in_pass.py \
-    tests/kernels/test_decode_attention.py -k "merge_in_pass or cuda_graph or real_sizes" -n 2 -p no:cacheprovider \
-    -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+    tests/kernels/test_decode_attention.py -k "${TEST_K:-merge_in_pass or cuda_graph or real_sizes}" -n 2 -x \
+    -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
   pack "gpu tests done"
   mkdir -p "$RES/sweep"
