@@ -14,6 +14,8 @@
 #   3. bench     bench_fused_moe.py --ts 1,4,16,64,128 on all five shapes with the peers, on the merged
 #                configs (what is left of the call, <= 100 s)
 # Usage: CALL_S=244 bash benchmarks/dev_moe_scale_lag.sh   (timeout_s 250). Results: $OUT/results.tgz.
+# Run once, 2026-11-29 21:48-21:50 UTC (142.6 s, working tree of 6915041): 7/7 GPU tests, tests 20 s, tune 21 s +
+# 16 s, bench 73 s; no pick changed (benchmarks/results/fused_moe_decode_scale_lag.md, *_h200.log).
 T_ALL=$SECONDS
 CALL_S=${CALL_S:-244}
 here="$(dirname "$0")"

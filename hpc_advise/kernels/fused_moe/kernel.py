@@ -551,12 +551,13 @@ def _gate_up_two_dots(
     columns lie in one 128-row group), scales loaded one step ahead. W_TMA: weight tiles by TMA
     (``_w_tile``, halves 0 / 1 of expert e32). SWAP_AB: each dot with the weights as the MMA's M side
     (``_prod``).
-    LAG (config SCALE_LAG, group/block scales): the up product of step k is scaled and added in step k + 1
-    (the last one after the loop), carried as the raw MMA result with its scales. Triton 3.6's sm_90
-    pipeliner then keeps the up dot in flight (no wait after it in the loop) while the gate product of
-    step k and the up product of step k - 1 are scaled; the gate dot's `wgmma.wait_group 0` retires the
-    previous up dot. Same products, same multiplications, same additions in the same order: bitwise
-    the form without it (``_lagged_scale_add``)."""
+    LAG (config SCALE_LAG, group/block scales; 2: with the ``_in_order`` pin, device builds): the up product
+    of step k is scaled and added in step k + 1, after the gate dot and before the next up dot is issued (the
+    last one after the loop), carried as the raw MMA result. Triton 3.6's sm_90 pipeliner then leaves the up
+    dot in flight across the loop's back edge (no wait after it) while the gate product is scaled, and the
+    next gate dot's `wgmma.wait_group 0` retires it: one wait per K step instead of two (README "Scale lag").
+    Same products, same multiplications, same additions in the same order: bitwise the form without it
+    (``_lagged_scale_add``)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if LAG:
@@ -597,8 +598,8 @@ def _gate_up_two_dots(
                 swg_next = tl.load(swg_ptr + kn)
                 dg = dg * swg
                 swg = swg_next
+            g += dg
             if LAG:
-                g += dg
                 # this step's scales for its up product, read again (L1 hits: the gate's one-step-ahead loads
                 # read them last step). Carried on from sa / swu instead, a value loaded two steps before its
                 # use, Triton 3.6's pipeliner left the whole loop unpipelined (sm_90a TTGIR: no multi-buffering)
@@ -608,7 +609,6 @@ def _gate_up_two_dots(
                 if W_BLOCK:
                     psw = tl.load(swu_ptr + k0 // 128)
             else:
-                g += dg
                 du = _prod(a, bu, SWAP_AB)
                 if A_GROUP:
                     du = du * sa[:, None]
