@@ -8,6 +8,7 @@
 #   moe-breakdown fused MoE: per-launch times of the tuned configs (MOE_SHAPES, BREAKDOWN_TS)
 #   moe-bench     fused MoE benchmark at T in MOE_BENCH_TS with its peers (carry .whl_moe for fbgemm)
 #   moe-tune      fused MoE: tuner over TUNE_SHAPES (default MOE_SHAPES) x MOE_TS, merged configs in $RES/fused_moe_configs.json
+#   ncu           Nsight Compute sections of benchmarks/ncu_targets.py workloads (NCU_TARGETS), one text report each
 # Carried folders (ignored by git, see README "Running on a GPU"):
 #   .whl_profile  sqlite-utils & co. (wheels the device image lacks)
 #   .whl_attn     FlashInfer 0.7.2.post1 as flashinfer_strip.zip: the py3-none-any wheel's files minus
@@ -91,4 +92,20 @@ if has moe-tune; then
     --budget "${TUNE_BUDGET:-45}" --out "$RES/fused_moe_configs.json" > "$RES/moe_tune.log" 2>&1
   grep -v "^  cand" "$RES/moe_tune.log" | tail -20
   pack "moe tune done"
+fi
+if has ncu; then
+  # Nsight Compute on benchmarks/ncu_targets.py's workloads (NCU_TARGETS, space-separated), clocks left alone
+  # (--clock-control none, METHOD.md), L2 flushed before each profiled launch (ncu's default cache control).
+  # Kernels: the fused MoE's two GEMMs (regular or small-T path), or decode attention's pass (NCU_ATTN_RE).
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  "$NCU" --version | tail -1
+  for t in ${NCU_TARGETS:-moe-deepseek-ep8-t16 attn-fp8-64x4k}; do
+    case $t in moe-*) re="gate_up_kernel|_down_kernel"; n=2 ;; *) re=${NCU_ATTN_RE:-decode_kernel|decode_transposed_kernel}; n=1 ;; esac
+    timeout "${NCU_S:-60}" "$NCU" --clock-control none -k "regex:$re" -c $n \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      python3 benchmarks/ncu_targets.py "$t" > "$RES/ncu_$t.txt" 2>&1
+    echo "ncu $t: rc $?"; grep -E "^  [a-z_]+kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|One or More Eligible" "$RES/ncu_$t.txt" | head -24
+    pack "ncu $t done"
+  done
 fi
