@@ -155,6 +155,12 @@ TUNED_BY_KV_DTYPE = {
 # falls back). Not for 8/1 (a 4K segment is 4 shares there: the plans are the same, only the plan time grows) nor
 # for fp8 (the transposed kernel's default; whole_below 100 at seg_cost 2 read 32 x 128 + 32 x 4K 108.7 -> 105.4,
 # the other two swept cases equal, not adopted: two knobs at once, unswept apart).
+# bf16 with >= 8 KV heads also merges split segments of <= 4 programs in the attention pass (merge_in_pass 4)
+# since sweep mip (2026-11-29 21:40-21:44 UTC, benchmarks/results/decode_attention_sweep_mip.md, one process,
+# the default again at each case's end within 0.5 %): 64/8 32 x 128 + 32 x 4K 147.3 -> 141.9 us, 2 x 32K + 30 x 4K
+# 194.7 -> 191.6, 1 x 64K + 15 x 4K 138.8 -> 136.8, 64 x U -0.3 %, 128 x U 0; +0.5 % where no segment is merged in
+# the pass (64 x 4K, 1 x 128K, 1 x 128K + 31 x 4K: the bookkeeping), -0.7 % in geometric mean over the 8. Not for
+# 8/1 (64 x U 94.6 -> 97.7 us) nor fp8 (unswept with the transposed default).
 # fp8 with >= 8 KV heads since sweep fp8t (2026-11-29 19:19 UTC, benchmarks/results/decode_attention_sweep_fp8t.md):
 # the transposed kernel (kernel_transposed.py: tokens on wgmma's M side, 4 warps x 64-token tiles, 3 programs/SM,
 # registers capped at 168 so that they fit), 6-15 % faster than the 1-warp split on all 8 fp8 64/8 cases (64 x 4K
@@ -164,7 +170,7 @@ TUNED_BY_KV_DTYPE = {
 MANY_KV_HEADS = 8
 TUNED_MANY_KV_HEADS = {
     torch.float8_e4m3fn: {"transposed": True, "num_warps": 4, "ctas_per_sm": 3, "tile": 64},
-    torch.bfloat16: {"whole_below": 100},
+    torch.bfloat16: {"whole_below": 100, "merge_in_pass": 4},
 }
 # Measured at head_dim 128. At 256 one warp's [16, 256] fp32 accumulator spills 656 bytes and only 4 such
 # programs fit an SM (offline sm_90a, tests/kernels/test_decode_attention.py): there the run-7 form stays
