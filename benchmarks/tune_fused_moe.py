@@ -12,6 +12,7 @@
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
+    python benchmarks/tune_fused_moe.py --occupancy [--shapes ...] [--ts 16,64,128]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -62,6 +63,11 @@ regular path also the two-dot form alone (GU_TWO_DOTS, which the lag runs, so th
 lag with one gate/up stage fewer from 4 (two-dot TMA tiles: 2 programs per SM at 3 stages), through the
 ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2% faster;
 ``scale_lag_candidates``).
+
+``--occupancy`` times, per point (T <= 128), the config ``op.get_config`` picks now against the same regular pick
+with more resident programs or warps per SM (``occupancy_candidates``: fewer gate/up / down stages, a 128-register
+cap on a 2-stage gate/up, 8 warps), through the ``--decode-forms`` loop (one process, current pick re-timed last,
+merged only if >= 2% faster).
 
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
@@ -536,6 +542,29 @@ def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+def occupancy_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--occupancy: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
+    where that is a regular decode pick (BLOCK_M <= 32), the same with more programs or warps resident per SM.
+    sm_90a (offline, triton 3.6, BLOCK_M 16, 128-wide block-scaled TMA tiles, scalar scales, 4 warps): the gate/up
+    tile keeps 162-168 registers (swapped at 3-4 stages: 192), so at most 3 programs per SM by registers; shared
+    memory is 34-37 KB per stage after the first (4 stages 104 KB: 2 per SM; 3 stages 70 KB: 3, timed in earlier
+    rounds; 2 stages 35 KB). Candidates: GU_STAGES 2 (3 per SM, one weight tile in flight per program), the
+    unswapped 2-stage tile capped at 128 registers (GU_MAXNREG: 4 per SM; its spill is one 4-byte value stored
+    before the K loop and reloaded in the epilogue; the swapped tile spills 184 bytes at 128, so not that one),
+    8 gate/up warps (126 registers, 2 per SM with twice the warps); the down tile (4 warps: 72-96 registers)
+    at DN_STAGES 3 / 2 (128-wide: 5 per SM by registers instead of 4 by shared memory; swapped 64-wide: 7 / 10
+    instead of 5) and 8 down warps; and the 8-warp gate/up with 3 down stages. The values are the pick's
+    otherwise (a stage count, a cap or a warp count changes no product; 8 warps may change the MMA order)."""
+    cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
+    if cur.get("PATH") is not None or cur["BLOCK_M"] > 32:
+        return [cur]
+    capped = dict(cur, GU_SWAP_AB=0, GU_STAGES=2, GU_MAXNREG=128)
+    out = [cur, dict(cur, GU_STAGES=2), capped, dict(cur, GU_WARPS=8)]
+    out += [dict(cur, DN_STAGES=s) for s in (3, 2) if s < cur["DN_STAGES"]]
+    out += [dict(cur, DN_WARPS=8), dict(cur, GU_WARPS=8, DN_STAGES=3)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
@@ -594,6 +623,11 @@ def main() -> None:
         help="time the current decode pick against its up products scaled one K step late (SCALE_LAG)",
     )
     ap.add_argument(
+        "--occupancy",
+        action="store_true",
+        help="time the current decode pick against more resident gate/up / down programs or warps per SM",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="time the current pick against the one-launch persistent decode path (T <= 16)",
@@ -638,6 +672,8 @@ def main() -> None:
         fb.compile_job = fuse_quant_compile_job
     if args.scale_lag:  # the --decode-forms loop over the SCALE_LAG candidates
         fb.decode_form_candidates = scale_lag_candidates
+    if args.occupancy:  # the --decode-forms loop over the occupancy candidates
+        fb.decode_form_candidates = occupancy_candidates
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -647,7 +683,16 @@ def main() -> None:
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         prefill_variants=args.prefill_variants,
-        decode_forms=any((args.decode_forms, args.swap_ab, args.multi_tile, args.fuse_quant, args.scale_lag)),
+        decode_forms=any(
+            (
+                args.decode_forms,
+                args.swap_ab,
+                args.multi_tile,
+                args.fuse_quant,
+                args.scale_lag,
+                args.occupancy,
+            )
+        ),
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)

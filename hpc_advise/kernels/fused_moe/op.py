@@ -15,7 +15,8 @@ one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile
 (with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
 SiLU / quantization launch (bitwise the same). SCALE_LAG (group / block scales) runs the gate/up GEMM as two
 dots and scales each K step's up product one step later, so that dot stays in flight across the step
-(bitwise the two-dot form).
+(bitwise the two-dot form). GU_MAXNREG (default 0: ptxas' choice) caps the gate/up kernel's registers per
+thread on the GPU (Triton's ``maxnreg``), so more programs fit on an SM (the same arithmetic in the same order, so bitwise).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -58,6 +59,7 @@ NUM_SMS_H200 = 132
 ROUTE_MULTI_MIN_ENTRIES = 4096
 ROUTE_CHUNK = 1024  # entries per routing CTA
 RANKED_CHUNK = 64  # entries per router program of the ranked decode router (config ROUTE = 1)
+MAXNREG_MIN = 64  # the lowest gate/up register cap accepted (config GU_MAXNREG; 4 warps at 64: 8 programs/SM)
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CONFIG_PATH = Path(__file__).with_name("configs.json")
 CONFIG_KEYS = (
@@ -247,6 +249,12 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
     if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
         raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
+    # a register cap for the gate/up build (0: none): ptxas allocates registers in steps of 8, 255 at most
+    cap = cfg.get("GU_MAXNREG", 0)
+    if type(cap) is not int or (cap and not (MAXNREG_MIN <= cap <= 248 and cap % 8 == 0)):
+        raise FusedMoEError(
+            f"GU_MAXNREG={cap!r} must be 0 (no cap) or a multiple of 8 in [{MAXNREG_MIN}, 248]"
+        )
     for key in ("GU_TILES", "DN_TILES"):
         v = cfg.get(key, 1)
         if type(v) is not int or v < 1:
@@ -669,6 +677,8 @@ class _Launch:
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
+            # GU_MAXNREG: ptxas' register cap (a build option; the interpreter compiles nothing)
+            **({"maxnreg": c["GU_MAXNREG"]} if c.get("GU_MAXNREG", 0) and w13.device.type == "cuda" else {}),
         )
 
     def act_quant(self, part, split_k: int):
