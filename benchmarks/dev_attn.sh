@@ -196,6 +196,57 @@ elif [ "${STAGE:-sweep}" = fp8t ] || [ "$STAGE" = fp8w ]; then
   grep -i "error\|Traceback" "$RES/sweep.log" | grep -v "^sweep" | head -5
   # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+elif [ "${STAGE:-sweep}" = mipw ]; then
+  # (carry .whl_attn, .whl_profile) issue 5, the chunked in-pass merge (kernel._merge_partials) for wide segments.
+  # Stage 1: the GPU tests of test_decode_attention_merge_in_pass.py (TEST_K selects). Stage 2: sweep 'mipw', one
+  # process: the sweep set 'mip' restricted to the 8 bf16 64/8 cases with merge_in_pass 4 (the shipped default;
+  # first and again last), 0 (the launches only: the anchor against sweep mip's old-merge deltas), 32 and 64 (the
+  # set is built here, runtime/benches stays as it is). Stage 3: the bf16 64/8 grid beside FlashInfer with the
+  # sweep's pick (the largest-gain N of 32 / 64 that is > 1 % faster on some case and > 1 % slower on none, else 4),
+  # the grid's limit being what is left of LIMIT_S. The bf16 8/1 default has no in-pass merge (a separate build
+  # whose code this change leaves alone): no guard cases.
+  install_flashinfer
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
+  pack "flashinfer installed"
+  timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_merge_in_pass.py \
+    ${TEST_K:+-k "$TEST_K"} -n 2 -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/sweep" "$RES/g64"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-100}" python3 -c "import runpy, sys
+from hpc_advise.runtime.benches import decode_attention as da
+base = da.SWEEP_CONFIGS[0]
+da.SWEEP_SETS['mipw'] = dict(cases=[(c, 64, 8, 'bf16') for c in da.CASES], configs_by_heads={('bf16', '64/8'): [
+    (*base[:4], base[4] + f'-mip{n}') if n else base for n in (4, 0, 32, 64)]})
+sys.argv = ['bench_decode_attention.py', '--sweep', '--sweep-set', 'mipw']
+runpy.run_path('benchmarks/bench_decode_attention.py', run_name='__main__')" > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  # the pick, from the sweep's progress lines (they survive a cut): per case us of each N against mip4's first timing
+  N=$(python3 -c "import math, re, sys
+us = {}
+for line in open(sys.argv[1]):
+    if not line.startswith('sweep ') or 'ERROR' in line or 'FAIL' in line or '(again)' in line:
+        continue
+    t = line.split()
+    m = re.search(r'-mip(\d+)$', t[-5])
+    us.setdefault(' '.join(t[2:-11]), {})[int(m.group(1)) if m else 0] = float(t[-4])
+best, gain = 4, 0.0
+for n in (32, 64):
+    r = [c[n] / c[4] for c in us.values() if n in c and 4 in c]
+    if len(r) >= 6 and max(r) <= 1.01 and min(r) < 0.99:  # a cut sweep: the cases timed with both
+        g = -sum(map(math.log, r)) / len(r)
+        if g > gain:
+            best, gain = n, g
+print(best)" "$RES/sweep.log" 2>/dev/null || echo 4)
+  echo "grid 64/8: --merge-in-pass $N"
+  HPC_ADVISE_RESULTS=$RES/g64 timeout $((${LIMIT_S:-225} - SECONDS + T0)) python3 benchmarks/bench_decode_attention.py \
+    --grid full --kv bf16 --heads 64/8 --merge-in-pass "$N" > "$RES/grid64.log" 2>&1
+  pack "grid 64/8 done"
+  grep -i "Traceback" -A3 "$RES/sweep.log" "$RES/grid64.log" 2>/dev/null | head -8
+  # short tables last: sweep (case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept);
+  # grid (case, heads, ours, TB/s, static, FI BA, FI decode, vs FI BA)
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+  grep -h "^|" "$RES/g64/decode_attention.md" 2>/dev/null | cut -d'|' -f2-3,7-8,10-12,15
 elif [ "${STAGE:-sweep}" = mip ]; then
   # issue 5, the in-pass merge (op.plan(merge_in_pass=N), no FlashInfer). Stage 1: the GPU tests of
   # test_decode_attention_merge_in_pass.py (real sizes with 20 racing calls of one plan, CUDA-graph replays), then

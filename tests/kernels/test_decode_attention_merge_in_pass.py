@@ -10,13 +10,16 @@ with new lengths.
 
 Equality with ``merge_in_pass=0`` under the interpreter (which rounds every operation as written): rows of
 segments that are not split, or are merged by the launches, run the same code and are bitwise equal. Rows merged in
-the pass use the same arithmetic as merge_kernel's single step (maximum lse, weights 2^(lse - max), weighted sum /
-sum of weights) except the order of the weighted sum (participant order here, a block reduction there): with two
-participants the sum of two products (plus exact zeros) is the same in any order (asserted bitwise); with more, the
-two fp32 sums of n terms w_k o_k / sum w differ by at most about n 2^-24 max_k |o_k| (|o_k| <= v_scale max |V|: a
-partial is a convex combination of V rows), so the outputs differ by at most one bf16 unit in the last place (2^-7
-of the larger) plus that: asserted as 2^-7 max(|a|, |b|) + n 2^-22 v_scale max |V| (the absolute term matters where
-partials cancel: a bound relative to the output alone is wrong there). On the GPU the two plans run two different
+the pass (``kernel._merge_partials``: chunks of 3 participants, a running maximum) compute the same weighted average
+sum_k w_k o_k / sum_k w_k as merge_kernel (blocks of 16) with the weights rounded differently (one rescale per chunk
+whose maximum grows, one per block there: about 2 2^-24 relative each) and the sums in another order: with two
+participants the same numbers (the sum of two products plus exact zeros, asserted bitwise); with n, the fp32 results
+differ by at most about (2n + 4 chunks + 4 blocks) 2^-24 max_k |o_k| <= (n + 2) 2^-22 max_k |o_k| (|o_k| <= v_scale
+max |V|: a partial is a convex combination of V rows), so the outputs differ by at most one bf16 unit in the last
+place (2^-7 of the larger) plus that: asserted as 2^-7 max(|a|, |b|) + (n + 2) 2^-22 v_scale max |V| (the absolute
+term matters where partials cancel: a bound relative to the output alone is wrong there). The plans' workspaces are
+filled with NaN before the first call: a merge that read the slot of a range that wrote nothing (an empty range: its
+slot holds an older partial, or anything) would show. On the GPU the two plans run two different
 builds of the attention kernel (MERGE_IN_PASS is a constexpr): Triton emits plain ``mul.f32`` / ``add.f32``, which
 ptxas may contract into FMAs differently per build (register pressure differs: the fp8 transposed build at its
 168-register cap spills 72 vs 144 bytes), so not even the untouched rows are promised bitwise; there the outputs
@@ -60,6 +63,12 @@ def launch_merges(p0) -> dict[int, tuple[int, int]]:
     """{first participant: (last participant, b * Hkv + h)} of every split segment of a merge_in_pass=0 plan."""
     firsts, bh = p0.merge_first.tolist(), p0.merge_bh.tolist()
     return {f: (q, bh[q]) for q, f in enumerate(firsts) if f >= 0}
+
+
+def in_pass_widths(p) -> list[tuple[int, int]]:
+    """(programs first .. last, non-empty ranges among them) of every segment the plan merges in the pass."""
+    _, need, last, _ = mip_rows(p)
+    return sorted((last[f] - f + 1, n) for f, n in enumerate(need) if n)
 
 
 def check_bookkeeping(p, p0, n: int) -> tuple[set, set]:
@@ -112,7 +121,7 @@ def compare_to_launch_merge(out, out0, p0, group: int, hkv: int, n: int, exact: 
             if parts is None or parts == 2:
                 assert torch.equal(a, c), (b, h, parts)
             else:
-                bound = ULP_BF16 * torch.maximum(a.abs(), c.abs()) + parts * 2.0**-22 * vmax
+                bound = ULP_BF16 * torch.maximum(a.abs(), c.abs()) + (parts + 2) * 2.0**-22 * vmax
                 assert ((a - c).abs() <= bound).all(), (b, h, parts, (a - c).abs().max().item())
 
 
@@ -121,8 +130,8 @@ def run_pair(
 ):
     """One random case planned with merge_in_pass=0 and =n (otherwise the same plan; ``tuned``: op.py's tuned
     form for the KV dtype) and run: both against the reference, n against 0, the bookkeeping, and ``calls``
-    calls of the n plan (bitwise the same each time, counters back at 0). Returns (plan n, in-pass segments,
-    launch segments)."""
+    calls of the n plan (bitwise the same each time, counters back at 0); outputs and workspaces start as NaN.
+    Returns (plan n, in-pass segments, launch segments)."""
     scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
     q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
     ref = decode_attention_reference(
@@ -134,6 +143,8 @@ def run_pair(
     outs, plans = [], []
     for mip in (0, n):
         p = op.plan(seq_lens, table, merge_in_pass=mip, **common)
+        p.ws_o.fill_(float("nan"))
+        p.ws_lse.fill_(float("nan"))
         first = None
         for _ in range(calls if mip else 1):
             out = torch.full_like(q, float("nan"))
@@ -193,6 +204,24 @@ def test_batch_one_split_with_empty_ranges_all_in_pass():
     assert set(p.merge_first.tolist()) == {-1} and set(p.wide_list.tolist()) == {-1}
     counters, need, _, _ = mip_rows(p)
     assert need[0] == 7 and counters == [0] * 12
+
+
+@pytest.mark.parametrize(
+    "lens,programs,hkv,n,widths,launch",
+    [
+        # segments over 2, 3, 6, 6 programs in the pass (two chunks of 3 and one), 13 left to the narrow launch
+        ([1, 40, 200, 700, 1500], 40, 2, 8, [(2, 2), (3, 3), (6, 6), (6, 6)], 2),
+        # 5 and 32 programs in the pass (eleven chunks, the last with two), 33 left to the wide launch
+        ([1, 65, 500, 520], 72, 1, 32, [(5, 5), (32, 32)], 1),
+        # 32 programs, 13 of them empty (wrote nothing: their NaN slots must not be read into the result)
+        ([300], 33, 1, 32, [(32, 19)], 0),
+    ],
+)
+def test_wide_segments_merge_in_pass(lens, programs, hkv, n, widths, launch):
+    # split segments over 2 .. N + 1 programs: the chunked merge against the reference and the launches
+    p, in_pass, launched = run_pair(lens, n=n, num_programs=programs, **SMALL | dict(hkv=hkv, hq=4 * hkv))
+    assert in_pass_widths(p) == widths
+    assert len(launched) == launch
 
 
 def test_update_replans_counts_in_place():
@@ -265,15 +294,15 @@ def test_in_pass_merge_compiles_for_sm90():
     jobs += [job + [consts | {"MERGE_IN_PASS": mip}, 4, 3, _STRIDES, 168] for mip in (False, True)]
     res = compile_sm90(jobs)
     assert all(r["stack"] == 0 and r["async_copies"] > 0 for r in res[:4]), res
-    # transposed: spills outside the tile loop only (72 -> 144 bytes of stack at this tree), the same barriers
+    # transposed: spills outside the tile loop only (72 -> 160 bytes of stack at this tree), the same barriers
     # in the loop and 3 programs per SM
     plain, merged = res[6:]
     assert merged["loop"]["local"] == 0 and merged["ctas_per_sm"] == 3, merged
     assert merged["loop"]["barriers"] == plain["loop"]["barriers"], (plain, merged)
     res = res[:6]
-    # bf16 (the default's loop): 161 -> 158 registers at this tree, 3 programs per SM either way (2 shipped);
-    # fp8 with f16 products in the plain loop (not the fp8 default: that is the transposed kernel) 153 -> 195,
-    # 3 -> 2 programs per SM
+    # bf16 (the default's loop): 161 -> 155 registers at this tree (the chunked merge: 3 participants' partials
+    # and the next 3's in flight, about 20 registers each), 3 programs per SM either way (2 shipped); fp8 with f16
+    # products in the plain loop (not the fp8 default: that is the transposed kernel) 153 -> 191, 3 -> 2 per SM
     assert res[2]["ctas_per_sm"] == res[0]["ctas_per_sm"] and res[3]["ctas_per_sm"] >= 2, res
     # the planner: 8 bytes of stack with the bookkeeping in the dynamic schedule (one program per decode step)
     assert all(r["stack"] <= 8 for r in res[4:]), res[4:]
@@ -329,3 +358,46 @@ def test_gpu_cuda_graph_replay_matches_eager(hq, hkv, kv_dtype):
 
     steps = ([4001, 1, 12000, 65], [64, 64, 64, 64], [12800, 100, 300, 5000])
     check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, each=counters_reset)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lens,n",
+    [
+        ([65536] + [4096] * 15, 32),  # the 64K request's segments over ~17 programs each
+        ([131072] + [4096] * 31, 32),  # ~17 each
+        ([131072], 64),  # ~33 each
+    ],
+)
+def test_gpu_wide_in_pass_real_sizes(lens, n):
+    # 64/8 bf16, the tuned form with merge_in_pass n: the segments that went to the wide merge launch with n = 4
+    # merge in the pass; 20 calls of one plan racing to the counters, every result bitwise the first
+    p, in_pass, _ = run_pair(lens, hq=64, hkv=8, d=128, page=64, n=n, calls=20, tuned=True)
+    assert max(w for w, _ in in_pass_widths(p)) > 16, in_pass_widths(p)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_in_pass_cuda_graph_replay():
+    # merge_in_pass 64 captured once, replayed with lengths whose segments span 1 .. ~33 programs
+    page = 64
+    q, k, v, table, _ = make_case([131072, 100, 12800, 4096], hq=64, hkv=8, d=128, page=page)
+    lens_buf = torch.tensor([65536, 100, 12800, 4096], dtype=torch.int32, device="cuda")
+    p = op.plan(
+        lens_buf,
+        table,
+        page_size=page,
+        num_q_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        kv_dtype=BF16,
+        merge_in_pass=64,
+    )
+    widest = []
+
+    def each(_):
+        assert mip_rows(p)[0] == [0] * p.grid_size()
+        widest.append(max((w for w, _ in in_pass_widths(p)), default=0))
+
+    steps = ([131072, 1, 4096, 4096], [4096] * 4, [65536, 100, 300, 4096], [131072, 100, 12800, 4096])
+    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, each=each)
+    assert max(widest) > 16, widest

@@ -667,16 +667,20 @@ def _arrive_and_merge(
     acquire makes the others' visible) and, if it is the last to arrive, merge all participants' partials into
     ``out`` now and reset the counter for the next call. ``first_seg``: the piece is the range's first segment
     (its counter is then descriptor word 7, ``desc_first``, else the program's own); ``seg_start``: the
-    segment's first unit. Rows after the descriptors: ``plan_kernel``'s ``_plan_merge_in_pass``."""
+    segment's first unit. Rows after the descriptors: ``plan_kernel``'s ``_plan_merge_in_pass``. What the merge
+    needs of the planner (participant count, last participant, the first participant's range start) is loaded
+    at once, before the atomic."""
     G = tl.num_programs(0)
     cidx = tl.where(first_seg, desc_first, pid)
     mip = prog_desc_ptr + 8 * G
-    need = tl.load(mip + G + cidx, mask=complete == 0, other=0)
+    marked = complete == 0
+    need = tl.load(mip + G + cidx, mask=marked, other=0)
+    last = tl.load(mip + 2 * G + cidx, mask=marked, other=0)
+    lo_start = tl.load(prog_desc_ptr + cidx * 8, mask=marked, other=0)
     if need > 0:
         tl.debug_barrier()  # every thread's partial stores happen before the release below
         old = tl.atomic_add(mip + cidx, 1, sem="acq_rel", scope="gpu")
         if old == need - 1:
-            last = tl.load(mip + 2 * G + cidx)
             _merge_partials(
                 prog_desc_ptr,
                 ws_o_ptr,
@@ -684,7 +688,9 @@ def _arrive_and_merge(
                 out_ptr,
                 cidx,
                 last,
-                seg_start,
+                # the first participant's piece is its range's last segment (slot 2 lo + 1) when its range
+                # starts before the segment, else its first (2 lo); every later participant's is its first
+                2 * cidx + (lo_start < seg_start).to(tl.int32),
                 b64,
                 q_rows,
                 rows,
@@ -706,7 +712,7 @@ def _merge_partials(
     out_ptr,
     lo,
     hi,
-    seg_start,
+    lo_slot,
     b64,
     q_rows,
     rows,
@@ -716,49 +722,103 @@ def _merge_partials(
     stride_oh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    CHUNK: tl.constexpr = 3,
 ):
-    """The log-sum-exp merge of ``merge_kernel`` for one segment, all query rows and columns at once, over the
-    partials of programs ``lo`` .. ``hi`` (empty ranges wrote none) in program order: the maximum lse first,
-    then the weighted sum one partial at a time. The same arithmetic as merge_kernel's single step for a
-    segment of at most ``merge_block`` participants except the order of the weighted sum (merge_kernel: a
-    reduction over the block): equal for two participants, else within fp32 rounding of it. Partials are
-    read through L2 (``.cg``): other programs wrote them during this pass."""
-    m = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
-    for k in range(lo, hi + 1):
-        k_start = tl.load(prog_desc_ptr + k * 8)
-        k_end = tl.load(prog_desc_ptr + k * 8 + 1)
-        slot = (2 * k + (k_start < seg_start).to(tl.int32)).to(tl.int64)
-        lse = tl.load(
-            ws_lse_ptr + slot * GROUP + rows,
-            mask=row_ok & (k_end > k_start),
-            other=float("-inf"),
-            cache_modifier=".cg",
-        )
-        m = tl.maximum(m, lse)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([rows.shape[0], HEAD_DIM], dtype=tl.float32)
+    """The log-sum-exp merge of one segment, all query rows and columns at once, over the partials of programs
+    ``lo`` .. ``hi`` in program order (slot ``lo_slot`` for ``lo``, 2k for every later k), in one pass with a
+    running maximum: a participant's weight is 2^(lse - running max), and when the maximum grows, the sums so
+    far are rescaled by 2^(old - new). Unrolled CHUNK participants per step with no load depending on another:
+    their descriptors (an empty range wrote no partial: its stale slot is read, then replaced by lse -inf and
+    o 0), lse and partials are all in flight together, about one L2 round trip per chunk (a loop of dependent
+    descriptor -> slot -> partial loads, twice over, paid two per participant).
+
+    Arithmetic against merge_kernel (one step over up to merge_block = 16 participants: maximum lse, weights
+    2^(lse - max), weighted sum / sum of weights): with two participants the same numbers (the first's weight
+    enters as the rescale 2^(lse_0 - max) of its weight-1 term: 1 * s = s and o * s exactly as there), so
+    bitwise equal; with n more, each growth of the running maximum rounds the sums' rescale once (one exp2
+    and one product, the same factor on both sums: the weights of the weighted average move by about 2^-23
+    each time) and the sums run in another order, so the result moves by at most about 3 n 2^-24 max_k |o_k|
+    (|o_k| <= v_scale max |V|, a partial is a convex combination of V rows);
+    tests/kernels/test_decode_attention_merge_in_pass.py asserts n 2^-22 v_scale max |V| plus one bf16 unit.
+    Partials are read through L2 (``.cg``): other programs wrote them during this pass."""
+    m_run = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
     w_sum = tl.zeros(rows.shape, dtype=tl.float32)
-    for k in range(lo, hi + 1):
-        k_start = tl.load(prog_desc_ptr + k * 8)
-        k_end = tl.load(prog_desc_ptr + k * 8 + 1)
-        ok = row_ok & (k_end > k_start)
-        slot = (2 * k + (k_start < seg_start).to(tl.int32)).to(tl.int64)
-        lse = tl.load(ws_lse_ptr + slot * GROUP + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(
-            ws_o_ptr + (slot * GROUP + rows)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=ok[:, None],
-            other=0.0,
-            cache_modifier=".cg",
+    acc = tl.zeros([rows.shape[0], HEAD_DIM], dtype=tl.float32)
+    rows_in = tl.minimum(rows, GROUP - 1)  # rows past the group read the last row again (never stored)
+    lses, os_ = _load_chunk(
+        prog_desc_ptr, ws_o_ptr, ws_lse_ptr, lo, lo, hi, lo_slot, rows_in, offs_d, GROUP, HEAD_DIM, CHUNK
+    )
+    for c0 in range(lo, hi + 1, CHUNK):
+        # the next chunk's loads go out before this chunk's arithmetic (past hi: masked, no traffic)
+        lses_n, os_n = _load_chunk(
+            prog_desc_ptr,
+            ws_o_ptr,
+            ws_lse_ptr,
+            c0 + CHUNK,
+            lo,
+            hi,
+            lo_slot,
+            rows_in,
+            offs_d,
+            GROUP,
+            HEAD_DIM,
+            CHUNK,
         )
-        w = tl.exp2(lse - m_use)
-        acc += w[:, None] * o
-        w_sum += w
+        m_new = m_run
+        for i in tl.static_range(CHUNK):
+            m_new = tl.maximum(m_new, lses[i])
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        scale_old = tl.exp2(m_run - m_use)
+        acc = acc * scale_old[:, None]
+        w_sum = w_sum * scale_old
+        for i in tl.static_range(CHUNK):
+            w = tl.exp2(lses[i] - m_use)  # 0 where nothing was written
+            acc += tl.where(w[:, None] > 0.0, w[:, None] * os_[i], 0.0)  # an old slot may hold NaN
+            w_sum += w
+        m_run = m_new
+        lses = lses_n
+        os_ = os_n
     res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)[:, None]
     tl.store(
         out_ptr + b64 * stride_ob + q_rows[:, None] * stride_oh + offs_d[None, :],
         res.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None],
     )
+
+
+@triton.jit
+def _load_chunk(
+    prog_desc_ptr,
+    ws_o_ptr,
+    ws_lse_ptr,
+    c0,
+    lo,
+    hi,
+    lo_slot,
+    rows_in,
+    offs_d,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """The partials of participants c0 .. c0 + CHUNK - 1 of ``_merge_partials`` as two tuples: lse ([rows], -inf
+    where the participant is past ``hi`` or its range is empty: it wrote nothing) and o ([rows, D], as read: an
+    old slot's values, weight 0). No load depends on another's value."""
+    lses = ()
+    os_ = ()
+    for i in tl.static_range(CHUNK):
+        k = c0 + i
+        live = k <= hi
+        k_start = tl.load(prog_desc_ptr + k * 8, mask=live, other=0)
+        k_end = tl.load(prog_desc_ptr + k * 8 + 1, mask=live, other=0)
+        idx = tl.where(k == lo, lo_slot, 2 * k).to(tl.int64) * GROUP + rows_in
+        lse = tl.load(ws_lse_ptr + idx, mask=live, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(
+            ws_o_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=live, other=0.0, cache_modifier=".cg"
+        )
+        lses = lses + (tl.where(k_end > k_start, lse, float("-inf")),)
+        os_ = os_ + (o,)
+    return lses, os_
 
 
 @triton.jit
