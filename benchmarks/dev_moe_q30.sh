@@ -14,6 +14,8 @@
 #   3. bench     only if a Qwen3-30B pick changed: bench_fused_moe.py --shapes qwen3-30b-a3b --ts 16,64,128 with
 #                the torch / fbgemm peers on the merged table (<= 40 s)
 # Usage: CALL_S=190 bash benchmarks/dev_moe_q30.sh   (timeout_s 200). Results: $OUT/results.tgz.
+# Run once, 2026-11-29 22:24-22:25 UTC (48.2 s, working tree of a43eb54): tune 27 s, GPU tests 3/3 in 21 s, no pick
+# changed (best -1.8%: the capped 2-stage gate/up at T = 16), so no bench (benchmarks/results/fused_moe_decode_q30.md).
 T_ALL=$SECONDS
 CALL_S=${CALL_S:-190}
 here="$(dirname "$0")"
