@@ -204,7 +204,9 @@ elif [ "${STAGE:-sweep}" = mipw ]; then
   # set is built here, runtime/benches stays as it is). Stage 3: the bf16 64/8 grid beside FlashInfer with the
   # sweep's pick (the largest-gain N of 32 / 64 that is > 1 % faster on some case and > 1 % slower on none, else 4),
   # the grid's limit being what is left of LIMIT_S. The bf16 8/1 default has no in-pass merge (a separate build
-  # whose code this change leaves alone): no guard cases.
+  # whose code this change leaves alone): no guard cases. Sweep mipw's call (22:26 UTC, TEST_S=70 SWEEP_S=100
+  # LIMIT_S=226, 199 s in all): tests 70 s (the 8 at N = 4 passed, the 4 wide ones cut: alone, TEST_K=wide and about
+  # TEST_S=90), sweep 72 s (40 timings), grid 53 s.
   install_flashinfer
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
   pack "flashinfer installed"

@@ -161,6 +161,14 @@ TUNED_BY_KV_DTYPE = {
 # 194.7 -> 191.6, 1 x 64K + 15 x 4K 138.8 -> 136.8, 64 x U -0.3 %, 128 x U 0; +0.5 % where no segment is merged in
 # the pass (64 x 4K, 1 x 128K, 1 x 128K + 31 x 4K: the bookkeeping), -0.7 % in geometric mean over the 8. Not for
 # 8/1 (64 x U 94.6 -> 97.7 us) nor fp8 (unswept with the transposed default).
+# Since sweep mipw (2026-11-29 22:27-22:29 UTC, benchmarks/results/decode_attention_sweep_mipw.md, one process; the
+# in-pass merge in chunks of 3 participants, kernel._merge_partials) merge_in_pass 32: the segments of the 64K / 128K
+# requests mixed with 4K ones (~17 programs each) and 2 x 32K + 30 x 4K's 32K ones merge in the pass instead of the
+# wide / narrow launches, against N = 4 timed first (and again last): 2 x 32K + 30 x 4K 191.9 (190.8) -> 188.6 us,
+# 1 x 64K + 15 x 4K 135.0 (134.0) -> 133.3, 1 x 128K + 31 x 4K 252.3 (252.8) -> 250.2, the other five within
+# -1.0..+0.4 % (the spread of N = 4 there up to 1.3 %); -0.6 % in geometric mean over the 8. N = 64 also takes
+# 1 x 128K's segments of ~33 programs into the pass and is 3.3 % slower there (132.8 -> 137.2 us: one program merging
+# 33 partials on the grid's tail costs more than the wide launch), so those stay with the launch.
 # fp8 with >= 8 KV heads since sweep fp8t (2026-11-29 19:19 UTC, benchmarks/results/decode_attention_sweep_fp8t.md):
 # the transposed kernel (kernel_transposed.py: tokens on wgmma's M side, 4 warps x 64-token tiles, 3 programs/SM,
 # registers capped at 168 so that they fit), 6-15 % faster than the 1-warp split on all 8 fp8 64/8 cases (64 x 4K
@@ -170,7 +178,7 @@ TUNED_BY_KV_DTYPE = {
 MANY_KV_HEADS = 8
 TUNED_MANY_KV_HEADS = {
     torch.float8_e4m3fn: {"transposed": True, "num_warps": 4, "ctas_per_sm": 3, "tile": 64},
-    torch.bfloat16: {"whole_below": 100, "merge_in_pass": 4},
+    torch.bfloat16: {"whole_below": 100, "merge_in_pass": 32},
 }
 # Measured at head_dim 128. At 256 one warp's [16, 256] fp32 accumulator spills 656 bytes and only 4 such
 # programs fit an SM (offline sm_90a, tests/kernels/test_decode_attention.py): there the run-7 form stays
