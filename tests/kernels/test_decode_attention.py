@@ -139,7 +139,10 @@ def check_graph_replay(p, q, k, v, table, lens_buf, steps, *, page, eager=None, 
     with torch.cuda.graph(graph):
         p.update(lens_buf, table_buf)
         op.run(p, q, k, v, out=out)
+    held = (table >= 0).sum(dim=1).tolist()  # pages each request's row holds
     for new in steps:
+        # a length past the request's pages is not a valid input (its table entries are -1): a test bug
+        assert all(n <= page * h for n, h in zip(new, held, strict=True)), (new, [page * h for h in held])
         lens_buf.copy_(torch.tensor(new, dtype=torch.int32))
         out.fill_(float("nan"))
         graph.replay()

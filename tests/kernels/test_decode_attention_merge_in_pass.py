@@ -380,7 +380,8 @@ def test_gpu_wide_in_pass_real_sizes(lens, n):
 def test_gpu_wide_in_pass_cuda_graph_replay():
     # merge_in_pass 64 captured once, replayed with lengths whose segments span 1 .. ~33 programs
     page = 64
-    q, k, v, table, _ = make_case([131072, 100, 12800, 4096], hq=64, hkv=8, d=128, page=page)
+    # pages for every step's longest length of each request (a step past a request's pages would read -1 entries)
+    q, k, v, table, _ = make_case([131072, 4096, 12800, 4096], hq=64, hkv=8, d=128, page=page)
     lens_buf = torch.tensor([65536, 100, 12800, 4096], dtype=torch.int32, device="cuda")
     p = op.plan(
         lens_buf,
