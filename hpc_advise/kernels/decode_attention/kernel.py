@@ -116,6 +116,30 @@ def plan_kernel(
                 )
                 near = _is_short(tiles_b + seg_cost, total_cost, G, whole_below) & (y < total_cost)
                 moved = tl.where(near, _nearer_end(off, tiles_b + seg_cost), off)
+            else:
+                y, b, h, off, tiles_b = _even_boundaries(
+                    p,
+                    live,
+                    G,
+                    B,
+                    total,
+                    total_cost,
+                    seg_cost,
+                    req_cost_ptr,
+                    seq_lens_ptr,
+                    req_start_ptr,
+                    prog_start_ptr,
+                    prog_b_ptr,
+                    TILE,
+                    SEARCH_STEPS,
+                )
+                moved = off
+                if snap > 0:
+                    # boundary snap: onto the nearer end of its segment when that lies within snap % of T / G
+                    moved = tl.where(
+                        y < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off
+                    )
+            if candidate:  # the candidate plan's boundary (cost position y, moved unit offset) into bounds
                 _store_bounds(
                     bounds_ptr,
                     p,
@@ -133,45 +157,6 @@ def plan_kernel(
                     seg_cost,
                     req_start_ptr,
                 )
-            else:
-                x, b, h, off, tiles_b = _even_boundaries(
-                    p,
-                    live,
-                    G,
-                    B,
-                    total,
-                    total_cost,
-                    seg_cost,
-                    req_cost_ptr,
-                    seq_lens_ptr,
-                    req_start_ptr,
-                    prog_start_ptr,
-                    prog_b_ptr,
-                    TILE,
-                    SEARCH_STEPS,
-                )
-                if snap > 0:
-                    # boundary snap: onto the nearer end of its segment when that lies within snap % of T / G
-                    moved = tl.where(
-                        x < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off
-                    )
-                    _store_bounds(
-                        bounds_ptr,
-                        p,
-                        live,
-                        G,
-                        x,
-                        b,
-                        h,
-                        off,
-                        moved,
-                        tiles_b,
-                        B,
-                        total,
-                        total_cost,
-                        seg_cost,
-                        req_start_ptr,
-                    )
         else:
             # static split-k: program p = (b, h, s); s-th of `splits` equal chunks of the segment
             per_req = NUM_KV_HEADS * splits
