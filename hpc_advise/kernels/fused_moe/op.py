@@ -271,6 +271,13 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
     with I % 128 == 0: a 64-wide half lies in one group too; split-K slices are whole K steps, so the
     scalar of each step is the one its columns need); TMA (W_TMA, DN_A_TMA) needs 16-byte rows (H, I
     multiples of 16). The small-T and persistent paths have their own checks and never take these keys."""
+    _check_scale_forms(cfg, a1_group, a2_group, w_block, inter)
+    _check_tile_forms(cfg, a1_group, a2_group, w_block, hidden, inter)
+
+
+def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inter: int) -> None:
+    """check_forms' keys that depend on where the scales sit: the K step width, W_SCALAR, SCALE_LAG and
+    GU_TWO_DOTS."""
     for key, grouped in (("GU_K", a1_group or w_block), ("DN_K", a2_group or w_block)):
         if cfg[key] > GROUP and (grouped or cfg[key] > 2 * GROUP):
             raise FusedMoEError(
@@ -299,6 +306,13 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
             "GU_TWO_DOTS / SCALE_LAG with block scales need GU_N == 128 and I % 128 == 0 (one weight scale per "
             f"tile half and K step), got GU_N={cfg['GU_N']}, I={inter}"
         )
+
+
+def _check_tile_forms(
+    cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int
+) -> None:
+    """check_forms' tile-shape keys: TMA rows, multi-tile programs, GU_RED, PREFETCH and swap AB."""
+    lag = cfg.get("SCALE_LAG", 0)
     if (cfg.get("W_TMA", 0) or cfg.get("DN_A_TMA", 0)) and (hidden % 16 or inter % 16):
         raise FusedMoEError(
             f"W_TMA / DN_A_TMA need 16-byte rows: H and I multiples of 16, got H={hidden}, I={inter}"
