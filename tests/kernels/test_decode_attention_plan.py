@@ -120,18 +120,23 @@ def model_plan(lens, hkv, tile, g, seg_cost, whole_below):
 # ---------------------------------------------------------------- checks read off the ranges
 
 
-def merge_expected(starts, segs, g, merge_block):
+def merge_expected(starts, segs, g, merge_block, merge_in_pass=0):
     """(merge_first, {program: (segment's first unit, b * hkv + h)}, wide list) the ranges imply: a segment
-    touched by several non-empty ranges is merged by the last of them, which names the first."""
+    touched by several non-empty ranges is merged by the last of them, which names the first; one spanning
+    at most ``merge_in_pass`` programs is merged inside the attention pass, so the merge launch gets no duty
+    for it (merge_first -1, not listed wide; its merge_seg / merge_bh are written all the same)."""
     first, merged, wide = [-1] * g, {}, []
     for u0, _, tiles, bh, _ in segs:
         parts = [
             q for q in range(g) if starts[q] < starts[q + 1] and starts[q] < u0 + tiles and u0 < starts[q + 1]
         ]
         if len(parts) > 1:
-            first[parts[-1]] = parts[0]
             merged[parts[-1]] = (u0, bh)
-            if parts[-1] - parts[0] + 1 > merge_block:  # the merge walks every program in between
+            span = parts[-1] - parts[0] + 1  # the merge walks every program in between
+            if span <= merge_in_pass:
+                continue
+            first[parts[-1]] = parts[0]
+            if span > merge_block:
                 wide.append(parts[-1])
     return first, merged, wide
 
@@ -142,7 +147,7 @@ def check_ranges(p, segs, units, g):
     starts = p.prog_start.tolist()
     assert starts[0] == 0 and starts[-1] == units, starts
     assert all(a <= b for a, b in zip(starts, starts[1:], strict=False)), starts
-    first, merged, wide = merge_expected(starts, segs, g, p.merge_block)
+    first, merged, wide = merge_expected(starts, segs, g, p.merge_block, p.merge_in_pass)
     assert p.merge_first.tolist() == first
     merge_seg, merge_bh = p.merge_seg.tolist(), p.merge_bh.tolist()
     assert all((merge_seg[q], merge_bh[q]) == merged[q] for q in merged)
@@ -286,10 +291,17 @@ def test_whole_plan_gate_falls_back_to_the_even_split():
 
 def test_first_participant_for_every_plan_kind():
     # the running-max search of the first participant against the ranges for the even split, the snap
-    # and the whole-segment plan, with empty ranges inside a split segment (more programs than tiles)
+    # and the whole-segment plan, with empty ranges inside a split segment (more programs than tiles); with
+    # the in-pass merge, the segments over <= merge_in_pass programs leave the merge launch (merge_first -1)
     for lens, hkv, g in (([97], 1, 30), ([480, 4640], 1, 10), ([1, 63, 64, 65, 97] * 3, 2, 23)):
         segs, _, _, units = layout(lens, hkv, TILE, 2)
-        for kw in (dict(snap=0, whole_below=0), dict(snap=25, whole_below=0), dict(snap=0, whole_below=100)):
+        for kw in (
+            dict(snap=0, whole_below=0),
+            dict(snap=25, whole_below=0),
+            dict(snap=0, whole_below=100),
+            dict(snap=0, whole_below=100, merge_in_pass=4),
+            dict(snap=0, whole_below=0, merge_in_pass=8),
+        ):
             p = plan_case(lens, hkv, g, 2, kw.pop("whole_below"), **kw)
             check_ranges(p, segs, units, g)
 
