@@ -13,6 +13,8 @@
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
     python benchmarks/tune_fused_moe.py --occupancy [--shapes ...] [--ts 16,64,128]
+    python benchmarks/tune_fused_moe.py --h-group [--shapes ...] [--ts 1,4]
+    python benchmarks/tune_fused_moe.py --small-breakdown [--shapes ...] [--ts 1,4]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -68,6 +70,20 @@ lag with one gate/up stage fewer from 4 (two-dot TMA tiles: 2 programs per SM at
 with more resident programs or warps per SM (``occupancy_candidates``: fewer gate/up / down stages, a 128-register
 cap on a 2-stage gate/up, 8 warps), through the ``--decode-forms`` loop (one process, current pick re-timed last,
 merged only if >= 2% faster).
+
+``--h-group`` times, per point (block-dynamic small-T picks, T <= H_GROUP_T_MAX), the config ``op.get_config``
+picks now against the same pick with h quantized in 1×64 groups (H_GROUP 64: 64-wide gate/up tiles whose
+epilogue quantizes their own columns, so twice the gate/up programs; 64-wide down K steps), a few tile / stage /
+FUSE_QUANT / split variants of that form, and the pick with gate/up split-K 2 summed in-kernel (GU_RED, no
+PREFETCH), through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
+faster; ``h_group_candidates``). The 1×64 outputs differ from the 1×128 pick's by a few % (a finer, not a
+wrong, quantization: the tests hold them to the 1×64 reference), so the loop's accuracy bar against the first
+candidate is H_GROUP_MAX_REL_DIFF there.
+
+``--small-breakdown`` tunes nothing: per point it times the small-T path's whole call and each of its launches
+alone (quantization, gate/up, down; the others skipped, so the alone times sum the GPU work without the launch
+boundaries) in CUDA-graph replay over 8 routings, for the current pick and its first 1×64 form
+(``small_breakdown``).
 
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
@@ -565,6 +581,105 @@ def occupancy_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+H_GROUP_T_MAX = 4  # the 1x64 forms are tried up to this T (more tokens fill the SMs with 128-wide tiles)
+# the 1x64 and 1x128 quantizations of h differ by up to one e4m3 step on about half the elements: 1.9e-2 at CPU
+# sizes (tests/kernels/test_fused_moe_decode_group64.py), a bug gives O(1)
+H_GROUP_MAX_REL_DIFF = 6e-2
+
+
+def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--h-group: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
+    where that is a small-T pick with dynamic intermediate scales at T <= H_GROUP_T_MAX: the pick with h in
+    1×64 groups (H_GROUP 64, GU_N 64, DN_K 64, 4 warps and 4 stages as Hy3's 64-wide tiles), the same with 6
+    stages, 128-row down tiles, one split less (SPLIT_K 1: the 64-wide tiles double the programs a split was
+    for) and FUSE_QUANT toggled; and the 128-wide pick with gate/up split 2 summed in-kernel (GU_RED). PREFETCH
+    is dropped from all of them (it lost at 19 of 20 points, README "Split sums")."""
+    from hpc_advise.kernels.fused_moe import op_small
+
+    cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
+    if not (mode.endswith("dynamic") and op_small.is_small(cur) and t <= H_GROUP_T_MAX):
+        return [cur]
+    base = {key: v for key, v in cur.items() if key != "PREFETCH"}
+    g = dict(base, H_GROUP=64, GU_N=64, DN_K=64, GU_WARPS=4, GU_STAGES=4)
+    out = [cur, g, dict(g, GU_STAGES=6), dict(g, DN_N=128)]
+    if g["SPLIT_K"] > 1:
+        out.append(dict(g, SPLIT_K=1, GU_RED=0, DN_SPLIT=1))
+    if t <= op_small.FUSE_T_MAX:
+        out.append(dict(g, FUSE_QUANT=0) if g.get("FUSE_QUANT", 0) else dict(g, FUSE_QUANT=1))
+    if base["SPLIT_K"] == 1:
+        out.append(dict(base, SPLIT_K=2, GU_RED=1))
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+SMALL_LAUNCHES = ("_small_quant_kernel", "_small_gate_up_kernel", "_small_down_kernel")
+
+
+def _launch_only(real, name: str | None, seen: set):
+    """``launch_plan.launch`` that launches only the kernel called ``name`` (None: every kernel) and notes
+    the names of the kernels the call asked for."""
+
+    def launch(kernel, grid):
+        seen.add(kernel.fn.__name__)
+        if name is None or kernel.fn.__name__ == name:
+            return real(kernel, grid)
+        return lambda *args, **kwargs: None
+
+    return launch
+
+
+def small_breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
+    """µs (CUDA-graph replay over 8 routings, p50) of the small-T path's whole call and of each of its launches
+    alone, for the current pick and its first 1×64 form (``h_group_candidates``), at each (shape, T).
+    Launch plans are off (a replayed plan would bypass the filter on ``launch_plan.launch``)."""
+    import torch
+
+    from hpc_advise.kernels.fused_moe import launch_plan as LP
+    from hpc_advise.kernels.fused_moe import op, op_small
+    from hpc_advise.runtime.benchmarking import rotating
+
+    real, enabled = LP.launch, LP.ENABLED
+    rows = []
+    LP.ENABLED = False
+    try:
+        for shape in shapes:
+            e, h, i, k, eg, off = fb.SHAPES[shape]
+            mode = fb.MODES[shape][0]
+            wts = fb.make_weights(e, h, i, mode)
+            kw = fb._kwargs(wts, mode, off)
+            for t in ts:
+                sets = fb.make_routings(t, k, eg, h, 8)
+                for cfg in [
+                    c for c in h_group_candidates(op, t, k, e, h, i, mode)[:2] if op_small.is_small(c)
+                ]:
+                    body = fb._ours_body(op, wts, kw, cfg)
+                    row = dict(shape=shape, mode=mode, T=t, config=cfg)
+                    seen: set = set()
+                    for name in (None, *SMALL_LAUNCHES):
+                        if name is not None and name not in seen:
+                            continue  # the config makes no such launch (FUSE_QUANT: no quantization launch)
+                        LP.launch = _launch_only(real, name, seen)
+                        timing, why = fb._time(rotating(sets, body), t)
+                        row[f"{name or 'call'}_us"] = round(timing.p50, 2)
+                        if why:
+                            row[f"{name or 'call'}_eager"] = why
+                    alone = sum(
+                        v for key, v in row.items() if key.startswith("_small") and key.endswith("_us")
+                    )
+                    log(
+                        f"  small breakdown {shape} T={t} H_GROUP {cfg.get('H_GROUP', 128)} GU_N {cfg['GU_N']}: "
+                        + ", ".join(
+                            f"{key[:-3].strip('_')} {v:.2f}" for key, v in row.items() if key.endswith("_us")
+                        )
+                        + f" us; launches alone sum {alone:.2f} us; {json.dumps(cfg, sort_keys=True)}"
+                    )
+                    rows.append(row)
+            del wts, kw
+            torch.cuda.empty_cache()
+    finally:
+        LP.launch, LP.ENABLED = real, enabled
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(fb.SHAPES))
@@ -628,6 +743,16 @@ def main() -> None:
         help="time the current decode pick against more resident gate/up / down programs or warps per SM",
     )
     ap.add_argument(
+        "--h-group",
+        action="store_true",
+        help="time the current small-T pick against its forms with h quantized in 1x64 groups (T <= 4)",
+    )
+    ap.add_argument(
+        "--small-breakdown",
+        action="store_true",
+        help="time the small-T path's call and each of its launches alone (current pick and its 1x64 form)",
+    )
+    ap.add_argument(
         "--persistent",
         action="store_true",
         help="time the current pick against the one-launch persistent decode path (T <= 16)",
@@ -643,6 +768,7 @@ def main() -> None:
     for wanted, measure, name in (
         (args.launch_overhead, launch_overhead, "fused_moe_launch_overhead.jsonl"),
         (args.breakdown, breakdown, "fused_moe_breakdown.jsonl"),
+        (args.small_breakdown, small_breakdown, "fused_moe_small_breakdown.jsonl"),
     ):
         if wanted:  # rows appended under $OUT on the device machine
             rows = measure(shapes, ts)
@@ -674,6 +800,10 @@ def main() -> None:
         fb.decode_form_candidates = scale_lag_candidates
     if args.occupancy:  # the --decode-forms loop over the occupancy candidates
         fb.decode_form_candidates = occupancy_candidates
+    if args.h_group:  # the --decode-forms loop over the 1x64 forms (FUSE_QUANT ones built at the shape's H)
+        fb.decode_form_candidates = h_group_candidates
+        fb.compile_job = fuse_quant_compile_job
+        fb.TUNE_MAX_REL_DIFF = H_GROUP_MAX_REL_DIFF
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -691,6 +821,7 @@ def main() -> None:
                 args.fuse_quant,
                 args.scale_lag,
                 args.occupancy,
+                args.h_group,
             )
         ),
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),

@@ -11,15 +11,17 @@ n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP 
      streamed once, without sorting the entries. Its A tile holds one row per token (rows of tokens not
      routed to e are zero) and is quantized on the fly from the bf16 hidden rows (static a13 scale, or
      dynamic per-1×G group: the K step is the group), or read from launch 0's output (PRE_Q). Output, at every slot j where token t chose e
-     (row t·k + j), by H_MODE: 1 — h = SiLU(gate)·up quantized to fp8 (static a2, or the 1×G group of
-     the BLOCK_N = G tile, scale to ``hs_ptr``); 0 — h in fp32; 2 (SPLIT_K > 1) — the fp32 gate and up
+     (row t·k + j), by H_MODE: 1 — h = SiLU(gate)·up quantized to fp8 (static a2, or dynamic: the tile's
+     BLOCK_N columns are one 1×H_GROUP group of h, H_GROUP = 128 or 64 (op_small's config key), scale to
+     ``hs_ptr`` [n, cdiv(I, BLOCK_N)]); 0 — h in fp32; 2 (SPLIT_K > 1) — the fp32 gate and up
      partial sums of split p at [p, t·k + j, 0:2I] (summed by the down kernel: no atomics). GU_RED
      (SPLIT_K > 1): the splits of a tile store fp32 partials and bump the tile's arrival counter; the
      last to arrive sums them in split order and runs the mode 1/0 epilogue (more programs than
      experts × N tiles at T = 1, without mode 2's per-H-tile SiLU/quantization in the down kernel).
   2. ``_small_down_kernel``  grid (n · cdiv(H, BLOCK_H),): one program per (entry, H tile), the regular
-     path's parallelism without its sorted order. H_MODE 1 reads the fp8 h row; modes 0/2 sum the
-     partials, apply SiLU·up and quantize each BLOCK_K chunk like the reference. The row
+     path's parallelism without its sorted order. H_MODE 1 reads the fp8 h row (with dynamic a2 one group
+     scale per K step: BLOCK_K = H_GROUP); modes 0/2 sum the partials, apply SiLU·up and quantize each
+     BLOCK_K (= H_GROUP) chunk like the reference. A 64-wide K step lies inside one 128×128 weight block. The row
      w_tj · s · W2_e · q(h) of the tile is stored in fp32 to ``y_ptr`` [n, H]; the program then bumps
      the (token, H tile) arrival counter, and the last of the token's k programs sums the k rows in
      slot order j = 0..k−1 (slots of other EP ranks, or −1, skipped: they compute nothing), writes the
@@ -174,7 +176,7 @@ def _small_gate_up_kernel(
     w_ptr,  # fp8 [E, 2I, H]
     ws_ptr,  # fp32 [E] or [E, cdiv(2I, G), cdiv(H, G)]
     h_ptr,  # H_MODE 1: fp8 [n, I]; 0: fp32 [n, I]; 2: fp32 [SPLIT_K, n, 2I]
-    hs_ptr,  # H_MODE 1 with A2_GROUP: fp32 [n, cdiv(I, G)]
+    hs_ptr,  # H_MODE 1 with A2_GROUP: fp32 [n, cdiv(I, BLOCK_N)] (BLOCK_N = H_GROUP: one group per tile)
     part_ptr,  # GU_RED: fp32 [SPLIT_K, n, 2I] split partials (row t·k + first slot of e)
     count_ptr,  # GU_RED: int32 [>= n · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
     T,
@@ -190,7 +192,7 @@ def _small_gate_up_kernel(
     stride_wse,
     stride_wsn,
     BLOCK_M: tl.constexpr,  # >= T (one row per token)
-    BLOCK_N: tl.constexpr,  # == G with H_MODE 1 and A2_GROUP
+    BLOCK_N: tl.constexpr,  # == H_GROUP (128 or 64) with H_MODE 1 and A2_GROUP
     BLOCK_K: tl.constexpr,  # == G when A_GROUP (the K step is the quantization group)
     SPLIT_K: tl.constexpr,
     K_PAD: tl.constexpr,  # next power of two >= top_k
@@ -397,7 +399,7 @@ def _small_gate_up_kernel(
 )
 def _small_down_kernel(
     h_ptr,  # as written by _small_gate_up_kernel (H_MODE)
-    hs_ptr,  # fp32 [n, cdiv(I, G)] (H_MODE 1 with A2_GROUP)
+    hs_ptr,  # fp32 [n, cdiv(I, BLOCK_K)] (H_MODE 1 with A2_GROUP: one scale per 1×H_GROUP group)
     a2_scale_ptr,  # fp32 [1] (static)
     topk_ids_ptr,  # int32 [T, k]
     topk_w_ptr,  # fp32 [T, k]
@@ -420,7 +422,7 @@ def _small_down_kernel(
     stride_wse,
     stride_wsn,
     BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # == G when A2_GROUP
+    BLOCK_K: tl.constexpr,  # == H_GROUP (128 or 64) when A2_GROUP: the K step is h's quantization group
     SPLIT_K: tl.constexpr,  # of the gate/up launch (H_MODE 2: partials summed here, in split order)
     K_PAD: tl.constexpr,  # next power of two >= top_k
     H_MODE: tl.constexpr,
@@ -478,7 +480,7 @@ def _small_down_kernel(
                     h_ptr + s * I + cols[None, :] + rows[:, None] * 0, mask=first & k_ok[None, :], other=0.0
                 )
                 if A2_GROUP:
-                    sa = tl.load(hs_ptr + s * tl.cdiv(I, 128) + k0 // 128)
+                    sa = tl.load(hs_ptr + s * tl.cdiv(I, BLOCK_K) + k0 // BLOCK_K)
                 else:
                     sa = 1.0
             else:

@@ -18,6 +18,13 @@ prefetched to L2 before it quantizes. FUSE_L1 = 1 (with FUSE_QUANT): the gate/up
 group scales through L1 as the PRE_Q loop reads launch 0's (default 0: through L2 only, ``.cg``, the form
 measured on 2026-11-29; kernel README, "Small-T path"). Above ``FUSE_T_MAX`` (a T = 4 entry serves up to
 T = 8) a FUSE_QUANT config runs as plain PRE_Q: the same values, the scratch would grow as T · programs.
+H_GROUP (dynamic intermediate scales only; 128, the default, or 64): the width of h's dynamic quantization
+groups. 128 is the checkpoints' 1×128 recipe (the reference's default). 64 lets a 64-wide gate/up tile
+(GU_N = 64) quantize its own columns as one group in the epilogue, so the block-scaled shapes get twice the
+gate/up programs with fp8 h; the down kernel's K step is then the group (DN_K = H_GROUP), one activation
+scale per (row, 64 columns) times the 128×128 weight block scale of that K range. Finer groups are more
+accurate per element but not bitwise the 1×128 result: tests compare with ``fused_moe_reference(...,
+h_group=64)``.
 
 Workspace buffers and launches go through ``launch_plan`` (``empty``, ``launch``) so that ``op.fused_moe``
 can record and replay them; the arrival counters are kept for the process (``launch_plan.keep``).
@@ -41,19 +48,26 @@ SMALL_T_DEFAULT = 0
 FUSE_T_MAX = 4  # FUSE_QUANT serves T <= this (scratch: T rows per gate/up program), else runs as PRE_Q
 FUSE_MAXNREG = 128  # FUSE_QUANT gate/up with 8 warps: 65536 / (2 · 256) registers, 2 CTAs per SM
 SMALL_KEYS = ("GU_N", "GU_K", "SPLIT_K", "GU_WARPS", "GU_STAGES", "DN_N", "DN_K", "DN_WARPS", "DN_STAGES")
+H_GROUPS = (GROUP, 64)  # widths of h's dynamic quantization group (config key H_GROUP, default GROUP)
 
 
 def is_small(cfg: dict | None) -> bool:
     return bool(cfg) and cfg.get("PATH") == "small"
 
 
+def h_group(cfg: dict) -> int:
+    """Width of h's dynamic quantization group (config key H_GROUP; GROUP = 128 when absent)."""
+    return int(cfg.get("H_GROUP", GROUP))
+
+
 def h_mode(cfg: dict, a2_group: bool) -> int:
     """How gate/up hands h to the down kernel: 1 fp8 (quantized in the gate/up epilogue: static a2, or
-    a 128-wide tile that holds the whole 1×128 group), 0 fp32, 2 fp32 split-K partials (summed by the
-    down kernel; with GU_RED the gate/up kernel sums them itself and hands over h as with one split)."""
+    a GU_N = H_GROUP tile that holds one whole 1×H_GROUP group), 0 fp32, 2 fp32 split-K partials (summed by
+    the down kernel; with GU_RED the gate/up kernel sums them itself and hands over h as with one split).
+    In modes 0 / 2 the down kernel quantizes each DN_K = H_GROUP chunk itself."""
     if int(cfg["SPLIT_K"]) > 1 and not cfg.get("GU_RED", 0):
         return 2
-    return 1 if (not a2_group or cfg["GU_N"] == GROUP) else 0
+    return 1 if (not a2_group or cfg["GU_N"] == h_group(cfg)) else 0
 
 
 def use_pdl(cfg: dict, device: torch.device) -> bool:
@@ -141,8 +155,18 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         v = cfg[key]
         if v < 16 or v & (v - 1) or (key.endswith("_K") and v > GROUP):
             raise error(f"{key}={v} must be a power of two in [16, 128]")
-    if (a1_group and cfg["GU_K"] != GROUP) or (a2_group and cfg["DN_K"] != GROUP):
-        raise error("dynamic per-group activation scales need GU_K / DN_K == 128 (the K step is the group)")
+    hg = cfg.get("H_GROUP", GROUP)
+    if type(hg) is not int or hg not in H_GROUPS:
+        raise error(f"H_GROUP={hg!r} must be 128 (the checkpoints' 1x128 groups) or 64")
+    if hg != GROUP and not a2_group:
+        raise error(
+            f"H_GROUP={hg} sets the width of h's dynamic quantization groups; a static a2 scale has none"
+        )
+    if (a1_group and cfg["GU_K"] != GROUP) or (a2_group and cfg["DN_K"] != hg):
+        raise error(
+            f"dynamic per-group activation scales need GU_K / DN_K == 128 / {hg} (the K step is the group: the "
+            "input's 1x128, h's 1xH_GROUP)"
+        )
     if not 1 <= int(cfg["SPLIT_K"]) <= 16:
         raise error(f"SPLIT_K={cfg['SPLIT_K']} must be in [1, 16]")
     if cfg.get("PRE_Q", 0) not in (0, 1):
@@ -265,7 +289,7 @@ def fused_moe_small(
         )
     else:
         xq, xs = hidden, a13  # unused
-    hs = LP.empty(n, triton.cdiv(inter, GROUP), dtype=torch.float32, device=dev)
+    hs = LP.empty(n, triton.cdiv(inter, h_group(c)), dtype=torch.float32, device=dev)
     if mode == 1:
         hbuf = LP.empty(n, inter, dtype=FP8, device=dev)
     elif mode == 0:
@@ -375,5 +399,6 @@ __all__ = [
     "check_small_config",
     "default_small_config",
     "fused_moe_small",
+    "h_group",
     "is_small",
 ]

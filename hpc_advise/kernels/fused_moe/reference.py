@@ -1,8 +1,9 @@
 """Pure-torch references for the FP8 fused MoE: the ground truth of the tests.
 
-- ``fused_moe_reference``: same signature as ``op.fused_moe``; dequantizes the fp8 weights (per-tensor
-  [E] or 128×128 block scales), applies the same activation quantization as the kernels (per-1×128
-  group dynamic, or per-tensor static), and does all the math in fp32. Returns fp32 [T, H].
+- ``fused_moe_reference``: same signature as ``op.fused_moe`` (plus ``h_group``); dequantizes the fp8
+  weights (per-tensor [E] or 128×128 block scales), applies the same activation quantization as the
+  kernels (per-1×128 group dynamic, the intermediate h per 1×``h_group``, or per-tensor static), and
+  does all the math in fp32. Returns fp32 [T, H].
 - ``moe_float_reference``: the unquantized model (float weights, no activation quantization), fp32,
   to report how far FP8 inference is from it.
 - ``quantize_group`` / ``quantize_static`` / ``dequantize_weight`` / ``quantize_weight``: the FP8
@@ -77,10 +78,11 @@ def quantize_weight(w: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Ten
     return q.view(e, nb * GROUP, kb * GROUP)[:, :n, :k].contiguous(), s
 
 
-def _quant_dequant(x: torch.Tensor, static_scale) -> torch.Tensor:
+def _quant_dequant(x: torch.Tensor, static_scale, group: int = GROUP) -> torch.Tensor:
+    """x quantized to fp8 and back: per 1×``group`` dynamic (``static_scale`` None) or per tensor."""
     if static_scale is None:
-        q, s = quantize_group(x)
-        return dequantize_group(q, s)
+        q, s = quantize_group(x, group)
+        return dequantize_group(q, s, group)
     scale = torch.as_tensor(static_scale, dtype=torch.float32, device=x.device)
     return quantize_static(x, scale).float() * scale
 
@@ -106,9 +108,12 @@ def fused_moe_reference(
     expert_offset: int = 0,
     routed_scaling_factor: float = 1.0,
     out: torch.Tensor | None = None,
+    h_group: int = GROUP,
 ) -> torch.Tensor:
     """fp32 [T, H]: Σ_j w_tj · s · W2_e · q2(SiLU(q1(x_t)·W1_eᵀ) ⊙ (q1(x_t)·W3_eᵀ)), e = ids[t, j] local.
 
+    q1 is per 1×128 group (dynamic) or per tensor; q2 per 1×``h_group`` group (dynamic: 128, the
+    checkpoints' recipe, or 64 as the small-T path's H_GROUP = 64 configs) or per tensor.
     ``block_shape`` and ``out`` are accepted for signature parity (the block shape is read from the
     scale tensors; the result is always a fresh fp32 tensor)."""
     del block_shape, out
@@ -125,7 +130,7 @@ def fused_moe_reference(
             continue
         gu = xq[t_idx] @ w13f[e].t()
         h = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
-        y = _quant_dequant(h, a2_scale) @ w2f[e].t()
+        y = _quant_dequant(h, a2_scale, h_group) @ w2f[e].t()
         wt = topk_weights[t_idx, j_idx].float() * routed_scaling_factor
         result.index_add_(0, t_idx, y * wt[:, None])
     return result
