@@ -17,6 +17,8 @@
 #   3. bench      bench_fused_moe.py --ts 1,4,16,64,128 on all five shapes with the peers, on the merged table
 #                 (what is left of the call, <= 100 s)
 # Usage: CALL_S=262 bash benchmarks/dev_moe_group64.sh   (timeout_s 270). Results: $OUT/results.tgz.
+# Run once, 2026-11-29 23:46-23:48 UTC (102 s, working tree of bce81b2's files): tests 6/6 in 12 s, tune 16 s, breakdown,
+# bench 61 s; no pick changed (benchmarks/results/fused_moe_decode.md, fused_moe_decode_group64_*).
 T_ALL=$SECONDS
 CALL_S=${CALL_S:-262}
 here="$(dirname "$0")"
