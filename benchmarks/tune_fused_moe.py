@@ -591,9 +591,12 @@ def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
     """--h-group: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
     where that is a small-T pick with dynamic intermediate scales at T <= H_GROUP_T_MAX: the pick with h in
     1×64 groups (H_GROUP 64, GU_N 64, DN_K 64, 4 warps and 4 stages as Hy3's 64-wide tiles), the same with 6
-    stages, 128-row down tiles, one split less (SPLIT_K 1: the 64-wide tiles double the programs a split was
-    for) and FUSE_QUANT toggled; and the 128-wide pick with gate/up split 2 summed in-kernel (GU_RED). PREFETCH
-    is dropped from all of them (it lost at 19 of 20 points, README "Split sums")."""
+    stages, 128-row down tiles, 8 down stages (the 64-wide down steps with the pick's 32 KB of weight tiles in
+    flight per program: 40 KB of shared memory as the 128-step 4-stage pick; added after the 23:47 UTC run, which
+    measured the 4-stage 64-step down launch 2.6 µs slower than the pick's), one split less (SPLIT_K 1: the
+    64-wide tiles double the programs a split was for) and FUSE_QUANT toggled; and the 128-wide pick with gate/up
+    split 2 summed in-kernel (GU_RED). PREFETCH is dropped from all of them (it lost at 19 of 20 points, README
+    "Split sums")."""
     from hpc_advise.kernels.fused_moe import op_small
 
     cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
@@ -601,7 +604,7 @@ def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
         return [cur]
     base = {key: v for key, v in cur.items() if key != "PREFETCH"}
     g = dict(base, H_GROUP=64, GU_N=64, DN_K=64, GU_WARPS=4, GU_STAGES=4)
-    out = [cur, g, dict(g, GU_STAGES=6), dict(g, DN_N=128)]
+    out = [cur, g, dict(g, GU_STAGES=6), dict(g, DN_N=128), dict(g, DN_STAGES=8)]
     if g["SPLIT_K"] > 1:
         out.append(dict(g, SPLIT_K=1, GU_RED=0, DN_SPLIT=1))
     if t <= op_small.FUSE_T_MAX:
