@@ -196,6 +196,97 @@ elif [ "${STAGE:-sweep}" = fp8t ] || [ "$STAGE" = fp8w ]; then
   grep -i "error\|Traceback" "$RES/sweep.log" | grep -v "^sweep" | head -5
   # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+elif [ "${STAGE:-sweep}" = merge1 ]; then
+  # (carry .whl_attn, .whl_profile) issue 5, the merge as ONE launch (narrow + wide programs, op._merge) instead of
+  # two chained by PDL. Stage 1: GPU tests of the one launch (real sizes, graph replay) and test_decode_attention.py's
+  # CUDA-graph replays. Stage 2, one process, no reference: the 16 bf16 cases (8/1, 64/8) in each one's tuned form,
+  # the two-launch merge of an untracked copy of the package before this change (benchmarks/_merge_before/
+  # decode_attention: kernel.py / op.py / kernel_transposed.py of the parent commit, loaded under another name)
+  # timed first (twice, the first dropped) and again last, against the one launch at 2 warps (ptxas' registers), 2
+  # warps capped at 64 registers (the narrow programs' residency of the old launch), 4 warps (op.MERGE_NUM_WARPS /
+  # MERGE_MAXNREG set per form); each output compared with the two-launch one (elements that differ, rel. diff).
+  # Stage 3: sweep of merge_in_pass 0 (the 8/1 default; first and again last) / 8 / 32 on the 8 bf16 and 8 fp8 8/1
+  # cases (the sweep set built here; runtime/benches stays as it is).
+  install_flashinfer
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
+  pack "flashinfer installed"
+  timeout "${TEST_S:-80}" python3 -m pytest -m gpu tests/kernels/test_decode_attention.py \
+    -k "${TEST_K:-one_merge_launch or cuda_graph}" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+    > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/ab" "$RES/sweep"
+  cat > /tmp/merge1_ab.py <<'EOF'
+import importlib.util, sys, time
+from pathlib import Path
+import torch
+from hpc_advise.kernels.decode_attention import op
+from hpc_advise.runtime.benches import decode_attention as da
+from hpc_advise.runtime.benchmarking import environment, run_row, write_results
+
+pkg = Path(sys.argv[1])
+spec = importlib.util.spec_from_file_location("da_before", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules[spec.name])
+old = importlib.import_module("da_before.op")
+forms = [("two launches", old, 0, 0), ("one, 2 warps", op, 2, 0), ("one, 2 warps, 64 regs", op, 2, 64),
+         ("one, 4 warps", op, 4, 0)]
+env, rows, table, t0 = environment(), [], [], time.time()
+for hq, hkv in ((8, 1), (64, 8)):
+    for name in da.CASES:
+        w = da.Workload(da.case_lengths(name), hq, hkv, torch.bfloat16)
+        base, line = None, [name, f"{hq}/{hkv}"]
+        for i, (label, mod, warps, regs) in enumerate(forms + forms[:1]):
+            if warps:
+                op.MERGE_NUM_WARPS, op.MERGE_MAXNREG = warps, regs
+            plans = [mod.plan(w.seq_lens, t, page_size=da.PAGE, num_q_heads=hq, num_kv_heads=hkv,
+                              head_dim=da.HEAD_DIM, kv_dtype=torch.bfloat16) for t in w.tables]
+            outs = [w.q.new_empty(w.q.shape) for _ in plans]
+            calls = [lambda p=p, o=o, m=mod: m.run(p, w.q, w.k, w.v, out=o) for p, o in zip(plans, outs)]
+            calls[0]()
+            torch.cuda.synchronize()
+            if i == 0:
+                da._time(calls)  # a case's first timing reads slow (sweep run 10): dropped
+            t, how = da._time(calls)
+            o = outs[0].float()
+            base = o if base is None else base
+            ne = int((o != base).sum())
+            rel = ((o - base).norm() / base.norm()).item()
+            wide = int((plans[0].wide_list >= 0).sum())
+            cfg = dict(case=name, num_q_heads=hq, num_kv_heads=hkv, kv_dtype="bf16", form=label, timing=how,
+                       merge_warps=warps, merge_maxnreg=regs, differing=ne, rel_diff=rel, wide_segments=wide,
+                       merge_in_pass=plans[0].merge_in_pass, **({"repeat": True} if i == len(forms) else {}))
+            rows.append(run_row(kind="kernel", subject="decode_attention.merge1", provider="hpc_advise_dynamic",
+                                config=cfg, metric="latency", unit="us", timing=t, env=env))
+            line.append(f"{t.p50:.1f}" + ("" if ne == 0 else f" ({ne} differ, {rel:.0e})"))
+            print(f"merge1 {time.time() - t0:5.1f}s", name, f"{hq}/{hkv}", label + (" (again)" if i == len(forms) else ""),
+                  f"{t.p50:.1f}", how, f"wide {wide}", f"differ {ne} rel {rel:.1e}", flush=True)
+            del calls, plans, outs
+        table.append(line + [wide])
+        w = None  # the next case's pool replaces this one
+        torch.cuda.empty_cache()
+headers = ["case", "Hq/Hkv"] + [f for f, *_ in forms] + ["two launches again", "wide segments"]
+write_results(rows, table, headers, stem="decode_attention_sweep_merge1", env=env,
+              title="Decode attention: the merge as one launch vs two (bf16 KV, tuned forms, page 64, D 128)",
+              notes="CUDA-graph replay over rotated page tables; p50 µs per call; '(n differ, rel)': elements of the "
+                    "output that differ from the two-launch form's, relative Frobenius difference.")
+EOF
+  HPC_ADVISE_RESULTS=$RES/ab timeout "${AB_S:-75}" python3 /tmp/merge1_ab.py benchmarks/_merge_before/decode_attention \
+    > "$RES/ab.log" 2>&1
+  pack "one vs two launches done"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-90}" python3 -c "import runpy, sys
+from hpc_advise.runtime.benches import decode_attention as da
+bf, f8 = (64, 2, 3, 4, 'nested-desc-w-pc32-s2-pdl'), (64, 2, 3, 4, 'nested-desc-w-pc32-s4-f16-pdl-tr')
+da.SWEEP_SETS['merge1'] = dict(cases=[(c, 8, 1, kv) for kv in ('bf16', 'fp8') for c in da.CASES], configs_by_heads={
+    (kv, '8/1'): [e] + [(*e[:4], e[4] + f'-mip{n}') for n in (8, 32)] for kv, e in (('bf16', bf), ('fp8', f8))})
+sys.argv = ['bench_decode_attention.py', '--sweep', '--sweep-set', 'merge1']
+runpy.run_path('benchmarks/bench_decode_attention.py', run_name='__main__')" > "$RES/sweep.log" 2>&1
+  pack "merge_in_pass sweep done"
+  grep -i "Traceback" -A3 "$RES/ab.log" "$RES/sweep.log" 2>/dev/null | head -8
+  # short tables last: one vs two launches (case, heads, form, us, timing, wide segments, differing elements);
+  # merge_in_pass sweep (case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept)
+  grep "^merge1 " "$RES/ab.log" | cut -c15-
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
 elif [ "${STAGE:-sweep}" = mipw ]; then
   # (carry .whl_attn, .whl_profile) issue 5, the chunked in-pass merge (kernel._merge_partials) for wide segments.
   # Stage 1: the GPU tests of test_decode_attention_merge_in_pass.py (TEST_K selects). Stage 2: sweep 'mipw', one

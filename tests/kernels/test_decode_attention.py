@@ -305,6 +305,72 @@ def test_wide_merge_takes_segments_over_many_programs(kv_dtype):
     assert len(listed) == 40 // 16 + 1 and listed == wide + [-1] * (len(listed) - 1)
 
 
+def merged_rows(p, wide: bool) -> list[tuple[int, int]]:
+    """(request, KV head) of the split segments the merge launch combines: those over more than merge_block
+    programs (its wide programs, ``wide``) or the others (its narrow ones)."""
+    firsts, bh = p.merge_first.tolist(), p.merge_bh.tolist()
+    return [
+        divmod(bh[q], p.num_kv_heads)
+        for q, f in enumerate(firsts)
+        if f >= 0 and (q - f + 1 > p.merge_block) == wide
+    ]
+
+
+def segment_rows(out: torch.Tensor, segs: list[tuple[int, int]], group: int) -> torch.Tensor:
+    return torch.stack([out[b, h * group : (h + 1) * group] for b, h in segs])
+
+
+@pytest.mark.parametrize("kv_dtype", [BF16, FP8])
+def test_one_merge_launch_narrow_and_wide_segments(kv_dtype):
+    # the merge is one launch of G + W programs: a segment over <= merge_block (16) programs is combined by
+    # narrow program p (16 partials per step), a wider one by a wide program (128 per step); here both kinds in
+    # one call (700 tokens = 44 tiles over ~27 of 40 programs, 300 over ~12), against float64, NaN-poisoned
+    # output, twice on one plan. Bitwise: each row as today's arithmetic gives it (under the interpreter, which
+    # rounds every operation as written; on the GPU a build's reduction order depends on its warps, see the GPU
+    # tests): the merge launch re-run into an fp32 output (the bf16 output hides the difference) gives the narrow
+    # rows of a merge of every segment at 16 per step and the wide rows of one at 128 per step (wide_merge off,
+    # the same schedule and partials), and those two differ on the wide rows, so a row merged by the wrong path
+    # or block fails.
+    lens, hq, hkv, d, page = [700, 300, 5, 64], 4, 1, 64, 16
+    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
+    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
+    ref = decode_attention_reference(
+        q, k, v, table, seq_lens, page_size=page, k_scale=scales[0], v_scale=scales[1]
+    )
+    knobs = dict(
+        page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, tile=16, num_programs=40, desc=True
+    )
+    merged = {}
+    for form, kw in (("adaptive", dict(merge_block=16, wide_merge=True)), ("16", dict(merge_block=16)),
+                     ("128", dict(merge_block=128))):  # fmt: skip
+        p = op.plan(seq_lens, table, kv_dtype=kv_dtype, pdl=True, **knobs | dict(wide_merge=False) | kw)
+        calls = []
+        for _ in range(2):
+            out = torch.full_like(q, float("nan"))
+            calls.append(op.run(p, q, k, v, k_scale=scales[0], v_scale=scales[1], out=out))
+        assert torch.equal(calls[0], calls[1]), form
+        err = rel_err(calls[0], ref)
+        assert err <= TOL[kv_dtype], (form, err)
+        merged[form] = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device)
+        op._merge(p, merged[form], pdl=False)  # the partials of the last call, merged again into fp32
+        if form == "adaptive":
+            narrow, wide = merged_rows(p, wide=False), merged_rows(p, wide=True)
+            assert len(wide) == 1 and len(narrow) >= 1, p.merge_first.tolist()
+            assert [w for w in p.wide_list.tolist() if w >= 0] == [
+                g for g, f in enumerate(p.merge_first.tolist()) if f >= 0 and g - f + 1 > 16
+            ]
+            # exactly the split segments' rows are merged: every other row of the fp32 output stays NaN
+            rows = segment_rows(merged[form], narrow + wide, hq // hkv)
+            assert not rows.isnan().any() and merged[form].isnan().sum() == q.numel() - rows.numel()
+    group = hq // hkv
+    got = {kind: segment_rows(merged["adaptive"], segs, group) for kind, segs in (("n", narrow), ("w", wide))}
+    assert torch.equal(got["n"], segment_rows(merged["16"], narrow, group))
+    assert torch.equal(got["w"], segment_rows(merged["128"], wide, group))
+    assert not torch.equal(segment_rows(merged["16"], wide, group), got["w"]), (
+        "16 and 128 per step must differ"
+    )
+
+
 @pytest.mark.parametrize("q_mag", [3e5, 1.0, 1e-6])
 def test_fp8_products_in_fp16_any_q_magnitude(q_mag):
     # f16_dot: e4m3 K/V convert to fp16 exactly; q is brought into fp16's range by a power of two per
@@ -721,6 +787,75 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
     check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, eager=tuned)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lens,hq,hkv,kv_dtype,mip",
+    [
+        ([131072], 8, 1, BF16, None),  # one segment over all programs: a wide program of the launch merges it
+        ([131072], 8, 1, FP8, None),  # the same through the transposed fp8 8/1 default
+        (
+            [65536] + [4096] * 15,
+            64,
+            8,
+            BF16,
+            0,
+        ),  # the 64K request's segments (~17 programs each): wide programs
+        (
+            [65536] + [4096] * 15,
+            64,
+            8,
+            BF16,
+            None,
+        ),  # tuned (merge_in_pass 32): they merge in the pass instead
+        (EDGE + [70000], 8, 1, BF16, None),  # narrow and wide segments in one call
+    ],
+)
+def test_gpu_one_merge_launch_real_sizes(lens, hq, hkv, kv_dtype, mip):
+    # the tuned form with the one merge launch at real sizes: against float64, and 3 calls of one plan (output
+    # NaN-poisoned before each) bitwise the first. Against the two-launch merge it replaced: benchmarks/dev_attn.sh
+    # STAGE=merge1 compares the outputs of both forms on the benchmark's 16 bf16 cases in one process.
+    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=128, page=64, kv_dtype=kv_dtype)
+    kw = {} if mip is None else dict(merge_in_pass=mip)
+    p = op.plan(
+        seq_lens, table, page_size=64, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, kv_dtype=kv_dtype, **kw
+    )
+    scales = (0.8, 1.3) if kv_dtype == FP8 else (1.0, 1.0)
+    outs = []
+    for _ in range(3):
+        out = torch.full_like(q, float("nan"))
+        outs.append(op.run(p, q, k, v, k_scale=scales[0], v_scale=scales[1], out=out))
+    ref = decode_attention_reference(
+        q, k, v, table, seq_lens, page_size=64, k_scale=scales[0], v_scale=scales[1]
+    )
+    assert rel_err(outs[0], ref) <= TOL[kv_dtype]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    wide = merged_rows(p, wide=True)
+    assert bool(wide) == (p.merge_in_pass == 0), (p.merge_in_pass, wide)
+    if len(lens) > 16:
+        assert merged_rows(p, wide=False), p.merge_first.tolist()
+
+
+@pytest.mark.gpu
+def test_gpu_one_merge_launch_cuda_graph_replay():
+    # bf16 8/1 tuned, captured once and replayed with lengths whose split segments go to the launch's wide
+    # programs alone or to narrow and wide ones; each request's pages built for its longest step
+    hq, hkv, page = 8, 1, 64
+    q, k, v, table, _ = make_case([131072, 4096, 12800, 4096], hq=hq, hkv=hkv, d=128, page=page)
+    lens_buf = torch.tensor([65536, 100, 12800, 4096], dtype=torch.int32, device="cuda")
+    p = op.plan(
+        lens_buf, table, page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, kv_dtype=BF16
+    )
+    kinds = []
+
+    def each(_):
+        kinds.append((bool(merged_rows(p, wide=False)), bool(merged_rows(p, wide=True))))
+
+    steps = ([131072, 1, 4096, 4096], [4096] * 4, [65536, 100, 300, 4096], [131072, 100, 12800, 4096])
+    eager = lambda tb: op.decode_attention(q, k, v, tb, lens_buf, page_size=page)  # noqa: E731
+    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, eager=eager, each=each)
+    assert any(n for n, _ in kinds) and any(w for _, w in kinds), kinds
+
+
 # ---------------------------------------------------------------- CPU only: what Triton builds for sm_90a
 
 _STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs"]
@@ -837,18 +972,25 @@ def test_deeper_pipelines_compile_for_sm90():
 
 
 @pytest.mark.slow
-def test_pdl_merge_launches_compile_for_sm90():
-    # the merge launches as programmatic dependents (griddepcontrol, SM90 only: the interpreter skips it)
-    # build for the H200, the narrow (2 warps, 16 per step) and the wide one (4 warps, 128 per step)
+def test_merge_launch_compiles_for_sm90():
+    # the one merge launch (narrow and wide paths in one kernel) as a programmatic dependent (griddepcontrol, SM90
+    # only: the interpreter skips it) builds for the H200 in the shipped form (op.MERGE_NUM_WARPS, op.MERGE_MAXNREG)
+    # without spills; its registers are the wide path's (a [128, 64] fp32 block of partials)
     from tests.kernels.sm90_compile import compile_sm90
 
-    types = "*bf16 " + "*i32 " * 4 + "*fp32 *fp32 *i32 i32 i32"
-    base = dict(NUM_KV_HEADS=8, GROUP=8, HEAD_DIM=128, D_CHUNK=64, PDL=True)
-    jobs = [
-        [_KERNEL, "merge_kernel", types, base | dict(BLOCK_P=16, NARROW=16, WIDE=False), 2, 1, ["stride_ob"]],
-        [_KERNEL, "merge_kernel", types, base | dict(BLOCK_P=128, NARROW=0, WIDE=True), 4, 1, ["stride_ob"]],
+    types = "*bf16 " + "*i32 " * 4 + "*fp32 *fp32 *i32 i32 i32 i32"
+    consts = dict(NUM_KV_HEADS=8, GROUP=8, HEAD_DIM=128, D_CHUNK=64, PDL=True, BLOCK_P=16, NARROW=16)
+    job = [
+        _KERNEL,
+        "merge_kernel",
+        types,
+        consts | dict(WIDE_BLOCK_P=op.WIDE_MERGE_BLOCK),
+        op.MERGE_NUM_WARPS,
+        1,
     ]
-    assert all(r["stack"] == 0 for r in compile_sm90(jobs))
+    job += [["stride_ob"]] + ([op.MERGE_MAXNREG] if op.MERGE_MAXNREG else [])
+    (r,) = compile_sm90([job])
+    assert r["stack"] == 0 and r["ctas_per_sm"] >= 4, r
 
 
 def test_sweep_variants_and_best_config_skip_failures():

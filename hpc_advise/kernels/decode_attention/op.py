@@ -5,9 +5,9 @@ from ``max_batch`` and the page-table width) and fills them with one Triton laun
 plus one copy of the page table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
 ``update`` + ``run`` calls can be captured in one CUDA graph and replayed with new lengths.
 ``run(plan, q, k_cache, v_cache, ...)`` launches the persistent attention pass, then the log-sum-exp merge
-grid, whose programs without merge duty exit after one load, and with ``wide_merge`` a small second merge
-launch for segments split over many programs (the merges always launch, so a captured graph stays valid
-whatever the lengths are).
+grid, whose programs without merge duty exit after one load; with ``wide_merge`` the same launch has a few
+more programs for segments split over many programs (the merge always launches, so a captured graph stays
+valid whatever the lengths are).
 
 Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv, D]`` of q's dtype or
 float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on the device); head_dim
@@ -46,12 +46,18 @@ DEFAULT_DESC = False
 # takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
 DEFAULT_MERGE_BLOCK = 16
 MERGE_BLOCKS = (16, 32, 64, 128)
-# Adaptive merge width: with ``wide_merge`` the merge launch combines merge_block partials per step only for
-# segments with at most merge_block participants; a second, small launch (one program per possible such
-# segment: G // merge_block + 1, listed by the planner on the GPU) merges the others WIDE_MERGE_BLOCK at a
-# time. Small splits keep the light merge, a 128K request over 264 programs takes 3 steps instead of 17.
+# Adaptive merge width: with ``wide_merge`` the merge launch's first G programs combine merge_block partials
+# per step only for segments with at most merge_block participants; W = G // merge_block + 1 more programs of
+# the same launch (one per possible such segment, listed by the planner on the GPU) merge the others
+# WIDE_MERGE_BLOCK at a time. Small splits keep the light merge, a 128K request over 264 programs takes 3 steps
+# instead of 17. One launch since issue 5's merge1 round (README, "Tuning"); before, the W programs were a
+# second launch chained by PDL.
 DEFAULT_WIDE_MERGE = False
 WIDE_MERGE_BLOCK = 128
+# Warps per merge program, and a register cap (maxnreg; 0: ptxas's choice). One kernel holds both paths, so
+# its registers are the wide path's; they bound how many of the mostly idle programs are resident at once.
+MERGE_NUM_WARPS = 2
+MERGE_MAXNREG = 0
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
@@ -90,8 +96,8 @@ WHOLE_GATE = 8
 # Merge in the attention pass (merge_in_pass=N > 0, nested loop): a split segment with at most N participating
 # programs is merged by the participant that finishes last (per-segment arrival counters in the plan's buffers,
 # atom.acq_rel.gpu), right after its own partial, instead of by the merge launch after the whole grid; wider
-# segments keep the merge launches, which skip the ones merged in the pass. 0: every split segment is merged by
-# the launches (the behaviour before this knob).
+# segments keep the merge launch, which skips the ones merged in the pass. 0: every split segment is merged by
+# the launch (the behaviour before this knob).
 DEFAULT_MERGE_IN_PASS = 0
 MAX_MERGE_IN_PASS = 64
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
@@ -264,7 +270,7 @@ class DecodePlan:
     ``ws_lse[2G, group]`` fp32 (partial results of split segments), ``prog_desc[G, 8]`` (each program's
     range and first segment, read by the nested loop when ``desc``), ``req_cost[max_batch + 1]`` (cost
     position where each request starts: tiles + ``seg_cost`` per segment), ``wide_list[W]`` (programs whose
-    merge goes to the wide launch, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
+    merge goes to the merge launch's wide programs, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
     candidate plan's boundaries as cost position, first unit and its request; ``bounds[3, 0]`` is 1 if the
     gate kept that plan, else the even split runs), ``region[max_batch, 2]`` (with ``whole_below``: the cost
     span of each request's region).
@@ -288,10 +294,10 @@ class DecodePlan:
     pt_chunk: int  # nested loop, page >= tile or page == tile / 2: page ids of this many tiles loaded ahead (0: per tile)
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
-    wide_merge: bool = False  # segments split over > merge_block programs merge in a second, wide launch
+    wide_merge: bool = False  # segments split over > merge_block programs merge WIDE_MERGE_BLOCK at a time
     seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
-    pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90; tuned default)
+    pdl: bool = False  # merge launch as a programmatic dependent of the attention pass (SM90; tuned default)
     warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
     snap: int = 0  # dynamic schedule: boundaries move onto segment boundaries within snap % of a share
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
@@ -849,9 +855,14 @@ def _warp_split(plan: DecodePlan) -> int:
 
 
 def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
-    """The log-sum-exp merge launch(es); see ``WIDE_MERGE_BLOCK``."""
+    """The log-sum-exp merge: one launch of ``G + W`` x group x D/64 programs (see ``WIDE_MERGE_BLOCK``)."""
     d_chunk = min(64, plan.head_dim)
-    args = (
+    g = plan.grid_size()
+    wide = plan.wide_list.shape[0] if plan.wide_merge else 0
+    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
+    if MERGE_MAXNREG and plan.device.type == "cuda" and not _interpreting():
+        launch["maxnreg"] = MERGE_MAXNREG
+    _k.merge_kernel[(g + wide, plan.group, plan.head_dim // d_chunk)](
         out,
         plan.prog_start,
         plan.merge_first,
@@ -860,33 +871,20 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         plan.ws_o,
         plan.ws_lse,
         plan.wide_list,
+        g,
         out.stride(0),
         out.stride(1),
-    )
-    consts = dict(NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim, D_CHUNK=d_chunk)
-    chunks = plan.head_dim // d_chunk
-    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
-    _k.merge_kernel[(plan.grid_size(), plan.group, chunks)](
-        *args,
-        **consts,
+        NUM_KV_HEADS=plan.num_kv_heads,
+        GROUP=plan.group,
+        HEAD_DIM=plan.head_dim,
+        D_CHUNK=d_chunk,
         BLOCK_P=plan.merge_block,
+        WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
         NARROW=plan.merge_block if plan.wide_merge else 0,
-        WIDE=False,
         PDL=pdl,
-        num_warps=2 if plan.merge_block <= 32 else 4,
+        num_warps=MERGE_NUM_WARPS,
         **launch,
     )
-    if plan.wide_merge:
-        _k.merge_kernel[(plan.wide_list.shape[0], plan.group, chunks)](
-            *args,
-            **consts,
-            BLOCK_P=WIDE_MERGE_BLOCK,
-            NARROW=0,
-            WIDE=True,
-            PDL=pdl,
-            num_warps=4,
-            **launch,
-        )
 
 
 def decode_attention(
