@@ -206,7 +206,11 @@ elif [ "${STAGE:-sweep}" = merge1 ]; then
   # warps capped at 64 registers (the narrow programs' residency of the old launch), 4 warps (op.MERGE_NUM_WARPS /
   # MERGE_MAXNREG set per form); each output compared with the two-launch one (elements that differ, rel. diff).
   # Stage 3: sweep of merge_in_pass 0 (the 8/1 default; first and again last) / 8 / 32 on the 8 bf16 and 8 fp8 8/1
-  # cases (the sweep set built here; runtime/benches stays as it is).
+  # cases (the sweep set built here; runtime/benches stays as it is). Sweep merge1's call (23:56-23:59 UTC, working
+  # tree of 98a076b = the one launch, TEST_S=75 AB_S=75 SWEEP_S=85, 143 s in all): 10 tests passed in 54 s, stage 2
+  # 39 s (80 timings), stage 3 38 s (64). The one launch was then reverted (not adopted, op.WIDE_MERGE_BLOCK's
+  # comment): to time it again, put 98a076b's kernel.py / op.py into hpc_advise/kernels/decode_attention and the
+  # current ones (with kernel_transposed.py and an empty __init__.py) into benchmarks/_merge_before/decode_attention.
   install_flashinfer
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
   pack "flashinfer installed"

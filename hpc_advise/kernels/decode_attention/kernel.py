@@ -1239,63 +1239,6 @@ def decode_flat_kernel(
 
 
 @triton.jit
-def _combine_segment(
-    out_ptr,
-    prog_start_ptr,
-    merge_bh_ptr,
-    merge_seg_ptr,
-    ws_o_ptr,
-    ws_lse_ptr,
-    p,
-    lo,
-    r,
-    c,
-    stride_ob,
-    stride_oh,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_CHUNK: tl.constexpr,
-    BLOCK_P: tl.constexpr,  # partials combined per step
-):
-    """Query row ``r``, columns ``c * D_CHUNK ..`` of the split segment whose partials programs ``lo`` .. ``p``
-    of the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``."""
-    bh = tl.load(merge_bh_ptr + p)
-    seg_start = tl.load(merge_seg_ptr + p)
-    offs_d = c * D_CHUNK + tl.arange(0, D_CHUNK)
-    m_run = tl.full([D_CHUNK], float("-inf"), dtype=tl.float32)  # kept as a vector
-    w_sum = tl.zeros([D_CHUNK], dtype=tl.float32)
-    acc = tl.zeros([D_CHUNK], dtype=tl.float32)
-    for q0 in range(lo, p + 1, BLOCK_P):
-        qs = q0 + tl.arange(0, BLOCK_P)
-        in_range = qs <= p
-        q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
-        q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
-        ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
-        # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
-        slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
-        lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
-        o = tl.load(
-            ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=ok[:, None],
-            other=0.0,
-        )  # [BLOCK_P, D_CHUNK]
-        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, D_CHUNK] (same per column)
-        scale_old = tl.exp2(m_run - m_use)
-        acc = acc * scale_old + tl.sum(w * o, axis=0)
-        w_sum = w_sum * scale_old + tl.sum(w, axis=0)
-        m_run = m_new
-    res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
-    b = bh // NUM_KV_HEADS
-    row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
-    tl.store(
-        out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty)
-    )
-
-
-@triton.jit
 def merge_kernel(
     out_ptr,  # [B, Hq, D]
     prog_start_ptr,  # [G + 1]
@@ -1305,54 +1248,74 @@ def merge_kernel(
     ws_o_ptr,  # [2G, GROUP, D] fp32
     ws_lse_ptr,  # [2G, GROUP] fp32
     wide_list_ptr,  # [W] int32 (plan): programs whose merge has > NARROW participants, then -1s
-    G,  # programs of the attention pass: axis 0 is G narrow programs, then W wide ones
     stride_ob,
     stride_oh,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_CHUNK: tl.constexpr,  # columns of D per program
-    BLOCK_P: tl.constexpr,  # partials combined per step by the narrow programs
-    WIDE_BLOCK_P: tl.constexpr,  # ... and by the wide ones
-    NARROW: tl.constexpr,  # 0: the narrow programs merge every split segment; > 0: only those of <= NARROW
-    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
+    BLOCK_P: tl.constexpr,  # partials combined per step
+    NARROW: tl.constexpr,  # 0: merge every split segment; > 0: only those with <= NARROW participants
+    WIDE: tl.constexpr,  # True: axis 0 indexes wide_list (the segments the NARROW launch left out)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass (or merge)
 ):
-    # grid (G + W, GROUP, HEAD_DIM // D_CHUNK), one launch. Program (i, r, c) combines, for query row r of the
-    # group and columns c, the partials of one split segment: for i < G the segment that program p = i of the
-    # attention pass merges (its last participant) if it has at most NARROW participants, BLOCK_P partials per
-    # step; for i >= G the segment of p = wide_list[i - G] (the planner's list of the wider ones; -1: none),
-    # WIDE_BLOCK_P per step. So every split segment is combined by exactly one program. Programs with nothing to
-    # merge exit after one load.
-    i = tl.program_id(0)
+    # grid (G, GROUP, HEAD_DIM // D_CHUNK), or (W, ...) when WIDE: program (p, r, c) combines, for query
+    # row r of the group and columns c, the partials of the split segment that program p of the
+    # attention pass merges (its last participant). Programs with nothing to merge exit after one load.
     r = tl.program_id(1)
     c = tl.program_id(2)
-    narrow = i < G
-    if narrow:
-        p = i
+    if WIDE:
+        p = tl.load(wide_list_ptr + tl.program_id(0))
+        lo = tl.load(merge_first_ptr + tl.maximum(p, 0))
+        lo = tl.where(p >= 0, lo, -1)
+    else:
+        p = tl.program_id(0)
         lo = tl.load(merge_first_ptr + p)
         if NARROW > 0:
             lo = tl.where(p - lo + 1 > NARROW, -1, lo)
-    else:
-        p = tl.load(wide_list_ptr + (i - G))
-        lo = tl.load(merge_first_ptr + tl.maximum(p, 0))
-        lo = tl.where(p >= 0, lo, -1)
     if PDL:
-        # launched before the attention pass finished: everything read above comes from the planner (done
-        # before that pass started); partials may be read only after griddepcontrol.wait. Program (0, 0, 0)
-        # always waits, so the launch never completes before the attention pass: pass and merge complete in
-        # that order, and whatever is launched after them (without PDL) finds every output row written, even
-        # when no segment needed merging and every other program exited at once.
-        if (lo >= 0) | ((i == 0) & (r == 0) & (c == 0)):
+        # launched before the attention pass finished: everything read above comes from the planner
+        # (done before that pass started); partials may be read only after griddepcontrol.wait. Program
+        # (0, 0, 0) of each merge launch always waits, so a launch never completes before the grid it
+        # depends on: attention pass, merge and wide merge complete in that order, and whatever is
+        # launched after them (without PDL) finds every output row written, even when no segment needed
+        # the wide launch and its other programs exited at once.
+        must_wait = (lo >= 0) | ((tl.program_id(0) == 0) & (r == 0) & (c == 0))
+        if not WIDE:
+            gdc_launch_dependents()  # the wide launch may start; its listed programs wait on this grid
+        if must_wait:
             gdc_wait()
     if lo >= 0:
-        # two code paths, one per block size, chosen by a value uniform over the program
-        if narrow:
-            _combine_segment(
-                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P,
-            )  # fmt: skip
-        else:
-            _combine_segment(
-                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, WIDE_BLOCK_P,
-            )  # fmt: skip
+        bh = tl.load(merge_bh_ptr + p)
+        seg_start = tl.load(merge_seg_ptr + p)
+        offs_d = c * D_CHUNK + tl.arange(0, D_CHUNK)
+        m_run = tl.full([D_CHUNK], float("-inf"), dtype=tl.float32)  # kept as a vector
+        w_sum = tl.zeros([D_CHUNK], dtype=tl.float32)
+        acc = tl.zeros([D_CHUNK], dtype=tl.float32)
+        for q0 in range(lo, p + 1, BLOCK_P):
+            qs = q0 + tl.arange(0, BLOCK_P)
+            in_range = qs <= p
+            q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
+            q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
+            ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
+            # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
+            slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
+            lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
+            o = tl.load(
+                ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=ok[:, None],
+                other=0.0,
+            )  # [BLOCK_P, D_CHUNK]
+            m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, D_CHUNK] (same per column)
+            scale_old = tl.exp2(m_run - m_use)
+            acc = acc * scale_old + tl.sum(w * o, axis=0)
+            w_sum = w_sum * scale_old + tl.sum(w, axis=0)
+            m_run = m_new
+        res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
+        b = bh // NUM_KV_HEADS
+        row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
+        tl.store(
+            out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty)
+        )

@@ -5,9 +5,9 @@ from ``max_batch`` and the page-table width) and fills them with one Triton laun
 plus one copy of the page table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
 ``update`` + ``run`` calls can be captured in one CUDA graph and replayed with new lengths.
 ``run(plan, q, k_cache, v_cache, ...)`` launches the persistent attention pass, then the log-sum-exp merge
-grid, whose programs without merge duty exit after one load; with ``wide_merge`` the same launch has a few
-more programs for segments split over many programs (the merge always launches, so a captured graph stays
-valid whatever the lengths are).
+grid, whose programs without merge duty exit after one load, and with ``wide_merge`` a small second merge
+launch for segments split over many programs (the merges always launch, so a captured graph stays valid
+whatever the lengths are).
 
 Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv, D]`` of q's dtype or
 float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on the device); head_dim
@@ -46,18 +46,22 @@ DEFAULT_DESC = False
 # takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
 DEFAULT_MERGE_BLOCK = 16
 MERGE_BLOCKS = (16, 32, 64, 128)
-# Adaptive merge width: with ``wide_merge`` the merge launch's first G programs combine merge_block partials
-# per step only for segments with at most merge_block participants; W = G // merge_block + 1 more programs of
-# the same launch (one per possible such segment, listed by the planner on the GPU) merge the others
-# WIDE_MERGE_BLOCK at a time. Small splits keep the light merge, a 128K request over 264 programs takes 3 steps
-# instead of 17. One launch since issue 5's merge1 round (README, "Tuning"); before, the W programs were a
-# second launch chained by PDL.
+# Adaptive merge width: with ``wide_merge`` the merge launch combines merge_block partials per step only for
+# segments with at most merge_block participants; a second, small launch (one program per possible such
+# segment: G // merge_block + 1, listed by the planner on the GPU) merges the others WIDE_MERGE_BLOCK at a
+# time. Small splits keep the light merge, a 128K request over 264 programs takes 3 steps instead of 17.
+# Both launches as ONE (grid G + W: narrow programs, then the listed wide ones, each path with its own block) was
+# measured in sweep merge1 (H200, 2026-11-29 23:57 UTC, benchmarks/results/decode_attention_sweep_merge1.md, one
+# process, this two-launch form first and again last) and not adopted. At 4 warps (128 registers, the wide path's)
+# bf16 8/1 2 x 32K + 30 x 4K 38.2 -> 35.7 us, 1 x 64K + 15 x 4K 32.0 (31.3) -> 28.4, 1 x 128K + 31 x 4K 48.5 -> 46.0
+# (a wide segment next to narrow ones: the wide merge need not wait for the narrow launch), 1 x 128K 31.0 (30.3) ->
+# 30.6, but where no segment is wide 64 x 4K 43.6 -> 44.8, 128 x U 172.3 -> 175.7, 64 x U 94.1 -> 95.8: -2.3 % in
+# geometric mean over the 8 bf16 8/1 cases, 3 of them 1.8-2.6 % slower. 2 warps (176 registers) slower than 4 on all
+# 8; capped at 64 registers (the narrow launch's count; 784 bytes of spills) no faster where nothing is wide and up to
+# 76 % slower where something is, so the loss is not simply fewer resident programs (not profiled). 64/8 (segments
+# of <= 32 programs merge in the pass) within 0.7 % in every form.
 DEFAULT_WIDE_MERGE = False
 WIDE_MERGE_BLOCK = 128
-# Warps per merge program, and a register cap (maxnreg; 0: ptxas's choice). One kernel holds both paths, so
-# its registers are the wide path's; they bound how many of the mostly idle programs are resident at once.
-MERGE_NUM_WARPS = 2
-MERGE_MAXNREG = 0
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
@@ -96,8 +100,8 @@ WHOLE_GATE = 8
 # Merge in the attention pass (merge_in_pass=N > 0, nested loop): a split segment with at most N participating
 # programs is merged by the participant that finishes last (per-segment arrival counters in the plan's buffers,
 # atom.acq_rel.gpu), right after its own partial, instead of by the merge launch after the whole grid; wider
-# segments keep the merge launch, which skips the ones merged in the pass. 0: every split segment is merged by
-# the launch (the behaviour before this knob).
+# segments keep the merge launches, which skip the ones merged in the pass. 0: every split segment is merged by
+# the launches (the behaviour before this knob).
 DEFAULT_MERGE_IN_PASS = 0
 MAX_MERGE_IN_PASS = 64
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
@@ -166,7 +170,14 @@ TUNED_BY_KV_DTYPE = {
 # the default again at each case's end within 0.5 %): 64/8 32 x 128 + 32 x 4K 147.3 -> 141.9 us, 2 x 32K + 30 x 4K
 # 194.7 -> 191.6, 1 x 64K + 15 x 4K 138.8 -> 136.8, 64 x U -0.3 %, 128 x U 0; +0.5 % where no segment is merged in
 # the pass (64 x 4K, 1 x 128K, 1 x 128K + 31 x 4K: the bookkeeping), -0.7 % in geometric mean over the 8. Not for
-# 8/1 (64 x U 94.6 -> 97.7 us) nor fp8 (unswept with the transposed default).
+# 8/1 (64 x U 94.6 -> 97.7 us) nor fp8 (unswept with the transposed default). 8/1 again in sweep merge1 (2026-11-29
+# 23:58 UTC, benchmarks/results/decode_attention_sweep_merge1.md, one process, the merge launches then one launch at
+# 2 warps — since reverted —, the default merge_in_pass 0 first and again last, within 1.4 %): bf16 8/1 at 8 / 32
+# faster where short splits are many (64 x 4K 46.0 -> 43.3 / 43.5 us, 128 x U 176.7 -> 171.8 / 171.6, 32 x 128 + 32 x
+# 4K 30.6 -> 30.1 / 28.3) and slower next to long requests (2 x 32K + 30 x 4K 37.3 -> 39.2 / 38.7, 1 x 64K + 15 x 4K
+# 30.3 -> 31.3 / 33.9, 1 x 128K + 31 x 4K 47.8 -> 49.4 / 49.3, 1 x 128K 32.7 -> 33.4 / 33.1); fp8 8/1 (transposed,
+# 2/SM) the same pattern (64 x 4K 38.2 -> 35.5 / 35.6, 2 x 32K + 30 x 4K 32.2 -> 35.1 / 36.0). Geometric mean +0.2 /
+# -0.1 % (bf16), +0.3 / +2.4 % (fp8), 4 cases > 1 % slower at either N (up to +16 %): 8/1 keeps 0.
 # Since sweep mipw (2026-11-29 22:27-22:29 UTC, benchmarks/results/decode_attention_sweep_mipw.md, one process; the
 # in-pass merge in chunks of 3 participants, kernel._merge_partials) merge_in_pass 32: the segments of the 64K / 128K
 # requests mixed with 4K ones (~17 programs each) and 2 x 32K + 30 x 4K's 32K ones merge in the pass instead of the
@@ -270,7 +281,7 @@ class DecodePlan:
     ``ws_lse[2G, group]`` fp32 (partial results of split segments), ``prog_desc[G, 8]`` (each program's
     range and first segment, read by the nested loop when ``desc``), ``req_cost[max_batch + 1]`` (cost
     position where each request starts: tiles + ``seg_cost`` per segment), ``wide_list[W]`` (programs whose
-    merge goes to the merge launch's wide programs, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
+    merge goes to the wide launch, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
     candidate plan's boundaries as cost position, first unit and its request; ``bounds[3, 0]`` is 1 if the
     gate kept that plan, else the even split runs), ``region[max_batch, 2]`` (with ``whole_below``: the cost
     span of each request's region).
@@ -294,10 +305,10 @@ class DecodePlan:
     pt_chunk: int  # nested loop, page >= tile or page == tile / 2: page ids of this many tiles loaded ahead (0: per tile)
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
-    wide_merge: bool = False  # segments split over > merge_block programs merge WIDE_MERGE_BLOCK at a time
+    wide_merge: bool = False  # segments split over > merge_block programs merge in a second, wide launch
     seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
-    pdl: bool = False  # merge launch as a programmatic dependent of the attention pass (SM90; tuned default)
+    pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90; tuned default)
     warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
     snap: int = 0  # dynamic schedule: boundaries move onto segment boundaries within snap % of a share
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
@@ -855,14 +866,9 @@ def _warp_split(plan: DecodePlan) -> int:
 
 
 def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
-    """The log-sum-exp merge: one launch of ``G + W`` x group x D/64 programs (see ``WIDE_MERGE_BLOCK``)."""
+    """The log-sum-exp merge launch(es); see ``WIDE_MERGE_BLOCK``."""
     d_chunk = min(64, plan.head_dim)
-    g = plan.grid_size()
-    wide = plan.wide_list.shape[0] if plan.wide_merge else 0
-    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
-    if MERGE_MAXNREG and plan.device.type == "cuda" and not _interpreting():
-        launch["maxnreg"] = MERGE_MAXNREG
-    _k.merge_kernel[(g + wide, plan.group, plan.head_dim // d_chunk)](
+    args = (
         out,
         plan.prog_start,
         plan.merge_first,
@@ -871,20 +877,33 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         plan.ws_o,
         plan.ws_lse,
         plan.wide_list,
-        g,
         out.stride(0),
         out.stride(1),
-        NUM_KV_HEADS=plan.num_kv_heads,
-        GROUP=plan.group,
-        HEAD_DIM=plan.head_dim,
-        D_CHUNK=d_chunk,
+    )
+    consts = dict(NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim, D_CHUNK=d_chunk)
+    chunks = plan.head_dim // d_chunk
+    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
+    _k.merge_kernel[(plan.grid_size(), plan.group, chunks)](
+        *args,
+        **consts,
         BLOCK_P=plan.merge_block,
-        WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
         NARROW=plan.merge_block if plan.wide_merge else 0,
+        WIDE=False,
         PDL=pdl,
-        num_warps=MERGE_NUM_WARPS,
+        num_warps=2 if plan.merge_block <= 32 else 4,
         **launch,
     )
+    if plan.wide_merge:
+        _k.merge_kernel[(plan.wide_list.shape[0], plan.group, chunks)](
+            *args,
+            **consts,
+            BLOCK_P=WIDE_MERGE_BLOCK,
+            NARROW=0,
+            WIDE=True,
+            PDL=pdl,
+            num_warps=4,
+            **launch,
+        )
 
 
 def decode_attention(
