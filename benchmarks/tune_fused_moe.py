@@ -73,17 +73,17 @@ merged only if >= 2% faster).
 
 ``--h-group`` times, per point (block-dynamic small-T picks, T <= H_GROUP_T_MAX), the config ``op.get_config``
 picks now against the same pick with h quantized in 1×64 groups (H_GROUP 64: 64-wide gate/up tiles whose
-epilogue quantizes their own columns, so twice the gate/up programs; 64-wide down K steps), a few tile / stage /
-FUSE_QUANT / split variants of that form, and the pick with gate/up split-K 2 summed in-kernel (GU_RED, no
-PREFETCH), through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
+epilogue quantizes their own columns, so twice the gate/up programs), with the down kernel stepping K by 128
+(two groups per step) or by 64 (8 or 4 stages), and FUSE_QUANT / split variants of the 128-step form, through
+the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
 faster; ``h_group_candidates``). The 1×64 outputs differ from the 1×128 pick's by a few % (a finer, not a
 wrong, quantization: the tests hold them to the 1×64 reference), so the loop's accuracy bar against the first
 candidate is H_GROUP_MAX_REL_DIFF there.
 
 ``--small-breakdown`` tunes nothing: per point it times the small-T path's whole call and each of its launches
 alone (quantization, gate/up, down; the others skipped, so the alone times sum the GPU work without the launch
-boundaries) in CUDA-graph replay over 8 routings, for the current pick and its first 1×64 form
-(``small_breakdown``).
+boundaries) in CUDA-graph replay over 8 routings, for the current pick and its 1×64 forms with the 128- and
+64-step down kernels (``small_breakdown``).
 
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
@@ -589,29 +589,32 @@ H_GROUP_MAX_REL_DIFF = 6e-2
 
 def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--h-group: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
-    where that is a small-T pick with dynamic intermediate scales at T <= H_GROUP_T_MAX: the pick with h in
-    1×64 groups (H_GROUP 64, GU_N 64, DN_K 64, 4 warps and 4 stages as Hy3's 64-wide tiles), the same with 6
-    stages, 128-row down tiles, 8 down stages (the 64-wide down steps with the pick's 32 KB of weight tiles in
-    flight per program: 40 KB of shared memory as the 128-step 4-stage pick; added after the 23:47 UTC run, which
-    measured the 4-stage 64-step down launch 2.6 µs slower than the pick's), one split less (SPLIT_K 1: the
-    64-wide tiles double the programs a split was for) and FUSE_QUANT toggled; and the 128-wide pick with gate/up
-    split 2 summed in-kernel (GU_RED). PREFETCH is dropped from all of them (it lost at 19 of 20 points, README
-    "Split sums")."""
+    where that is a small-T pick with dynamic intermediate scales at T <= H_GROUP_T_MAX, the pick with h in 1×64
+    groups (H_GROUP 64, GU_N 64 with 4 warps and 4 stages as Hy3's 64-wide tiles), in this order: the pick's
+    down kernel with two groups per 128-wide K step (DN_K 128: its loads, stages and wgmma count), the 64-step
+    down kernel (DN_K 64) with 8 stages (the pick's 32 KB of weight tiles in flight per program) and with 4, the
+    128-step form with FUSE_QUANT toggled and, where the pick splits K, with one split (SPLIT_K 1: the 64-wide
+    tiles double the programs a split was for). PREFETCH is dropped from all of them (it lost at 19 of 20
+    points, README "Split sums"). The 1×64 forms with 6 gate/up stages or 128-row down tiles and the 128-wide
+    pick with split 2 summed in gate/up lost at all four points of the 23:47 UTC run (README "h in 1×64
+    groups") and are not timed again. ``small_breakdown`` splits the first BREAKDOWN_FORMS of this list."""
     from hpc_advise.kernels.fused_moe import op_small
 
     cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
     if not (mode.endswith("dynamic") and op_small.is_small(cur) and t <= H_GROUP_T_MAX):
         return [cur]
     base = {key: v for key, v in cur.items() if key != "PREFETCH"}
-    g = dict(base, H_GROUP=64, GU_N=64, DN_K=64, GU_WARPS=4, GU_STAGES=4)
-    out = [cur, g, dict(g, GU_STAGES=6), dict(g, DN_N=128), dict(g, DN_STAGES=8)]
-    if g["SPLIT_K"] > 1:
-        out.append(dict(g, SPLIT_K=1, GU_RED=0, DN_SPLIT=1))
+    g = dict(base, H_GROUP=64, GU_N=64, DN_K=128, GU_WARPS=4, GU_STAGES=4)
+    out = [cur, g, dict(g, DN_K=64, DN_STAGES=8), dict(g, DN_K=64, DN_STAGES=4)]
     if t <= op_small.FUSE_T_MAX:
         out.append(dict(g, FUSE_QUANT=0) if g.get("FUSE_QUANT", 0) else dict(g, FUSE_QUANT=1))
-    if base["SPLIT_K"] == 1:
-        out.append(dict(base, SPLIT_K=2, GU_RED=1))
+    if g["SPLIT_K"] > 1:
+        out.append(dict(g, SPLIT_K=1, GU_RED=0, DN_SPLIT=1))
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+# --small-breakdown: the current pick and the 1x64 pick's 128- and 64-step down forms
+BREAKDOWN_FORMS = 3
 
 
 SMALL_LAUNCHES = ("_small_quant_kernel", "_small_gate_up_kernel", "_small_down_kernel")
@@ -632,7 +635,8 @@ def _launch_only(real, name: str | None, seen: set):
 
 def small_breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
     """µs (CUDA-graph replay over 8 routings, p50) of the small-T path's whole call and of each of its launches
-    alone, for the current pick and its first 1×64 form (``h_group_candidates``), at each (shape, T).
+    alone, for the current pick and its 1×64 forms with the 128- and the 8-stage 64-step down kernel (the first
+    BREAKDOWN_FORMS of ``h_group_candidates``), at each (shape, T).
     Launch plans are off (a replayed plan would bypass the filter on ``launch_plan.launch``)."""
     import torch
 
@@ -652,7 +656,9 @@ def small_breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[d
             for t in ts:
                 sets = fb.make_routings(t, k, eg, h, 8)
                 for cfg in [
-                    c for c in h_group_candidates(op, t, k, e, h, i, mode)[:2] if op_small.is_small(c)
+                    c
+                    for c in h_group_candidates(op, t, k, e, h, i, mode)[:BREAKDOWN_FORMS]
+                    if op_small.is_small(c)
                 ]:
                     body = fb._ours_body(op, wts, kw, cfg)
                     row = dict(shape=shape, mode=mode, T=t, config=cfg)
@@ -753,7 +759,7 @@ def main() -> None:
     ap.add_argument(
         "--small-breakdown",
         action="store_true",
-        help="time the small-T path's call and each of its launches alone (current pick and its 1x64 form)",
+        help="time the small-T path's call and each of its launches alone (current pick and its 1x64 forms)",
     )
     ap.add_argument(
         "--persistent",

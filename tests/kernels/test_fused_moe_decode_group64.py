@@ -3,8 +3,10 @@
 With dynamic intermediate scales the small path hands h to the down kernel as fp8 only when one gate/up tile
 holds a whole quantization group, which held the block-scaled shapes to 128-wide gate/up tiles (Qwen3-235B
 T = 1: 96 gate/up programs on 132 SMs). H_GROUP = 64 makes h's group 1×64: a 64-wide tile quantizes its own
-columns in the epilogue (one scale per row and tile), and the down kernel steps K by 64 with one activation
-scale per (row, 64 columns) times the 128×128 weight block scale of that K range. That is a finer
+columns in the epilogue (one scale per row and tile), and the down kernel applies one activation scale per
+(row, 64 columns) times the 128×128 weight block scale of that K range, either stepping K by 64 (DN_K 64) or
+by 128 with the step's two groups in two columns of the dot's activation side (DN_K 128: the 1×128 form's
+loads; the same products summed in another order, so close to, not bitwise, the 64-step form). That is a finer
 quantization than the checkpoints' 1×128 recipe, so the outputs are compared with the reference quantizing h
 in 1×64 groups (``fused_moe_reference(..., h_group=64)``, the usual REL_TOL_QUANT_REF), and the distance to
 the 1×128 reference and to unquantized math is reported.
@@ -15,8 +17,9 @@ The helpers of test_fused_moe.py (run_and_check, check_graph_replay) and test_fu
 
 CPU tests run the Triton interpreter at small sizes (T = 1 / 3, I not a multiple of the tile, one expert in
 every slot, empty experts, EP ranks with and without local tokens, NaN-poisoned outputs, the three ways h
-reaches the down kernel, FUSE_QUANT, the launch-plan replay, config errors, the tuner's candidates); the
-sm_90a build test checks the 64-wide block-scaled gate/up and the 64-step down kernel build without spills;
+reaches the down kernel, FUSE_QUANT, both down K steps, the launch-plan replay, config errors, the tuner's
+candidates); the sm_90a build test checks the 64-wide block-scaled gate/up and the 64- and 128-step down
+kernels build without spills;
 ``gpu`` tests run Qwen3-235B / Qwen3-30B-A3B / DeepSeek-V3 EP8 at T = 1 and 4 on the H200, replayed from a
 CUDA graph with fresh routing and from a launch plan.
 """
@@ -122,6 +125,34 @@ def test_group64_matches_the_1x64_reference(group64, t, inter, extra):
     check_group64(p, cpu_cfg(**extra), seed, scaling=2.5 if t == 3 else 1.0)
 
 
+# the two down forms sum the same products (fp8 h times the weights, each group's scaled by its two scales) in
+# another order (per 128-step column vs one running sum), then round to bf16: a bf16 step at most per element,
+# measured 0 at these sizes; a wrong group scale or a group in the wrong column is O(1)
+REL_TOL_DOWN_FORMS = 1e-2
+
+
+@pytest.mark.parametrize(
+    "t,inter,extra",
+    [
+        (1, 192, {}),  # fp8 h from 64-wide tiles: a 128-step's two group scales read per row
+        (3, 160, {}),  # I = 160: the last step holds a 32-wide group and a fully masked one (scale not read)
+        (3, 192, dict(FUSE_QUANT=1, SPLIT_K=3, GU_RED=1, DN_SPLIT=2)),  # fused quant, split sums, split down
+        (3, 160, dict(SPLIT_K=2)),  # fp32 partials: the down kernel quantizes each 64-wide half of its step
+        (1, 192, dict(GU_N=128)),  # fp32 h from 128-wide tiles, quantized per 64 in the down kernel
+    ],
+)
+def test_group64_128_step_down_matches_the_reference_and_the_64_step(group64, t, inter, extra):
+    """DN_K 128 with H_GROUP 64 (two group scales per down K step) against the 1×64 reference, NaN-poisoned,
+    and within REL_TOL_DOWN_FORMS of the 64-step form; E = 6, H = 384, k = 3."""
+    seed = _seed()
+    p = make_problem(t, 6, 384, inter, 3, "block-dynamic", device="cpu")
+    out, _ = check_group64(p, cpu_cfg(DN_K=128, **extra), seed, scaling=2.5 if t == 3 else 1.0)
+    step64, _ = check_group64(p, cpu_cfg(**extra), seed, scaling=2.5 if t == 3 else 1.0)
+    diff = rel_err(out, step64)
+    print(f"128-step vs 64-step down: rel diff {diff:.2e}")
+    assert diff <= REL_TOL_DOWN_FORMS, (diff, seed)
+
+
 def test_group64_is_told_apart_from_the_1x128_reference(group64):
     """The 1×64 output is much closer to the 1×64 reference than to the 1×128 one (T = 4, I = 256: 3072 h
     elements), so the comparisons above tell the two quantizations apart; and the 1×128 form (H_GROUP 128,
@@ -155,37 +186,40 @@ def test_default_group_is_bitwise_todays_form():
     )
 
 
-def test_group64_one_expert_in_every_slot_and_empty_experts(group64):
+@pytest.mark.parametrize("dn_k", [64, 128])
+def test_group64_one_expert_in_every_slot_and_empty_experts(group64, dn_k):
     """Token 0 names expert 2 in all k slots, token 1 shares it in one slot (one program serves both); of
-    E = 8 experts, 4 are empty."""
+    E = 8 experts, 4 are empty; both down K steps."""
     seed = _seed()
     ids = torch.tensor([[2, 2, 2], [0, 2, 3]], dtype=torch.int32)
     p = make_problem(2, 8, 384, 192, 3, "block-dynamic", device="cpu", ids=ids)
-    check_group64(p, cpu_cfg(), seed)
-    check_group64(p, cpu_cfg(SPLIT_K=3, GU_RED=1), seed)
+    check_group64(p, cpu_cfg(DN_K=dn_k), seed)
+    check_group64(p, cpu_cfg(SPLIT_K=3, GU_RED=1, DN_K=dn_k), seed)
 
 
-def test_group64_expert_parallel_ranks(group64):
+@pytest.mark.parametrize("dn_k", [64, 128])
+def test_group64_expert_parallel_ranks(group64, dn_k):
     """EP rank with experts 4..7 of 12: slots of other ranks and -1 skipped, token 0 has no local slot
-    (zeros); then a rank whose range holds none of the tokens' experts (all zeros)."""
+    (zeros); then a rank whose range holds none of the tokens' experts (all zeros); both down K steps."""
     seed = _seed()
     ids = torch.tensor([[0, 11, -1], [5, -1, 9], [4, 7, 6]], dtype=torch.int32)
     p = make_problem(3, 4, 384, 192, 3, "block-dynamic", ids=ids, expert_offset=4, device="cpu")
-    out, _ = check_group64(p, cpu_cfg(), seed)
+    out, _ = check_group64(p, cpu_cfg(DN_K=dn_k), seed)
     assert (out[0] == 0).all(), seed
     ids = torch.randint(0, 8, (1, 3), dtype=torch.int32)
     p = make_problem(1, 4, 384, 192, 3, "block-dynamic", ids=ids, expert_offset=8, device="cpu")
-    out, _ = check_group64(p, cpu_cfg(FUSE_QUANT=1), seed)
+    out, _ = check_group64(p, cpu_cfg(FUSE_QUANT=1, DN_K=dn_k), seed)
     assert (out == 0).all(), seed
 
 
-def test_group64_launch_plan_replays_bitwise():
+@pytest.mark.parametrize("dn_k", [64, 128])
+def test_group64_launch_plan_replays_bitwise(dn_k):
     """Through the launch plans: record, replay on other inputs and on the first again, each bitwise the
-    unplanned call (the group scales' workspace is cdiv(I, 64) wide)."""
+    unplanned call (the group scales' workspace is cdiv(I, 64) wide, read two per step at DN_K 128)."""
     _seed()
     check_plan_replays(
         "block-dynamic",
-        cpu_cfg(FUSE_QUANT=1),
+        cpu_cfg(FUSE_QUANT=1, DN_K=dn_k),
         "cpu",
         problem=lambda: make_problem(1, 6, 384, 192, 3, "block-dynamic", device="cpu"),
     )
@@ -198,8 +232,8 @@ def test_group64_config_errors_are_clear():
     for prob, cfg, words in (
         (p, cpu_cfg(H_GROUP=32), "H_GROUP=32 must be 128"),
         (p, cpu_cfg(H_GROUP=64.0), "H_GROUP=64.0 must be 128"),
-        (p, cpu_cfg(DN_K=128), "GU_K / DN_K == 128 / 64"),
-        (p, dict(cpu_cfg(), H_GROUP=128), "GU_K / DN_K == 128 / 128"),
+        (p, cpu_cfg(DN_K=32), "GU_K / DN_K == 128 / 64 or 128"),  # a group across two K steps
+        (p, dict(cpu_cfg(), H_GROUP=128), "GU_K / DN_K == 128 / 128 "),
         (ps, cpu_cfg(), "a static a2 scale has none"),
         (p, regular, "H_GROUP .* is a small-T path key"),
     ):
@@ -231,29 +265,40 @@ def _load_tuner():
 
 def test_tuner_h_group_candidates(monkeypatch):
     """--h-group: the current pick first; for a small-T block-dynamic pick at T <= 4 the 1×64 forms (64-wide
-    gate/up tiles, 64-wide down K steps) and the split-2 form of the 128-wide pick (without PREFETCH); nothing
-    for static a2, T > 4 or a regular pick."""
+    gate/up tiles; the 128-step down first, then the 64-step one with 8 and 4 stages: the breakdown's three
+    forms; FUSE_QUANT toggled; one split where the pick splits), all without PREFETCH; nothing for static a2,
+    T > 4 or a regular pick."""
     tune = _load_tuner()
     small = dict(op_small.default_small_config(1, 8, 128, 4096, 1536), GU_N=128, PDL=1, PREFETCH=1)
     monkeypatch.setattr(op, "get_config", lambda *a, **kw: small)
     cands = tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
-    assert cands[0] == small and len(cands) == len({repr(sorted(c.items())) for c in cands}) == 7
-    assert sum(c.get("DN_STAGES") == 8 and c.get("H_GROUP") == 64 for c in cands) == 1
+    assert cands[0] == small and len(cands) == len({repr(sorted(c.items())) for c in cands}) == 5
+    assert [(c["DN_K"], c["DN_STAGES"]) for c in cands[1 : tune.BREAKDOWN_FORMS]] == [(128, 4), (64, 8)]
+
+    def same_gate_up(
+        c,
+    ):  # the 1x64 forms differ from the first in the down K step / stages and FUSE_QUANT only
+        return {key: v for key, v in c.items() if key not in ("DN_K", "DN_STAGES", "FUSE_QUANT")}
+
     for c in cands[1:]:
         op_small.check_small_config(c, True, True)
-        assert c.get("PREFETCH", 0) == 0
-        assert c.get("H_GROUP", 128) == 64 or (c["SPLIT_K"] == 2 and c["GU_RED"] == 1)
+        assert c.get("PREFETCH", 0) == 0 and c["H_GROUP"] == 64 and c["GU_N"] == 64
+        assert same_gate_up(c) == same_gate_up(cands[1]), c
     assert tune.h_group_candidates(op, 5, 8, 128, 4096, 1536, "block-dynamic") == [small]
     assert tune.h_group_candidates(op, 1, 8, 192, 4096, 1536, "tensor-static") == [small]
     regular = {k: v for k, v in small.items() if k != "PATH"}
     monkeypatch.setattr(op, "get_config", lambda *a, **kw: regular)
     assert tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic") == [regular]
+    split = dict(small, SPLIT_K=2, GU_RED=1)
+    monkeypatch.setattr(op, "get_config", lambda *a, **kw: split)
+    cands = tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
+    assert [c["SPLIT_K"] for c in cands] == [2, 2, 2, 2, 2, 1], cands
 
 
 def test_small_breakdown_times_each_launch_alone_fake_gpu_timer(monkeypatch):
     """--small-breakdown at CPU sizes with a fake GPU timer (it only calls the timed function once): the whole
     call launches quantization, gate/up and down; each 'alone' timing launches only its kernel; for both the
-    current pick and its 1×64 form; the launch plans are back on afterwards."""
+    current pick and its 1×64 forms with the 128- and 64-step down; the launch plans are back on afterwards."""
     import types
 
     tune = _load_tuner()
@@ -285,19 +330,24 @@ def test_small_breakdown_times_each_launch_alone_fake_gpu_timer(monkeypatch):
     monkeypatch.setattr(fb, "_time", fake_timer)
     rows = tune.small_breakdown(["tiny"], (1,), log=lambda *a: None)
     allk = tuple(tune.SMALL_LAUNCHES)
-    assert sections == [allk, *((k,) for k in allk)] * 2, sections
-    assert [r["config"].get("H_GROUP", 128) for r in rows] == [128, 64]
+    assert sections == [allk, *((k,) for k in allk)] * 3, sections
+    assert [(r["config"].get("H_GROUP", 128), r["config"]["DN_K"]) for r in rows] == [
+        (128, 128),
+        (64, 128),
+        (64, 64),
+    ]
     assert all(r["call_us"] == 1.0 and r["_small_down_kernel_us"] == 1.0 for r in rows)
     assert LP.ENABLED
 
 
 @pytest.mark.slow
 def test_group64_kernels_build_for_sm90_without_spills():
-    """sm_90a builds: the 64-wide block-scaled gate/up tile (4 warps, 4 / 6 stages; PRE_Q, and FUSE_QUANT) and the
-    down kernel with 64-wide K steps and one group scale per step (64-row H tiles at 4 / 8 stages, 128-row):
-    pipelined async copies, wgmma, no spills; registers and CTAs per SM printed. Measured 2026-11-29: gate/up 94
-    registers, 72 KB, 3 CTAs/SM (6 stages 108 KB, 2; FUSE_QUANT 112 registers); down 40 registers, 20 / 40 KB
-    (128-row 68, 37 KB)."""
+    """sm_90a builds: the 64-wide block-scaled gate/up tile (4 warps, 4 stages; PRE_Q, and FUSE_QUANT) and the
+    down kernel with 64-wide K steps and one group scale per step (64-row H tiles at 4 / 8 stages) and with
+    128-wide steps holding two groups (fp8 h, and fp32 h quantized per 64 in the kernel): pipelined async
+    copies, one wgmma per step, no spills; registers and CTAs per SM printed. Measured 2026-11-29: gate/up 94
+    registers, 72 KB, 3 CTAs/SM (FUSE_QUANT 112 registers); 64-step down 40 registers, 20 / 40 KB; 128-step
+    down 48 registers, 40 KB, 5 CTAs/SM, 8 async copies per step (the 1×128 pick's 40, 40 KB, 8); fp32 h 87."""
     gu = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, K_PAD=8, N_PAD=256, H_MODE=1, PRE_Q=1,
               A_GROUP=True, A2_GROUP=True, W_BLOCK=True, EVEN_K=True, USE_PDL=True)  # fmt: skip
     fused = dict(gu, FUSE_QUANT=True, Q_GROUPS=32, Q_CHUNKS=1)
@@ -306,11 +356,11 @@ def test_group64_kernels_build_for_sm90_without_spills():
     jobs = []
     for name, consts, warps, stages in (
         ("_small_gate_up_kernel", gu, 4, 4),
-        ("_small_gate_up_kernel", gu, 4, 6),
         ("_small_gate_up_kernel", fused, 4, 4),
         ("_small_down_kernel", dn, 4, 4),
         ("_small_down_kernel", dn, 4, 8),  # the pick's 32 KB of down weight tiles in flight per program
-        ("_small_down_kernel", dict(dn, BLOCK_H=128), 4, 4),
+        ("_small_down_kernel", dict(dn, BLOCK_K=128, H_GROUPS=2), 4, 4),  # two groups per 128-wide step
+        ("_small_down_kernel", dict(dn, BLOCK_K=128, H_GROUPS=2, H_MODE=0), 4, 4),
     ):
         job = _small_job(name, consts)
         job[4], job[5] = warps, stages
@@ -323,6 +373,8 @@ def test_group64_kernels_build_for_sm90_without_spills():
         )
         assert r["stack"] == 0 and r["async_copies"] > 0 and r["wgmma"] > 0, r
     assert res[0]["ctas_per_sm"] >= 2, res[0]  # 192 gate/up programs on 132 SMs all resident at once
+    step128 = res[4]  # the 1×128 pick's loads: one 128-wide weight and h tile per stage, one wgmma per step
+    assert step128["wgmma"] == 1 and step128["async_copies"] == 8 and step128["shared"] <= 40 * 1024, step128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,15 +387,15 @@ GPU_SHAPES = {  # name -> (E local, H, I, top_k, global experts, expert offset)
 }
 
 
-def _gpu_problem(shape: str, t: int):
+def _gpu_problem(shape: str, t: int, dn_k: int = 64):
     """The real problem and the shipped small-T pick at T (the default small config where the pick is the
-    regular path) with h in 1×64 groups."""
+    regular path) with h in 1×64 groups, the down kernel stepping K by dn_k."""
     e, h, i, k, ge, off = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, "block-dynamic", device="cuda", global_experts=ge, expert_offset=off)
     cfg = op.get_config(t, k, e, h, i, "block-dynamic", True)
     if not op_small.is_small(cfg):
         cfg = dict(op_small.default_small_config(t, k, e, h, i), PDL=1)
-    return p, g64({key: v for key, v in cfg.items() if key != "PREFETCH"})
+    return p, g64({key: v for key, v in cfg.items() if key != "PREFETCH"}, DN_K=dn_k)
 
 
 @pytest.mark.gpu
@@ -361,10 +413,28 @@ def test_gpu_group64_real_shapes(group64, shape, t):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t,extra", [(1, dict(FUSE_QUANT=1)), (4, {})])
+@pytest.mark.parametrize("t", [1, 4])
+def test_gpu_group64_128_step_down_real_size(group64, t):
+    """Qwen3-235B: the 128-step down form (DN_K 128, two group scales per step) against the 1×64 reference and
+    within REL_TOL_DOWN_FORMS of the 64-step form (the measured distance printed); its launch-plan replay
+    bitwise its first call."""
+    seed = _seed()
+    p, cfg = _gpu_problem("qwen3-235b", t, dn_k=128)
+    first, _ = check_group64(p, cfg, seed, scaling=2.5)
+    second, _ = check_group64(p, cfg, seed, scaling=2.5)
+    step64, _ = check_group64(p, dict(cfg, DN_K=64), seed, scaling=2.5)
+    diff = rel_err(first, step64)
+    print(f"Qwen3-235B T={t}: 128-step vs 64-step down rel diff {diff:.2e}")
+    assert torch.equal(first, second) and diff <= REL_TOL_DOWN_FORMS, (diff, seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "t,extra", [(1, dict(FUSE_QUANT=1)), (4, {}), (1, dict(DN_K=128)), (4, dict(DN_K=128))]
+)
 def test_gpu_group64_graph_replay_tracks_new_routing(group64, t, extra):
     """Qwen3-235B: captured once (two calls back to back, PDL), replayed with fresh routing written into the
-    ids, output poisoned with NaN before each replay, checked against the 1×64 reference."""
+    ids, output poisoned with NaN before each replay, checked against the 1×64 reference (both down steps)."""
     seed = _seed()
     p, cfg = _gpu_problem("qwen3-235b", t)
     cfg = dict(cfg, PDL=1, **extra)

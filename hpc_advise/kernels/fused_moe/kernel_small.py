@@ -20,8 +20,11 @@ n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP 
      experts × N tiles at T = 1, without mode 2's per-H-tile SiLU/quantization in the down kernel).
   2. ``_small_down_kernel``  grid (n · cdiv(H, BLOCK_H),): one program per (entry, H tile), the regular
      path's parallelism without its sorted order. H_MODE 1 reads the fp8 h row (with dynamic a2 one group
-     scale per K step: BLOCK_K = H_GROUP); modes 0/2 sum the partials, apply SiLU·up and quantize each
-     BLOCK_K (= H_GROUP) chunk like the reference. A 64-wide K step lies inside one 128×128 weight block. The row
+     scale per group); modes 0/2 sum the partials, apply SiLU·up and quantize each 1×H_GROUP group like the
+     reference. A K step holds H_GROUPS groups (BLOCK_K = H_GROUPS · H_GROUP, inside one 128×128 weight
+     block): row r of the dot's 16-row activation side holds group r of the step (zeros elsewhere), so one
+     BLOCK_K-wide dot leaves group r's partial sum in column r, scaled there by its own group scale; the
+     columns are summed after the loop (H_GROUP 64 at the 1×128 form's 128-wide loads and wgmma count). The row
      w_tj · s · W2_e · q(h) of the tile is stored in fp32 to ``y_ptr`` [n, H]; the program then bumps
      the (token, H tile) arrival counter, and the last of the token's k programs sums the k rows in
      slot order j = 0..k−1 (slots of other EP ranks, or −1, skipped: they compute nothing), writes the
@@ -399,7 +402,7 @@ def _small_gate_up_kernel(
 )
 def _small_down_kernel(
     h_ptr,  # as written by _small_gate_up_kernel (H_MODE)
-    hs_ptr,  # fp32 [n, cdiv(I, BLOCK_K)] (H_MODE 1 with A2_GROUP: one scale per 1×H_GROUP group)
+    hs_ptr,  # fp32 [n, cdiv(I, H_GROUP)] (H_MODE 1 with A2_GROUP: one scale per 1×H_GROUP group)
     a2_scale_ptr,  # fp32 [1] (static)
     topk_ids_ptr,  # int32 [T, k]
     topk_w_ptr,  # fp32 [T, k]
@@ -422,7 +425,7 @@ def _small_down_kernel(
     stride_wse,
     stride_wsn,
     BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr,  # == H_GROUP (128 or 64) when A2_GROUP: the K step is h's quantization group
+    BLOCK_K: tl.constexpr,  # == H_GROUPS · H_GROUP when A2_GROUP (H_GROUP 128 or 64: h's quantization group)
     SPLIT_K: tl.constexpr,  # of the gate/up launch (H_MODE 2: partials summed here, in split order)
     K_PAD: tl.constexpr,  # next power of two >= top_k
     H_MODE: tl.constexpr,
@@ -432,6 +435,7 @@ def _small_down_kernel(
     DN_SPLIT: tl.constexpr,  # programs per (entry, H tile), each over a 1/DN_SPLIT share of the K = I steps
     USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr,  # (USE_PDL) prefetch this tile's weights to L2 before the wait
+    H_GROUPS: tl.constexpr = 1,  # (A2_GROUP) h's quantization groups per K step (BLOCK_K / H_GROUP, <= 16)
 ):
     pid = tl.program_id(0)
     s = (pid % n_entries).to(tl.int64)  # the entries of one H tile are neighbours: shared experts hit L2
@@ -461,8 +465,14 @@ def _small_down_kernel(
     if (e >= 0) & (e < num_experts):
         e64 = e.to(tl.int64)
         offs_k = tl.arange(0, BLOCK_K)
-        rows = tl.arange(0, 16)  # the dot's N side: column 0 holds the entry, columns 1.. are zero
-        first = (rows == 0)[:, None]
+        rows = tl.arange(0, 16)  # the dot's N side: column r holds the entry's K-step group r, others zero
+        HG: tl.constexpr = BLOCK_K // H_GROUPS
+        if H_GROUPS == 1:
+            mine = (rows == 0)[:, None]
+        else:  # [16, BLOCK_K]: row r keeps the columns of group r
+            tl.static_assert(A2_GROUP)
+            tl.static_assert(H_GROUPS <= 16)
+            mine = rows[:, None] == (offs_k // HG)[None, :]
         # weight rows are the dot's M side (see the gate/up kernel)
         w_ptrs = w_ptr + e64 * stride_we + offs_h[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
         if W_BLOCK:
@@ -477,9 +487,12 @@ def _small_down_kernel(
                 k_ok = cols < I
             if H_MODE == 1:
                 a = tl.load(
-                    h_ptr + s * I + cols[None, :] + rows[:, None] * 0, mask=first & k_ok[None, :], other=0.0
+                    h_ptr + s * I + cols[None, :] + rows[:, None] * 0, mask=mine & k_ok[None, :], other=0.0
                 )
-                if A2_GROUP:
+                if H_GROUPS > 1:  # one scale per row: its group's
+                    g_ok = (rows < H_GROUPS) & (k0 + rows * HG < I)
+                    sa = tl.load(hs_ptr + s * tl.cdiv(I, HG) + k0 // HG + rows, mask=g_ok, other=0.0)
+                elif A2_GROUP:
                     sa = tl.load(hs_ptr + s * tl.cdiv(I, BLOCK_K) + k0 // BLOCK_K)
                 else:
                     sa = 1.0
@@ -495,16 +508,22 @@ def _small_down_kernel(
                         u += tl.load(base + I, mask=k_ok, other=0.0)
                     hv = g * tl.sigmoid(g) * u
                 a, sa_rows = _quant_rows(
-                    tl.where(first, hv[None, :], 0.0), a2, A2_GROUP, w_ptr.dtype.element_ty
+                    tl.where(mine, hv[None, :], 0.0), a2, A2_GROUP, w_ptr.dtype.element_ty
                 )
-                sa = tl.sum(tl.where(rows == 0, sa_rows, 0.0), axis=0)
+                if H_GROUPS > 1:  # row r's scale is group r's (rows >= H_GROUPS: zero products)
+                    sa = sa_rows
+                else:
+                    sa = tl.sum(tl.where(rows == 0, sa_rows, 0.0), axis=0)
             b = tl.load(w_ptrs + k0, mask=h_ok[:, None] & k_ok[None, :], other=0.0)
             at = tl.trans(a)  # [BLOCK_K, 16]
             if A2_GROUP or W_BLOCK:
                 d = tl.dot(b, at)
                 if W_BLOCK:
                     d = d * tl.load(sw_ptrs + k0 // 128, mask=h_ok, other=0.0)[:, None]
-                acc += d * sa
+                if H_GROUPS > 1:
+                    acc += d * sa[None, :]  # column r: group r's products times its scale
+                else:
+                    acc += d * sa
             else:
                 acc = tl.dot(b, at, acc, max_num_imprecise_acc=BLOCK_K)
         coef = tl.load(topk_w_ptr + s) * routed_scaling
@@ -512,7 +531,7 @@ def _small_down_kernel(
             coef = coef * tl.load(a2_scale_ptr)
         if not W_BLOCK:
             coef = coef * tl.load(ws_ptr + e64)
-        y = tl.sum(acc, axis=1) * coef  # columns 1.. are zero
+        y = tl.sum(acc, axis=1) * coef  # the groups' columns summed (columns >= H_GROUPS are zero)
         tl.store(y_ptr + (pid_p * n_entries + s) * H + offs_h, y, mask=h_ok)
     # every thread's row store happens before the (gpu-scope, acq_rel) arrival atomic
     tl.debug_barrier()

@@ -21,10 +21,12 @@ T = 8) a FUSE_QUANT config runs as plain PRE_Q: the same values, the scratch wou
 H_GROUP (dynamic intermediate scales only; 128, the default, or 64): the width of h's dynamic quantization
 groups. 128 is the checkpoints' 1×128 recipe (the reference's default). 64 lets a 64-wide gate/up tile
 (GU_N = 64) quantize its own columns as one group in the epilogue, so the block-scaled shapes get twice the
-gate/up programs with fp8 h; the down kernel's K step is then the group (DN_K = H_GROUP), one activation
-scale per (row, 64 columns) times the 128×128 weight block scale of that K range. Finer groups are more
-accurate per element but not bitwise the 1×128 result: tests compare with ``fused_moe_reference(...,
-h_group=64)``.
+gate/up programs with fp8 h. The down kernel's K step holds DN_K / H_GROUP whole groups (DN_K 64: one;
+DN_K 128: two, at the 1×128 form's 128-wide weight loads: group r's products land in column r of the dot's
+activation side and are scaled there), one activation scale per (row, 64 columns) times the 128×128 weight
+block scale of that K range. The two down forms sum the same products in another order (not bitwise each
+other). Finer groups are more accurate per element but not bitwise the 1×128 result: tests compare with
+``fused_moe_reference(..., h_group=64)``.
 
 Workspace buffers and launches go through ``launch_plan`` (``empty``, ``launch``) so that ``op.fused_moe``
 can record and replay them; the arrival counters are kept for the process (``launch_plan.keep``).
@@ -64,7 +66,7 @@ def h_mode(cfg: dict, a2_group: bool) -> int:
     """How gate/up hands h to the down kernel: 1 fp8 (quantized in the gate/up epilogue: static a2, or
     a GU_N = H_GROUP tile that holds one whole 1×H_GROUP group), 0 fp32, 2 fp32 split-K partials (summed by
     the down kernel; with GU_RED the gate/up kernel sums them itself and hands over h as with one split).
-    In modes 0 / 2 the down kernel quantizes each DN_K = H_GROUP chunk itself."""
+    In modes 0 / 2 the down kernel quantizes each 1×H_GROUP group of its K steps itself."""
     if int(cfg["SPLIT_K"]) > 1 and not cfg.get("GU_RED", 0):
         return 2
     return 1 if (not a2_group or cfg["GU_N"] == h_group(cfg)) else 0
@@ -162,10 +164,11 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         raise error(
             f"H_GROUP={hg} sets the width of h's dynamic quantization groups; a static a2 scale has none"
         )
-    if (a1_group and cfg["GU_K"] != GROUP) or (a2_group and cfg["DN_K"] != hg):
+    if (a1_group and cfg["GU_K"] != GROUP) or (a2_group and cfg["DN_K"] % hg):
+        steps = " or ".join(str(v) for v in range(hg, GROUP + 1, hg))
         raise error(
-            f"dynamic per-group activation scales need GU_K / DN_K == 128 / {hg} (the K step is the group: the "
-            "input's 1x128, h's 1xH_GROUP)"
+            f"dynamic per-group activation scales need GU_K / DN_K == 128 / {steps} (a gate/up K step is the "
+            "input's 1x128 group; a down K step holds whole 1xH_GROUP groups of h)"
         )
     if not 1 <= int(cfg["SPLIT_K"]) <= 16:
         raise error(f"SPLIT_K={cfg['SPLIT_K']} must be in [1, 16]")
@@ -384,6 +387,7 @@ def fused_moe_small(
         DN_SPLIT=dn_split,
         USE_PDL=pdl,
         PREFETCH=prefetch,
+        H_GROUPS=c["DN_K"] // h_group(c) if a2_group else 1,
         num_warps=c["DN_WARPS"],
         num_stages=c["DN_STAGES"],
         **launch_kw,
