@@ -14,14 +14,16 @@
 #                 (h_group_candidates), current pick timed first and again last, merged into
 #                 $RES/fused_moe_configs.json only where >= 2% faster (<= TUNE_S, timing budget TUNE_BUDGET)
 #   2. breakdown  tune_fused_moe.py --small-breakdown at Qwen3-235B T = 1 on the table shipped before this call:
-#                 the whole call and each launch alone (quantization, gate/up, down) for the 128-wide pick and
-#                 its 1x64 forms with the 128- and the 64-step down (<= BREAKDOWN_S;
-#                 $RES/fused_moe_small_breakdown.jsonl)
+#                 the whole call and each launch alone (quantization, gate/up, down) for the pick and its 1x64
+#                 form (tune_fused_moe.BREAKDOWN_FORMS; <= BREAKDOWN_S; $RES/fused_moe_small_breakdown.jsonl)
 #   3. bench      only if the tuner changed a pick (BENCH=always: regardless): bench_fused_moe.py --ts MOE_TS on
 #                 the three shapes with the peers, on the merged table (<= MOE_BENCH_S)
 # Then a short table: the tuner's candidates per point (H_GROUP / GU_N / DN_K / DN_STAGES / FUSE_QUANT / SPLIT_K,
 # p50) and the breakdown rows.
-# Usage: CALL_S=192 bash benchmarks/dev_moe_group64.sh   (timeout_s 200). Results: $OUT/results.tgz.
+# Usage: CALL_S=190 bash benchmarks/dev_moe_group64.sh   (timeout_s 200). Results: $OUT/results.tgz.
+# The call of 2026-11-30 00:07 UTC (CALL_S=190) took 85 s: GPU tests 31 s incl. the wheels, tune 21 s, breakdown
+# ~7 s, bench 27 s (fused_moe_decode_group64b_run.log). Its GPU-test log kept no printed errors (dev_moe.sh's pytest
+# runs without -s).
 T_ALL=$SECONDS
 CALL_S=${CALL_S:-192}
 here="$(dirname "$0")"

@@ -73,17 +73,16 @@ merged only if >= 2% faster).
 
 ``--h-group`` times, per point (block-dynamic small-T picks, T <= H_GROUP_T_MAX), the config ``op.get_config``
 picks now against the same pick with h quantized in 1×64 groups (H_GROUP 64: 64-wide gate/up tiles whose
-epilogue quantizes their own columns, so twice the gate/up programs), with the down kernel stepping K by 128
-(two groups per step) or by 64 (8 or 4 stages), and FUSE_QUANT / split variants of the 128-step form, through
-the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
+epilogue quantizes their own columns, so twice the gate/up programs; the down kernel stepping K by 128 with
+two group scales per step), and FUSE_QUANT / split variants of that form, through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
 faster; ``h_group_candidates``). The 1×64 outputs differ from the 1×128 pick's by a few % (a finer, not a
 wrong, quantization: the tests hold them to the 1×64 reference), so the loop's accuracy bar against the first
 candidate is H_GROUP_MAX_REL_DIFF there.
 
 ``--small-breakdown`` tunes nothing: per point it times the small-T path's whole call and each of its launches
 alone (quantization, gate/up, down; the others skipped, so the alone times sum the GPU work without the launch
-boundaries) in CUDA-graph replay over 8 routings, for the current pick and its 1×64 forms with the 128- and
-64-step down kernels (``small_breakdown``).
+boundaries) in CUDA-graph replay over 8 routings, for the current pick and its 1×64 form
+(``small_breakdown``).
 
 ``--launch-overhead`` tunes nothing: per (shape, T) and path that serves T (persistent T <= 16, small-T
 T <= 32, regular) it measures, with launch plans off (``launch_plan.ENABLED = False``: every call checks,
@@ -590,14 +589,14 @@ H_GROUP_MAX_REL_DIFF = 6e-2
 def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--h-group: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
     where that is a small-T pick with dynamic intermediate scales at T <= H_GROUP_T_MAX, the pick with h in 1×64
-    groups (H_GROUP 64, GU_N 64 with 4 warps and 4 stages as Hy3's 64-wide tiles), in this order: the pick's
-    down kernel with two groups per 128-wide K step (DN_K 128: its loads, stages and wgmma count), the 64-step
-    down kernel (DN_K 64) with 8 stages (the pick's 32 KB of weight tiles in flight per program) and with 4, the
-    128-step form with FUSE_QUANT toggled and, where the pick splits K, with one split (SPLIT_K 1: the 64-wide
-    tiles double the programs a split was for). PREFETCH is dropped from all of them (it lost at 19 of 20
-    points, README "Split sums"). The 1×64 forms with 6 gate/up stages or 128-row down tiles and the 128-wide
-    pick with split 2 summed in gate/up lost at all four points of the 23:47 UTC run (README "h in 1×64
-    groups") and are not timed again. ``small_breakdown`` splits the first BREAKDOWN_FORMS of this list."""
+    groups (H_GROUP 64, GU_N 64 with 4 warps and 4 stages as Hy3's 64-wide tiles) and the pick's down kernel
+    with two groups per 128-wide K step (DN_K 128: its loads, stages and wgmma count), then that form with
+    FUSE_QUANT toggled and, where the pick splits K, with one split (SPLIT_K 1: the 64-wide tiles double the
+    programs a split was for). PREFETCH is dropped from all of them (it lost at 19 of 20 points, README "Split
+    sums"). Measured and not timed again (README "h in 1×64 groups"): the 64-step down kernel (DN_K 64, 4 or 8
+    stages) lost to the 128-step one at all six points of the 00:08 UTC run; 6 gate/up stages, 128-row down
+    tiles and the 128-wide pick with split 2 summed in gate/up lost at all four points of the 23:47 one.
+    ``small_breakdown`` splits the first BREAKDOWN_FORMS of this list."""
     from hpc_advise.kernels.fused_moe import op_small
 
     cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
@@ -605,7 +604,7 @@ def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
         return [cur]
     base = {key: v for key, v in cur.items() if key != "PREFETCH"}
     g = dict(base, H_GROUP=64, GU_N=64, DN_K=128, GU_WARPS=4, GU_STAGES=4)
-    out = [cur, g, dict(g, DN_K=64, DN_STAGES=8), dict(g, DN_K=64, DN_STAGES=4)]
+    out = [cur, g]
     if t <= op_small.FUSE_T_MAX:
         out.append(dict(g, FUSE_QUANT=0) if g.get("FUSE_QUANT", 0) else dict(g, FUSE_QUANT=1))
     if g["SPLIT_K"] > 1:
@@ -613,8 +612,9 @@ def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-# --small-breakdown: the current pick and the 1x64 pick's 128- and 64-step down forms
-BREAKDOWN_FORMS = 3
+# --small-breakdown: the current pick and the next candidate, its 1x64 form (where the pick is that form already:
+# its FUSE_QUANT toggle)
+BREAKDOWN_FORMS = 2
 
 
 SMALL_LAUNCHES = ("_small_quant_kernel", "_small_gate_up_kernel", "_small_down_kernel")
@@ -635,8 +635,8 @@ def _launch_only(real, name: str | None, seen: set):
 
 def small_breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
     """µs (CUDA-graph replay over 8 routings, p50) of the small-T path's whole call and of each of its launches
-    alone, for the current pick and its 1×64 forms with the 128- and the 8-stage 64-step down kernel (the first
-    BREAKDOWN_FORMS of ``h_group_candidates``), at each (shape, T).
+    alone, for the current pick and its 1×64 form (the first BREAKDOWN_FORMS of ``h_group_candidates``), at each
+    (shape, T).
     Launch plans are off (a replayed plan would bypass the filter on ``launch_plan.launch``)."""
     import torch
 
@@ -759,7 +759,7 @@ def main() -> None:
     ap.add_argument(
         "--small-breakdown",
         action="store_true",
-        help="time the small-T path's call and each of its launches alone (current pick and its 1x64 forms)",
+        help="time the small-T path's call and each of its launches alone (current pick and its 1x64 form)",
     )
     ap.add_argument(
         "--persistent",

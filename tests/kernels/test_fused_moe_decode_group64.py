@@ -54,14 +54,24 @@ from tests.kernels.test_fused_moe_small import _small_job  # noqa: E402
 REL_TOL_VS_128_REF = 6e-2
 
 
+def match_h_group(monkeypatch, cfg: dict) -> None:
+    """Point the shared checkers' reference and fp8-midpoint analysis at the h groups of ``cfg`` (a small-T
+    config with H_GROUP 64, as the shipped Qwen3-235B T = 1 / 4 and Qwen3-30B-A3B T = 4 picks since the
+    2026-11-30 00:08 UTC run); nothing for the 1×128 form. Tests of other files that check a shipped pick call it."""
+    group = op_small.h_group(cfg) if op_small.is_small(cfg) else op_small.GROUP
+    if group == op_small.GROUP:
+        return
+    monkeypatch.setattr(
+        base, "fused_moe_reference", functools.partial(reference.fused_moe_reference, h_group=group)
+    )
+    monkeypatch.setattr(midpoint, "GROUP", group)
+    monkeypatch.setattr(midpoint, "quantize_group", functools.partial(reference.quantize_group, group=group))
+
+
 @pytest.fixture
 def group64(monkeypatch):
     """The shared checkers' reference and fp8-midpoint analysis quantize h in 1×64 groups."""
-    monkeypatch.setattr(
-        base, "fused_moe_reference", functools.partial(reference.fused_moe_reference, h_group=64)
-    )
-    monkeypatch.setattr(midpoint, "GROUP", 64)
-    monkeypatch.setattr(midpoint, "quantize_group", functools.partial(reference.quantize_group, group=64))
+    match_h_group(monkeypatch, {"PATH": "small", "H_GROUP": 64})
 
 
 def g64(cfg: dict, **kw) -> dict:
@@ -243,6 +253,23 @@ def test_group64_config_errors_are_clear():
             )
 
 
+def test_match_h_group_follows_the_config(monkeypatch):
+    """The checkers stay at 1×128 for a 1×128 small config and a regular one, and follow a 1×64 one (the
+    shipped Qwen3-235B T = 1 pick's groups, whichever they are)."""
+    before = base.fused_moe_reference
+    for cfg in (dict(cpu_cfg(), H_GROUP=128), dict(base.CPU_CFG, H_GROUP=64)):
+        match_h_group(monkeypatch, cfg)
+        assert base.fused_moe_reference is before and midpoint.GROUP == 128, cfg
+    pick = op.get_config(1, 8, 128, 4096, 1536, "block-dynamic", True)
+    match_h_group(monkeypatch, pick)
+    group = op_small.h_group(pick)
+    assert midpoint.GROUP == group and midpoint.quantize_group(torch.ones(1, 128))[1].shape == (
+        1,
+        128 // group,
+    )
+    assert group == 128 or base.fused_moe_reference.keywords == {"h_group": 64}
+
+
 def test_reference_group_argument_quantizes_h_in_that_group():
     """``_quant_dequant`` with group 64 is the 1×64 quantization: each 64 columns scaled by their own amax. A
     128-wide group whose halves differ 10^4x in size pushes the small half into e4m3's subnormals at 1×128
@@ -264,41 +291,39 @@ def _load_tuner():
 
 
 def test_tuner_h_group_candidates(monkeypatch):
-    """--h-group: the current pick first; for a small-T block-dynamic pick at T <= 4 the 1×64 forms (64-wide
-    gate/up tiles; the 128-step down first, then the 64-step one with 8 and 4 stages: the breakdown's three
-    forms; FUSE_QUANT toggled; one split where the pick splits), all without PREFETCH; nothing for static a2,
-    T > 4 or a regular pick."""
+    """--h-group: the current pick first; for a small-T block-dynamic pick at T <= 4 its 1×64 form (64-wide
+    gate/up tiles, the pick's 128-step down with two group scales per step: the breakdown's second form), that
+    form with FUSE_QUANT toggled, and with one split where the pick splits, all without PREFETCH; a pick that is
+    the 1×64 form already keeps its place first; nothing for static a2, T > 4 or a regular pick."""
     tune = _load_tuner()
     small = dict(op_small.default_small_config(1, 8, 128, 4096, 1536), GU_N=128, PDL=1, PREFETCH=1)
     monkeypatch.setattr(op, "get_config", lambda *a, **kw: small)
     cands = tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
-    assert cands[0] == small and len(cands) == len({repr(sorted(c.items())) for c in cands}) == 5
-    assert [(c["DN_K"], c["DN_STAGES"]) for c in cands[1 : tune.BREAKDOWN_FORMS]] == [(128, 4), (64, 8)]
-
-    def same_gate_up(
-        c,
-    ):  # the 1x64 forms differ from the first in the down K step / stages and FUSE_QUANT only
-        return {key: v for key, v in c.items() if key not in ("DN_K", "DN_STAGES", "FUSE_QUANT")}
-
+    assert cands[0] == small and len(cands) == len({repr(sorted(c.items())) for c in cands}) == 3
+    g = {key: v for key, v in small.items() if key != "PREFETCH"}
+    assert cands[1] == dict(g, H_GROUP=64, GU_N=64, GU_WARPS=4, GU_STAGES=4) and tune.BREAKDOWN_FORMS == 2
+    assert cands[2] == dict(cands[1], FUSE_QUANT=1)
     for c in cands[1:]:
         op_small.check_small_config(c, True, True)
-        assert c.get("PREFETCH", 0) == 0 and c["H_GROUP"] == 64 and c["GU_N"] == 64
-        assert same_gate_up(c) == same_gate_up(cands[1]), c
     assert tune.h_group_candidates(op, 5, 8, 128, 4096, 1536, "block-dynamic") == [small]
     assert tune.h_group_candidates(op, 1, 8, 192, 4096, 1536, "tensor-static") == [small]
     regular = {k: v for k, v in small.items() if k != "PATH"}
     monkeypatch.setattr(op, "get_config", lambda *a, **kw: regular)
     assert tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic") == [regular]
-    split = dict(small, SPLIT_K=2, GU_RED=1)
+    split = dict(small, SPLIT_K=2, GU_RED=1, FUSE_QUANT=1)
     monkeypatch.setattr(op, "get_config", lambda *a, **kw: split)
     cands = tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
-    assert [c["SPLIT_K"] for c in cands] == [2, 2, 2, 2, 2, 1], cands
+    assert [(c["SPLIT_K"], c["FUSE_QUANT"]) for c in cands] == [(2, 1), (2, 1), (2, 0), (1, 1)], cands
+    shipped = cands[1]  # the 1x64 form as the current pick (Qwen3-235B T = 1 / 4 since 00:08 UTC)
+    monkeypatch.setattr(op, "get_config", lambda *a, **kw: shipped)
+    cands = tune.h_group_candidates(op, 1, 8, 128, 4096, 1536, "block-dynamic")
+    assert cands[0] == shipped and len(cands) == 3 and all(c.get("H_GROUP") == 64 for c in cands), cands
 
 
 def test_small_breakdown_times_each_launch_alone_fake_gpu_timer(monkeypatch):
     """--small-breakdown at CPU sizes with a fake GPU timer (it only calls the timed function once): the whole
     call launches quantization, gate/up and down; each 'alone' timing launches only its kernel; for both the
-    current pick and its 1×64 forms with the 128- and 64-step down; the launch plans are back on afterwards."""
+    current pick and its 1×64 form; the launch plans are back on afterwards."""
     import types
 
     tune = _load_tuner()
@@ -330,12 +355,8 @@ def test_small_breakdown_times_each_launch_alone_fake_gpu_timer(monkeypatch):
     monkeypatch.setattr(fb, "_time", fake_timer)
     rows = tune.small_breakdown(["tiny"], (1,), log=lambda *a: None)
     allk = tuple(tune.SMALL_LAUNCHES)
-    assert sections == [allk, *((k,) for k in allk)] * 3, sections
-    assert [(r["config"].get("H_GROUP", 128), r["config"]["DN_K"]) for r in rows] == [
-        (128, 128),
-        (64, 128),
-        (64, 64),
-    ]
+    assert sections == [allk, *((k,) for k in allk)] * 2, sections
+    assert [(r["config"].get("H_GROUP", 128), r["config"]["DN_K"]) for r in rows] == [(128, 128), (64, 128)]
     assert all(r["call_us"] == 1.0 and r["_small_down_kernel_us"] == 1.0 for r in rows)
     assert LP.ENABLED
 
@@ -343,10 +364,10 @@ def test_small_breakdown_times_each_launch_alone_fake_gpu_timer(monkeypatch):
 @pytest.mark.slow
 def test_group64_kernels_build_for_sm90_without_spills():
     """sm_90a builds: the 64-wide block-scaled gate/up tile (4 warps, 4 stages; PRE_Q, and FUSE_QUANT) and the
-    down kernel with 64-wide K steps and one group scale per step (64-row H tiles at 4 / 8 stages) and with
+    down kernel with 64-wide K steps and one group scale per step (64-row H tiles, 4 stages) and with
     128-wide steps holding two groups (fp8 h, and fp32 h quantized per 64 in the kernel): pipelined async
     copies, one wgmma per step, no spills; registers and CTAs per SM printed. Measured 2026-11-29: gate/up 94
-    registers, 72 KB, 3 CTAs/SM (FUSE_QUANT 112 registers); 64-step down 40 registers, 20 / 40 KB; 128-step
+    registers, 72 KB, 3 CTAs/SM (FUSE_QUANT 112 registers); 64-step down 40 registers, 20 KB; 128-step
     down 48 registers, 40 KB, 5 CTAs/SM, 8 async copies per step (the 1×128 pick's 40, 40 KB, 8); fp32 h 87."""
     gu = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, K_PAD=8, N_PAD=256, H_MODE=1, PRE_Q=1,
               A_GROUP=True, A2_GROUP=True, W_BLOCK=True, EVEN_K=True, USE_PDL=True)  # fmt: skip
@@ -358,7 +379,6 @@ def test_group64_kernels_build_for_sm90_without_spills():
         ("_small_gate_up_kernel", gu, 4, 4),
         ("_small_gate_up_kernel", fused, 4, 4),
         ("_small_down_kernel", dn, 4, 4),
-        ("_small_down_kernel", dn, 4, 8),  # the pick's 32 KB of down weight tiles in flight per program
         ("_small_down_kernel", dict(dn, BLOCK_K=128, H_GROUPS=2), 4, 4),  # two groups per 128-wide step
         ("_small_down_kernel", dict(dn, BLOCK_K=128, H_GROUPS=2, H_MODE=0), 4, 4),
     ):
@@ -373,7 +393,7 @@ def test_group64_kernels_build_for_sm90_without_spills():
         )
         assert r["stack"] == 0 and r["async_copies"] > 0 and r["wgmma"] > 0, r
     assert res[0]["ctas_per_sm"] >= 2, res[0]  # 192 gate/up programs on 132 SMs all resident at once
-    step128 = res[4]  # the 1×128 pick's loads: one 128-wide weight and h tile per stage, one wgmma per step
+    step128 = res[3]  # the 1×128 pick's loads: one 128-wide weight and h tile per stage, one wgmma per step
     assert step128["wgmma"] == 1 and step128["async_copies"] == 8 and step128["shared"] <= 40 * 1024, step128
 
 

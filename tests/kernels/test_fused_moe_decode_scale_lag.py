@@ -38,6 +38,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     make_problem,
     run_and_check,
 )
+from tests.kernels.test_fused_moe_decode_group64 import match_h_group  # noqa: E402
 from tests.kernels.test_fused_moe_host import check_plan_replays  # noqa: E402
 from tests.kernels.test_fused_moe_small import _small_job  # noqa: E402
 
@@ -306,14 +307,16 @@ def test_gpu_scale_lag_bitwise_the_two_dot_form(point):
 
 
 @pytest.mark.gpu
-def test_gpu_small_path_scale_lag_bitwise_the_plain_loop():
-    """Qwen3-235B T = 1 (the small-T PRE_Q pick, 8 warps: the lag's build capped at 128 registers) and T = 16
-    with the small path: SCALE_LAG bitwise the plain loop, within 2e-2 of the reference."""
+def test_gpu_small_path_scale_lag_bitwise_the_plain_loop(monkeypatch):
+    """Qwen3-235B T = 1 (the small-T PRE_Q pick; with 8 warps the lag's build is capped at 128 registers) and
+    T = 16 with the small path: SCALE_LAG bitwise the plain loop, within 2e-2 of the reference (quantizing h in
+    the pick's groups)."""
     seed = _seed()
     for t in (1, 16):
         p = make_problem(t, 128, 4096, 1536, 8, "block-dynamic", device="cuda")
         cfg = op.get_config(1, 8, 128, 4096, 1536, "block-dynamic", True)
         assert op_small.is_small(cfg) and cfg.get("PRE_Q"), cfg
+        match_h_group(monkeypatch, cfg)  # the pick's h groups: 1x64 since 2026-11-30 00:08 UTC
         plain, _, _ = run_and_check(p, config=cfg, seed=seed)
         lagged, _, _ = run_and_check(p, config=dict(cfg, SCALE_LAG=1), seed=seed)
         assert torch.equal(plain, lagged), (seed, t)

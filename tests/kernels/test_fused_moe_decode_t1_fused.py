@@ -33,6 +33,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     make_problem,
     run_and_check,
 )
+from tests.kernels.test_fused_moe_decode_group64 import match_h_group  # noqa: E402
 from tests.kernels.test_fused_moe_host import check_plan_replays  # noqa: E402
 from tests.kernels.test_fused_moe_small import _small_job  # noqa: E402
 
@@ -276,9 +277,10 @@ def _gpu_problem(shape: str, t: int = 1):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(GPU_SHAPES))
-def test_gpu_fused_quant_real_shapes_bitwise(shape):
+def test_gpu_fused_quant_real_shapes_bitwise(shape, monkeypatch):
     seed = _seed()
     p, cfg = _gpu_problem(shape)
+    match_h_group(monkeypatch, cfg)  # Qwen3-235B's pick quantizes h in 1x64 groups since 2026-11-30 00:08 UTC
     plain = _same_fused(p, cfg, seed, scaling=2.5)
     # the signature's plan, recorded above, replayed twice: bitwise the recorded call
     replays = [run_and_check(p, config=dict(cfg, FUSE_QUANT=2), scaling=2.5, seed=seed)[0] for _ in range(2)]
@@ -287,11 +289,12 @@ def test_gpu_fused_quant_real_shapes_bitwise(shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["qwen3-235b", "deepseek-v3-ep8"])
-def test_gpu_fused_quant_graph_replay_tracks_new_routing(shape):
+def test_gpu_fused_quant_graph_replay_tracks_new_routing(shape, monkeypatch):
     """Captured once (two calls back to back, PDL), replayed with fresh routing written into the ids,
     output poisoned with NaN before each replay (test_fused_moe.check_graph_replay)."""
     seed = _seed()
     p, cfg = _gpu_problem(shape)
+    match_h_group(monkeypatch, cfg)
     cfg = dict(cfg, FUSE_QUANT=2, PDL=1)
     kw = device_scales(p["kw"])
     out = torch.empty_like(p["x"])
