@@ -197,54 +197,77 @@ elif [ "${STAGE:-sweep}" = fp8t ] || [ "$STAGE" = fp8w ]; then
   # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
 elif [ "${STAGE:-sweep}" = merge1 ]; then
-  # (carry .whl_attn, .whl_profile) issue 5, the merge as ONE launch (narrow + wide programs, op._merge) instead of
-  # two chained by PDL. Stage 1: GPU tests of the one launch (real sizes, graph replay) and test_decode_attention.py's
-  # CUDA-graph replays. Stage 2, one process, no reference: the 16 bf16 cases (8/1, 64/8) in each one's tuned form,
-  # the two-launch merge of an untracked copy of the package before this change (benchmarks/_merge_before/
-  # decode_attention: kernel.py / op.py / kernel_transposed.py of the parent commit, loaded under another name)
-  # timed first (twice, the first dropped) and again last, against the one launch at 2 warps (ptxas' registers), 2
-  # warps capped at 64 registers (the narrow programs' residency of the old launch), 4 warps (op.MERGE_NUM_WARPS /
-  # MERGE_MAXNREG set per form); each output compared with the two-launch one (elements that differ, rel. diff).
-  # Stage 3: sweep of merge_in_pass 0 (the 8/1 default; first and again last) / 8 / 32 on the 8 bf16 and 8 fp8 8/1
-  # cases (the sweep set built here; runtime/benches stays as it is). Sweep merge1's call (23:56-23:59 UTC, working
-  # tree of 98a076b = the one launch, TEST_S=75 AB_S=75 SWEEP_S=85, 143 s in all): 10 tests passed in 54 s, stage 2
-  # 39 s (80 timings), stage 3 38 s (64). The one launch was then reverted (not adopted, op.WIDE_MERGE_BLOCK's
-  # comment): to time it again, put 98a076b's kernel.py / op.py into hpc_advise/kernels/decode_attention and the
-  # current ones (with kernel_transposed.py and an empty __init__.py) into benchmarks/_merge_before/decode_attention.
-  install_flashinfer
+  # (carry .whl_profile; .whl_attn only with FI=1) issue 5, the log-sum-exp merge as ONE launch (narrow + wide
+  # programs, op._merge) against two chained by PDL. Stage 1: GPU tests (TEST_K selects; default the merge launches'
+  # real sizes and graph replay plus test_decode_attention.py's CUDA-graph replays). Stage 2, one process, no
+  # reference (/tmp/merge1_ab.py, written here): for each KV dtype of AB_KV (bf16 fp8) and head count (8/1, 64/8) the
+  # 8 cases in each one's tuned form, the forms of AB_FORMS (names below) timed in that order, the first twice (the
+  # first dropped) and again last; each output compared with the first form's (elements that differ, rel. diff).
+  # Forms: 'two' = the two-launch merge of an untracked copy of the package before the one launch
+  # (benchmarks/_merge_before/decode_attention: kernel.py / op.py / kernel_transposed.py / reference.py /
+  # __init__.py of f1c73d7, loaded under another name); 'wf' / 'nf' = this tree's one launch with the wide programs
+  # first / after the narrow ones in each grid row, registers capped at 64 (op.MERGE_WIDE_FIRST / MERGE_MAXNREG);
+  # 'nf96' = narrow first at ptxas's choice (96 registers, the residency diagnostic); 'wf16' = wide first with
+  # 16-column wide programs (half as many, 24 bytes spilled at the cap); '98w4' = 98a076b's one launch at 4 warps
+  # (benchmarks/_merge_98/decode_attention: its kernel.py / op.py, the rest as 'two'). AB_FORMS: 8/1 (default
+  # two,wf,nf,wf16,nf96,nw), AB_FORMS_64: 64/8 (two,wf,nf; a prefix of AB_FORMS: the table's columns). 'nw' =
+  # wide programs first but plan(wide_merge=False): no wide programs, every segment 16 per step (the empty wide
+  # programs' cost where no segment is wide).
+  # Stage 3 (SWEEP_S > 0): merge_in_pass 0 / 8 / 32 on the 8 bf16 and 8 fp8 8/1 cases (sweep merge1's stage).
+  # Sweep merge1's call (23:56-23:59 UTC, working tree of 98a076b, FI=1 TEST_S=75 AB_S=75 SWEEP_S=85, 143 s):
+  # 10 tests passed in 54 s, stage 2 39 s (80 timings), stage 3 38 s (64).
+  [ "${FI:-0}" = 1 ] && install_flashinfer
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
-  pack "flashinfer installed"
-  timeout "${TEST_S:-80}" python3 -m pytest -m gpu tests/kernels/test_decode_attention.py \
-    -k "${TEST_K:-one_merge_launch or cuda_graph}" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+  export PYTHONPATH=/tmp/site:$PWD
+  pack "installed"
+  timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention.py \
+    -k "${TEST_K:-merge_launches or cuda_graph}" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
     > "$RES/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
   pack "gpu tests done"
   mkdir -p "$RES/ab" "$RES/sweep"
   cat > /tmp/merge1_ab.py <<'EOF'
-import importlib.util, sys, time
+import importlib, importlib.util, json, os, sys, time
 from pathlib import Path
 import torch
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.runtime.benches import decode_attention as da
 from hpc_advise.runtime.benchmarking import environment, run_row, write_results
 
-pkg = Path(sys.argv[1])
-spec = importlib.util.spec_from_file_location("da_before", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
-sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sys.modules[spec.name])
-old = importlib.import_module("da_before.op")
-forms = [("two launches", old, 0, 0), ("one, 2 warps", op, 2, 0), ("one, 2 warps, 64 regs", op, 2, 64),
-         ("one, 4 warps", op, 4, 0)]
+def load(name, pkg):
+    pkg = Path(pkg)
+    spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+    return importlib.import_module(name + ".op")
+
+FORMS = {  # name -> (label, module loader, attributes set on that op module before the form's plans[, plan kwargs])
+    "two": ("two launches", lambda: load("da_before", "benchmarks/_merge_before/decode_attention"), {}),
+    "wf": ("one, wide first, 64 regs", lambda: op, dict(MERGE_WIDE_FIRST=True, MERGE_MAXNREG=64, WIDE_MERGE_COLS=8)),
+    "nf": ("one, narrow first, 64 regs", lambda: op, dict(MERGE_WIDE_FIRST=False, MERGE_MAXNREG=64, WIDE_MERGE_COLS=8)),
+    "nf96": ("one, narrow first, 96 regs", lambda: op, dict(MERGE_WIDE_FIRST=False, MERGE_MAXNREG=0, WIDE_MERGE_COLS=8)),
+    "wf16": ("one, wide first, 16 cols", lambda: op, dict(MERGE_WIDE_FIRST=True, MERGE_MAXNREG=64, WIDE_MERGE_COLS=16)),
+    "nw": ("one, no wide programs", lambda: op, dict(MERGE_WIDE_FIRST=True, MERGE_MAXNREG=64, WIDE_MERGE_COLS=8),
+           dict(wide_merge=False)),
+    "98w4": ("98a076b, 4 warps", lambda: load("da_98", "benchmarks/_merge_98/decode_attention"),
+             dict(MERGE_NUM_WARPS=4, MERGE_MAXNREG=0)),
+}
+by_heads = {(8, 1): os.environ.get("AB_FORMS", "two,wf,nf,wf16,nf96,nw"), (64, 8): os.environ.get("AB_FORMS_64", "two,wf,nf")}
+mods = {}
+all_forms = {h: [(FORMS[n][0], mods.get(n) or mods.setdefault(n, FORMS[n][1]()), *FORMS[n][2:], {})[:4]
+                 for n in v.split(",")] for h, v in by_heads.items()}
+kvs = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 env, rows, table, t0 = environment(), [], [], time.time()
-for hq, hkv in ((8, 1), (64, 8)):
+live = open(os.path.join(os.environ["HPC_ADVISE_RESULTS"], "rows_live.jsonl"), "w")
+for hq, hkv, kv in [(h, k, kv) for h, k in ((8, 1), (64, 8)) for kv in os.environ.get("AB_KV", "bf16 fp8").split()]:
     for name in da.CASES:
-        w = da.Workload(da.case_lengths(name), hq, hkv, torch.bfloat16)
-        base, line = None, [name, f"{hq}/{hkv}"]
-        for i, (label, mod, warps, regs) in enumerate(forms + forms[:1]):
-            if warps:
-                op.MERGE_NUM_WARPS, op.MERGE_MAXNREG = warps, regs
+        w = da.Workload(da.case_lengths(name), hq, hkv, kvs[kv])
+        base, line, forms = None, [name, f"{hq}/{hkv}", kv], all_forms[(hq, hkv)]
+        for i, (label, mod, attrs, kw) in enumerate(forms + forms[:1]):
+            for key, val in attrs.items():
+                setattr(mod, key, val)
             plans = [mod.plan(w.seq_lens, t, page_size=da.PAGE, num_q_heads=hq, num_kv_heads=hkv,
-                              head_dim=da.HEAD_DIM, kv_dtype=torch.bfloat16) for t in w.tables]
+                              head_dim=da.HEAD_DIM, kv_dtype=kvs[kv], **kw) for t in w.tables]
             outs = [w.q.new_empty(w.q.shape) for _ in plans]
             calls = [lambda p=p, o=o, m=mod: m.run(p, w.q, w.k, w.v, out=o) for p, o in zip(plans, outs)]
             calls[0]()
@@ -257,40 +280,46 @@ for hq, hkv in ((8, 1), (64, 8)):
             ne = int((o != base).sum())
             rel = ((o - base).norm() / base.norm()).item()
             wide = int((plans[0].wide_list >= 0).sum())
-            cfg = dict(case=name, num_q_heads=hq, num_kv_heads=hkv, kv_dtype="bf16", form=label, timing=how,
-                       merge_warps=warps, merge_maxnreg=regs, differing=ne, rel_diff=rel, wide_segments=wide,
-                       merge_in_pass=plans[0].merge_in_pass, **({"repeat": True} if i == len(forms) else {}))
-            rows.append(run_row(kind="kernel", subject="decode_attention.merge1", provider="hpc_advise_dynamic",
+            again = i == len(forms)
+            cfg = dict(case=name, num_q_heads=hq, num_kv_heads=hkv, kv_dtype=kv, form=label, timing=how,
+                       form_attrs=attrs, plan_kwargs=kw, differing=ne, rel_diff=rel, wide_segments=wide,
+                       merge_in_pass=plans[0].merge_in_pass, **({"repeat": True} if again else {}))
+            rows.append(run_row(kind="kernel", subject="decode_attention.merge1b", provider="hpc_advise_dynamic",
                                 config=cfg, metric="latency", unit="us", timing=t, env=env))
+            live.write(json.dumps(rows[-1]) + "\n")
+            live.flush()
             line.append(f"{t.p50:.1f}" + ("" if ne == 0 else f" ({ne} differ, {rel:.0e})"))
-            print(f"merge1 {time.time() - t0:5.1f}s", name, f"{hq}/{hkv}", label + (" (again)" if i == len(forms) else ""),
+            print(f"merge1 {time.time() - t0:5.1f}s", name, f"{hq}/{hkv}", kv, label + (" (again)" if again else ""),
                   f"{t.p50:.1f}", how, f"wide {wide}", f"differ {ne} rel {rel:.1e}", flush=True)
             del calls, plans, outs
         table.append(line + [wide])
         w = None  # the next case's pool replaces this one
         torch.cuda.empty_cache()
-headers = ["case", "Hq/Hkv"] + [f for f, *_ in forms] + ["two launches again", "wide segments"]
-write_results(rows, table, headers, stem="decode_attention_sweep_merge1", env=env,
-              title="Decode attention: the merge as one launch vs two (bf16 KV, tuned forms, page 64, D 128)",
+forms = max(all_forms.values(), key=len)  # the table's columns: the longest list; shorter rows are padded
+table = [t[:-2] + [""] * (len(forms) + 5 - len(t)) + t[-2:] for t in table]
+headers = ["case", "Hq/Hkv", "KV"] + [f for f, *_ in forms] + [forms[0][0] + " again", "wide segments"]
+write_results(rows, table, headers, stem="decode_attention_sweep_merge1b", env=env,
+              title="Decode attention: the merge as one launch vs two (tuned forms, page 64, D 128)",
               notes="CUDA-graph replay over rotated page tables; p50 µs per call; '(n differ, rel)': elements of the "
-                    "output that differ from the two-launch form's, relative Frobenius difference.")
+                    "output that differ from the first form's, relative Frobenius difference.")
 EOF
-  HPC_ADVISE_RESULTS=$RES/ab timeout "${AB_S:-75}" python3 /tmp/merge1_ab.py benchmarks/_merge_before/decode_attention \
-    > "$RES/ab.log" 2>&1
+  HPC_ADVISE_RESULTS=$RES/ab timeout "${AB_S:-75}" python3 /tmp/merge1_ab.py > "$RES/ab.log" 2>&1
   pack "one vs two launches done"
-  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-90}" python3 -c "import runpy, sys
+  if [ "${SWEEP_S:-0}" -gt 0 ]; then
+    HPC_ADVISE_RESULTS=$RES/sweep timeout "$SWEEP_S" python3 -c "import runpy, sys
 from hpc_advise.runtime.benches import decode_attention as da
 bf, f8 = (64, 2, 3, 4, 'nested-desc-w-pc32-s2-pdl'), (64, 2, 3, 4, 'nested-desc-w-pc32-s4-f16-pdl-tr')
 da.SWEEP_SETS['merge1'] = dict(cases=[(c, 8, 1, kv) for kv in ('bf16', 'fp8') for c in da.CASES], configs_by_heads={
     (kv, '8/1'): [e] + [(*e[:4], e[4] + f'-mip{n}') for n in (8, 32)] for kv, e in (('bf16', bf), ('fp8', f8))})
 sys.argv = ['bench_decode_attention.py', '--sweep', '--sweep-set', 'merge1']
 runpy.run_path('benchmarks/bench_decode_attention.py', run_name='__main__')" > "$RES/sweep.log" 2>&1
-  pack "merge_in_pass sweep done"
+    pack "merge_in_pass sweep done"
+  fi
   grep -i "Traceback" -A3 "$RES/ab.log" "$RES/sweep.log" 2>/dev/null | head -8
-  # short tables last: one vs two launches (case, heads, form, us, timing, wide segments, differing elements);
+  # short tables last: one vs two launches (case, heads, KV, form, us, timing, wide segments, differing elements);
   # merge_in_pass sweep (case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept)
-  grep "^merge1 " "$RES/ab.log" | cut -c15-
-  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+  grep "^merge1 " "$RES/ab.log" | cut -c15- | sed 's/ graph / /'
+  grep "^sweep " "$RES/sweep.log" 2>/dev/null | cut -c14- | sed 's/nested-desc-w-pc32-//'
 elif [ "${STAGE:-sweep}" = mipw ]; then
   # (carry .whl_attn, .whl_profile) issue 5, the chunked in-pass merge (kernel._merge_partials) for wide segments.
   # Stage 1: the GPU tests of test_decode_attention_merge_in_pass.py (TEST_K selects). Stage 2: sweep 'mipw', one

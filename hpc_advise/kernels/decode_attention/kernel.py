@@ -1239,6 +1239,65 @@ def decode_flat_kernel(
 
 
 @triton.jit
+def _combine_segment(
+    out_ptr,
+    prog_start_ptr,
+    merge_bh_ptr,
+    merge_seg_ptr,
+    ws_o_ptr,
+    ws_lse_ptr,
+    p,
+    lo,
+    r,
+    c,
+    stride_ob,
+    stride_oh,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    COLS: tl.constexpr,  # columns of D combined here: c * COLS ..
+    BLOCK_P: tl.constexpr,  # partials combined per step
+):
+    """Query row ``r``, columns ``c * COLS ..`` of the split segment whose partials programs ``lo`` .. ``p`` of
+    the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``. Every
+    column's arithmetic is its own (the weights are per partial, the sums per column), so a column's result
+    does not depend on COLS."""
+    bh = tl.load(merge_bh_ptr + p)
+    seg_start = tl.load(merge_seg_ptr + p)
+    offs_d = c * COLS + tl.arange(0, COLS)
+    m_run = tl.full([COLS], float("-inf"), dtype=tl.float32)  # kept as a vector
+    w_sum = tl.zeros([COLS], dtype=tl.float32)
+    acc = tl.zeros([COLS], dtype=tl.float32)
+    for q0 in range(lo, p + 1, BLOCK_P):
+        qs = q0 + tl.arange(0, BLOCK_P)
+        in_range = qs <= p
+        q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
+        q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
+        ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
+        # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
+        slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
+        lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
+        o = tl.load(
+            ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=ok[:, None],
+            other=0.0,
+        )  # [BLOCK_P, COLS]
+        m_new = tl.maximum(m_run, tl.max(lse, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, COLS] (same per column)
+        scale_old = tl.exp2(m_run - m_use)
+        acc = acc * scale_old + tl.sum(w * o, axis=0)
+        w_sum = w_sum * scale_old + tl.sum(w, axis=0)
+        m_run = m_new
+    res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
+    b = bh // NUM_KV_HEADS
+    row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
+    tl.store(
+        out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty)
+    )
+
+
+@triton.jit
 def merge_kernel(
     out_ptr,  # [B, Hq, D]
     prog_start_ptr,  # [G + 1]
@@ -1248,74 +1307,66 @@ def merge_kernel(
     ws_o_ptr,  # [2G, GROUP, D] fp32
     ws_lse_ptr,  # [2G, GROUP] fp32
     wide_list_ptr,  # [W] int32 (plan): programs whose merge has > NARROW participants, then -1s
+    G,  # programs of the attention pass
+    W,  # wide_list entries the launch covers (0: no wide programs)
     stride_ob,
     stride_oh,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    D_CHUNK: tl.constexpr,  # columns of D per program
-    BLOCK_P: tl.constexpr,  # partials combined per step
-    NARROW: tl.constexpr,  # 0: merge every split segment; > 0: only those with <= NARROW participants
-    WIDE: tl.constexpr,  # True: axis 0 indexes wide_list (the segments the NARROW launch left out)
-    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass (or merge)
+    D_CHUNK: tl.constexpr,  # columns of D per narrow program
+    BLOCK_P: tl.constexpr,  # partials combined per step by a narrow program
+    NARROW: tl.constexpr,  # 0: the narrow programs merge every split segment; > 0: only those of <= NARROW
+    WIDE_COLS: tl.constexpr,  # columns of D per wide program
+    WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
+    WIDE_FIRST: tl.constexpr,  # the wide programs before the narrow ones in the grid (else after them)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
 ):
-    # grid (G, GROUP, HEAD_DIM // D_CHUNK), or (W, ...) when WIDE: program (p, r, c) combines, for query
-    # row r of the group and columns c, the partials of the split segment that program p of the
-    # attention pass merges (its last participant). Programs with nothing to merge exit after one load.
+    # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
+    # columns c * D_CHUNK .. of the group: G narrow programs, program p combining the segment that program p of
+    # the attention pass merges (its last participant) if it has at most NARROW participants, BLOCK_P partials
+    # per step; and W * S wide ones, program (j, s) combining columns c * D_CHUNK + s * WIDE_COLS .. of the
+    # segment of p = wide_list[j] (-1: none), WIDE_BLOCK_P per step. So every split segment is combined by
+    # exactly one set of programs. Programs with nothing to merge exit after their planner loads.
+    x = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
-    if WIDE:
-        p = tl.load(wide_list_ptr + tl.program_id(0))
-        lo = tl.load(merge_first_ptr + tl.maximum(p, 0))
-        lo = tl.where(p >= 0, lo, -1)
+    S: tl.constexpr = D_CHUNK // WIDE_COLS
+    if WIDE_FIRST:
+        is_wide = x < W * S
+        jw = x
+        p = x - W * S
     else:
-        p = tl.program_id(0)
+        is_wide = x >= G
+        jw = x - G
+        p = x
+    if is_wide:
+        j = jw // S
+        cw = c * S + (jw - j * S)  # column chunk of WIDE_COLS
+        p = tl.load(wide_list_ptr + j)
+        lo = tl.load(merge_first_ptr + p, mask=p >= 0, other=-1)
+    else:
+        cw = c
         lo = tl.load(merge_first_ptr + p)
         if NARROW > 0:
             lo = tl.where(p - lo + 1 > NARROW, -1, lo)
     if PDL:
-        # launched before the attention pass finished: everything read above comes from the planner
-        # (done before that pass started); partials may be read only after griddepcontrol.wait. Program
-        # (0, 0, 0) of each merge launch always waits, so a launch never completes before the grid it
-        # depends on: attention pass, merge and wide merge complete in that order, and whatever is
-        # launched after them (without PDL) finds every output row written, even when no segment needed
-        # the wide launch and its other programs exited at once.
-        must_wait = (lo >= 0) | ((tl.program_id(0) == 0) & (r == 0) & (c == 0))
-        if not WIDE:
-            gdc_launch_dependents()  # the wide launch may start; its listed programs wait on this grid
-        if must_wait:
+        # launched before the attention pass finished: everything read above comes from the planner (done
+        # before that pass started); partials may be read only after griddepcontrol.wait. Program (0, 0, 0) always
+        # waits, so the launch never completes before the attention pass: pass and merge complete in that
+        # order, and whatever is launched after them (without PDL) finds every output row written, even when
+        # no segment needed merging and every other program exited at once.
+        if (lo >= 0) | ((x == 0) & (r == 0) & (c == 0)):
             gdc_wait()
     if lo >= 0:
-        bh = tl.load(merge_bh_ptr + p)
-        seg_start = tl.load(merge_seg_ptr + p)
-        offs_d = c * D_CHUNK + tl.arange(0, D_CHUNK)
-        m_run = tl.full([D_CHUNK], float("-inf"), dtype=tl.float32)  # kept as a vector
-        w_sum = tl.zeros([D_CHUNK], dtype=tl.float32)
-        acc = tl.zeros([D_CHUNK], dtype=tl.float32)
-        for q0 in range(lo, p + 1, BLOCK_P):
-            qs = q0 + tl.arange(0, BLOCK_P)
-            in_range = qs <= p
-            q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
-            q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
-            ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
-            # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
-            slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
-            lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
-            o = tl.load(
-                ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=ok[:, None],
-                other=0.0,
-            )  # [BLOCK_P, D_CHUNK]
-            m_new = tl.maximum(m_run, tl.max(lse, axis=0))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, D_CHUNK] (same per column)
-            scale_old = tl.exp2(m_run - m_use)
-            acc = acc * scale_old + tl.sum(w * o, axis=0)
-            w_sum = w_sum * scale_old + tl.sum(w, axis=0)
-            m_run = m_new
-        res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
-        b = bh // NUM_KV_HEADS
-        row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
-        tl.store(
-            out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty)
-        )
+        # two code paths, one per tile shape, chosen by a value uniform over the program
+        if is_wide:
+            _combine_segment(
+                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, cw,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P,
+            )  # fmt: skip
+        else:
+            _combine_segment(
+                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P,
+            )  # fmt: skip

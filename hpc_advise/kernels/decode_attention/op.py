@@ -46,22 +46,18 @@ DEFAULT_DESC = False
 # takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
 DEFAULT_MERGE_BLOCK = 16
 MERGE_BLOCKS = (16, 32, 64, 128)
-# Adaptive merge width: with ``wide_merge`` the merge launch combines merge_block partials per step only for
-# segments with at most merge_block participants; a second, small launch (one program per possible such
-# segment: G // merge_block + 1, listed by the planner on the GPU) merges the others WIDE_MERGE_BLOCK at a
-# time. Small splits keep the light merge, a 128K request over 264 programs takes 3 steps instead of 17.
-# Both launches as ONE (grid G + W: narrow programs, then the listed wide ones, each path with its own block) was
-# measured in sweep merge1 (H200, 2026-11-29 23:57 UTC, benchmarks/results/decode_attention_sweep_merge1.md, one
-# process, this two-launch form first and again last) and not adopted. At 4 warps (128 registers, the wide path's)
-# bf16 8/1 2 x 32K + 30 x 4K 38.2 -> 35.7 us, 1 x 64K + 15 x 4K 32.0 (31.3) -> 28.4, 1 x 128K + 31 x 4K 48.5 -> 46.0
-# (a wide segment next to narrow ones: the wide merge need not wait for the narrow launch), 1 x 128K 31.0 (30.3) ->
-# 30.6, but where no segment is wide 64 x 4K 43.6 -> 44.8, 128 x U 172.3 -> 175.7, 64 x U 94.1 -> 95.8: -2.3 % in
-# geometric mean over the 8 bf16 8/1 cases, 3 of them 1.8-2.6 % slower. 2 warps (176 registers) slower than 4 on all
-# 8; capped at 64 registers (the narrow launch's count; 784 bytes of spills) no faster where nothing is wide and up to
-# 76 % slower where something is, so the loss is not simply fewer resident programs (not profiled). 64/8 (segments
-# of <= 32 programs merge in the pass) within 0.7 % in every form.
+# Adaptive merge width: with ``wide_merge`` the merge launch's narrow programs combine merge_block partials per
+# step only for segments with at most merge_block participants; its wide programs (per query row and 64 columns:
+# one per possible such segment, G // merge_block + 1, listed by the planner on the GPU, times 64 / WIDE_MERGE_COLS
+# column slices) merge the others WIDE_MERGE_BLOCK at a time. Small splits keep the light merge, a 128K request
+# over 264 programs takes 3 steps instead of 17. PROVISIONAL (issue 5, sweep merge1b pending).
 DEFAULT_WIDE_MERGE = False
 WIDE_MERGE_BLOCK = 128
+# Columns of D per wide merge program, the grid's order (wide programs first in each row, else after the narrow
+# ones) and the launch's register cap with merge_block 16 (0: ptxas's choice). PROVISIONAL (sweep merge1b).
+WIDE_MERGE_COLS = 8
+MERGE_WIDE_FIRST = True
+MERGE_MAXNREG = 64
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
@@ -866,9 +862,14 @@ def _warp_split(plan: DecodePlan) -> int:
 
 
 def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
-    """The log-sum-exp merge launch(es); see ``WIDE_MERGE_BLOCK``."""
+    """The log-sum-exp merge: one launch of narrow and wide programs (see ``WIDE_MERGE_BLOCK``)."""
     d_chunk = min(64, plan.head_dim)
-    args = (
+    g = plan.grid_size()
+    wide = plan.wide_list.shape[0] if plan.wide_merge else 0
+    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
+    if MERGE_MAXNREG and plan.merge_block <= 16 and plan.device.type == "cuda" and not _interpreting():
+        launch["maxnreg"] = MERGE_MAXNREG
+    _k.merge_kernel[(g + wide * (d_chunk // WIDE_MERGE_COLS), plan.group, plan.head_dim // d_chunk)](
         out,
         plan.prog_start,
         plan.merge_first,
@@ -877,33 +878,23 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         plan.ws_o,
         plan.ws_lse,
         plan.wide_list,
+        g,
+        wide,
         out.stride(0),
         out.stride(1),
-    )
-    consts = dict(NUM_KV_HEADS=plan.num_kv_heads, GROUP=plan.group, HEAD_DIM=plan.head_dim, D_CHUNK=d_chunk)
-    chunks = plan.head_dim // d_chunk
-    launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
-    _k.merge_kernel[(plan.grid_size(), plan.group, chunks)](
-        *args,
-        **consts,
+        NUM_KV_HEADS=plan.num_kv_heads,
+        GROUP=plan.group,
+        HEAD_DIM=plan.head_dim,
+        D_CHUNK=d_chunk,
         BLOCK_P=plan.merge_block,
         NARROW=plan.merge_block if plan.wide_merge else 0,
-        WIDE=False,
+        WIDE_COLS=WIDE_MERGE_COLS,
+        WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
+        WIDE_FIRST=MERGE_WIDE_FIRST,
         PDL=pdl,
         num_warps=2 if plan.merge_block <= 32 else 4,
         **launch,
     )
-    if plan.wide_merge:
-        _k.merge_kernel[(plan.wide_list.shape[0], plan.group, chunks)](
-            *args,
-            **consts,
-            BLOCK_P=WIDE_MERGE_BLOCK,
-            NARROW=0,
-            WIDE=True,
-            PDL=pdl,
-            num_warps=4,
-            **launch,
-        )
 
 
 def decode_attention(
