@@ -205,14 +205,16 @@ elif [ "${STAGE:-sweep}" = merge1 ]; then
   # first dropped) and again last; each output compared with the first form's (elements that differ, rel. diff).
   # Forms: 'two' = the two-launch merge of an untracked copy of the package before the one launch
   # (benchmarks/_merge_before/decode_attention: kernel.py / op.py / kernel_transposed.py / reference.py /
-  # __init__.py of f1c73d7, loaded under another name); 'wf' / 'nf' = this tree's one launch with the wide programs
-  # first / after the narrow ones in each grid row, registers capped at 64 (op.MERGE_WIDE_FIRST / MERGE_MAXNREG);
-  # 'nf96' = narrow first at ptxas's choice (96 registers, the residency diagnostic); 'wf16' = wide first with
-  # 16-column wide programs (half as many, 24 bytes spilled at the cap); '98w4' = 98a076b's one launch at 4 warps
-  # (benchmarks/_merge_98/decode_attention: its kernel.py / op.py, the rest as 'two'). AB_FORMS: 8/1 (default
-  # two,wf,nf,wf16,nf96,nw), AB_FORMS_64: 64/8 (two,wf,nf; a prefix of AB_FORMS: the table's columns). 'nw' =
-  # wide programs first but plan(wide_merge=False): no wide programs, every segment 16 per step (the empty wide
-  # programs' cost where no segment is wide).
+  # __init__.py of f1c73d7, loaded under another name); 'one' = this tree's one launch as shipped (64 registers,
+  # 8-column wide slices); 'one96' = uncapped (ptxas: 96 registers); 'one16' = 16-column slices (24 bytes spilled);
+  # 'nw' = plan(wide_merge=False): no wide programs, every segment 16 per step (the idle wide programs' cost where
+  # none is wide); '98w4' = 98a076b's one launch at 4 warps (benchmarks/_merge_98/decode_attention: its kernel.py /
+  # op.py, the rest as 'two'). AB_FORMS: 8/1 (default two,one,one96), AB_FORMS_64: 64/8 (the same; a prefix of
+  # AB_FORMS: the table's columns). Sweep merge1b's call (2026-11-30 00:24-00:26 UTC, working tree of af7be35,
+  # TEST_S=55 AB_S=140, 124 s): 6 of 10 tests passed in the 55 s, stage 2 67 s (208 timings) with its forms
+  # two,wf,nf,wf16,nf96,nw (8/1) and two,wf,nf (64/8), where wf / nf = wide programs first / after the narrow
+  # ones at 64 registers (af7be35's op.MERGE_WIDE_FIRST, removed after the call: nf = 'one'), wf16 = wf with
+  # 16-column slices, nf96 = 'one96'.
   # Stage 3 (SWEEP_S > 0): merge_in_pass 0 / 8 / 32 on the 8 bf16 and 8 fp8 8/1 cases (sweep merge1's stage).
   # Sweep merge1's call (23:56-23:59 UTC, working tree of 98a076b, FI=1 TEST_S=75 AB_S=75 SWEEP_S=85, 143 s):
   # 10 tests passed in 54 s, stage 2 39 s (80 timings), stage 3 38 s (64).
@@ -243,16 +245,15 @@ def load(name, pkg):
 
 FORMS = {  # name -> (label, module loader, attributes set on that op module before the form's plans[, plan kwargs])
     "two": ("two launches", lambda: load("da_before", "benchmarks/_merge_before/decode_attention"), {}),
-    "wf": ("one, wide first, 64 regs", lambda: op, dict(MERGE_WIDE_FIRST=True, MERGE_MAXNREG=64, WIDE_MERGE_COLS=8)),
-    "nf": ("one, narrow first, 64 regs", lambda: op, dict(MERGE_WIDE_FIRST=False, MERGE_MAXNREG=64, WIDE_MERGE_COLS=8)),
-    "nf96": ("one, narrow first, 96 regs", lambda: op, dict(MERGE_WIDE_FIRST=False, MERGE_MAXNREG=0, WIDE_MERGE_COLS=8)),
-    "wf16": ("one, wide first, 16 cols", lambda: op, dict(MERGE_WIDE_FIRST=True, MERGE_MAXNREG=64, WIDE_MERGE_COLS=16)),
-    "nw": ("one, no wide programs", lambda: op, dict(MERGE_WIDE_FIRST=True, MERGE_MAXNREG=64, WIDE_MERGE_COLS=8),
+    "one": ("one launch", lambda: op, dict(MERGE_MAXNREG=64, WIDE_MERGE_COLS=8)),
+    "one96": ("one launch, 96 regs", lambda: op, dict(MERGE_MAXNREG=0, WIDE_MERGE_COLS=8)),
+    "one16": ("one launch, 16 cols", lambda: op, dict(MERGE_MAXNREG=64, WIDE_MERGE_COLS=16)),
+    "nw": ("one launch, no wide programs", lambda: op, dict(MERGE_MAXNREG=64, WIDE_MERGE_COLS=8),
            dict(wide_merge=False)),
     "98w4": ("98a076b, 4 warps", lambda: load("da_98", "benchmarks/_merge_98/decode_attention"),
              dict(MERGE_NUM_WARPS=4, MERGE_MAXNREG=0)),
 }
-by_heads = {(8, 1): os.environ.get("AB_FORMS", "two,wf,nf,wf16,nf96,nw"), (64, 8): os.environ.get("AB_FORMS_64", "two,wf,nf")}
+by_heads = {(8, 1): os.environ.get("AB_FORMS", "two,one,one96"), (64, 8): os.environ.get("AB_FORMS_64", "two,one,one96")}
 mods = {}
 all_forms = {h: [(FORMS[n][0], mods.get(n) or mods.setdefault(n, FORMS[n][1]()), *FORMS[n][2:], {})[:4]
                  for n in v.split(",")] for h, v in by_heads.items()}

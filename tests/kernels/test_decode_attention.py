@@ -279,8 +279,8 @@ def test_plan_balances_tiles_and_segment_starts(seg_cost):
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8])
 def test_wide_merge_takes_segments_over_many_programs(kv_dtype):
-    # 700 tokens = 44 tiles over ~27 of 40 programs (> 16 participants: the wide launch), 300 tokens over
-    # ~12 (the narrow one), 5 tokens in one program (no merge)
+    # 700 tokens = 44 tiles over ~27 of 40 programs (> 16 participants: the wide programs), 300 tokens over
+    # ~12 (a narrow program), 5 tokens in one program (no merge)
     lens = [700, 300, 5]
     scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
     p, _ = check(
@@ -306,8 +306,8 @@ def test_wide_merge_takes_segments_over_many_programs(kv_dtype):
 
 
 def merged_rows(p, wide: bool) -> list[tuple[int, int]]:
-    """(request, KV head) of the split segments the merge launches combine: those over more than merge_block
-    programs (the wide launch, ``wide``) or the others (the narrow one)."""
+    """(request, KV head) of the split segments the merge launch combines: those over more than merge_block
+    programs (its wide programs, ``wide``) or the others (its narrow ones)."""
     firsts, bh = p.merge_first.tolist(), p.merge_bh.tolist()
     return [
         divmod(bh[q], p.num_kv_heads)
@@ -322,15 +322,15 @@ def segment_rows(out: torch.Tensor, segs: list[tuple[int, int]], group: int) -> 
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8])
 def test_merge_launches_narrow_and_wide_segments_bitwise(kv_dtype):
-    # the adaptive merge: a segment over <= merge_block (16) programs is combined by the narrow launch (16
-    # partials per step), a wider one by the wide launch (128 per step); here both kinds in one call (700 tokens =
-    # 44 tiles over ~27 of 40 programs, 300 over ~12), against float64, NaN-poisoned output, twice on one plan.
-    # Bitwise, under the interpreter (which rounds every operation as written; on the GPU a build's reduction
-    # order depends on its warps): the merge re-run into an fp32 output (the bf16 output hides the difference)
-    # gives the narrow rows of a merge of every segment at 16 per step and the wide rows of one at 128 per step
-    # (wide_merge off, the same schedule and partials), and those two differ on the wide rows, so a row merged
-    # by the wrong launch or block fails. (Written for issue 5's one-launch merge, measured and reverted: it held
-    # for both forms.)
+    # the adaptive merge, one launch: a segment over <= merge_block (16) programs is combined by a narrow program
+    # (16 partials per step, 64 columns), a wider one by wide programs (128 per step on WIDE_MERGE_COLS-column
+    # slices); here both kinds in one call (700 tokens = 44 tiles over ~27 of 40 programs, 300 over ~12),
+    # against float64, NaN-poisoned output, twice on one plan. Bitwise, under the interpreter (which rounds
+    # every operation as written; on the GPU a build's reduction order depends on its warps and tile): the merge
+    # re-run into an fp32 output (the bf16 output hides the difference) gives the narrow rows of a merge of every
+    # segment at 16 per step and the wide rows of one at 128 per step on 64-column tiles (wide_merge off, the
+    # same schedule and partials), and those two differ on the wide rows, so a row merged by the wrong path,
+    # block or columns fails. (It held for the two launches, 98a076b's one launch and this one.)
     lens, hq, hkv, d, page = [700, 300, 5, 64], 4, 1, 64, 16
     scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
     q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
@@ -469,7 +469,7 @@ def test_fp8_f16_dot_falls_back_on_odd_v_layout():
 
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8])
 def test_pdl_merge_matches_reference(kv_dtype):
-    # pdl: the merge launches as a programmatic dependent of the attention pass (on the GPU; the CPU
+    # pdl: the merge launch as a programmatic dependent of the attention pass (on the GPU; the CPU
     # interpreter runs the launches in order), narrow and wide merges both present
     scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
     p, _ = check(
@@ -764,7 +764,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
     q, k, v, table, _ = make_case([12800, 100, 12800, 5000], hq=hq, hkv=hkv, d=d, page=page)
     lens_buf = torch.tensor([4000, 100, 9000, 64], dtype=torch.int32, device="cuda")
     # the configuration decode_attention() picks (op.TUNED_BY_KV_DTYPE), so replay and eager match bitwise
-    # (pdl: the merge launches as programmatic dependents, captured as such; same arithmetic, so the same bits)
+    # (pdl: the merge launch as a programmatic dependent, captured as such; same arithmetic, so the same bits)
     p = op.plan(
         lens_buf,
         table,
@@ -791,7 +791,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
 @pytest.mark.parametrize(
     "lens,hq,hkv,kv_dtype,mip",
     [
-        ([131072], 8, 1, BF16, None),  # one segment over all programs: the wide launch merges it
+        ([131072], 8, 1, BF16, None),  # one segment over all programs: wide programs merge it
         ([131072], 8, 1, FP8, None),  # the same through the transposed fp8 8/1 default
         (
             [65536] + [4096] * 15,
@@ -799,7 +799,7 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
             8,
             BF16,
             0,
-        ),  # the 64K request's segments (~17 programs each): wide launch
+        ),  # the 64K request's segments (~17 programs each): wide programs
         (
             [65536] + [4096] * 15,
             64,
@@ -811,9 +811,10 @@ def test_gpu_cuda_graph_replay_matches_eager(pdl, warp_split, num_stages):
     ],
 )
 def test_gpu_merge_launches_real_sizes(lens, hq, hkv, kv_dtype, mip):
-    # the tuned form's merge launches at real sizes: against float64, and 3 calls of one plan (output NaN-poisoned
-    # before each) bitwise the first. (Passed on the H200 in the merge1 call against the one-launch merge of
-    # 98a076b, since reverted; benchmarks/results/decode_attention_sweep_merge1.md.)
+    # the tuned form's merge launch at real sizes: against float64, and 3 calls of one plan (output NaN-poisoned
+    # before each) bitwise the first. (All passed against 98a076b's one launch in the merge1 call; in the merge1b
+    # call, against af7be35, the 8/1 1 x 128K ones passed and the rest were cut by the stage's time limit:
+    # benchmarks/results/decode_attention_sweep_merge1b_gpu_tests.log.)
     q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=128, page=64, kv_dtype=kv_dtype)
     kw = {} if mip is None else dict(merge_in_pass=mip)
     p = op.plan(
@@ -837,8 +838,8 @@ def test_gpu_merge_launches_real_sizes(lens, hq, hkv, kv_dtype, mip):
 
 @pytest.mark.gpu
 def test_gpu_merge_launches_cuda_graph_replay():
-    # bf16 8/1 tuned, captured once and replayed with lengths whose split segments go to the wide launch alone or
-    # to the narrow and wide ones; each request's pages built for its longest step
+    # bf16 8/1 tuned, captured once and replayed with lengths whose split segments go to the wide programs alone
+    # or to narrow and wide ones; each request's pages built for its longest step
     hq, hkv, page = 8, 1, 64
     q, k, v, table, _ = make_case([131072, 4096, 12800, 4096], hq=hq, hkv=hkv, d=128, page=page)
     lens_buf = torch.tensor([65536, 100, 12800, 4096], dtype=torch.int32, device="cuda")
@@ -976,9 +977,9 @@ def test_merge_launch_compiles_for_sm90_at_the_narrow_registers():
     # the one merge launch (narrow and wide programs) as a programmatic dependent (griddepcontrol, SM90 only: the
     # interpreter skips it) builds for the H200 in the shipped form (op's constants, merge_block 16: 2 warps, the
     # cap op passes) at the two-launch form's narrow registers, 64, without spills: 16 programs per SM, so the
-    # wide programs ([128, WIDE_MERGE_COLS] tiles) cost the mostly idle narrow ones no residency. Uncapped,
-    # ptxas may take 96 (the narrow-first order does): the cap is what makes it so, and where it spills (wider
-    # column slices) this fails.
+    # wide programs ([128, WIDE_MERGE_COLS] tiles) cost the mostly idle narrow ones no residency (98a076b's
+    # [128, 64] wide tiles took 128-176). Uncapped, ptxas takes 96: the cap is what makes it so, and where it
+    # spills (16-column slices: 24 bytes) this fails.
     from tests.kernels.sm90_compile import compile_sm90
 
     types = "*bf16 " + "*i32 " * 4 + "*fp32 *fp32 *i32 i32 i32 i32 i32"
@@ -992,7 +993,6 @@ def test_merge_launch_compiles_for_sm90_at_the_narrow_registers():
         NARROW=16,
         WIDE_COLS=op.WIDE_MERGE_COLS,
         WIDE_BLOCK_P=op.WIDE_MERGE_BLOCK,
-        WIDE_FIRST=op.MERGE_WIDE_FIRST,
     )
     job = [_KERNEL, "merge_kernel", types, consts, 2, 1, ["stride_ob"], op.MERGE_MAXNREG]
     (r,) = compile_sm90([job])

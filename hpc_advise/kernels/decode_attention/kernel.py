@@ -1319,7 +1319,6 @@ def merge_kernel(
     NARROW: tl.constexpr,  # 0: the narrow programs merge every split segment; > 0: only those of <= NARROW
     WIDE_COLS: tl.constexpr,  # columns of D per wide program
     WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
-    WIDE_FIRST: tl.constexpr,  # the wide programs before the narrow ones in the grid (else after them)
     PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
 ):
     # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
@@ -1332,17 +1331,11 @@ def merge_kernel(
     r = tl.program_id(1)
     c = tl.program_id(2)
     S: tl.constexpr = D_CHUNK // WIDE_COLS
-    if WIDE_FIRST:
-        is_wide = x < W * S
-        jw = x
-        p = x - W * S
-    else:
-        is_wide = x >= G
-        jw = x - G
-        p = x
+    is_wide = x >= G
+    p = x
     if is_wide:
-        j = jw // S
-        cw = c * S + (jw - j * S)  # column chunk of WIDE_COLS
+        j = (x - G) // S
+        cw = c * S + (x - G - j * S)  # column chunk of WIDE_COLS
         p = tl.load(wide_list_ptr + j)
         lo = tl.load(merge_first_ptr + p, mask=p >= 0, other=-1)
     else:
@@ -1352,10 +1345,12 @@ def merge_kernel(
             lo = tl.where(p - lo + 1 > NARROW, -1, lo)
     if PDL:
         # launched before the attention pass finished: everything read above comes from the planner (done
-        # before that pass started); partials may be read only after griddepcontrol.wait. Program (0, 0, 0) always
-        # waits, so the launch never completes before the attention pass: pass and merge complete in that
-        # order, and whatever is launched after them (without PDL) finds every output row written, even when
-        # no segment needed merging and every other program exited at once.
+        # before that pass started); partials may be read only after griddepcontrol.wait. Program (0, 0, 0)
+        # always waits, so the launch never completes before the attention pass: pass and merge complete in
+        # that order, and whatever is launched after them (without PDL) finds every output row written, even
+        # when no segment needed merging and every other program exited at once. (The two-launch form this
+        # replaced needed the same in each launch, and let the wide launch start only once every narrow
+        # program had started: its waits were on the narrow grid's completion.)
         if (lo >= 0) | ((x == 0) & (r == 0) & (c == 0)):
             gdc_wait()
     if lo >= 0:

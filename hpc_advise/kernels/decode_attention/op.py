@@ -5,9 +5,9 @@ from ``max_batch`` and the page-table width) and fills them with one Triton laun
 plus one copy of the page table; ``plan.update(seq_lens, page_table)`` refills them in place without a host sync, so a decode step's
 ``update`` + ``run`` calls can be captured in one CUDA graph and replayed with new lengths.
 ``run(plan, q, k_cache, v_cache, ...)`` launches the persistent attention pass, then the log-sum-exp merge
-grid, whose programs without merge duty exit after one load, and with ``wide_merge`` a small second merge
-launch for segments split over many programs (the merges always launch, so a captured graph stays valid
-whatever the lengths are).
+grid, whose programs without merge duty exit after their planner loads; with ``wide_merge`` the same launch
+has more programs for segments split over many programs (the merge always launches, so a captured graph stays
+valid whatever the lengths are).
 
 Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv, D]`` of q's dtype or
 float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on the device); head_dim
@@ -46,17 +46,33 @@ DEFAULT_DESC = False
 # takes ceil(P / block) dependent steps (a 128K request over a 264-program grid: 17 steps at 16, 3 at 128).
 DEFAULT_MERGE_BLOCK = 16
 MERGE_BLOCKS = (16, 32, 64, 128)
-# Adaptive merge width: with ``wide_merge`` the merge launch's narrow programs combine merge_block partials per
-# step only for segments with at most merge_block participants; its wide programs (per query row and 64 columns:
-# one per possible such segment, G // merge_block + 1, listed by the planner on the GPU, times 64 / WIDE_MERGE_COLS
-# column slices) merge the others WIDE_MERGE_BLOCK at a time. Small splits keep the light merge, a 128K request
-# over 264 programs takes 3 steps instead of 17. PROVISIONAL (issue 5, sweep merge1b pending).
+# Adaptive merge width: with ``wide_merge`` the merge launch's narrow programs combine merge_block partials
+# per step only for segments with at most merge_block participants; its wide programs (per query row and 64
+# columns: one per possible such segment, G // merge_block + 1, listed by the planner on the GPU, times 64 /
+# WIDE_MERGE_COLS column slices) merge the others WIDE_MERGE_BLOCK at a time. Small splits keep the light
+# merge, a 128K request over 264 programs takes 3 steps instead of 17. One launch since sweep merge1b (H200,
+# 2026-11-30 00:24-00:26 UTC, benchmarks/results/decode_attention_sweep_merge1b.md, one process, the two
+# launches chained by PDL first and again last): against them on the 32 tuned cases (bf16 / fp8, 8/1 / 64/8)
+# -3.4 % in geometric mean, none > 1 % slower (worst bf16 64/8 1 x 128K 131.0 -> 132.1 us, the two launches'
+# own repeat 131.3; their repeats moved up to 2 %); where a wide segment sits next to narrow ones the wide
+# programs no longer wait for the narrow grid to complete (bf16 8/1 2 x 32K + 30 x 4K 37.5 -> 34.5, 1 x 64K +
+# 15 x 4K 31.2 -> 27.1, 1 x 128K + 31 x 4K 47.8 -> 43.7, fp8 8/1 1 x 128K 29.6 -> 25.2, fp8 64/8 1 x 128K 93.2
+# -> 89.5), elsewhere -0.1..-1.4 %. Sweep merge1's one launch (98a076b: [128, 64] wide tiles, 128 / 176
+# registers for the whole kernel) had been 1.8-2.6 % slower where nothing is wide; this one runs at the narrow
+# launch's 64 (MERGE_MAXNREG; README, "Tuning").
 DEFAULT_WIDE_MERGE = False
 WIDE_MERGE_BLOCK = 128
-# Columns of D per wide merge program, the grid's order (wide programs first in each row, else after the narrow
-# ones) and the launch's register cap with merge_block 16 (0: ptxas's choice). PROVISIONAL (sweep merge1b).
+# Columns of D per wide merge program: [WIDE_MERGE_BLOCK, 8] fp32 tiles keep the wide path within the narrow
+# path's 64 registers at 2 warps (offline sm_90a; 16 columns spill 24 bytes there). Each column's arithmetic
+# is its own, so the slice width does not change a result (bitwise under the interpreter; on the GPU a build's
+# reduction order may differ by a last bit: sweep merge1b saw 1-4 elements of 3 cases differ, <= 2.6e-6).
 WIDE_MERGE_COLS = 8
-MERGE_WIDE_FIRST = True
+# Register cap of the merge launch with merge_block 16 (2 warps; 0: ptxas's choice, 96 for this kernel): 64,
+# the narrow launch's count before the one launch, 16 programs per SM, no spill
+# (tests/kernels/test_decode_attention.py reads it off the sm_90a build). Sweep merge1b timed the uncapped 96
+# on 8/1 only: 1-2 % faster in geometric mean (bf16 -6.2 vs -5.1 %, fp8 -9.0 vs -7.2 % against the two
+# launches), but 128 x U +0.8 / +1.0 % and 64/8 unmeasured, so the cap stays until it is timed on all 32
+# cases. Other merge blocks spill at 64 and run uncapped.
 MERGE_MAXNREG = 64
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
@@ -96,8 +112,8 @@ WHOLE_GATE = 8
 # Merge in the attention pass (merge_in_pass=N > 0, nested loop): a split segment with at most N participating
 # programs is merged by the participant that finishes last (per-segment arrival counters in the plan's buffers,
 # atom.acq_rel.gpu), right after its own partial, instead of by the merge launch after the whole grid; wider
-# segments keep the merge launches, which skip the ones merged in the pass. 0: every split segment is merged by
-# the launches (the behaviour before this knob).
+# segments keep the merge launch, which skips the ones merged in the pass. 0: every split segment is merged by
+# the launch (the behaviour before this knob).
 DEFAULT_MERGE_IN_PASS = 0
 MAX_MERGE_IN_PASS = 64
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
@@ -277,7 +293,7 @@ class DecodePlan:
     ``ws_lse[2G, group]`` fp32 (partial results of split segments), ``prog_desc[G, 8]`` (each program's
     range and first segment, read by the nested loop when ``desc``), ``req_cost[max_batch + 1]`` (cost
     position where each request starts: tiles + ``seg_cost`` per segment), ``wide_list[W]`` (programs whose
-    merge goes to the wide launch, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
+    merge goes to the merge launch's wide programs, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
     candidate plan's boundaries as cost position, first unit and its request; ``bounds[3, 0]`` is 1 if the
     gate kept that plan, else the even split runs), ``region[max_batch, 2]`` (with ``whole_below``: the cost
     span of each request's region).
@@ -301,10 +317,10 @@ class DecodePlan:
     pt_chunk: int  # nested loop, page >= tile or page == tile / 2: page ids of this many tiles loaded ahead (0: per tile)
     loop: str  # 'flat': one pipelined loop over unit descriptors; 'nested': segment loop + tile loop
     device: torch.device
-    wide_merge: bool = False  # segments split over > merge_block programs merge in a second, wide launch
+    wide_merge: bool = False  # segments split over > merge_block programs merge WIDE_MERGE_BLOCK at a time
     seg_cost: int = 0  # dynamic schedule: cost of a segment start, in tiles
     f16_dot: bool = False  # fp8 KV, nested loop: products in fp16 (exact e4m3 -> fp16) instead of q's dtype
-    pdl: bool = False  # merge launches as programmatic dependents of the attention pass (SM90; tuned default)
+    pdl: bool = False  # merge launch as a programmatic dependent of the attention pass (SM90; tuned default)
     warp_split: bool = False  # nested loop: the tile's tokens split over the warps (see DEFAULT_WARP_SPLIT)
     snap: int = 0  # dynamic schedule: boundaries move onto segment boundaries within snap % of a share
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
@@ -890,7 +906,6 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         NARROW=plan.merge_block if plan.wide_merge else 0,
         WIDE_COLS=WIDE_MERGE_COLS,
         WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
-        WIDE_FIRST=MERGE_WIDE_FIRST,
         PDL=pdl,
         num_warps=2 if plan.merge_block <= 32 else 4,
         **launch,
