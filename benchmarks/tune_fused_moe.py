@@ -183,6 +183,15 @@ def _prep_time(op, args: tuple, threshold: int) -> float:
     return time_cuda(lambda: launch.prep(args[0]), inner=4, reps=10).p50
 
 
+def _shape_inputs(shape: str):
+    """(E, H, I, top-k, global E, expert offset, scale mode, weights, fused_moe scale kwargs) of a bench shape,
+    with its first scale mode and fresh random weights."""
+    e, h, i, k, eg, off = fb.SHAPES[shape]
+    mode = fb.MODES[shape][0]
+    wts = fb.make_weights(e, h, i, mode)
+    return e, h, i, k, eg, off, mode, wts, fb._kwargs(wts, mode, off)
+
+
 def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
     """Per-launch times (µs, CUDA-graph replay) of ``fused_moe`` at each (shape, T)."""
     import torch
@@ -191,10 +200,7 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
 
     rows = []
     for shape in shapes:
-        e, h, i, k, eg, off = fb.SHAPES[shape]
-        mode = fb.MODES[shape][0]
-        wts = fb.make_weights(e, h, i, mode)
-        kw = fb._kwargs(wts, mode, off)
+        e, h, i, k, eg, off, mode, wts, kw = _shape_inputs(shape)
         for t in ts:
             s = fb.make_routings(t, k, eg, h, 1)[0]
             args = (s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], kw["w13_scale"], kw["w2_scale"])
@@ -322,10 +328,7 @@ def launch_overhead(shapes: list[str], ts: tuple[int, ...], log=print) -> list[d
     fb.precompile(jobs)  # builds in parallel
     rows = []
     for shape in shapes:
-        e, h, i, k, eg, off = fb.SHAPES[shape]
-        mode = fb.MODES[shape][0]
-        wts = fb.make_weights(e, h, i, mode)
-        kw = fb._kwargs(wts, mode, off)
+        e, h, i, k, eg, off, mode, wts, kw = _shape_inputs(shape)
         for t in ts:
             s = fb.make_routings(t, k, eg, h, 1)[0]
             for path, cfg in plans[shape, t].items():
@@ -649,10 +652,7 @@ def small_breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[d
     LP.ENABLED = False
     try:
         for shape in shapes:
-            e, h, i, k, eg, off = fb.SHAPES[shape]
-            mode = fb.MODES[shape][0]
-            wts = fb.make_weights(e, h, i, mode)
-            kw = fb._kwargs(wts, mode, off)
+            e, h, i, k, eg, off, mode, wts, kw = _shape_inputs(shape)
             for t in ts:
                 sets = fb.make_routings(t, k, eg, h, 8)
                 for cfg in [
