@@ -153,6 +153,13 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
     missing = [k for k in SMALL_KEYS if k not in cfg]
     if missing:
         raise error(f"small-path launch config lacks {missing}")
+    _check_small_tiles(cfg, a1_group, a2_group, error)
+    _check_small_flags(cfg, error)
+    return cfg
+
+
+def _check_small_tiles(cfg: dict, a1_group: bool, a2_group: bool, error) -> None:
+    """Tile sizes, h's quantization group width and the K steps the dynamic activation groups need."""
     for key in ("GU_N", "GU_K", "DN_N", "DN_K"):
         v = cfg[key]
         if v < 16 or v & (v - 1) or (key.endswith("_K") and v > GROUP):
@@ -172,6 +179,12 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         )
     if not 1 <= int(cfg["SPLIT_K"]) <= 16:
         raise error(f"SPLIT_K={cfg['SPLIT_K']} must be in [1, 16]")
+    if not 1 <= int(cfg.get("DN_SPLIT", 1)) <= 8:
+        raise error(f"DN_SPLIT={cfg['DN_SPLIT']} must be in [1, 8]")
+
+
+def _check_small_flags(cfg: dict, error) -> None:
+    """The 0/1 (FUSE_QUANT: 0..2) launch options and the ones that need another."""
     if cfg.get("PRE_Q", 0) not in (0, 1):
         raise error(
             f"PRE_Q={cfg['PRE_Q']} must be 0 (quantize per K step) or 1 (a quantization launch first)"
@@ -194,9 +207,6 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
         raise error(
             "SCALE_LAG (up products scaled a K step late) is built for the PRE_Q gate/up loop: it needs PRE_Q = 1"
         )
-    if not 1 <= int(cfg.get("DN_SPLIT", 1)) <= 8:
-        raise error(f"DN_SPLIT={cfg['DN_SPLIT']} must be in [1, 8]")
-    return cfg
 
 
 def fused_moe_small(
