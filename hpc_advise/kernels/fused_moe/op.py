@@ -212,9 +212,13 @@ def get_config(
     return check_config(cfg, a2_group, a1_group)
 
 
-def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
+def _reject_small_only_keys(cfg: dict) -> None:
     if "H_GROUP" in cfg and not is_small(cfg):
         raise FusedMoEError("H_GROUP (h's quantization group width) is a small-T path key (PATH 'small')")
+
+
+def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
+    _reject_small_only_keys(cfg)
     if is_persistent(cfg):  # the one-launch decode path (op_persistent.py)
         a1 = a2_group if a1_group is None else a1_group
         return check_persistent_config(cfg, a1, a2_group, FusedMoEError)
