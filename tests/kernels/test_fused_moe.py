@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from hpc_advise.kernels.fused_moe import launch_plan as LP  # noqa: E402
 from hpc_advise.kernels.fused_moe import op  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe, moe_unfused  # noqa: E402
 from hpc_advise.kernels.fused_moe.reference import (  # noqa: E402
@@ -155,15 +156,38 @@ def check_graph_replay(p, call, out, *, seed, replays=1, capture_calls=1):
     with torch.cuda.graph(graph):
         for _ in range(capture_calls):
             call()
-    t, k = p["ids"].shape
+    k = p["ids"].shape[1]
     for rep in range(replays):
-        p["ids"].copy_(torch.rand(t, p["experts"], device="cuda").topk(k, dim=1).indices.to(torch.int32))
+        _fresh_routing(p)
         if rep == 1:
             p["ids"][0, k - 1] = p["ids"][0, 0]
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         check_output(out, p, seed=f"{seed}, replay {rep}")
+
+
+def _fresh_routing(p):
+    """Distinct top-k of p's global experts for every token, written into p["ids"] in place."""
+    t, k = p["ids"].shape
+    p["ids"].copy_(torch.rand(t, p["experts"], device=p["ids"].device).topk(k, dim=1).indices.to(torch.int32))
+
+
+def check_eager_plan_replay(p, cfg, *, seed):
+    """Eager calls through the launch plans (launch_plan.py): the second call of the signature (replaying
+    the compiled launches) is bitwise the first (recorded) one, and a call on fresh routing (same tensors)
+    is bitwise the same call with launch plans off; each output also checked like run_and_check."""
+    first, _, _ = run_and_check(p, config=cfg, seed=seed)
+    second, _, _ = run_and_check(p, config=cfg, seed=seed)
+    assert torch.equal(first, second), seed
+    _fresh_routing(p)
+    replayed, _, _ = run_and_check(p, config=cfg, seed=seed)
+    LP.ENABLED = False
+    try:
+        unplanned, _, _ = run_and_check(p, config=cfg, seed=seed)
+    finally:
+        LP.ENABLED = True
+    assert torch.equal(replayed, unplanned), seed
 
 
 def test_checker_forgives_one_fp8_step_at_a_midpoint_and_nothing_more():

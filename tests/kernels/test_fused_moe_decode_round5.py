@@ -27,6 +27,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     CPU_CFG,
     _seed,
     _sm90_job,
+    check_eager_plan_replay,
     check_graph_replay,
     device_scales,
     make_problem,
@@ -306,18 +307,7 @@ def test_gpu_multi_tile_eager_plan_replay_bitwise(point):
     seed = _seed()
     e, h, i, k, ge, off, mode, t, tiles = GPU_POINTS[point]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
-    cfg = dict(_regular(t, k, e, h, i, mode), **tiles)
-    first, _, _ = run_and_check(p, config=cfg, seed=seed)
-    second, _, _ = run_and_check(p, config=cfg, seed=seed)
-    assert torch.equal(first, second), seed
-    p["ids"].copy_(torch.stack([torch.randperm(ge, device="cuda")[:k] for _ in range(t)]).to(torch.int32))
-    replayed, _, _ = run_and_check(p, config=cfg, seed=seed)
-    LP.ENABLED = False
-    try:
-        unplanned, _, _ = run_and_check(p, config=cfg, seed=seed)
-    finally:
-        LP.ENABLED = True
-    assert torch.equal(replayed, unplanned), seed
+    check_eager_plan_replay(p, dict(_regular(t, k, e, h, i, mode), **tiles), seed=seed)
 
 
 @pytest.mark.gpu

@@ -26,7 +26,6 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
-from hpc_advise.kernels.fused_moe import launch_plan as LP  # noqa: E402
 from hpc_advise.kernels.fused_moe import op, op_small  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E402
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
@@ -34,6 +33,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     CPU_CFG,
     _seed,
     _sm90_job,
+    check_eager_plan_replay,
     check_graph_replay,
     make_problem,
     run_and_check,
@@ -340,19 +340,7 @@ def test_gpu_scale_lag_eager_plan_replay_bitwise():
     call on new routing matches the unplanned call."""
     seed = _seed()
     p, cfg = _gpu_problem("qwen3-30b-a3b-128")
-    cfg = dict(cfg, SCALE_LAG=1)
-    first, _, _ = run_and_check(p, config=cfg, seed=seed)
-    second, _, _ = run_and_check(p, config=cfg, seed=seed)
-    assert torch.equal(first, second), seed
-    e, h, i, k, ge, off, t = GPU_POINTS["qwen3-30b-a3b-128"]
-    p["ids"].copy_(torch.stack([torch.randperm(ge, device="cuda")[:k] for _ in range(t)]).to(torch.int32))
-    replayed, _, _ = run_and_check(p, config=cfg, seed=seed)
-    LP.ENABLED = False
-    try:
-        unplanned, _, _ = run_and_check(p, config=cfg, seed=seed)
-    finally:
-        LP.ENABLED = True
-    assert torch.equal(replayed, unplanned), seed
+    check_eager_plan_replay(p, dict(cfg, SCALE_LAG=1), seed=seed)
 
 
 @pytest.mark.gpu

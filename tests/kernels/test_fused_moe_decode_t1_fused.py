@@ -28,6 +28,7 @@ from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E4
 from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 from tests.kernels.test_fused_moe import (  # noqa: E402
     _seed,
+    check_eager_plan_replay,
     check_graph_replay,
     device_scales,
     make_problem,
@@ -308,16 +309,4 @@ def test_gpu_fused_quant_eager_plan_replay_and_new_routing():
     call on new routing matches the unplanned call."""
     seed = _seed()
     p, cfg = _gpu_problem("qwen3-30b-a3b")
-    cfg = dict(cfg, FUSE_QUANT=1)
-    first, _, _ = run_and_check(p, config=cfg, seed=seed)
-    second, _, _ = run_and_check(p, config=cfg, seed=seed)
-    assert torch.equal(first, second), seed
-    ge, k = GPU_SHAPES["qwen3-30b-a3b"][4], GPU_SHAPES["qwen3-30b-a3b"][3]
-    p["ids"].copy_(torch.randperm(ge, device="cuda")[:k].view(1, k).to(torch.int32))
-    replayed, _, _ = run_and_check(p, config=cfg, seed=seed)
-    LP.ENABLED = False
-    try:
-        unplanned, _, _ = run_and_check(p, config=cfg, seed=seed)
-    finally:
-        LP.ENABLED = True
-    assert torch.equal(replayed, unplanned), seed
+    check_eager_plan_replay(p, dict(cfg, FUSE_QUANT=1), seed=seed)
