@@ -15,6 +15,7 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
   python benchmarks/bench_decode_attention.py --variant nested-desc-m128-pc64 --ctas-per-sm 3
   python benchmarks/bench_decode_attention.py --kv fp8 --heads 8/1 --config '{"transposed": true, "tile": 64}'
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
+  python benchmarks/bench_decode_attention.py --kv bf16,fp8 --peers '' --floor   # ours beside its stream floor
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="time ours only (dynamic and static)")
     ap.add_argument(
         "--peers", default=",".join(da.PEERS), help="comma-separated subset of " + ",".join(da.PEERS)
+    )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="time the stream floor of our plans beside ours (K/V bytes read in our schedule, no math; "
+        "runtime/benches/decode_attention_floor.py); --peers '' leaves the peers and static out",
     )
     ap.add_argument("--sweep", action="store_true", help="sweep tile / CTAs per SM / stages / warps")
     ap.add_argument(
@@ -182,6 +189,15 @@ def main() -> None:
             + "".join(f"; {kv} KV, {h}: {c}" for (kv, h), c in by_heads.items())
             + ".",
         ]
+        if args.floor:
+            notes.append(
+                "Stream floor (--floor, hpc_advise/runtime/benches/decode_attention_floor.py): one Triton launch "
+                "over our plan (same grid, program ranges, page table, pool, tile, stages, warps, register cap) "
+                "that reads every K/V byte our pass reads and adds it into an fp32 sum per program, no math, no "
+                "merge; 'floor + tail' adds a dependent launch in the merge launch's slot under PDL (its grid, "
+                "all programs exit but one, which waits). Timed right after ours; 'ours again' is ours timed "
+                "once more after the floor. 'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
+            )
         notes += [f"{da.PEER_TITLES[p]} did not run: {why}" for p, why in da.bench.failures.items()]
         if not final:
             notes.append(f"PARTIAL: {len(table)} cases so far.")
@@ -204,6 +220,7 @@ def main() -> None:
         kv=args.kv,
         heads=args.heads,
         cfg_by_heads=by_heads,
+        floor=args.floor,
         **cfg,
     )
     md, _ = emit(rows, table, headers, final=True)

@@ -17,6 +17,7 @@
 # longer warms FlashInfer (the bf16 grid loads its modules from the carried JIT cache: 27 s for 16 cases); sweep
 # 37 s (14 cases x 9 timings), grid 27 s, 127 s in all.
 # STAGE=run15 (carry .whl_attn): the whole-segment plan's GPU tests, sweep, grids and plan time (see the stage).
+# STAGE=floor (carry .whl_profile): the stream floor's GPU tests, then the full grid with the floor beside ours.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -406,6 +407,33 @@ elif [ "${STAGE:-sweep}" = mip ]; then
   grep -v "^|" "$RES/plan.log" 2>/dev/null | grep -E "^[0-9a-z]" | head -16
   # short table last: case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-//'
+elif [ "${STAGE:-sweep}" = floor ]; then
+  # (carry .whl_profile) issue 5, what the misses are limited by: the stream floor of our plans
+  # (runtime/benches/decode_attention_floor.py: the K/V bytes of each plan read in its schedule, no math, no merge;
+  # and with a trivial dependent launch in the merge launch's slot under PDL). Stage 1: the floor's GPU tests and 4
+  # of test_decode_attention.py (the tuned merge launch at real sizes: bf16 / fp8 8/1 1 x 128K, bf16 64/8 1 x 64K +
+  # 15 x 4K tuned; its CUDA-graph replay). Stage 2: the full grid, bf16 then fp8, 8/1 and 64/8, ours with today's
+  # defaults, no peers and no static, the floor timed beside ours in the same process (--floor).
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+  pack "installed"
+  T=tests/kernels/test_decode_attention.py
+  timeout "${TEST_S:-40}" python3 -m pytest -q -m gpu tests/runtime/test_decode_attention_floor.py \
+    "$T::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]" \
+    "$T::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]" \
+    "$T::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]" \
+    "$T::test_gpu_merge_launches_cuda_graph_replay" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+    > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "gpu tests done"
+  mkdir -p "$RES/grid"
+  HPC_ADVISE_RESULTS=$RES/grid timeout "${GRID_S:-150}" python3 benchmarks/bench_decode_attention.py --grid full \
+    --kv bf16,fp8 --peers '' --floor > "$RES/grid.log" 2>&1
+  pack "grid done"
+  grep -i "Traceback" -A3 "$RES/grid.log" | head -8
+  # short table last: case, heads, KV, ours us, TB/s, plan us, floor us, floor TB/s, of 4.12, ours/floor,
+  # floor + tail us, ours/(f+t), ours again us
+  grep -h "^|" "$RES/grid/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-8,10-
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
   pack "sweep done"

@@ -455,8 +455,11 @@ def _progress(name: str, hq: int, hkv: int, who: str, us: float) -> None:
     print(f"grid {time.strftime('%H:%M:%S')} {name} {hq}/{hkv} {who}: {us:.1f} us", flush=True)
 
 
-def bench_case(name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=PEERS, env=None, **cfg):
-    """Rows and one table line for one case."""
+def bench_case(
+    name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=PEERS, env=None, floor=False, **cfg
+):
+    """Rows and one table line for one case; ``floor``: the stream floor of our plans beside ours
+    (decode_attention_floor.py), its columns last."""
     import torch
 
     env = env or environment()
@@ -489,6 +492,15 @@ def bench_case(name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=P
             env=env,
         )
     )
+    floor_cells = []
+    if floor:
+        from hpc_advise.runtime.benches import decode_attention_floor
+
+        floor_rows, floor_cells = decode_attention_floor.bench_cells(
+            w, plans, calls, t_ours, _time, base, env
+        )
+        rows += floor_rows
+        _progress(name, hq, hkv, "stream floor (+ tail)", floor_rows[0]["p50"])
     calls[0]()
     torch.cuda.synchronize()
     ours_out = outs[0].clone()
@@ -556,17 +568,23 @@ def bench_case(name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=P
         r = results.get(peer)
         line.append(f"{r.p50 / t_ours.p50:.2f}x" if isinstance(r, Timing) else "")
     line.append(round(plan_graph.p50, 1))
+    line += floor_cells
     failures = {p: r for p, r in results.items() if isinstance(r, str)}
     return rows, line, failures
 
 
-def headers(peers=PEERS) -> list[str]:
-    return (
+def headers(peers=PEERS, floor=False) -> list[str]:
+    cols = (
         ["case", "Hq/Hkv", "KV", "KV MB", "floor µs", "ours µs", "TB/s", "of copy"]
         + [f"{PEER_TITLES[p]} µs" for p in peers]
         + [f"vs {PEER_TITLES[p]}" for p in peers]
         + ["plan µs"]
     )
+    if floor:  # the stream floor's columns (its module imports triton)
+        from hpc_advise.runtime.benches.decode_attention_floor import HEADERS
+
+        cols += HEADERS
+    return cols
 
 
 KV_DTYPES = ("bf16", "fp8")
@@ -582,13 +600,15 @@ def bench(
     kv="all",
     heads="all",
     cfg_by_heads=None,
+    floor=False,
     **cfg,
 ):
     """Run the grid; returns (rows, table, headers). ``kv`` ('all', or KV dtypes in the order to run them:
     'fp8', 'fp8,bf16', ...) picks the KV dtypes of the full grid, ``heads`` ('all' or 'Hq/Hkv' of HEADS, e.g. '64/8') its head counts. ``peers=False`` times ours only (and static);
     ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
     instead for fp8 KV when given, and ``cfg_by_heads[(kv, 'Hq/Hkv')]`` instead of both where it has the case's
-    KV dtype name and head count)."""
+    KV dtype name and head count). ``floor``: the stream floor of our plans beside ours in every case
+    (decode_attention_floor.py)."""
     import torch
 
     if grid not in ("full", "small"):
@@ -630,15 +650,15 @@ def bench(
     for name, hq, hkv, dt in todo:
         use = fp8_cfg if (fp8_cfg is not None and dt == torch.float8_e4m3fn) else cfg
         use = (cfg_by_heads or {}).get((_dtype_name(dt), f"{hq}/{hkv}"), use)
-        r, line, fail = bench_case(name, hq, hkv, dt, copy, peers=chosen, env=env, **use)
+        r, line, fail = bench_case(name, hq, hkv, dt, copy, peers=chosen, env=env, floor=floor, **use)
         rows += r
         table.append(line)
         if progress:
-            progress(rows, table, headers(chosen))
+            progress(rows, table, headers(chosen, floor))
         torch.cuda.empty_cache()
         for p, why in fail.items():
             failures.setdefault(p, why)
-    return rows, table, headers(chosen)
+    return rows, table, headers(chosen, floor)
 
 
 def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP8, configs_by_heads=None):

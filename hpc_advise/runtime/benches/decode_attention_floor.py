@@ -1,0 +1,283 @@
+"""Stream floor of the decode-attention benchmark: the K/V bytes of a plan read with no attention math.
+
+A diagnostic, not a product kernel (issue 5: what the remaining misses are limited by). ``stream_floor``
+launches one Triton kernel over a decode-attention plan (``op.plan``) with the SAME persistent grid, the same
+program ranges (the planner's ``prog_desc``: each program's units and first segment, the next segment
+stepped to as ``(b, h + 1)`` or ``(b + 1, 0)``, as ``kernel.decode_kernel`` does), the plan's copy of the page
+table and lengths, the caller's K/V pool, and the plan's tile, pipeline stages, warps, page ids loaded
+``pt_chunk`` tiles at a time, and register cap (``op._register_cap``, so as many programs per SM are resident
+as in the real pass). Every tile loads exactly the K and V rows the real pass loads (tokens past the length
+masked, never read) and adds them, converted to fp32, into a ``[TILE, D]`` accumulator; the program writes
+the accumulator's sum to ``sums[pid]``, so nothing is dead code. No q, no products, no softmax, no partials,
+no merge launch. With ``tail=True`` a second, dependent launch follows in the merge launch's slot (its grid,
+under programmatic dependent launch on the GPU as the merge is): all its programs exit at once but program
+(0, 0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to ``sums[G]``.
+
+``bench_cells`` times both forms beside ours in ``decode_attention.bench_case`` (``--floor``): µs, TB/s of K/V
+read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor.
+
+Assumption when reading the numbers: the floor is what any kernel reading these bytes with this schedule (same
+grid, ranges, tile, stages, warps and residency, Triton's pipeliner) pays at least; a different schedule or
+load path (more bytes in flight, TMA, other tile sizes) could go under it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+COPY_TBPS = 4.12  # DESIGN.md §7: device-to-device copy on one H200 (2026-11-29), bytes read + written
+TAIL_BLOCK = 1024  # sums the tail's waiting program adds per step
+
+
+@triton.jit(do_not_specialize=["num_kv_heads"])
+def stream_floor_kernel(
+    k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
+    v_ptr,  # [P, PAGE, Hkv, D]
+    page_table_ptr,  # [B, >= max pages] int32 (the plan's copy)
+    seq_lens_ptr,  # [B] int32 (the plan's copy)
+    prog_desc_ptr,  # [G, 8] int32: u_begin, u_end, b, h, t0, n_tiles, seq_len of the first segment, -
+    sums_ptr,  # [G + 1] fp32 out: sum of every K and V value program pid read
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ptb,
+    num_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    TILE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    PT_CHUNK: tl.constexpr,  # > 0 and PAGE >= TILE: page ids of PT_CHUNK tiles per load, as the real pass
+    PDL: tl.constexpr,  # let a dependent launch start now (the real pass does, for its merge launch)
+):
+    if PDL:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    j = tl.arange(0, 8)
+    d = tl.load(prog_desc_ptr + pid * 8 + j)
+    u = tl.sum(tl.where(j == 0, d, 0), axis=0)
+    u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
+    b = tl.sum(tl.where(j == 2, d, 0), axis=0)
+    h = tl.sum(tl.where(j == 3, d, 0), axis=0)
+    t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
+    n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
+    seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+    offs_n = tl.arange(0, TILE)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([TILE, HEAD_DIM], dtype=tl.float32)
+    while u < u_end:
+        seg_start = u - t0
+        t1 = tl.minimum(n_tiles, u_end - seg_start)
+        pt_row = page_table_ptr + b.to(tl.int64) * stride_ptb
+        k_head = k_ptr + h.to(tl.int64) * stride_kh
+        v_head = v_ptr + h.to(tl.int64) * stride_vh
+        if PT_CHUNK > 0 and PAGE >= TILE:
+            offs_c = tl.arange(0, PT_CHUNK)
+            for c0 in range(t0, t1, PT_CHUNK):
+                c1 = tl.minimum(c0 + PT_CHUNK, t1)
+                pgs = tl.load(pt_row + ((c0 + offs_c) * TILE) // PAGE, mask=(c0 + offs_c) < c1, other=0)
+                for t in tl.range(c0, c1, num_stages=NUM_STAGES):
+                    tok = t * TILE + offs_n
+                    valid = tok < seq_len
+                    pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0).to(tl.int64)
+                    slot = (tok % PAGE).to(tl.int64)
+                    rows_k = pg * stride_kp + slot * stride_ks
+                    rows_v = pg * stride_vp + slot * stride_vs
+                    k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                    v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                    acc += k.to(tl.float32) + v.to(tl.float32)
+        else:
+            # one page id per token (pages shorter than a tile): the same rows as the real pass's gather
+            for t in tl.range(t0, t1, num_stages=NUM_STAGES):
+                tok = t * TILE + offs_n
+                valid = tok < seq_len
+                pg = tl.load(pt_row + tok // PAGE, mask=valid, other=0).to(tl.int64)
+                slot = (tok % PAGE).to(tl.int64)
+                rows_k = pg * stride_kp + slot * stride_ks
+                rows_v = pg * stride_vp + slot * stride_vs
+                k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+                acc += k.to(tl.float32) + v.to(tl.float32)
+        # the next segment of the range, (b, h + 1) or (b + 1, 0), from its first tile
+        u = seg_start + t1
+        new_req = h + 1 >= num_kv_heads
+        b = tl.where(new_req, b + 1, b)
+        h = tl.where(new_req, 0, h + 1)
+        seq_len = tl.load(seq_lens_ptr + b, mask=(u < u_end) & new_req, other=seq_len)
+        t0 = t0 * 0
+        n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
+    tl.store(sums_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+@triton.jit
+def floor_tail_kernel(sums_ptr, G, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """The merge launch's slot: every program exits at once but (0, 0, 0), which waits for the floor pass
+    (griddepcontrol.wait under PDL) and writes sum(sums[:G]) to sums[G]."""
+    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+    if first:
+        if PDL:
+            gdc_wait()
+        offs = tl.arange(0, BLOCK)
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for g0 in range(0, G, BLOCK):
+            total += tl.load(sums_ptr + g0 + offs, mask=g0 + offs < G, other=0.0)
+        tl.store(sums_ptr + G, tl.sum(total, axis=0))
+
+
+def _check_plan(plan, k_cache, v_cache) -> None:
+    import torch
+
+    from hpc_advise.kernels.decode_attention import op
+
+    if not isinstance(plan, op.DecodePlan) or plan.schedule != "dynamic":
+        raise ValueError("stream_floor: needs a dynamic-schedule plan from op.plan()")
+    want = (plan.page_size, plan.num_kv_heads, plan.head_dim)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or tuple(t.shape[1:]) != want:
+            raise ValueError(f"stream_floor: {name} must be [num_pages, {', '.join(map(str, want))}]")
+        if t.stride(-1) != 1 or t.device != plan.device:
+            raise ValueError(f"stream_floor: {name} must be contiguous in D and on {plan.device}")
+
+
+def tail_grid(plan) -> tuple[int, int, int]:
+    """The merge launch's grid for this plan (op._merge): G + wide slots x column slices, group, D / 64."""
+    from hpc_advise.kernels.decode_attention import op
+
+    d_chunk = min(64, plan.head_dim)
+    wide = plan.wide_list.shape[0] if plan.wide_merge else 0
+    return (plan.grid_size() + wide * (d_chunk // op.WIDE_MERGE_COLS), plan.group, plan.head_dim // d_chunk)
+
+
+def stream_floor(plan, k_cache, v_cache, *, sums=None, tail: bool = False):
+    """Read every K/V byte the plan's attention pass reads, in its schedule, with no math (module docstring).
+    Returns ``sums`` [G + 1] fp32: ``sums[p]`` the sum of the values program p read; ``sums[G]`` their total
+    when ``tail`` (the dependent second launch), else left as it was."""
+    import torch
+
+    from hpc_advise.kernels.decode_attention import op
+
+    _check_plan(plan, k_cache, v_cache)
+    g = plan.grid_size()
+    if sums is None:
+        sums = torch.zeros(g + 1, dtype=torch.float32, device=plan.device)
+    gpu = plan.device.type == "cuda" and not op._interpreting()
+    pdl = tail and gpu
+    compiled = stream_floor_kernel[(g,)](
+        k_cache,
+        v_cache,
+        plan.page_table,
+        plan.seq_lens,
+        plan.prog_desc,
+        sums,
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        plan.page_table.stride(0),
+        plan.num_kv_heads,
+        HEAD_DIM=plan.head_dim,
+        PAGE=plan.page_size,
+        TILE=plan.tile,
+        NUM_STAGES=plan.num_stages,
+        PT_CHUNK=plan.pt_chunk,
+        PDL=pdl,
+        num_warps=plan.num_warps,
+        **op._register_cap(plan),
+    )
+    # the build's resources (GPU only): registers, spills, shared memory, so residency can be compared
+    stream_floor.last_build = {
+        key: getattr(compiled, attr, None) for key, attr in (("regs", "n_regs"), ("spills", "n_spills"))
+    } | {"shared": getattr(getattr(compiled, "metadata", None), "shared", None)}
+    if tail:
+        launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
+        floor_tail_kernel[tail_grid(plan)](sums, g, BLOCK=TAIL_BLOCK, PDL=pdl, num_warps=2, **launch)
+    return sums
+
+
+stream_floor.last_build = {}
+
+HEADERS = [
+    "stream floor µs",
+    "floor TB/s",
+    "floor of 4.12",
+    "ours / floor",
+    "floor + tail µs",
+    "ours / (f+t)",
+    "ours again µs",
+]
+
+
+def bench_cells(w, plans, ours_calls, t_ours, time_calls, base: dict, env) -> tuple[list[dict], list]:
+    """Time the floor (one launch), the floor + tail (two, PDL) over the benchmark's rotated plans of workload
+    ``w`` right after ours (``t_ours``), then ours (``ours_calls``) again, all with the benchmark's timer
+    ``time_calls``; returns (rows, the table cells of HEADERS)."""
+    from hpc_advise.runtime.benchmarking import run_row
+
+    rows, cells = [], []
+    for tail in (False, True):
+        sums = [None] * len(plans)
+
+        def call(i, tail=tail, sums=sums):
+            sums[i] = stream_floor(plans[i], w.k, w.v, sums=sums[i], tail=tail)
+
+        for i in range(len(plans)):
+            call(i)  # allocates each plan's sums (and compiles) outside the timed graph
+        t, how = time_calls([lambda i=i: call(i) for i in range(len(plans))])
+        tbps = w.kv_bytes / t.p50 / 1e6
+        rows.append(
+            run_row(
+                kind="kernel",
+                subject="decode_attention.stream_floor",
+                provider="stream_floor_tail" if tail else "stream_floor",
+                config=base
+                | {
+                    "timing": how,
+                    "tbps": tbps,
+                    "of_copy_4_12": tbps / COPY_TBPS,
+                    "ours_over_floor": t_ours.p50 / t.p50,
+                    "tail_grid": list(tail_grid(plans[0])) if tail else None,
+                    "programs": plans[0].grid_size(),
+                    "tile": plans[0].tile,
+                    "num_stages": plans[0].num_stages,
+                    "num_warps": plans[0].num_warps,
+                    "pt_chunk": plans[0].pt_chunk,
+                    "finite": bool(sums[0][: plans[0].grid_size()].isfinite().all()),
+                    "build": stream_floor.last_build,
+                },
+                metric="latency",
+                unit="us",
+                timing=t,
+                env=env,
+            )
+        )
+        if tail:
+            cells += [round(t.p50, 1), f"{t_ours.p50 / t.p50:.2f}x"]
+        else:
+            cells += [
+                round(t.p50, 1),
+                round(tbps, 2),
+                f"{100 * tbps / COPY_TBPS:.0f}%",
+                f"{t_ours.p50 / t.p50:.2f}x",
+            ]
+    # ours once more after the floor: its spread within the case, against which ours / floor is read
+    again, how = time_calls(ours_calls)
+    rows.append(
+        run_row(
+            kind="kernel",
+            subject="decode_attention.stream_floor",
+            provider="hpc_advise_dynamic_again",
+            config=base | {"timing": how, "tbps": w.kv_bytes / again.p50 / 1e6, "repeat": True},
+            metric="latency",
+            unit="us",
+            timing=again,
+            env=env,
+        )
+    )
+    cells.append(round(again.p50, 1))
+    return rows, cells
