@@ -195,8 +195,9 @@ def main() -> None:
                 "over our plan (same grid, program ranges, page table, pool, tile, stages, warps, register cap) "
                 "that reads every K/V byte our pass reads and adds it into an fp32 sum per program, no math, no "
                 "merge; 'floor + tail' adds a dependent launch in the merge launch's slot under PDL (its grid, "
-                "all programs exit but one, which waits). Timed right after ours; 'ours again' is ours timed "
-                "once more after the floor. 'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
+                "all programs exit but one, which waits); 'empty launch': one launch of the attention grid that "
+                "reads no K/V. Timed right after ours; 'ours again' is ours timed once more after them. "
+                "'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
             )
         notes += [f"{da.PEER_TITLES[p]} did not run: {why}" for p, why in da.bench.failures.items()]
         if not final:

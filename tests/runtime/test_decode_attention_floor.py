@@ -135,11 +135,11 @@ def test_floor_rejects_static_plans_and_mismatched_pools():
 
 def test_bench_cells_rows_and_table_cells_fake_timer():
     # the benchmark's --floor columns over rotated plans, with a fake timer in place of CUDA events (no GPU here):
-    # every timed call list runs once; the floor's sums are written for each rotation; ours is timed again last
+    # every timed call list runs once (each rotation's sums written); ours is timed again last
     _, k, v, table, seq_lens = shifted_case([1, 65, 97], hkv=1, page=64, kv_dtype=BF16)
     plans = [make_plan(seq_lens, t, hkv=1, page=64, kv_dtype=BF16) for t in (table, table.clone())]
-    ran, fake = [], {"floor": 20.0, "tail": 25.0, "ours": 30.0}
-    order = iter(["floor", "tail", "ours"])
+    ran, fake = [], {"floor": 20.0, "tail": 25.0, "empty": 4.0, "ours": 30.0}
+    order = iter(fake)
 
     def timer(calls):
         for c in calls:
@@ -153,14 +153,12 @@ def test_bench_cells_rows_and_table_cells_fake_timer():
     rows, cells = fl.bench_cells(
         w, plans, ours, Timing(40.0, 40.0, 40.0, 1), timer, {"case": "x"}, {"gpu": "none"}
     )
-    assert ran == [2, 2, 2]
-    assert [r["provider"] for r in rows] == ["stream_floor", "stream_floor_tail", "hpc_advise_dynamic_again"]
-    assert all(r["config"]["finite"] for r in rows[:2]) and rows[1]["config"]["tail_grid"] == list(
-        fl.tail_grid(plans[0])
-    )
+    assert ran == [2, 2, 2, 2]
+    assert [r["provider"] for r in rows] == [*fl.FORMS, "hpc_advise_dynamic_again"]
+    assert rows[0]["config"]["finite"] and rows[1]["config"]["tail_grid"] == list(fl.tail_grid(plans[0]))
     tbps = w.kv_bytes / 20.0 / 1e6
-    assert cells == [20.0, round(tbps, 2), f"{100 * tbps / fl.COPY_TBPS:.0f}%", "2.00x", 25.0, "1.60x", 30.0]
-    assert len(cells) == len(fl.HEADERS)
+    want = [20.0, round(tbps, 2), f"{100 * tbps / fl.COPY_TBPS:.0f}%", "2.00x", 25.0, "1.60x", 4.0, 30.0]
+    assert cells == want and len(cells) == len(fl.HEADERS)
 
 
 def test_floor_builds_for_sm90_as_resident_as_the_real_pass():

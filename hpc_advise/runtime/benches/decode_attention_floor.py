@@ -14,7 +14,8 @@ under programmatic dependent launch on the GPU as the merge is): all its program
 (0, 0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to ``sums[G]``.
 
 ``bench_cells`` times both forms beside ours in ``decode_attention.bench_case`` (``--floor``): µs, TB/s of K/V
-read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor.
+read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor; also ``empty_launch`` (the attention
+grid launched with no K/V to read: the per-launch cost in the same graph replay) and ours timed again.
 
 Assumption when reading the numbers: the floor is what any kernel reading these bytes with this schedule (same
 grid, ranges, tile, stages, warps and residency, Triton's pipeliner) pays at least; a different schedule or
@@ -202,6 +203,16 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail: bool = False):
 
 stream_floor.last_build = {}
 
+
+def empty_launch(plan, sums):
+    """One launch of the floor's grid that reads no K/V: every program exits but program 0, which adds
+    ``sums[:G]`` into ``sums[G]`` (the tail kernel on the attention grid, no PDL): what a launch of G programs
+    costs in the benchmark's graph replay, bytes aside."""
+    g = plan.grid_size()
+    floor_tail_kernel[(g, 1, 1)](sums, g, BLOCK=TAIL_BLOCK, PDL=False, num_warps=plan.num_warps)
+    return sums
+
+
 HEADERS = [
     "stream floor µs",
     "floor TB/s",
@@ -209,62 +220,62 @@ HEADERS = [
     "ours / floor",
     "floor + tail µs",
     "ours / (f+t)",
+    "empty launch µs",
     "ours again µs",
 ]
+FORMS = {  # provider -> how one rotation's call runs
+    "stream_floor": lambda plan, w, sums: stream_floor(plan, w.k, w.v, sums=sums),
+    "stream_floor_tail": lambda plan, w, sums: stream_floor(plan, w.k, w.v, sums=sums, tail=True),
+    "empty_launch": lambda plan, w, sums: empty_launch(plan, sums),
+}
 
 
 def bench_cells(w, plans, ours_calls, t_ours, time_calls, base: dict, env) -> tuple[list[dict], list]:
-    """Time the floor (one launch), the floor + tail (two, PDL) over the benchmark's rotated plans of workload
-    ``w`` right after ours (``t_ours``), then ours (``ours_calls``) again, all with the benchmark's timer
-    ``time_calls``; returns (rows, the table cells of HEADERS)."""
+    """Time the floor (one launch), the floor + tail (two, PDL) and the empty launch over the benchmark's
+    rotated plans of workload ``w`` right after ours (``t_ours``), then ours (``ours_calls``) again, all with
+    the benchmark's timer ``time_calls``; returns (rows, the table cells of HEADERS)."""
+    import torch
+
     from hpc_advise.runtime.benchmarking import run_row
 
-    rows, cells = [], []
-    for tail in (False, True):
-        sums = [None] * len(plans)
-
-        def call(i, tail=tail, sums=sums):
-            sums[i] = stream_floor(plans[i], w.k, w.v, sums=sums[i], tail=tail)
-
-        for i in range(len(plans)):
-            call(i)  # allocates each plan's sums (and compiles) outside the timed graph
-        t, how = time_calls([lambda i=i: call(i) for i in range(len(plans))])
-        tbps = w.kv_bytes / t.p50 / 1e6
+    g = plans[0].grid_size()
+    rows, us = [], {}
+    for provider, form in FORMS.items():
+        sums = [torch.zeros(g + 1, dtype=torch.float32, device=plans[0].device) for _ in plans]
+        calls = [lambda p=p, s=s, form=form: form(p, w, s) for p, s in zip(plans, sums, strict=True)]
+        for c in calls:
+            c()  # compiles outside the timed graph
+        t, how = time_calls(calls)
+        us[provider] = t.p50
+        floor = provider != "empty_launch"
+        extra = {
+            "timing": how,
+            "tbps": w.kv_bytes / t.p50 / 1e6,
+            "ours_over_this": t_ours.p50 / t.p50,
+            "programs": g,
+            **({"tail_grid": list(tail_grid(plans[0]))} if provider == "stream_floor_tail" else {}),
+        }
+        if floor:
+            extra |= {
+                "tile": plans[0].tile,
+                "num_stages": plans[0].num_stages,
+                "num_warps": plans[0].num_warps,
+                "pt_chunk": plans[0].pt_chunk,
+                "finite": bool(sums[0][:g].isfinite().all()),
+                "build": stream_floor.last_build,
+            }
         rows.append(
             run_row(
                 kind="kernel",
                 subject="decode_attention.stream_floor",
-                provider="stream_floor_tail" if tail else "stream_floor",
-                config=base
-                | {
-                    "timing": how,
-                    "tbps": tbps,
-                    "of_copy_4_12": tbps / COPY_TBPS,
-                    "ours_over_floor": t_ours.p50 / t.p50,
-                    "tail_grid": list(tail_grid(plans[0])) if tail else None,
-                    "programs": plans[0].grid_size(),
-                    "tile": plans[0].tile,
-                    "num_stages": plans[0].num_stages,
-                    "num_warps": plans[0].num_warps,
-                    "pt_chunk": plans[0].pt_chunk,
-                    "finite": bool(sums[0][: plans[0].grid_size()].isfinite().all()),
-                    "build": stream_floor.last_build,
-                },
+                provider=provider,
+                config=base | extra,
                 metric="latency",
                 unit="us",
                 timing=t,
                 env=env,
             )
         )
-        if tail:
-            cells += [round(t.p50, 1), f"{t_ours.p50 / t.p50:.2f}x"]
-        else:
-            cells += [
-                round(t.p50, 1),
-                round(tbps, 2),
-                f"{100 * tbps / COPY_TBPS:.0f}%",
-                f"{t_ours.p50 / t.p50:.2f}x",
-            ]
     # ours once more after the floor: its spread within the case, against which ours / floor is read
     again, how = time_calls(ours_calls)
     rows.append(
@@ -279,5 +290,8 @@ def bench_cells(w, plans, ours_calls, t_ours, time_calls, base: dict, env) -> tu
             env=env,
         )
     )
-    cells.append(round(again.p50, 1))
+    floor, tail = us["stream_floor"], us["stream_floor_tail"]
+    tbps = w.kv_bytes / floor / 1e6
+    cells = [round(floor, 1), round(tbps, 2), f"{100 * tbps / COPY_TBPS:.0f}%", f"{t_ours.p50 / floor:.2f}x"]
+    cells += [round(tail, 1), f"{t_ours.p50 / tail:.2f}x", round(us["empty_launch"], 1), round(again.p50, 1)]
     return rows, cells
