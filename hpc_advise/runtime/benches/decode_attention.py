@@ -57,7 +57,7 @@ PEER_TITLES = {
 # planner charges N tiles per segment start when balancing programs), '-f16' (fp8 KV: products in fp16),
 # '-pdl' (the merge launches as a programmatic dependent of the attention pass: its idle programs exit
 # while that pass still runs, the others wait for it in griddepcontrol.wait) and '-ws' (op.py's warp_split).
-# Runs 1-7 (README.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
+# Runs 1-7 (kernel TUNING_LOG.md, "Tuning"; benchmarks/results/decode_attention_sweep_run*.md) measured the tile /
 # CTAs / stages / warps grid, the loop variants and the flags above. Run 7 (2026-11-29 13:33 UTC): '-pdl'
 # faster on all 12 cases; '-ws' (a tile's tokens split over the warps, own softmax state per warp: 2
 # barriers per tile in the SASS instead of 8, but 255 registers) slower for bf16 everywhere, faster for fp8
@@ -127,7 +127,7 @@ SWEEP_TOL = {"bf16": 5e-3, "fp8": 2e-2}
 # tokens) against the fp8 64/8 default (timed first and again last) on the 8 fp8 64/8 cases and 2 fp8 8/1
 # ones: programs per SM 2 (no register cap) / 3 / 4 (op caps registers at 168 / 128 so they fit), 4, 3 or 2
 # stages, seg_cost 4 or 2 (page 64 holds tiles of at most 64 tokens). Offline sm_90a per warp and 64-token
-# tile (README, "What limits it"): 373-389 SASS instructions, 5 barriers, 16 wgmma; spills only outside the
+# tile (kernel TUNING_LOG.md, "What limits it"): 373-389 SASS instructions, 5 barriers, 16 wgmma; spills only outside the
 # loop at 168 registers, inside it at 128.
 _FP8T = "nested-desc-w-pc32-s4-f16-pdl-tr"
 # the shipped defaults with fewer than op.MANY_KV_HEADS KV heads (op.TUNED_BY_KV_DTYPE), as sweep entries
@@ -194,7 +194,7 @@ SWEEP_SETS = {
 # tokens, against each head count's shipped default (first, and again last) on the 8 fp8 64/8 cases and 2 fp8 8/1:
 # 8 warps (two warpgroups, each an m64 half of Sᵀ and of Oᵀ; registers capped at 128 for 2 programs/SM) and
 # 4 warps (each tile as two m64 products, kernel_transposed._attend_t's HALVES; 255 registers, 2 programs/SM), at
-# 3 / 2 stages, seg_cost 4 / 2 (a segment start in 128-token tiles). Offline sm_90a per program and token (README,
+# 3 / 2 stages, seg_cost 4 / 2 (a segment start in 128-token tiles). Offline sm_90a per program and token (TUNING_LOG.md,
 # "What limits it"): the 64-token default 24.3 warp-instructions and 0.078 barriers, 8 warps x 128 25.6 (3 stages) /
 # 24.4 (2) and 0.039, 4 warps x 128 20.0 and 0.055; no spill in any loop.
 _FP8W_64_8 = [(64, 3, 3, 4, _FP8T)] + [(128, 2, s, w, _FP8T) for w in (8, 4) for s in (3, 2)]
