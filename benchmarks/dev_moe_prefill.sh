@@ -8,6 +8,12 @@
 #                again around the call-1 winners, written into the copy's configs.json (a new form only
 #                where >= 2% faster than the current pick); stage 3: bench_fused_moe.py at T >= 1024 with
 #                the peers on those configs (carry .whl_moe).
+#   STAGE=lag    (carry .whl_profile and .whl_moe) stage 1: the GPU tests of $TESTS selected by -k "$TEST_SEL"
+#                (default: scale_lag, <= TEST_S); stage 2: `tune_fused_moe.py --scale-lag` at $TS (default
+#                1024,4096,16384) on $SHAPES (current pick vs its lagged forms in one process, current pick timed
+#                first and again last, merged into a copy of configs.json only where >= 2% faster; <= TUNE_S,
+#                --budget TUNE_BUDGET); stage 3, only where a pick changed: bench_fused_moe.py with the peers on
+#                the changed shapes and T (<= BENCH_S); last a short table of the tune (µs, % vs the current pick).
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -26,12 +32,71 @@ SHAPES=${SHAPES:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b,hy3-tp8}
 TESTS=${TESTS:-tests/kernels/test_fused_moe_prefill.py}
 
 gpu_tests() {  # $1 = seconds
-  timeout "$1" python3 -m pytest -v -m gpu $TESTS -n 2 -p no:cacheprovider -o addopts="" -rfEs \
+  timeout "$1" python3 -m pytest -v -m gpu $TESTS -k "${TEST_SEL:-}" -n 2 -p no:cacheprovider -o addopts="" -rA \
     > "$RES/gpu_tests.log" 2>&1
   echo "tests rc $?" >> "$RES/gpu_tests.log"
 }
 
-if [ "${STAGE:-sweep}" = sweep ]; then
+if [ "${STAGE:-sweep}" = lag ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
+  export HPC_ADVISE_HOME=$RES/home
+  TEST_SEL=${TEST_SEL:-scale_lag} gpu_tests "${TEST_S:-60}"
+  grep -E "PASSED|FAILED|ERROR|rel err|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -24
+  pack "stage 1 (GPU tests)"
+  CFG=hpc_advise/kernels/fused_moe/configs.json
+  cp "$CFG" "$RES/fused_moe_configs.json"
+  timeout "${TUNE_S:-240}" python3 benchmarks/tune_fused_moe.py --scale-lag --shapes "$SHAPES" \
+    --ts "${TS:-1024,4096,16384}" --budget "${TUNE_BUDGET:-150}" --out "$RES/fused_moe_configs.json" \
+    > "$RES/tune.log" 2>&1
+  echo "tune rc $?" >> "$RES/tune.log"
+  grep -E "precompiled|budget|Error|dropped|rc " "$RES/tune.log" | cut -c1-220 | tail -12
+  pack "stage 2 (tune)"
+  # the (shape, T) points whose pick changed: "shape1,shape2 T1,T2" (empty: none)
+  changed=$(python3 - "$CFG" "$RES/fused_moe_configs.json" <<'PY'
+import json, sys
+from hpc_advise.runtime.benches.fused_moe import SHAPES
+old, new = (
+    {(x["E"], x["H"], x["I"], x["mode"], x["T"]): x["config"] for x in json.load(open(f))["entries"]}
+    for f in sys.argv[1:3]
+)
+pts = [(n, key[4]) for key, cfg in new.items() if old.get(key) != cfg for n, v in SHAPES.items() if v[:3] == key[:3]]
+if pts:
+    print(",".join(sorted({n for n, _ in pts})), ",".join(str(t) for t in sorted({t for _, t in pts})))
+PY
+)
+  echo "changed picks: ${changed:-none}"
+  if [ -n "$changed" ]; then
+    cp "$RES/fused_moe_configs.json" "$CFG"
+    read -r ch_shapes ch_ts <<< "$changed"
+    HPC_ADVISE_RESULTS=$RES timeout "${BENCH_S:-90}" python3 benchmarks/bench_fused_moe.py --shapes "$ch_shapes" \
+      --ts "$ch_ts" > "$RES/bench.log" 2>&1
+    echo "bench rc $?" >> "$RES/bench.log"
+    grep -E "^\| [a-z0-9-]+ +\|" "$RES/fused_moe.md" 2>/dev/null | cut -c1-200
+    pack "stage 3 (bench)"
+  fi
+  python3 - "$RES/tune.log" <<'PY'
+import json, re, sys
+rows, first = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"  cand (\S+) \S+ T=(\d+) p50 ([0-9.]+) us (\{.*\})", line)
+    if m:
+        key, us, cfg = (m.group(1), int(m.group(2))), float(m.group(3)), json.loads(m.group(4))
+        first.setdefault(key, cfg)
+        diff = {k: v for k, v in cfg.items() if first[key].get(k) != v}
+        rows.setdefault(key, []).append((us, diff))
+    m = re.match(r"  cand (\S+) \S+ T=(\d+) first re-timed last: ([0-9.]+) -> ([0-9.]+) us", line)
+    if m:
+        rows[m.group(1), int(m.group(2))].append((float(m.group(4)), "pick again"))
+print("| shape | T | pick µs (first / last) | candidates: µs (% vs the pick's better timing) |")
+print("|---|---|---|---|")
+for (shape, t), r in rows.items():
+    pick = min(us for us, d in r if d in ({}, "pick again"))
+    again = [us for us, d in r if d == "pick again"]
+    cands = "; ".join(f"{json.dumps(d, sort_keys=True)} {us:.1f} ({100 * (us / pick - 1):+.1f}%)" for us, d in r[1:] if d != "pick again")
+    print(f"| {shape} | {t} | {r[0][0]:.1f} / {again[0] if again else float('nan'):.1f} | {cands} |")
+PY
+  pack "all stages"
+elif [ "${STAGE:-sweep}" = sweep ]; then
   # sequential: tests running beside the sweep would disturb its timings (the tuner precompiles its
   # candidates in parallel processes first; 15:45 call: 11 tests in 25 s, 42 configs compiled + timed in 28 s)
   gpu_tests "${TEST_S:-75}"

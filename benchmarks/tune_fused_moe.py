@@ -59,12 +59,13 @@ with FUSE_L1; with PDL where the pick has none; ``fuse_quant_candidates``), thro
 last, merged only if >= 2% faster). Its candidates are precompiled at the shape's H (the prologue's tile
 depends on the K span: ``fuse_quant_compile_job``).
 
-``--scale-lag`` times, per point (T <= 128), the config ``op.get_config`` picks now against the same pick with
-its gate/up up products scaled one K step late (SCALE_LAG: the up wgmma stays in flight across the step), on the
-regular path also the two-dot form alone (GU_TWO_DOTS, which the lag runs, so the two effects separate) and the
-lag with one gate/up stage fewer from 4 (two-dot TMA tiles: 2 programs per SM at 3 stages), through the
-``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2% faster;
-``scale_lag_candidates``).
+``--scale-lag`` times, per point (decode or prefill T), the config ``op.get_config`` picks now against the same
+pick with its gate/up up products scaled (per-tensor: promoted) one K step late (SCALE_LAG: the up wgmma stays in
+flight across the step), on the regular path also the two-dot form alone (GU_TWO_DOTS, which the lag runs, so the
+two effects separate) and the lag with one gate/up stage fewer from 4 (two-dot TMA tiles: 2 programs per SM at 3
+stages); where the pick's tile spills with the lag (BLOCK_M 128 × GU_N 128) the nearest tile that does not, with
+and without it; through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
+faster; ``scale_lag_candidates``).
 
 ``--occupancy`` times, per point (T <= 128), the config ``op.get_config`` picks now against the same regular pick
 with more resident programs or warps per SM (``occupancy_candidates``: fewer gate/up / down stages, a 128-register
@@ -531,23 +532,41 @@ def fuse_quant_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = Fal
     return job[:4] + (fb.SHAPES[shape][1],) if cfg.get("FUSE_QUANT", 0) else job
 
 
+def _lag_spills(cfg: dict) -> bool:
+    """The gate/up tile whose lagged form spills in its K loop (sm_90a, offline, 2026-11-30): BLOCK_M 128 × GU_N
+    128 at 8 warps holds g, u, the in-flight up product and the gate's fresh product, 4 × 64 registers per
+    thread (per-tensor 184-byte stack, 56 LDL/STL per K step; block-scaled 304 bytes, 111)."""
+    return cfg["BLOCK_M"] * cfg["GU_N"] >= 128 * 128 and cfg["GU_WARPS"] <= 8
+
+
 def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--scale-lag: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then
-    the same with SCALE_LAG where the path has the form (the regular path; the small-T path's PRE_Q loop) and the
-    scales make it apply (group or block scales); on the regular path also GU_TWO_DOTS alone and, from 4 gate/up
-    stages, the lag at one stage fewer. Nothing else changes, so a gain is the lag's (or the two dots')."""
+    the same with SCALE_LAG where the path has the form (the regular path, any scales but FAST_ACC; the small-T
+    path's PRE_Q loop with group or block scales); on the regular path also GU_TWO_DOTS alone (where the pick is
+    the merged dot) and, from 4 gate/up stages, the lag at one stage fewer. Nothing else changes, so a gain is the
+    lag's (or the two dots'). Where the pick's tile spills with the lag (``_lag_spills``: the BLOCK_M 128 prefill
+    picks) the nearest tile that does not, with and without the lag (so the tile and the lag separate): per-tensor
+    GU_N 64 at 3 and 4 stages, block-scaled BLOCK_M 64 with TMA weight tiles at 4 stages (the block-scaled
+    two-dot form needs GU_N 128)."""
     from hpc_advise.kernels.fused_moe import op_small
 
     a2_group = mode.endswith("dynamic")
     block = mode.startswith("block")
     cur = op.get_config(t, k, e, h, i, mode, a2_group)
-    if not (a2_group or block) or cur.get("PATH") not in (None, "small"):
+    if cur.get("PATH") not in (None, "small") or cur.get("FAST_ACC", 0):
         return [cur]
     if op_small.is_small(cur):
-        return [cur, dict(cur, SCALE_LAG=1)] if cur.get("PRE_Q", 0) else [cur]
-    out = [cur, dict(cur, GU_TWO_DOTS=1), dict(cur, SCALE_LAG=1)]
-    if cur["GU_STAGES"] >= 4:
-        out.append(dict(cur, SCALE_LAG=1, GU_STAGES=cur["GU_STAGES"] - 1))
+        return [cur, dict(cur, SCALE_LAG=1)] if cur.get("PRE_Q", 0) and (a2_group or block) else [cur]
+    two_dots = not (a2_group or block) or cur.get("GU_TWO_DOTS", 0)
+    out = [cur] if two_dots else [cur, dict(cur, GU_TWO_DOTS=1)]
+    if _lag_spills(cur):
+        bases = [dict(cur, GU_N=64, GU_STAGES=s) for s in (3, 4)] if not block else []
+        bases += [dict(cur, BLOCK_M=64, W_TMA=1, GU_STAGES=4)] if block else []
+        out += [c for b in bases for c in (b, dict(b, SCALE_LAG=1))]
+    else:
+        out.append(dict(cur, SCALE_LAG=1))
+        if cur["GU_STAGES"] >= 4:
+            out.append(dict(cur, SCALE_LAG=1, GU_STAGES=cur["GU_STAGES"] - 1))
 
     def valid(c):
         try:
@@ -744,7 +763,7 @@ def main() -> None:
     ap.add_argument(
         "--scale-lag",
         action="store_true",
-        help="time the current decode pick against its up products scaled one K step late (SCALE_LAG)",
+        help="time the current pick against its up products scaled / promoted one K step late (SCALE_LAG)",
     )
     ap.add_argument(
         "--occupancy",

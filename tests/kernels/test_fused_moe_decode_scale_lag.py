@@ -5,7 +5,9 @@ step waited for its wgmma. SCALE_LAG = 1 runs the two-dot gate/up form (GU_TWO_D
 up product one step later (``kernel._gate_up_two_dots``): the up dot stays in flight while the gate product
 and the previous up product are scaled. The same products are multiplied by the same scales in the same
 order and added in the same order, so the output is bitwise the two-dot form's (asserted on the interpreter
-and on the H200), and within 2e-2 of ``reference.fused_moe_reference`` (run_and_check).
+and on the H200), and within 2e-2 of ``reference.fused_moe_reference`` (run_and_check). Per-tensor weights with
+a static activation scale (the prefill shapes Hy3 / Hy3 TP8): the lag adds the up dot's fresh fp32 partial a
+step late, the add Triton's per-step promotion makes at once, so bitwise the promoted two-dot form too.
 
 CPU tests run under the Triton interpreter at small sizes (I not a multiple of the tile with activation
 group scales, K of 1 and 2 block steps, one expert taking every token with empty experts, an EP rank with
@@ -17,6 +19,7 @@ CUDA graph with fresh routing and from a launch plan.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -62,6 +65,13 @@ def _lag_matches_two_dots(p, cfg: dict, seed: int) -> torch.Tensor:
         ("block-dynamic", 16, 384, 128, dict(CPU_CFG, GU_N=128)),  # pointer tiles, unswapped, 3 K steps
         ("block-dynamic", 3, 512, 256, dict(SWAPPED, SPLIT_K=2)),  # split-K partials: 2 steps per split
         ("tensor-dynamic", 16, 256, 192, dict(CPU_CFG, GU_N=128)),  # group scales only; I = 1.5 tiles of 128
+        # per-tensor weights, static activation scale: the promotion add lagged
+        ("tensor-static", 16, 384, 192, CPU_CFG),  # 3 K steps, I = 6 tiles of 32
+        ("tensor-static", 3, 320, 256, CPU_CFG),  # K = 320: 3 steps, the last 64 wide (masked)
+        ("tensor-static", 1, 128, 256, CPU_CFG),  # 1 K step: only the after-loop add
+        ("tensor-static", 5, 320, 256, dict(CPU_CFG, GU_K=256)),  # promotion every 256, ragged
+        ("tensor-static", 3, 384, 192, dict(CPU_CFG, GU_N=64, GU_SWAP_AB=1, W_TMA=1)),  # swapped TMA tiles
+        ("tensor-static", 3, 512, 256, dict(CPU_CFG, SPLIT_K=2, GU_RED=1)),  # split-K summed in gate/up
     ],
 )
 def test_scale_lag_bitwise_the_two_dot_form(mode, t, h, i, cfg):
@@ -69,22 +79,24 @@ def test_scale_lag_bitwise_the_two_dot_form(mode, t, h, i, cfg):
     _lag_matches_two_dots(make_problem(t, 8, h, i, 4, mode, device="cpu"), cfg, seed)
 
 
-def test_scale_lag_one_expert_takes_every_token_others_empty():
+@pytest.mark.parametrize("mode,cfg", [("block-dynamic", SWAPPED), ("tensor-static", CPU_CFG)])
+def test_scale_lag_one_expert_takes_every_token_others_empty(mode, cfg):
     """Expert 2 in every token's slot 0 (two 16-row blocks at T = 17), the other slots on experts 3-5:
     experts 0, 1, 6 and 7 stay empty."""
     seed = _seed()
     t = 17
     ids = torch.stack([torch.randperm(3)[:2] + 3 for _ in range(t)]).to(torch.int32)
     ids = torch.cat([torch.full((t, 1), 2, dtype=torch.int32), ids], dim=1)
-    p = make_problem(t, 8, 256, 256, 3, "block-dynamic", device="cpu", ids=ids)
-    _lag_matches_two_dots(p, SWAPPED, seed)
+    p = make_problem(t, 8, 256, 256, 3, mode, device="cpu", ids=ids)
+    _lag_matches_two_dots(p, cfg, seed)
 
 
-def test_scale_lag_expert_parallel_rank_without_local_tokens():
+@pytest.mark.parametrize("mode,cfg", [("block-dynamic", SWAPPED), ("tensor-static", CPU_CFG)])
+def test_scale_lag_expert_parallel_rank_without_local_tokens(mode, cfg):
     seed = _seed()
     ids = torch.randint(0, 8, (3, 4), dtype=torch.int32)  # every id on other ranks
-    p = make_problem(3, 8, 256, 256, 4, "block-dynamic", device="cpu", ids=ids, expert_offset=8)
-    out, _, _ = run_and_check(p, config=dict(SWAPPED, SCALE_LAG=1), seed=seed)
+    p = make_problem(3, 8, 256, 256, 4, mode, device="cpu", ids=ids, expert_offset=8)
+    out, _, _ = run_and_check(p, config=dict(cfg, SCALE_LAG=1), seed=seed)
     assert (out == 0).all(), seed
 
 
@@ -99,9 +111,9 @@ def test_scale_lag_launch_plan_replays_bitwise():
 
 
 def test_scale_lag_refused_where_it_does_not_apply():
-    """Refused before any launch, with the reason: per-tensor weights with a static activation scale (no
-    per-step scaling to delay), a block-scaled tile half that is not one 128-row group, FAST_ACC, and a
-    value other than 0 / 1."""
+    """Refused before any launch, with the reason (the output untouched): a block-scaled tile half that is not
+    one 128-row group, FAST_ACC (no per-step product to delay; per-tensor weights included), and a value other
+    than 0 / 1."""
     p = make_problem(2, 8, 256, 256, 4, "block-dynamic", device="cpu")
     args = (p["x"], p["w13"], p["w2"], p["weights"], p["ids"])
     for cfg, words in (
@@ -113,9 +125,11 @@ def test_scale_lag_refused_where_it_does_not_apply():
     with pytest.raises(FusedMoEError, match="FAST_ACC"):
         op.check_forms(dict(CPU_CFG, GU_N=128, SCALE_LAG=1, FAST_ACC=1), True, True, True, 256, 256)
     ps = make_problem(2, 8, 256, 256, 4, "tensor-static", device="cpu")
-    with pytest.raises(FusedMoEError, match="static"):
-        fused_moe(ps["x"], ps["w13"], ps["w2"], ps["weights"], ps["ids"], config=dict(CPU_CFG, SCALE_LAG=1),
-                  **ps["kw"])  # fmt: skip
+    out = torch.full_like(ps["x"], 7.0)
+    with pytest.raises(FusedMoEError, match="FAST_ACC"):
+        fused_moe(ps["x"], ps["w13"], ps["w2"], ps["weights"], ps["ids"], out=out,
+                  config=dict(CPU_CFG, SCALE_LAG=1, FAST_ACC=1), **ps["kw"])  # fmt: skip
+    assert (out == 7.0).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,9 +186,11 @@ def test_small_path_scale_lag_refusals():
 
 
 def test_scale_lag_tuner_candidates_are_valid_configs_of_every_shape():
-    """The tuner's --scale-lag candidates at every tuned decode point: the current pick first; on the regular
-    path with group / block scales the two-dot form and the lag (valid configs of the shape); on the small-T
-    PRE_Q path the lag; per-tensor static shapes only the current pick."""
+    """The tuner's --scale-lag candidates at every tuned decode and prefill point: the current pick first; on the
+    regular path the lag (any scales: per-tensor picks too), with group / block scales on a merged-dot pick also
+    the two-dot form alone; on the small-T PRE_Q path the lag with group / block scales only. Every candidate is a
+    valid config of its shape, none with the lag has a tile whose lagged build spills (``_lag_spills``: BLOCK_M
+    128 prefill picks), and each lagged replacement tile is timed without the lag too."""
     import importlib.util
     from pathlib import Path
 
@@ -184,23 +200,35 @@ def test_scale_lag_tuner_candidates_are_valid_configs_of_every_shape():
     spec = importlib.util.spec_from_file_location("tune_fused_moe", path)
     tune = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune)
-    lagged = 0
+    lagged = {"decode": 0, "prefill": 0, "tensor-static": 0}
     for shape, (e, h, i, k, _, _) in fb.SHAPES.items():
         mode = fb.MODES[shape][0]
         a_group = mode.endswith("dynamic")
-        for t in (1, 16, 64, 128):
+        for t in (1, 16, 64, 128, 1024, 4096, 16384):
             cands = tune.scale_lag_candidates(op, t, k, e, h, i, mode)
             cur = op.get_config(t, k, e, h, i, mode, a_group)
             assert cands[0] == cur
-            if mode == "tensor-static":
+            if op_small.is_small(cur) and not a_group:
                 assert cands == [cur], (shape, t)
+            keys = [json.dumps(c, sort_keys=True) for c in cands]
+            assert len(set(keys)) == len(keys), (shape, t)
             for c in cands[1:]:
-                assert c.get("SCALE_LAG") or c.get("GU_TWO_DOTS"), c
                 c = op.check_config(dict(c), a_group, a_group)
                 if not op_small.is_small(c):
                     op.check_forms(c, a_group, a_group, mode.startswith("block"), h, i)
-                lagged += bool(c.get("SCALE_LAG"))
-    assert lagged >= 8, lagged
+                if c.get("SCALE_LAG"):
+                    lagged["prefill" if t >= 1024 else "decode"] += 1
+                    lagged["tensor-static"] += mode == "tensor-static"
+                    # the sm_90a build of a lagged 128 x 128 tile at 8 warps spills in its K loop (README "Scale lag")
+                    assert op_small.is_small(c) or c["BLOCK_M"] * c["GU_N"] < 128 * 128, (shape, t, c)
+                    # a tile replacing one whose lag spills is timed without the lag too
+                    if not op_small.is_small(cur) and tune._lag_spills(cur):
+                        plain = {key: v for key, v in c.items() if key != "SCALE_LAG"}
+                        assert json.dumps(plain, sort_keys=True) in keys, (shape, t, c)
+                else:
+                    assert c.get("GU_TWO_DOTS") or tune._lag_spills(cur), (shape, t, c)
+    # every prefill point has its lag candidates (15), the per-tensor shapes Hy3 / Hy3 TP8 at decode and prefill
+    assert lagged["decode"] >= 8 and lagged["prefill"] >= 15 and lagged["tensor-static"] >= 6, lagged
 
 
 def _sass_loops(cubin: str) -> list[dict]:

@@ -277,3 +277,113 @@ def test_gpu_wide_k_promotion_error(shape):
             diff = rel_err(out, ref)
             print(f"{shape} T=1024 {extra} W_TMA={tma}: vs promoted-every-128 {diff:.2e}, vs ref {err:.2e}")
             assert diff <= PROMOTION_REL_DIFF_MAX, (extra, tma, diff, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# the scale / promotion lag (config SCALE_LAG) at prefill tiles
+
+PT_GATE_UP = dict(SM90_GATE_UP, A_GROUP=False, W_BLOCK=False, A2_GROUP=False, TWO_DOTS=True)
+
+
+@pytest.mark.parametrize(
+    "mode,h,i,extra",
+    [
+        ("tensor-static", 384, 192, {}),  # per-tensor: the promotion add lagged; ragged 2nd N tile
+        ("tensor-static", 320, 256, {"W_TMA": 1}),  # K = 320: the last step 64 wide (zero-filled by TMA)
+        ("tensor-static", 384, 256, {"BLOCK_M": 128, "GU_N": 64}),  # the tile that replaces 128 x 128
+        ("block-dynamic", 256, 256, {"W_SCALAR": 1, "W_TMA": 1, "GU_TWO_DOTS": 1}),  # block scales, 2 steps
+    ],
+)
+def test_scale_lag_at_prefill_tiles_bitwise_the_two_dot_form(mode, h, i, extra, monkeypatch):
+    """SCALE_LAG at the prefill tiles (BLOCK_M 64 / 128, 8 warps) with the multi-CTA router and ragged routing
+    (an expert with none, one with more than one block, a slot of another EP rank): bitwise the two-dot form
+    without it, both within the reference bound."""
+    monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)
+    monkeypatch.setattr(op, "ROUTE_CHUNK", 32)
+    seed = _seed()
+    t, k, e = 40, 3, 6
+    p = make_problem(t, e, h, i, k, mode, ids=_ragged_ids(t, k, e), device="cpu")
+    cfg = dict(PREFILL_CFG, **extra)
+    plain, _, _ = run_and_check(p, config=cfg, scaling=1.5, seed=seed)
+    lagged, _, _ = run_and_check(p, config=dict(cfg, SCALE_LAG=1), scaling=1.5, seed=seed)
+    assert torch.equal(plain, lagged), seed
+
+
+@pytest.mark.slow
+def test_scale_lag_prefill_tiles_wait_once_per_k_step_for_sm90(tmp_path, monkeypatch):
+    """sm_90a builds of the gate/up tiles the tuner's --scale-lag times at prefill sizes. Per-tensor two dots
+    (the promotion's fp32 add of each dot's partial; ptxas waits before each add): 3 wgmma waits per K step; with
+    the lag (SCALE_LAG 2) 1: the up dot in flight across the back edge, no stack. Block-scaled BLOCK_M 64 two
+    dots with TMA weights: 1 wait with the lag. The 128 x 128 per-tensor tile with the lag spills (stack,
+    local-memory accesses in the K loop), which is why the tuner does not time it (``_lag_spills``)."""
+    from tests.kernels.test_fused_moe_decode_scale_lag import _sass_loops
+
+    blk = dict(SM90_GATE_UP, TWO_DOTS=True, W_TMA=True, W_SCALAR=True)
+    jobs = {  # name -> (constexprs, warps, stages)
+        "pt64": (PT_GATE_UP, 8, 4),  # Hy3 T = 1024 / 4096 pick
+        "pt64 lag": (dict(PT_GATE_UP, SCALE_LAG=2), 8, 4),
+        "pt128x64 lag": (dict(PT_GATE_UP, BLOCK_M=128, BLOCK_N=64, SCALE_LAG=2), 8, 3),
+        "pt64x64 tma lag": (dict(PT_GATE_UP, BLOCK_N=64, W_TMA=True, SCALE_LAG=2), 8, 3),  # Hy3 TP8 T = 16384
+        "blk64 lag": (dict(blk, SCALE_LAG=2), 8, 4),
+        "pt128 lag": (dict(PT_GATE_UP, BLOCK_M=128, SCALE_LAG=2), 8, 3),
+    }
+    res = {}
+    for name, (consts, warps, stages) in jobs.items():
+        cache = tmp_path / name.replace(" ", "_")
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+        (r,) = compile_sm90([_sm90_job("_gate_up_kernel", consts, warps, stages)])
+        (cubin,) = cache.glob("*/_gate_up_kernel.cubin")
+        r["k_loop"] = min(_sass_loops(str(cubin)), key=lambda loop: loop["size"])
+        res[name] = r
+    print({n: (r["registers"], r["stack"], r["k_loop"]) for n, r in res.items()})
+    assert res["pt64"]["k_loop"]["wait"] == 3 and res["pt64"]["stack"] == 0, res
+    for name in ("pt64 lag", "pt128x64 lag", "pt64x64 tma lag", "blk64 lag"):
+        assert res[name]["stack"] == 0 and res[name]["k_loop"]["arrive"] == 2, (name, res[name])
+        assert res[name]["k_loop"]["wait"] == 1, (name, res[name])
+    assert res["pt128 lag"]["stack"] > 0, res["pt128 lag"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(GPU_PREFILL) + ["qwen3-235b"])
+def test_gpu_scale_lag_real_prefill_shapes(shape):
+    """T = 1024 at the tuned pick's tiles (two dots where the pick is the merged dot) and, per-tensor, at the
+    128 x 64 tile the tuner times in place of 128 x 128: SCALE_LAG bitwise the same config without it (on the
+    GPU the per-tensor lag's fresh partial + fp32 add must be the promotion's add, bit for bit), both within
+    2e-2 of the reference; errors printed."""
+    seed = _seed()
+    e, h, i, k, ge, off, mode = GPU_PREFILL.get(shape, (128, 4096, 1536, 8, 128, 0, "block-dynamic"))
+    p = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    cfg = op.get_config(1024, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    forms = [dict(cfg, GU_TWO_DOTS=1)]
+    if mode == "tensor-static":
+        forms.append(dict(cfg, BLOCK_M=128, GU_N=64, GU_STAGES=3))
+    for form in forms:
+        plain, _, err = run_and_check(p, config=form, seed=seed)
+        lagged, _, err_lag = run_and_check(p, config=dict(form, SCALE_LAG=1), seed=seed)
+        print(f"{shape} T=1024 BLOCK_M {form['BLOCK_M']} GU_N {form['GU_N']}: rel err vs quantized ref {err:.2e}, "
+              f"lagged {err_lag:.2e}, lagged vs plain {rel_err(lagged, plain):.2e}")  # fmt: skip
+        assert torch.equal(plain, lagged), (seed, form)
+
+
+@pytest.mark.gpu
+def test_gpu_scale_lag_per_tensor_empty_experts_ep_rank_and_graph_replay():
+    """Per-tensor lag (Hy3 TP8 shape, T = 1024): one expert takes every token and a few take three rows, the
+    rest none; an EP rank without local tokens gives zeros; the call replays from a CUDA graph with fresh
+    routing."""
+    seed = _seed()
+    e, h, i, k, ge, off, mode = GPU_PREFILL["hy3-tp8"]
+    cfg = dict(op.get_config(1024, k, e, h, i, mode, False, allow_small=False), SCALE_LAG=1)
+    ids = torch.full((1024, k), -1, dtype=torch.int32, device="cuda")
+    ids[:, 0] = 7
+    ids[:3, 1] = 11
+    p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
+    run_and_check(p, config=cfg, seed=seed)
+    out = torch.empty_like(p["x"])
+    call = lambda: fused_moe(  # noqa: E731
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
+    )
+    check_graph_replay(p, call, out, seed=seed)
+    away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
+    q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
+    got, _, _ = run_and_check(q, config=cfg, seed=seed)
+    assert (got == 0).all(), seed

@@ -551,17 +551,18 @@ def _gate_up_two_dots(
     columns lie in one 128-row group), scales loaded one step ahead. W_TMA: weight tiles by TMA
     (``_w_tile``, halves 0 / 1 of expert e32). SWAP_AB: each dot with the weights as the MMA's M side
     (``_prod``).
-    LAG (config SCALE_LAG, group/block scales; 2: with the ``_in_order`` pin, device builds): the up product
-    of step k is scaled and added in step k + 1, after the gate dot and before the next up dot is issued (the
-    last one after the loop), carried as the raw MMA result. Triton 3.6's sm_90 pipeliner then leaves the up
-    dot in flight across the loop's back edge (no wait after it) while the gate product is scaled, and the
-    next gate dot's `wgmma.wait_group 0` retires it: one wait per K step instead of two (README "Scale lag").
-    Same products, same multiplications, same additions in the same order: bitwise the form without it
-    (``_lagged_scale_add``)."""
+    LAG (config SCALE_LAG; 2: with the ``_in_order`` pin, device builds): the up product of step k is scaled
+    and added in step k + 1, after the gate dot and before the next up dot is issued (the last one after the
+    loop), carried as the raw MMA result. Triton 3.6's sm_90 pipeliner then leaves the up dot in flight across
+    the loop's back edge (no wait after it) while the gate product is scaled, and the next gate dot's
+    `wgmma.wait_group 0` retires it: one wait per K step instead of two (README "Scale lag"). Same products,
+    same multiplications, same additions in the same order: bitwise the form without it
+    (``_lagged_scale_add``). Per-tensor (no group / block scales): the up dot's fresh fp32 partial over the
+    K step is added a step later, unscaled — the add that Triton's promotion
+    (``max_num_imprecise_acc=BLOCK_K``) makes at once; the gate keeps the promoted dot (``_prod_acc``)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if LAG:
-        tl.static_assert(A_GROUP or W_BLOCK)
         # the previous step's up product as issued ([BLOCK_N, BLOCK_M] swapped) and its two scales
         if SWAP_AB:
             pu = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -581,7 +582,7 @@ def _gate_up_two_dots(
         bu = _w_step_tile(
             w_ptrs + up_offset, n_ok, k0, offs_k, H, w_desc, e32, 1, n0, 1, BLOCK_N, BLOCK_K, W_TMA, EVEN_K
         )
-        if A_GROUP or W_BLOCK:
+        if A_GROUP or W_BLOCK or LAG:
             kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
             dg = _prod(a, bg, SWAP_AB)
             if LAG:

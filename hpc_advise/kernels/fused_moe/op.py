@@ -13,9 +13,9 @@ GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token r
 GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
 one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_RED
 (with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
-SiLU / quantization launch (bitwise the same). SCALE_LAG (group / block scales) runs the gate/up GEMM as two
-dots and scales each K step's up product one step later, so that dot stays in flight across the step
-(bitwise the two-dot form). GU_MAXNREG (default 0: ptxas' choice) caps the gate/up kernel's registers per
+SiLU / quantization launch (bitwise the same). SCALE_LAG runs the gate/up GEMM as two dots and scales (per-tensor
+weights with a static activation scale: promotes) each K step's up product one step later, so that dot stays in
+flight across the step (bitwise the two-dot form). GU_MAXNREG (default 0: ptxas' choice) caps the gate/up kernel's registers per
 thread on the GPU (Triton's ``maxnreg``), so more programs fit on an SM (the same arithmetic in the same order, so bitwise).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
@@ -295,14 +295,10 @@ def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool,
             "W_SCALAR (one weight block scale per tile half and K step) needs GU_N, DN_N <= 128 and "
             f"I % 128 == 0, got GU_N={cfg['GU_N']}, DN_N={cfg['DN_N']}, I={inter}"
         )
-    # SCALE_LAG: the gate/up K step's up product scaled one step later (kernel._gate_up_two_dots), so it runs
-    # the two-dot form and exists only where a K step's product is scaled (group or block scales)
+    # SCALE_LAG: the gate/up K step's up product scaled (per-tensor: promoted, i.e. its fresh fp32 partial
+    # added) one step later (kernel._gate_up_two_dots), so it runs the two-dot form; FAST_ACC has no per-step
+    # product to delay
     lag = cfg.get("SCALE_LAG", 0)
-    if lag and not (a1_group or w_block):
-        raise FusedMoEError(
-            "SCALE_LAG delays the per-K-step scaling of group / block scales; per-tensor weights with a static "
-            "activation scale have none (their fp8 partial sums are promoted unscaled)"
-        )
     if lag and cfg.get("FAST_ACC", 0):
         raise FusedMoEError(
             "SCALE_LAG runs the two-dot gate/up form; FAST_ACC is the one-dot form without it"
@@ -645,7 +641,7 @@ class _Launch:
         tiles = c.get("GU_TILES", 1)  # N tiles per program (check_forms: divides cdiv(I, GU_N))
         grid = ((self.P // c["BLOCK_M"]) * (triton.cdiv(self.I, c["GU_N"]) // tiles), split_k)
         # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
-        lag = bool(c.get("SCALE_LAG", 0))  # check_forms: group / block scales; runs the two-dot form
+        lag = bool(c.get("SCALE_LAG", 0))  # runs the two-dot form (check_forms: not with FAST_ACC)
         two_dots = not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)) or bool(
             c.get("GU_TWO_DOTS", 0) or lag
         )
