@@ -12,8 +12,10 @@
 #                (default: scale_lag, <= TEST_S); stage 2: `tune_fused_moe.py --scale-lag` at $TS (default
 #                1024,4096,16384) on $SHAPES (current pick vs its lagged forms in one process, current pick timed
 #                first and again last, merged into a copy of configs.json only where >= 2% faster; <= TUNE_S,
-#                --budget TUNE_BUDGET); stage 3, only where a pick changed: bench_fused_moe.py with the peers on
-#                the changed shapes and T (<= BENCH_S); last a short table of the tune (µs, % vs the current pick).
+#                --budget TUNE_BUDGET); stage 3: `--breakdown` (each launch alone) on BD_SHAPES x BD_TS with the
+#                shipped picks and with the same picks + SCALE_LAG (<= 2 x BD_S); stage 4, only where a pick
+#                changed: bench_fused_moe.py with the peers on the changed shapes and T (<= BENCH_S); last a short
+#                table of the tune (µs, % vs the current pick).
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -45,8 +47,8 @@ if [ "${STAGE:-sweep}" = lag ]; then
   pack "stage 1 (GPU tests)"
   CFG=hpc_advise/kernels/fused_moe/configs.json
   cp "$CFG" "$RES/fused_moe_configs.json"
-  timeout "${TUNE_S:-240}" python3 benchmarks/tune_fused_moe.py --scale-lag --shapes "$SHAPES" \
-    --ts "${TS:-1024,4096,16384}" --budget "${TUNE_BUDGET:-150}" --out "$RES/fused_moe_configs.json" \
+  timeout "${TUNE_S:-180}" python3 benchmarks/tune_fused_moe.py --scale-lag --shapes "$SHAPES" \
+    --ts "${TS:-1024,4096,16384}" --budget "${TUNE_BUDGET:-110}" --out "$RES/fused_moe_configs.json" \
     > "$RES/tune.log" 2>&1
   echo "tune rc $?" >> "$RES/tune.log"
   grep -E "precompiled|budget|Error|dropped|rc " "$RES/tune.log" | cut -c1-220 | tail -12
@@ -65,6 +67,28 @@ if pts:
 PY
 )
   echo "changed picks: ${changed:-none}"
+  # stage 3: each launch alone (tune_fused_moe.py --breakdown) on BD_SHAPES x BD_TS, the shipped picks and then
+  # the same picks with SCALE_LAG (where the tile's lagged build does not spill: not BLOCK_M 128 x GU_N 128), so
+  # the lag's effect on the gate/up GEMM alone shows (the down launch is the control: unchanged)
+  cp "$CFG" "$RES/configs_shipped.json"
+  for form in pick lag; do
+    if [ $form = lag ]; then
+      python3 - "$RES/configs_shipped.json" "$CFG" <<'PY'
+import json, sys
+data = json.load(open(sys.argv[1]))
+for x in data["entries"]:
+    c = x["config"]
+    if x["T"] >= 1024 and c.get("PATH") is None and not (c["BLOCK_M"] * c["GU_N"] >= 128 * 128 and c["GU_WARPS"] <= 8):
+        c["SCALE_LAG"] = 1
+json.dump(data, open(sys.argv[2], "w"), indent=1)
+PY
+    fi
+    timeout "${BD_S:-35}" python3 benchmarks/tune_fused_moe.py --breakdown --shapes "${BD_SHAPES:-hy3,qwen3-235b}" \
+      --ts "${BD_TS:-1024,4096}" > "$RES/breakdown_$form.log" 2>&1
+    grep -o "breakdown.*reduce [0-9.]* us" "$RES/breakdown_$form.log" | sed "s/^/$form /" | cut -c1-200
+  done
+  cp "$RES/configs_shipped.json" "$CFG"
+  pack "stage 3 (breakdown)"
   if [ -n "$changed" ]; then
     cp "$RES/fused_moe_configs.json" "$CFG"
     read -r ch_shapes ch_ts <<< "$changed"
@@ -72,7 +96,7 @@ PY
       --ts "$ch_ts" > "$RES/bench.log" 2>&1
     echo "bench rc $?" >> "$RES/bench.log"
     grep -E "^\| [a-z0-9-]+ +\|" "$RES/fused_moe.md" 2>/dev/null | cut -c1-200
-    pack "stage 3 (bench)"
+    pack "stage 4 (bench)"
   fi
   python3 - "$RES/tune.log" <<'PY'
 import json, re, sys
