@@ -31,6 +31,7 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     _seed,
     _sm90_job,
     check_graph_replay,
+    device_scales,
     make_problem,
     rel_err,
     run_and_check,
@@ -369,7 +370,7 @@ def test_gpu_scale_lag_real_prefill_shapes(shape):
 def test_gpu_scale_lag_per_tensor_empty_experts_ep_rank_and_graph_replay():
     """Per-tensor lag (Hy3 TP8 shape, T = 1024): one expert takes every token and a few take three rows, the
     rest none; an EP rank without local tokens gives zeros; the call replays from a CUDA graph with fresh
-    routing."""
+    routing (the static activation scales as device tensors: a host float would be copied inside the capture)."""
     seed = _seed()
     e, h, i, k, ge, off, mode = GPU_PREFILL["hy3-tp8"]
     cfg = dict(op.get_config(1024, k, e, h, i, mode, False, allow_small=False), SCALE_LAG=1)
@@ -379,8 +380,9 @@ def test_gpu_scale_lag_per_tensor_empty_experts_ep_rank_and_graph_replay():
     p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
     run_and_check(p, config=cfg, seed=seed)
     out = torch.empty_like(p["x"])
+    kw = device_scales(p["kw"])
     call = lambda: fused_moe(  # noqa: E731
-        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **kw
     )
     check_graph_replay(p, call, out, seed=seed)
     away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
