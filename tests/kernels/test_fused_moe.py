@@ -397,6 +397,40 @@ def test_bad_inputs_raise_clear_errors():
         fused_moe(p["x"], p["w13"].float(), *args[2:], **p["kw"])
 
 
+def test_host_scale_inside_graph_capture_raises_fake_capture(monkeypatch):
+    """A static activation scale given as a host number needs a host-to-GPU copy, which a CUDA-graph
+    capture forbids: op refuses it by name before any copy. The capture state is faked (no GPU in CI);
+    the GPU test below captures for real."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    for value in (0.5, torch.tensor([0.5])):  # a float, and a tensor on the wrong device
+        with pytest.raises(FusedMoEError, match="a13_scale is a host value inside a CUDA-graph capture"):
+            op._scale_tensor(value, "a13_scale", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert op._scale_tensor(0.5, "a13_scale", torch.device("cpu")).tolist() == [0.5]
+
+
+@pytest.mark.gpu
+def test_gpu_host_scale_inside_graph_capture_raises():
+    p = make_problem(4, 192, 4096, 192, 8, "tensor-static", device="cuda")
+    assert isinstance(p["kw"]["a13_scale"], float)
+    call = lambda: fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **p["kw"])
+    call()  # eager: the host scale is copied, fine
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(FusedMoEError, match="a13_scale is a host value"):
+        with torch.cuda.graph(graph):
+            call()
+    # with device scales the same call captures and replays
+    kw = device_scales(p["kw"])
+    out = fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **kw)
+    static = torch.empty_like(out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=static, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, out)
+
+
 def test_configs_json_entries_are_valid():
     data = json.loads(op.CONFIG_PATH.read_text())
     for entry in data["entries"]:

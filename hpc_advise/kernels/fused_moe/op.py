@@ -369,6 +369,14 @@ def _one(device: torch.device) -> torch.Tensor:
 
 
 def _scale_tensor(value, name: str, device) -> torch.Tensor:
+    """A static per-tensor activation scale as a float32 [1] on ``device``. A host number (or a tensor on
+    another device) needs a copy to the GPU, which a CUDA-graph capture forbids: refused there by name."""
+    on_device = isinstance(value, torch.Tensor) and value.device == torch.device(device)
+    if not on_device and torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise FusedMoEError(
+            f"{name} is a host value inside a CUDA-graph capture: pass it as a tensor on {device} (its copy to "
+            "the GPU cannot be captured)"
+        )
     t = torch.as_tensor(value, dtype=torch.float32, device=device).reshape(-1)
     if t.numel() != 1:
         raise FusedMoEError(f"{name} must be a single per-tensor scale, got {tuple(t.shape)}")
