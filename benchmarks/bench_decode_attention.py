@@ -16,6 +16,8 @@ Writes benchmarks/results/decode_attention.{md,jsonl} (or $OUT / $HPC_ADVISE_RES
   python benchmarks/bench_decode_attention.py --kv fp8 --heads 8/1 --config '{"transposed": true, "tile": 64}'
   python benchmarks/bench_decode_attention.py --warm-flashinfer   # JIT-compile FlashInfer's modules only
   python benchmarks/bench_decode_attention.py --kv bf16,fp8 --peers '' --floor   # ours beside its stream floor
+  python benchmarks/bench_decode_attention.py --kv bf16 --heads 8/1 --peers '' --split --cases '64 x 4K,1 x 128K'
+        # ... and our pass and merge launch timed apart
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def main() -> None:
         help="time the stream floor of our plans beside ours (K/V bytes read in our schedule, no math; "
         "runtime/benches/decode_attention_floor.py); --peers '' leaves the peers and static out",
     )
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="--floor, then our attention pass alone (merge launch held back) and our merge launch alone",
+    )
+    ap.add_argument("--cases", help="comma-separated case names of the full grid to run (default: all)")
     ap.add_argument("--sweep", action="store_true", help="sweep tile / CTAs per SM / stages / warps")
     ap.add_argument(
         "--sweep-set", choices=sorted(da.SWEEP_SETS), help="--sweep: a named set of cases and configs"
@@ -189,7 +197,7 @@ def main() -> None:
             + "".join(f"; {kv} KV, {h}: {c}" for (kv, h), c in by_heads.items())
             + ".",
         ]
-        if args.floor:
+        if args.floor or args.split:
             notes.append(
                 "Stream floor (--floor, hpc_advise/runtime/benches/decode_attention_floor.py): one Triton launch "
                 "over our plan (same grid, program ranges, page table, pool, tile, stages, warps, register cap) "
@@ -198,6 +206,15 @@ def main() -> None:
                 "all programs exit but one, which waits); 'empty launch': one launch of the attention grid that "
                 "reads no K/V. Timed right after ours; 'ours again' is ours timed once more after them. "
                 "'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
+            )
+        if args.split:
+            notes.append(
+                "Split (--split): 'pass' is our call with its merge launch held back (op.run with op._merge "
+                "replaced by a recorder: the attention pass alone, writing its partials and the rows of unsplit "
+                "segments); 'merge alone' is that held launch (same arguments and PDL flag) on the partials the "
+                "pass left; both timed after the floor, in the same graph replay. 'ours − pass': what the merge "
+                "adds to the call (the merge overlaps the pass's tail under PDL, so it can be less than 'merge "
+                "alone'); 'pass − floor': the pass's math, q and partial traffic beyond streaming the bytes."
             )
         notes += [f"{da.PEER_TITLES[p]} did not run: {why}" for p, why in da.bench.failures.items()]
         if not final:
@@ -222,6 +239,8 @@ def main() -> None:
         heads=args.heads,
         cfg_by_heads=by_heads,
         floor=args.floor,
+        split=args.split,
+        cases=[c.strip() for c in args.cases.split(",")] if args.cases else None,
         **cfg,
     )
     md, _ = emit(rows, table, headers, final=True)

@@ -18,6 +18,7 @@
 # 37 s (14 cases x 9 timings), grid 27 s, 127 s in all.
 # STAGE=run15 (carry .whl_attn): the whole-segment plan's GPU tests, sweep, grids and plan time (see the stage).
 # STAGE=floor (carry .whl_profile): the stream floor's GPU tests, then the full grid with the floor beside ours.
+# STAGE=split (carry .whl_profile): the split's tests, --split on 4 bf16 8/1 cases, then sweep set 'split'.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -434,6 +435,38 @@ elif [ "${STAGE:-sweep}" = floor ]; then
   # short table last: case, heads, KV, ours us, TB/s, plan us, floor us, floor TB/s, of 4.12, ours/floor,
   # floor + tail us, ours/(f+t), ours again us
   grep -h "^|" "$RES/grid/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-8,10-
+elif [ "${STAGE:-sweep}" = split ]; then
+  # (carry .whl_profile) issue 5, where bf16 8/1's time between our call and its stream floor goes. Stage 1: the
+  # split's and sweep set 'split''s tests (CPU tests, here on the GPU) and the same 4 merge-launch GPU tests as
+  # STAGE=floor. Stage 2: --split on the three missed bf16 8/1 cases and 64 x 4K (met, the control): ours, the
+  # floor (+ tail), the pass alone, the merge launch alone, one process. Stage 3: sweep set 'split' (each head
+  # count's bf16 default first and again last vs the merge launch uncapped / 16-column / 256-partial wide programs,
+  # and on 8/1 the pass at 3 programs/SM and 32-token tiles x 4/SM; 8 bf16 8/1 then 8 bf16 64/8 cases).
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+  pack "installed"
+  T=tests/kernels/test_decode_attention.py
+  timeout "${TEST_S:-40}" python3 -m pytest -q tests/runtime/test_decode_attention_floor.py -k "split or bitwise or merge_launches" \
+    "$T::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]" \
+    "$T::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]" \
+    "$T::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]" \
+    "$T::test_gpu_merge_launches_cuda_graph_replay" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+    > "$RES/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
+  pack "tests done"
+  mkdir -p "$RES/split" "$RES/sweep"
+  HPC_ADVISE_RESULTS=$RES/split timeout "${SPLIT_S:-40}" python3 benchmarks/bench_decode_attention.py --grid full \
+    --kv bf16 --heads 8/1 --peers '' --split --cases "64 x 4K,32 x 128 + 32 x 4K,1 x 64K + 15 x 4K,1 x 128K" \
+    > "$RES/split.log" 2>&1
+  pack "split done"
+  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-100}" python3 benchmarks/bench_decode_attention.py --sweep \
+    --sweep-set split > "$RES/sweep.log" 2>&1
+  pack "sweep done"
+  grep -i "Traceback" -A3 "$RES/split.log" "$RES/sweep.log" 2>/dev/null | head -8
+  # short tables last: sweep (case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept);
+  # split (case, ours, floor, floor + tail, ours again, pass, merge alone, ours - pass, pass - floor)
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-s2-pdl//'
+  grep -h "^|" "$RES/split/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,18-22
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
   pack "sweep done"

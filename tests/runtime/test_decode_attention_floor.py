@@ -7,6 +7,8 @@ descriptors), not from the kernel's own walk. Values are N(1, 1/4), so a token r
 sum by about 256 (one token's K and V row at D = 128) against a tolerance of 1e-5 of the sum of |x|. Pool slots
 no request uses (spare pages, slots past each length) hold NaN: a read there makes the sum NaN.
 CPU: the Triton interpreter, small cases; GPU (``-m gpu``): benchmark-size cases, PDL tail, CUDA-graph replay.
+Also the split of our call (``--split``): the attention pass with the merge launch held back, then that launch,
+must give our call's output bitwise; and sweep set 'split' (its defaults, flags of op.py constants).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pytest
 import torch
 
 from hpc_advise.kernels.decode_attention import op
+from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
+from hpc_advise.runtime.benches import decode_attention as da
 from hpc_advise.runtime.benches import decode_attention_floor as fl
 from hpc_advise.runtime.benchmarking import Timing
 from tests.kernels.sm90_compile import compile_sm90
@@ -133,32 +137,124 @@ def test_floor_rejects_static_plans_and_mismatched_pools():
     assert fl.tail_grid(p)[1:] == (8, 2)
 
 
-def test_bench_cells_rows_and_table_cells_fake_timer():
-    # the benchmark's --floor columns over rotated plans, with a fake timer in place of CUDA events (no GPU here):
-    # every timed call list runs once (each rotation's sums written); ours is timed again last
-    _, k, v, table, seq_lens = shifted_case([1, 65, 97], hkv=1, page=64, kv_dtype=BF16)
+def fake_cells(split: bool):
+    """bench_cells over two rotated plans of a small case with a fake timer in place of CUDA events (no GPU
+    here): each timed call list runs once; returns (rows, cells, call-list lengths, the workload, the plans)."""
+    q, k, v, table, seq_lens = shifted_case([1, 65, 97], hkv=1, page=64, kv_dtype=BF16)
     plans = [make_plan(seq_lens, t, hkv=1, page=64, kv_dtype=BF16) for t in (table, table.clone())]
-    ran, fake = [], {"floor": 20.0, "tail": 25.0, "empty": 4.0, "ours": 30.0}
-    order = iter(fake)
+    ran, fake = [], iter([20.0, 25.0, 4.0] + ([26.5, 3.5] if split else []) + [30.0])
 
     def timer(calls):
         for c in calls:
             c()
         ran.append(len(calls))
-        us = fake[next(order)]
+        us = next(fake)
         return Timing(us, us, us, 1), "fake"
 
-    w = SimpleNamespace(k=k, v=v, kv_bytes=2 * 163 * 128 * 2)
+    w = SimpleNamespace(q=q, k=k, v=v, kv_bytes=2 * 163 * 128 * 2)
     ours = [lambda: None] * 2
     rows, cells = fl.bench_cells(
-        w, plans, ours, Timing(40.0, 40.0, 40.0, 1), timer, {"case": "x"}, {"gpu": "none"}
+        w, plans, ours, Timing(40.0, 40.0, 40.0, 1), timer, {"case": "x"}, {"gpu": "none"}, split=split
     )
+    return rows, cells, ran, w, plans
+
+
+def test_bench_cells_rows_and_table_cells_fake_timer():
+    # the benchmark's --floor columns: every rotation's sums written; ours is timed again last
+    rows, cells, ran, w, plans = fake_cells(split=False)
     assert ran == [2, 2, 2, 2]
     assert [r["provider"] for r in rows] == [*fl.FORMS, "hpc_advise_dynamic_again"]
     assert rows[0]["config"]["finite"] and rows[1]["config"]["tail_grid"] == list(fl.tail_grid(plans[0]))
     tbps = w.kv_bytes / 20.0 / 1e6
     want = [20.0, round(tbps, 2), f"{100 * tbps / fl.COPY_TBPS:.0f}%", "2.00x", 25.0, "1.60x", 4.0, 30.0]
     assert cells == want and len(cells) == len(fl.HEADERS)
+
+
+def test_bench_cells_split_columns_fake_timer():
+    # --split: the floor's forms, then the pass alone and the merge launch alone (each rotation's own held merge),
+    # then ours again; cells: pass 26.5, merge alone 3.5, ours (40) - pass, pass - floor (20)
+    rows, cells, ran, _, plans = fake_cells(split=True)
+    assert ran == [2, 2, 2, 2, 2, 2]
+    assert [r["provider"] for r in rows] == [*fl.FORMS, *fl.SPLIT_FORMS, "hpc_advise_dynamic_again"]
+    assert [r["subject"] for r in rows[3:5]] == ["decode_attention.split"] * 2
+    assert rows[3]["config"]["merge_grid"] == list(fl.tail_grid(plans[0]))
+    assert cells[: len(fl.HEADERS)][-1] == 30.0  # ours again stays the floor's last column
+    assert cells[len(fl.HEADERS) :] == [26.5, 3.5, 13.5, 6.5]
+    assert len(cells) == len(fl.HEADERS) + len(fl.SPLIT_HEADERS)
+
+
+def test_pass_then_merge_launch_is_our_call_bitwise():
+    # lengths 1 / 65 / 1100 over 24 programs (tuned bf16 form: wide merge, 16 partials per narrow step): the 1100-token
+    # segment splits over > 16 programs (a wide merge), 65 over 2 (narrow). The pass alone leaves every row of a
+    # split segment unwritten (NaN-filled out) and the merge launch alone completes them to our call's output, bitwise
+    q, k, v, table, seq_lens = make_case([1, 65, 1100], hq=8, hkv=1, d=128, page=64, kv_dtype=BF16)
+    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, num_programs=24)
+    wide = int((p.wide_list >= 0).sum())
+    assert p.wide_merge and wide == 1, p.wide_list.tolist()
+    whole = op.run(p, q, k, v)
+    w = SimpleNamespace(q=q, k=k, v=v)
+    out = torch.full_like(q, float("nan"))
+    held = fl.pass_only(p, w, out)
+    assert held[0] is p and held[1] is out
+    split_rows = torch.isnan(out).all(-1).all(-1)
+    assert split_rows.tolist() == [False, True, True]  # 65 and 1100 split, the one-token request whole
+    assert torch.equal(out[0], whole[0])
+    fl.merge_only(held)
+    assert torch.equal(out, whole)
+    ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=64)
+    assert ((whole.double() - ref).norm() / ref.norm()).item() < 5e-3
+    # the wide merge's op.py constants as sweep 'split' sets them: same result within the bf16 tolerance (16
+    # columns per wide program bitwise under the interpreter: per-column arithmetic, though another GPU build may
+    # order a reduction differently, sweep merge1b; 256 partials per wide step: another summation order)
+    for consts, bitwise in (({"wide_merge_cols": 16}, True), ({"wide_merge_block": 256}, False)):
+        with da.op_constants(consts):
+            got = op.run(p, q, k, v)
+        assert op.WIDE_MERGE_COLS == 8 and op.WIDE_MERGE_BLOCK == 128  # restored
+        if bitwise and op._interpreting():
+            assert torch.equal(got, whole), consts
+        assert ((got.double() - ref).norm() / ref.norm()).item() < 5e-3, consts
+
+
+def test_sweep_set_split_defaults_first_and_op_constant_flags():
+    # each head count's entry 0 is what plan(kv_dtype=bf16) ships for that head count (timed first and again last)
+    by_heads = da.SWEEP_SETS["split"]["configs_by_heads"]
+    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS["split"]["cases"]} == set(by_heads)
+    for (_, heads), entries in by_heads.items():
+        hkv = int(heads.split("/")[1])
+        first = da.variant_config(*entries[0])
+        assert da.variant_constants(entries[0][4]) == {}
+        shipped = dict(
+            tile=op.DEFAULT_TILE,
+            ctas_per_sm=op.DEFAULT_CTAS_PER_SM,
+            num_stages=op.DEFAULT_NUM_STAGES,
+            num_warps=op.DEFAULT_NUM_WARPS,
+        ) | op.tuned_config(BF16, hkv)
+        assert all(first[key] == value for key, value in shipped.items()), (heads, first, shipped)
+        _, _, _, table, seq_lens = make_case([4096, 70], hq=8 * hkv, hkv=hkv, d=128, page=64)
+        for entry in entries:  # every entry a valid plan (the op.py constants left to variant_constants)
+            cfg = da.variant_config(*entry)
+            cfg.pop("ctas_per_sm")
+            make_plan(seq_lens, table, hq=8 * hkv, hkv=hkv, page=64, kv_dtype=BF16, num_programs=7, **cfg)
+    assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
+        "wide_merge_block": 256,
+        "merge_maxnreg": 0,
+    }
+    assert da.variant_constants("nested-desc-w-wc16") == {"wide_merge_cols": 16}
+    with pytest.raises(ValueError, match="unknown variant"):
+        da.variant_config(64, 2, 3, 4, "nested-mr0-mr64")
+    with pytest.raises(ValueError, match="unknown op.py constant keys"):
+        da.op_constants({"merge_block": 32})
+    with pytest.raises(RuntimeError), da.op_constants({"merge_maxnreg": 0}):
+        assert op.MERGE_MAXNREG == 0
+        raise RuntimeError
+    assert op.MERGE_MAXNREG == 64  # restored after the exception
+    # best_config keys on the constants: the uncapped rows are their own configuration
+    row = lambda case, p50, **c: {
+        "p50": p50,
+        "config": da.variant_config(64, 2, 3, 4, "nested") | c | {"case": case},
+    }  # noqa: E731
+    rows = [row("a", 10.0), row("b", 10.0), row("a", 9.0, merge_maxnreg=0), row("b", 9.5, merge_maxnreg=0)]
+    assert da.best_config(rows)["merge_maxnreg"] == 0 and da.best_config(rows[:2])["merge_maxnreg"] is None
 
 
 def test_floor_builds_for_sm90_as_resident_as_the_real_pass():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 from hpc_advise.runtime.benchmarking import Timing, environment, rotating, run_row, time_cuda
 
@@ -209,9 +210,77 @@ SWEEP_SETS["fp8w"] = dict(
 )
 
 
+# Sweep flags that set an op.py module constant for the calls of one entry instead of a plan argument (the merge
+# launch's build: kernel.merge_kernel's register cap, partials per wide step, columns per wide program): flag
+# prefix -> (row / config key, op.py constant). '-mr0': the merge launch uncapped (ptxas's choice).
+OP_CONSTANT_FLAGS = {
+    "mr": ("merge_maxnreg", "MERGE_MAXNREG"),
+    "wp": ("wide_merge_block", "WIDE_MERGE_BLOCK"),
+    "wc": ("wide_merge_cols", "WIDE_MERGE_COLS"),
+}
+OP_CONSTANT_KEYS = {key: const for key, const in OP_CONSTANT_FLAGS.values()}
+
+
+def _constant_flag(flag: str) -> str | None:
+    """The OP_CONSTANT_FLAGS prefix of a variant flag ('mr0' -> 'mr'), or None."""
+    head, digits = flag[:2], flag[2:]
+    return head if head in OP_CONSTANT_FLAGS and digits.isdigit() else None
+
+
+def variant_constants(variant: str) -> dict:
+    """The op.py constants a sweep variant sets ('-mrN', '-wpN', '-wcN'), as {config key: value}; {} for none."""
+    _, *flags = variant.split("-")
+    return {OP_CONSTANT_FLAGS[f[:2]][0]: int(f[2:]) for f in flags if _constant_flag(f)}
+
+
+@contextmanager
+def swapped(obj, **attrs):
+    """``obj``'s attributes set to ``attrs`` inside the block, restored after it (also on an exception)."""
+    old = {name: getattr(obj, name) for name in attrs}
+    try:
+        for name, value in attrs.items():
+            setattr(obj, name, value)
+        yield obj
+    finally:
+        for name, value in old.items():
+            setattr(obj, name, value)
+
+
+def op_constants(values: dict):
+    """Context setting op.py's constants from {OP_CONSTANT_KEYS key: value} (None values: left as they are)."""
+    from hpc_advise.kernels.decode_attention import op
+
+    unknown = set(values) - set(OP_CONSTANT_KEYS)
+    if unknown:
+        raise ValueError(f"unknown op.py constant keys {sorted(unknown)}; known: {sorted(OP_CONSTANT_KEYS)}")
+    return swapped(op, **{OP_CONSTANT_KEYS[k]: v for k, v in values.items() if v is not None})
+
+
+# 'split' (issue 5, after `--split`: where bf16 8/1's time between our call and its stream floor goes): each head
+# count's shipped bf16 default (first, and again last) on the 8 bf16 8/1 and 8 bf16 64/8 cases against the merge
+# launch uncapped ('-mr0', ptxas's 96 registers, 10 programs/SM instead of 64 and 16), with 16 columns per wide
+# program (half as many wide programs; uncapped, as 16 columns spill at 64) and with 256 partials per wide step
+# (1 x 128K's 264 partials in 2 steps instead of 3; uncapped); on 8/1 also the pass at 3 programs per SM and at
+# 32-token tiles x 4 programs per SM (the grid and tile chosen before the one-launch merge existed).
+# the shipped bf16 default with >= 8 KV heads
+_BF16_64_8 = (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl-wb100-mip32")
+_SPLIT_MERGE = ("-mr0", "-wc16-mr0", "-wp256-mr0")
+SWEEP_SETS["split"] = dict(
+    cases=[(name, hq, hkv, "bf16") for hq, hkv in ((8, 1), (64, 8)) for name in CASES],
+    configs_by_heads={
+        ("bf16", "8/1"): [_BF16_8_1]
+        + [(*_BF16_8_1[:4], _BF16_8_1[4] + m) for m in _SPLIT_MERGE]
+        + [(64, 3, 3, 4, _BF16_8_1[4]), (32, 4, 3, 4, _BF16_8_1[4])],
+        ("bf16", "64/8"): [_BF16_64_8] + [(*_BF16_64_8[:4], _BF16_64_8[4] + m) for m in _SPLIT_MERGE],
+    },
+)
+
+
 def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
-    """op.plan keyword arguments of one sweep entry."""
+    """op.plan keyword arguments of one sweep entry (flags of op.py constants, OP_CONSTANT_FLAGS, are accepted and
+    left to ``variant_constants``)."""
     loop, *flags = variant.split("-")
+    consts = [f for f in flags if _constant_flag(f)]
     merge = [f for f in flags if f[:1] == "m" and f[1:].isdigit()]
     chunk = [f for f in flags if f[:2] == "pc" and f[2:].isdigit()]
     cost = [f for f in flags if f[:1] == "s" and f[1:].isdigit()]
@@ -221,9 +290,11 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     known = (
         {"desc", "prefetch", "w", "f16", "pdl", "ws", "tr"} | set(merge) | set(chunk) | set(cost) | set(snap)
     )
-    known |= set(whole) | set(mip)
+    known |= set(whole) | set(mip) | set(consts)
     unknown = set(flags) - known
     repeated = [g for g in (merge, chunk, cost, snap, whole, mip) if len(g) > 1]
+    repeated += [[f for f in consts if f[:2] == h] for h in {f[:2] for f in consts}]
+    repeated = [g for g in repeated if len(g) > 1]
     if unknown or repeated:
         raise ValueError(f"unknown variant flags {sorted(unknown) or sum(repeated, [])} in {variant!r}")
     return dict(
@@ -329,9 +400,27 @@ def _time(calls: list[Callable[[], object]]) -> tuple[Timing, str]:
 
 
 def _ours(w: Workload, schedule: str, **cfg):
+    """Our plans over the workload's rotations and one call per rotation; ``cfg``: op.plan keywords, plus
+    op.py constants (OP_CONSTANT_KEYS) set around plan and each call (so also while a graph captures it)."""
     from hpc_advise.kernels.decode_attention import op
 
-    plans = [
+    consts = {k: cfg.pop(k) for k in list(cfg) if k in OP_CONSTANT_KEYS}
+    with op_constants(consts):
+        plans = _plans(w, schedule, cfg)
+    out = [w.q.new_empty(w.q.shape) for _ in plans]
+
+    def call(p, o):
+        with op_constants(consts):
+            return op.run(p, w.q, w.k, w.v, out=o)
+
+    calls = [lambda p=p, o=o: call(p, o) for p, o in zip(plans, out, strict=True)]
+    return calls, plans, out
+
+
+def _plans(w: Workload, schedule: str, cfg: dict) -> list:
+    from hpc_advise.kernels.decode_attention import op
+
+    return [
         op.plan(
             w.seq_lens,
             t,
@@ -345,9 +434,6 @@ def _ours(w: Workload, schedule: str, **cfg):
         )
         for t in w.tables
     ]
-    out = [w.q.new_empty(w.q.shape) for _ in plans]
-    calls = [lambda p=p, o=o: op.run(p, w.q, w.k, w.v, out=o) for p, o in zip(plans, out, strict=True)]
-    return calls, plans, out
 
 
 def _fi_batch_attention(w: Workload):
@@ -456,10 +542,20 @@ def _progress(name: str, hq: int, hkv: int, who: str, us: float) -> None:
 
 
 def bench_case(
-    name: str, hq: int, hkv: int, kv_dtype, copy_tbps: float, peers=PEERS, env=None, floor=False, **cfg
+    name: str,
+    hq: int,
+    hkv: int,
+    kv_dtype,
+    copy_tbps: float,
+    peers=PEERS,
+    env=None,
+    floor=False,
+    split=False,
+    **cfg,
 ):
     """Rows and one table line for one case; ``floor``: the stream floor of our plans beside ours
-    (decode_attention_floor.py), its columns last."""
+    (decode_attention_floor.py), its columns last; ``split``: that, then our pass and our merge launch timed
+    apart (its columns after the floor's)."""
     import torch
 
     env = env or environment()
@@ -493,11 +589,13 @@ def bench_case(
         )
     )
     floor_cells = []
-    if floor:
+    if floor or split:
         from hpc_advise.runtime.benches import decode_attention_floor
 
+        if split and any(cfg.get(k) is not None for k in OP_CONSTANT_KEYS):
+            raise ValueError(f"split: times op.py's merge as built now; drop {sorted(OP_CONSTANT_KEYS)}")
         floor_rows, floor_cells = decode_attention_floor.bench_cells(
-            w, plans, calls, t_ours, _time, base, env
+            w, plans, calls, t_ours, _time, base, env, split=split
         )
         rows += floor_rows
         _progress(name, hq, hkv, "stream floor (+ tail)", floor_rows[0]["p50"])
@@ -573,17 +671,17 @@ def bench_case(
     return rows, line, failures
 
 
-def headers(peers=PEERS, floor=False) -> list[str]:
+def headers(peers=PEERS, floor=False, split=False) -> list[str]:
     cols = (
         ["case", "Hq/Hkv", "KV", "KV MB", "floor µs", "ours µs", "TB/s", "of copy"]
         + [f"{PEER_TITLES[p]} µs" for p in peers]
         + [f"vs {PEER_TITLES[p]}" for p in peers]
         + ["plan µs"]
     )
-    if floor:  # the stream floor's columns (its module imports triton)
-        from hpc_advise.runtime.benches.decode_attention_floor import HEADERS
+    if floor or split:  # the stream floor's columns, then the split's (its module imports triton)
+        from hpc_advise.runtime.benches.decode_attention_floor import HEADERS, SPLIT_HEADERS
 
-        cols += HEADERS
+        cols += HEADERS + (SPLIT_HEADERS if split else [])
     return cols
 
 
@@ -601,6 +699,8 @@ def bench(
     heads="all",
     cfg_by_heads=None,
     floor=False,
+    split=False,
+    cases=None,
     **cfg,
 ):
     """Run the grid; returns (rows, table, headers). ``kv`` ('all', or KV dtypes in the order to run them:
@@ -608,7 +708,8 @@ def bench(
     ``progress(rows, table, headers)`` is called after each case with everything so far; ``cfg`` overrides op.py's launch defaults (``fp8_cfg``
     instead for fp8 KV when given, and ``cfg_by_heads[(kv, 'Hq/Hkv')]`` instead of both where it has the case's
     KV dtype name and head count). ``floor``: the stream floor of our plans beside ours in every case
-    (decode_attention_floor.py)."""
+    (decode_attention_floor.py); ``split``: that and our pass / merge launch timed apart. ``cases``: names of
+    CASES to run (the full grid's order kept), None for all."""
     import torch
 
     if grid not in ("full", "small"):
@@ -617,6 +718,9 @@ def bench(
         raise ValueError(
             f"heads must be 'all' or one of {[f'{hq}/{hkv}' for hq, hkv in HEADS]}, got {heads!r}"
         )
+    unknown = sorted(set(cases or ()) - set(CASES))
+    if unknown:
+        raise ValueError(f"unknown cases {unknown}; known: {list(CASES)}")
     kv_order = list(KV_DTYPES) if kv == "all" else kv.split(",")
     if not kv_order or any(k not in KV_DTYPES for k in kv_order) or len(set(kv_order)) < len(kv_order):
         raise ValueError(f"kv must be 'all' or a comma-separated order of {KV_DTYPES}, got {kv!r}")
@@ -644,21 +748,24 @@ def bench(
             for hq, hkv in HEADS
             if heads in ("all", f"{hq}/{hkv}")
             for n in CASES
+            if cases is None or n in cases
         ]
     table, failures = [], {}
     bench.copy_tbps, bench.failures = copy, failures
     for name, hq, hkv, dt in todo:
         use = fp8_cfg if (fp8_cfg is not None and dt == torch.float8_e4m3fn) else cfg
         use = (cfg_by_heads or {}).get((_dtype_name(dt), f"{hq}/{hkv}"), use)
-        r, line, fail = bench_case(name, hq, hkv, dt, copy, peers=chosen, env=env, floor=floor, **use)
+        r, line, fail = bench_case(
+            name, hq, hkv, dt, copy, peers=chosen, env=env, floor=floor, split=split, **use
+        )
         rows += r
         table.append(line)
         if progress:
-            progress(rows, table, headers(chosen, floor))
+            progress(rows, table, headers(chosen, floor, split))
         torch.cuda.empty_cache()
         for p, why in fail.items():
             failures.setdefault(p, why)
-    return rows, table, headers(chosen, floor)
+    return rows, table, headers(chosen, floor, split)
 
 
 def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP8, configs_by_heads=None):
@@ -685,7 +792,7 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
         # the first configuration once more at the end: the spread of one configuration within the process,
         # against which the differences between configurations are read (its row says repeat; never chosen)
         for i, entry in enumerate(entries + entries[:1]):
-            cfg = variant_config(*entry)
+            cfg = variant_config(*entry) | variant_constants(entry[4])
             again = i == len(entries)
             if again:
                 entry = (*entry[:4], entry[4] + " (again)")
@@ -778,8 +885,9 @@ CONFIG_KEYS = (
     "whole_below",
     "transposed",
     "merge_in_pass",
+    *OP_CONSTANT_KEYS,
 )
-# keys older sweeps' rows lack, with the value they ran with
+# keys older sweeps' rows lack, with the value they ran with (None for op.py constants: op.py's value then)
 OLD_SWEEP_DEFAULTS = {
     "desc": False,
     "merge_block": 16,
@@ -793,7 +901,7 @@ OLD_SWEEP_DEFAULTS = {
     "whole_below": 0,
     "transposed": False,
     "merge_in_pass": 0,
-}
+} | dict.fromkeys(OP_CONSTANT_KEYS)
 
 
 def defaults_note() -> str:

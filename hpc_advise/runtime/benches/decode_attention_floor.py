@@ -15,7 +15,10 @@ under programmatic dependent launch on the GPU as the merge is): all its program
 
 ``bench_cells`` times both forms beside ours in ``decode_attention.bench_case`` (``--floor``): µs, TB/s of K/V
 read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor; also ``empty_launch`` (the attention
-grid launched with no K/V to read: the per-launch cost in the same graph replay) and ours timed again.
+grid launched with no K/V to read: the per-launch cost in the same graph replay) and ours timed again. With
+``split`` (``--split``) also our call in its two launches: ``pass_only`` (``op.run`` with the merge launch held
+back: the attention pass alone, which still writes its partials and the rows of unsplit segments) and
+``merge_only`` (that held merge launch, same arguments, PDL flag included, on the partials the pass left).
 
 Assumption when reading the numbers: the floor is what any kernel reading these bytes with this schedule (same
 grid, ranges, tile, stages, warps and residency, Triton's pipeliner) pays at least; a different schedule or
@@ -213,6 +216,27 @@ def empty_launch(plan, sums):
     return sums
 
 
+def pass_only(plan, w, out) -> tuple:
+    """Our call (``op.run``) with its merge launch held back: only the attention pass runs. Returns the held
+    ``op._merge`` arguments (plan, out, pdl), for ``merge_only``."""
+    from hpc_advise.kernels.decode_attention import op
+    from hpc_advise.runtime.benches.decode_attention import swapped
+
+    held = []
+    with swapped(op, _merge=lambda *args: held.append(args)):
+        op.run(plan, w.q, w.k, w.v, out=out)
+    if len(held) != 1:
+        raise RuntimeError(f"pass_only: op.run launched the merge {len(held)} times, expected once")
+    return held[0]
+
+
+def merge_only(held: tuple) -> None:
+    """The merge launch ``pass_only`` held back, on the partials its pass wrote."""
+    from hpc_advise.kernels.decode_attention import op
+
+    op._merge(*held)
+
+
 HEADERS = [
     "stream floor µs",
     "floor TB/s",
@@ -223,51 +247,76 @@ HEADERS = [
     "empty launch µs",
     "ours again µs",
 ]
-FORMS = {  # provider -> how one rotation's call runs
-    "stream_floor": lambda plan, w, sums: stream_floor(plan, w.k, w.v, sums=sums),
-    "stream_floor_tail": lambda plan, w, sums: stream_floor(plan, w.k, w.v, sums=sums, tail=True),
-    "empty_launch": lambda plan, w, sums: empty_launch(plan, sums),
+SPLIT_HEADERS = ["pass µs", "merge alone µs", "ours − pass µs", "pass − floor µs"]
+# provider -> how one rotation's call runs, on that rotation's buffers: 'sums' (the floor's [G + 1] fp32), 'out'
+# (the split's own output, NaN-filled) and 'held' (the merge arguments pass_only held back)
+FORMS = {
+    "stream_floor": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"]),
+    "stream_floor_tail": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"], tail=True),
+    "empty_launch": lambda plan, w, buf: empty_launch(plan, buf["sums"]),
+}
+SPLIT_FORMS = {  # after FORMS: pass_only first, so every rotation's partials and held merge exist for merge_only
+    "pass_only": lambda plan, w, buf: buf.update(held=pass_only(plan, w, buf["out"])),
+    "merge_only": lambda plan, w, buf: merge_only(buf["held"]),
 }
 
 
-def bench_cells(w, plans, ours_calls, t_ours, time_calls, base: dict, env) -> tuple[list[dict], list]:
+def _form_extra(provider: str, plan, buf, g: int) -> dict:
+    """What a row of ``provider`` records beside its timing: the floor's schedule and build, the tail's grid,
+    the split's merge grid and wide segments."""
+    if provider in ("stream_floor", "stream_floor_tail"):
+        extra = {
+            "tile": plan.tile,
+            "num_stages": plan.num_stages,
+            "num_warps": plan.num_warps,
+            "pt_chunk": plan.pt_chunk,
+            "finite": bool(buf["sums"][:g].isfinite().all()),
+            "build": stream_floor.last_build,
+        }
+        return extra | ({"tail_grid": list(tail_grid(plan))} if provider == "stream_floor_tail" else {})
+    if provider in SPLIT_FORMS:
+        return {"merge_grid": list(tail_grid(plan)), "wide_segments": int((plan.wide_list >= 0).sum())}
+    return {}
+
+
+def bench_cells(
+    w, plans, ours_calls, t_ours, time_calls, base: dict, env, split: bool = False
+) -> tuple[list[dict], list]:
     """Time the floor (one launch), the floor + tail (two, PDL) and the empty launch over the benchmark's
-    rotated plans of workload ``w`` right after ours (``t_ours``), then ours (``ours_calls``) again, all with
-    the benchmark's timer ``time_calls``; returns (rows, the table cells of HEADERS)."""
+    rotated plans of workload ``w`` right after ours (``t_ours``), with ``split`` then our pass alone and our
+    merge launch alone, then ours (``ours_calls``) again, all with the benchmark's timer ``time_calls``;
+    returns (rows, the table cells of HEADERS, then of SPLIT_HEADERS with ``split``)."""
     import torch
 
     from hpc_advise.runtime.benchmarking import run_row
 
     g = plans[0].grid_size()
+    dev = plans[0].device
+    bufs = [
+        {
+            "sums": torch.zeros(g + 1, dtype=torch.float32, device=dev),
+            "out": torch.full_like(w.q, float("nan")),
+            "held": None,
+        }
+        for _ in plans
+    ]
     rows, us = [], {}
-    for provider, form in FORMS.items():
-        sums = [torch.zeros(g + 1, dtype=torch.float32, device=plans[0].device) for _ in plans]
-        calls = [lambda p=p, s=s, form=form: form(p, w, s) for p, s in zip(plans, sums, strict=True)]
+    for provider, form in (FORMS | SPLIT_FORMS if split else FORMS).items():
+        calls = [lambda p=p, b=b, form=form: form(p, w, b) for p, b in zip(plans, bufs, strict=True)]
         for c in calls:
             c()  # compiles outside the timed graph
         t, how = time_calls(calls)
         us[provider] = t.p50
-        floor = provider != "empty_launch"
         extra = {
             "timing": how,
             "tbps": w.kv_bytes / t.p50 / 1e6,
             "ours_over_this": t_ours.p50 / t.p50,
             "programs": g,
-            **({"tail_grid": list(tail_grid(plans[0]))} if provider == "stream_floor_tail" else {}),
-        }
-        if floor:
-            extra |= {
-                "tile": plans[0].tile,
-                "num_stages": plans[0].num_stages,
-                "num_warps": plans[0].num_warps,
-                "pt_chunk": plans[0].pt_chunk,
-                "finite": bool(sums[0][:g].isfinite().all()),
-                "build": stream_floor.last_build,
-            }
+        } | _form_extra(provider, plans[0], bufs[0], g)
         rows.append(
             run_row(
                 kind="kernel",
-                subject="decode_attention.stream_floor",
+                subject=f"decode_attention.{'split' if provider in SPLIT_FORMS else 'stream_floor'}",
                 provider=provider,
                 config=base | extra,
                 metric="latency",
@@ -294,4 +343,12 @@ def bench_cells(w, plans, ours_calls, t_ours, time_calls, base: dict, env) -> tu
     tbps = w.kv_bytes / floor / 1e6
     cells = [round(floor, 1), round(tbps, 2), f"{100 * tbps / COPY_TBPS:.0f}%", f"{t_ours.p50 / floor:.2f}x"]
     cells += [round(tail, 1), f"{t_ours.p50 / tail:.2f}x", round(us["empty_launch"], 1), round(again.p50, 1)]
+    if split:
+        pas = us["pass_only"]
+        cells += [
+            round(pas, 1),
+            round(us["merge_only"], 1),
+            round(t_ours.p50 - pas, 1),
+            round(pas - floor, 1),
+        ]
     return rows, cells
