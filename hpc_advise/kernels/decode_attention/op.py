@@ -72,7 +72,9 @@ WIDE_MERGE_COLS = 8
 # (tests/kernels/test_decode_attention.py reads it off the sm_90a build). Sweep merge1b timed the uncapped 96
 # on 8/1 only: 1-2 % faster in geometric mean (bf16 -6.2 vs -5.1 %, fp8 -9.0 vs -7.2 % against the two
 # launches), but 128 x U +0.8 / +1.0 % and 64/8 unmeasured, so the cap stays until it is timed on all 32
-# cases. Other merge blocks spill at 64 and run uncapped.
+# cases. Sweep split (2026-11-30 02:37 UTC, one process, the 16 bf16 cases) timed it against the cap: 8/1 -1.2 % in
+# geometric mean (128 x U +1.0 %, the default's repeat -2.0..+1.0 %), 64/8 -0.1 %: under the 2 % rule, the cap stays
+# (TUNING_LOG.md, "Sweep split"). Other merge blocks spill at 64 and run uncapped.
 MERGE_MAXNREG = 64
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
