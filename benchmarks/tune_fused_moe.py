@@ -587,16 +587,17 @@ def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) 
 
 def gluon_down_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--gluon-down: the config ``op.get_config`` picks now (first, re-timed last), then the same pick with the
-    Gluon down GEMM (DN_GLUON, kernel_gluon_down.py: two partials in flight per K step) at the pick's down
-    stages and one more / one fewer, and at 4 warps where the tile allows (op.check_forms drops the rest).
+    Gluon down GEMM (DN_GLUON 1, kernel_gluon_down.py: two partials in flight per K step; 2: its TMA ring fed by
+    a producer warp) at the pick's down stages and one more, and at 4 warps where the tile allows
+    (op.check_forms drops the rest).
     Only the down launch changes, so a gain is the Gluon kernel's; merged only if >= 2% faster (the
     --decode-forms loop's rule)."""
     a2_group = mode.endswith("dynamic")
     block = mode.startswith("block")
     cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
     st = cur["DN_STAGES"]
-    out = [cur] + [dict(cur, DN_GLUON=1, DN_STAGES=s) for s in (st, st + 1, st - 1) if 2 <= s <= 6]
-    out.append(dict(cur, DN_GLUON=1, DN_WARPS=4))
+    out = [cur] + [dict(cur, DN_GLUON=g, DN_STAGES=s) for g in (1, 2) for s in (st, st + 1) if s <= 6]
+    out += [dict(cur, DN_GLUON=g, DN_WARPS=4) for g in (1, 2)]
 
     def valid(c):
         try:

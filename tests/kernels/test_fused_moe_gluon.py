@@ -44,6 +44,7 @@ def _forms(cfg, *, a2_group=False, w_block=False, h=4096, i=1536):
 
 def test_gluon_down_form_accepted_for_the_hy3_prefill_tiles():
     _forms(HY3_PREFILL)
+    _forms(dict(HY3_PREFILL, DN_GLUON=2))
     _forms(dict(HY3_PREFILL, BLOCK_M=128))
     _forms(dict(HY3_PREFILL, BLOCK_M=128, DN_N=64, DN_WARPS=4), i=192)
 
@@ -61,7 +62,7 @@ def test_gluon_down_form_accepted_for_the_hy3_prefill_tiles():
         ({"DN_REDUCE": 1}, {}, "DN_REDUCE"),
         ({"DN_A_TMA": 1}, {}, "DN_A_TMA"),
         ({"DN_TILES": 2}, {}, "DN_TILES"),
-        ({"DN_GLUON": 2}, {}, "0 or 1"),
+        ({"DN_GLUON": 3}, {}, "must be 0"),
     ],
 )
 def test_gluon_down_refused_outside_its_form(change, kw, words):
@@ -93,12 +94,12 @@ from hpc_advise.kernels.fused_moe.kernel_gluon_down import _down_gluon_kernel as
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 out = []
-for bm, bn, stages, warps in json.loads(sys.argv[1]):
+for bm, bn, stages, warps, producer in json.loads(sys.argv[1]):
     base = torch.empty(256, 256, dtype=torch.float8_e4m3fn)
     descs = [TensorDescriptor.from_tensor(base, [r, 128], gl.NVMMASharedLayout.get_default_for([r, 128], gl.float8e4nv))
              for r in (bm, bn)]
     types = [mangle_type(d) for d in descs] + "*fp32 *fp32 *i32 *i32 *i32 *fp32 *bf16 i32 i32 i32 i32 fp32".split()
-    consts = dict(BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=warps)
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=stages, num_warps=warps, PRODUCER=producer)
     sig = dict(zip([a for a in fn.arg_names if a not in consts], types), **{c: "constexpr" for c in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in ("H", "I")}
     k = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
@@ -124,17 +125,21 @@ for bm, bn, stages, warps in json.loads(sys.argv[1]):
                 "ptx_waits": re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", k.asm["ptx"]),
                 "loop_mma": sum("QGMMA" in x for x in body),
                 "loop_waits": [re.search(r"0x(\d)", x).group(1) for x in body if "WARPGROUP.DEPBAR" in x],
-                "loop_local": sum(bool(re.search(r"\b(LDL|STL)\b", x)) for x in body)})
+                "loop_local": sum(bool(re.search(r"\b(LDL|STL)\b", x)) for x in body),
+                "loop_tma": sum("UTMALDG" in x for x in body), "loop_bars": sum("BAR.SYNC" in x for x in body)})
 print(json.dumps(out))
 """
 
 
 @pytest.mark.slow
 def test_gluon_down_builds_for_sm90_with_one_wgmma_group_in_flight():
-    """Hy3's prefill tiles (BLOCK_M 64 / 128 × DN_N 128, 8 warps, 4 stages) and a 4-warp 64-row tile:
-    no stack, at most 128 KB + barriers of shared memory, and in the K loop (two 128-wide steps per trip)
-    the QGMMAs of two steps and two waits that leave one group in flight; ``wait_group 0`` only after it."""
-    jobs = [(64, 128, 4, 8), (128, 128, 4, 8), (64, 128, 4, 4)]
+    """Hy3's prefill tiles (BLOCK_M 64 / 128 × DN_N 128, 8 warps, 4 stages), a 4-warp 64-row tile, and the
+    producer-warp form (DN_GLUON = 2): no stack, at most the ring + barriers of shared memory, and in the K loop
+    (two 128-wide steps per trip) the QGMMAs of two steps and two waits that leave one group in flight;
+    ``wait_group 0`` only after it. The consumer-fed ring issues its copies in the loop behind 4 CTA barriers per
+    step (8 warps); with the producer warp the loop holds no copy and 2 barriers per step."""
+    jobs = [(64, 128, 4, 8, False), (128, 128, 4, 8, False), (64, 128, 4, 4, False), (128, 128, 4, 8, True),
+            (64, 128, 4, 8, True)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
@@ -151,6 +156,10 @@ def test_gluon_down_builds_for_sm90_with_one_wgmma_group_in_flight():
         assert r["loop_waits"] == ["1", "1"], (job, r)  # never 0 inside the loop
         assert r["loop_mma"] >= 2 * 128 // 32, (job, r)  # 4 k=32 MMAs per step (per warpgroup N split: more)
         assert r["ptx_waits"].count("0") == 2, (job, r)  # the two tails (odd / even step counts)
+        if job[4]:
+            assert r["loop_tma"] == 0 and r["loop_bars"] <= 4, (job, r)
+        else:
+            assert r["loop_tma"] == 4, (job, r)  # A and B of two steps
     print(res)
 
 
@@ -164,10 +173,10 @@ GPU_SHAPES = {  # name -> (E, H, I, top_k, T, config changes): Hy3 prefill, Hy3 
 }
 
 
-def _pair(p, cfg, seed):
+def _pair(p, cfg, seed, form=1):
     """(Triton down, Gluon down) outputs of one problem under one config (each checked against the reference)."""
     tri, _, err_t = run_and_check(p, config=dict(cfg, DN_GLUON=0), seed=seed)
-    glu, _, err_g = run_and_check(p, config=dict(cfg, DN_GLUON=1), seed=seed)
+    glu, _, err_g = run_and_check(p, config=dict(cfg, DN_GLUON=form), seed=seed)
     return tri, glu, err_t, err_g
 
 
@@ -177,10 +186,13 @@ def test_gpu_gluon_down_bitwise_the_triton_down(shape):
     seed = _seed()
     e, h, i, k, t, change = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, "tensor-static", device="cuda")
-    tri, glu, err_t, err_g = _pair(p, dict(HY3_PREFILL, **change), seed)
-    diff = (tri.float() - glu.float()).abs().max().item()
-    print(f"{shape}: rel err vs ref Triton {err_t:.3e} Gluon {err_g:.3e}; max |Gluon - Triton| {diff:.3e}")
-    assert torch.equal(tri, glu), (shape, diff, seed)
+    for form in (1, 2):
+        tri, glu, err_t, err_g = _pair(p, dict(HY3_PREFILL, **change), seed, form)
+        diff = (tri.float() - glu.float()).abs().max().item()
+        print(
+            f"{shape} DN_GLUON={form}: rel err vs ref Triton {err_t:.3e} Gluon {err_g:.3e}; max |d| {diff:.3e}"
+        )
+        assert torch.equal(tri, glu), (shape, form, diff, seed)
 
 
 @pytest.mark.gpu
@@ -192,13 +204,13 @@ def test_gpu_gluon_down_hy3_16384_bitwise_and_eager_repeat():
     p = make_problem(t, e, h, i, k, "tensor-static", device="cuda")
     cfg = dict(HY3_PREFILL, BLOCK_M=128, GU_STAGES=3)
     outs = []
-    for gl_on in (0, 1, 1):
+    for gl_on in (0, 1, 1, 2, 2):
         out = torch.full_like(p["x"], float("nan"))
         fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=dict(cfg, DN_GLUON=gl_on),
                   **p["kw"])  # fmt: skip
         outs.append(out)
-    assert not torch.isnan(outs[1]).any(), seed
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2]), seed
+    assert not any(torch.isnan(o).any() for o in outs), seed
+    assert all(torch.equal(outs[0], o) for o in outs[1:]), seed
 
 
 @pytest.mark.gpu
@@ -214,9 +226,18 @@ def test_gpu_gluon_down_empty_experts_ep_rank_and_graph_replay():
     p = make_problem(t, e, h, i, k, "tensor-static", device="cuda", ids=ids)
     tri, glu, _, _ = _pair(p, HY3_PREFILL, seed)
     assert torch.equal(tri, glu), seed
+    _, glu2, _, _ = _pair(p, HY3_PREFILL, seed, 2)
+    assert torch.equal(tri, glu2), seed
     p["kw"] = device_scales(p["kw"])
     out = torch.empty_like(p["x"])
     call = lambda: fused_moe(  # noqa: E731
-        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=HY3_PREFILL, **p["kw"]
+        p["x"],
+        p["w13"],
+        p["w2"],
+        p["weights"],
+        p["ids"],
+        out=out,
+        config=dict(HY3_PREFILL, DN_GLUON=2),
+        **p["kw"],
     )
     check_graph_replay(p, call, out, seed=seed)

@@ -16,6 +16,12 @@ before the copy). Same products, same order of fp32 additions (0 + p0 + p1 + ...
 is meant to be bitwise ``_down_kernel``'s.
 
 ``num_warps`` 4 or 8 (one or two warpgroups: [8, 1] warps over 128 rows, [4, 2] over 64 rows and the N halves).
+PRODUCER (config DN_GLUON = 2): the ring is fed by one extra producer warp (``gl.warp_specialize``; 40 registers,
+the consumers get the rest): it waits on each slot's ``empty`` mbarrier and issues the TMA; the consumer warps
+only wait on ``ready``, issue wgmma, promote, and free the slot (one barrier of the consumer warps, then one
+arrival). Without it the consumer warps issue the copies themselves and the compiler's shared-memory barriers
+(``bar.sync`` of the whole CTA around the mbarrier and copy ops: 4 per K step at 8 warps, sm_90a SASS) sit in
+the loop; with it, 2 per K step, of the consumer warps only.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+PRODUCER_REGS = gl.constexpr(40)  # registers per thread of the producer warp (PRODUCER): TMA issue only
 
 
 @gluon.constexpr_function
@@ -64,47 +72,102 @@ def _mma_step(a_s, b_s, ready, step, part, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _retire(acc, part, a_desc, w_desc, a_s, b_s, ready, step, n_k, m0, w_row, STAGES: gl.constexpr):
+def _retire(acc, part, a_desc, w_desc, a_s, b_s, ready, empty, step, n_k, m0, w_row, STAGES: gl.constexpr,
+            PRODUCER: gl.constexpr):  # fmt: skip
     """Wait until only the newest wgmma is in flight (step ``step`` done), promote its partial (fp32 add) and
-    refill its slot with step + STAGES."""
+    free its slot: PRODUCER, every consumer warp past its wait (a barrier of the consumer warps), then one
+    arrival on the slot's ``empty`` barrier for the producer warp; else refill it here with step + STAGES."""
     part = warpgroup_mma_wait(num_outstanding=1, deps=(part,))
     acc = acc + part
-    nxt = step + STAGES
-    _issue_loads(a_desc, w_desc, a_s, b_s, ready, nxt, m0, w_row, STAGES, nxt < n_k)
+    if PRODUCER:
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(step % STAGES))
+    else:
+        nxt = step + STAGES
+        _issue_loads(a_desc, w_desc, a_s, b_s, ready, nxt, m0, w_row, STAGES, nxt < n_k)
     return acc, part
 
 
 @gluon.jit
-def _k_loop(a_desc, w_desc, m0, w_row, I, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-            layout: gl.constexpr):  # fmt: skip
-    """fp32 [BLOCK_M, BLOCK_N] = Σ over 128-wide K steps of the step's fp8 partial, two partials in flight."""
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-    fence_async_shared()
-    n_k = gl.cdiv(I, BLOCK_K)
-    for s in gl.static_range(STAGES):  # every slot's first load; each retired step refills its slot
-        _issue_loads(a_desc, w_desc, a_s, b_s, ready, s, m0, w_row, STAGES, s < n_k)
+def _consume(a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             STAGES: gl.constexpr, PRODUCER: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """fp32 [BLOCK_M, BLOCK_N] = Σ over the K steps of each step's fp8 partial, two partials alternating: step k's
+    partial is added while step k + 1's wgmma runs."""
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
     pb = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
     pa = _mma_step(a_s, b_s, ready, 0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout), STAGES)
     # pairs of steps (k into pb, k + 1 into pa); step k - 1's partial is added while step k runs
     for k in range(1, n_k - 1, 2):
         pb = _mma_step(a_s, b_s, ready, k, pb, STAGES)
-        acc, pa = _retire(acc, pa, a_desc, w_desc, a_s, b_s, ready, k - 1, n_k, m0, w_row, STAGES)
+        acc, pa = _retire(
+            acc, pa, a_desc, w_desc, a_s, b_s, ready, empty, k - 1, n_k, m0, w_row, STAGES, PRODUCER
+        )
         pa = _mma_step(a_s, b_s, ready, k + 1, pa, STAGES)
-        acc, pb = _retire(acc, pb, a_desc, w_desc, a_s, b_s, ready, k, n_k, m0, w_row, STAGES)
+        acc, pb = _retire(
+            acc, pb, a_desc, w_desc, a_s, b_s, ready, empty, k, n_k, m0, w_row, STAGES, PRODUCER
+        )
     if n_k % 2 == 0:  # one step left (n_k - 1, into pb); pa holds step n_k - 2
         pc = _mma_step(a_s, b_s, ready, n_k - 1, pb, STAGES)
         acc = acc + warpgroup_mma_wait(num_outstanding=1, deps=(pa,))
         acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pc,))
     else:  # pa holds the last step, n_k - 1
         acc = acc + warpgroup_mma_wait(num_outstanding=0, deps=(pa,))
+    return acc
+
+
+@gluon.jit
+def _consume_ws(a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """``_consume`` as the default partition of ``gl.warp_specialize`` (its results: a tuple)."""
+    return (
+        _consume(
+            a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, BLOCK_M, BLOCK_N, STAGES, True, layout
+        ),
+    )
+
+
+@gluon.jit
+def _produce(a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, STAGES: gl.constexpr):
+    """The producer warp (PRODUCER): every K step's TMA once the consumers freed its slot (a fresh barrier
+    passes the wait for parity 1, so the first STAGES steps go at once)."""
+    for step in range(n_k):
+        mbarrier.wait(empty.index(step % STAGES), ((step // STAGES) & 1) ^ 1)
+        _issue_loads(a_desc, w_desc, a_s, b_s, ready, step, m0, w_row, STAGES, True)
+
+
+@gluon.jit
+def _k_loop(a_desc, w_desc, m0, w_row, I, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+            PRODUCER: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """The tile's fp32 sum over K (``_consume``), its TMA ring fed by the consumer warps themselves or (PRODUCER)
+    by one producer warp (``gl.warp_specialize``)."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_s = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_s = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    n_k = gl.cdiv(I, BLOCK_K)
+    if PRODUCER:
+        (acc,) = gl.warp_specialize(
+            [
+                (_consume_ws, (a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, BLOCK_M, BLOCK_N, STAGES,
+                               layout)),
+                (_produce, (a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, STAGES)),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        for s in gl.static_range(STAGES):  # every slot's first load; each retired step refills its slot
+            _issue_loads(a_desc, w_desc, a_s, b_s, ready, s, m0, w_row, STAGES, s < n_k)
+        acc = _consume(a_desc, w_desc, a_s, b_s, ready, empty, m0, w_row, n_k, BLOCK_M, BLOCK_N, STAGES, PRODUCER,
+                       layout)  # fmt: skip
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
     return acc
 
 
@@ -138,6 +201,7 @@ def _down_gluon_kernel(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     num_warps: gl.constexpr,
+    PRODUCER: gl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · H/BLOCK_N,): ``_down_kernel``'s per-tensor form (module docstring)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -150,7 +214,7 @@ def _down_gluon_kernel(
         e = gl.load(block_expert_ptr + pid_m)
         if e >= 0:
             acc = _k_loop(a_desc, w_desc, pid_m * BLOCK_M, e * H + pid_n * BLOCK_N, I, BLOCK_M, BLOCK_N, STAGES,
-                          layout)  # fmt: skip
+                          PRODUCER, layout)  # fmt: skip
             offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             entry = gl.load(sorted_ids_ptr + offs_m)

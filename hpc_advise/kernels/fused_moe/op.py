@@ -250,10 +250,13 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "DN_SWAP_AB",
         "GU_RED",
         "SCALE_LAG",
-        "DN_GLUON",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
+    if cfg.get("DN_GLUON", 0) not in (0, 1, 2):
+        raise FusedMoEError(
+            f"DN_GLUON={cfg['DN_GLUON']} must be 0 (Triton down GEMM), 1 (Gluon) or 2 (Gluon, TMA by a producer warp)"
+        )
     if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
         raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
     # a register cap for the gate/up build (0: none): ptxas allocates registers in steps of 8, 255 at most
@@ -289,7 +292,7 @@ GLUON_DOWN_EXCLUDES = ("PDL", "PREFETCH", "DN_REDUCE", "DN_SWAP_AB", "FAST_ACC",
 
 
 def _check_gluon_form(cfg: dict, a2_group: bool, w_block: bool, hidden: int, inter: int) -> None:
-    """DN_GLUON: the prefill down GEMM in Gluon (per-tensor w2 scales, static intermediate scale; TMA tiles of
+    """DN_GLUON (1; 2: the TMA ring fed by a producer warp): the prefill down GEMM in Gluon (per-tensor w2 scales, static intermediate scale; TMA tiles of
     BLOCK_M >= 64 intermediate rows and DN_N weight rows inside one expert, 128-wide K steps, at most 64
     fp32 accumulator values per thread: the two in-flight partials and the sum fit the registers)."""
     if w_block or a2_group:
@@ -869,6 +872,7 @@ class _Launch:
             GROUP_M=c["DN_GROUP_M"],
             STAGES=c["DN_STAGES"],
             num_warps=c["DN_WARPS"],
+            PRODUCER=c["DN_GLUON"] == 2,
         )
 
     def reduce(self, out):
