@@ -15,7 +15,6 @@
     python benchmarks/tune_fused_moe.py --occupancy [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --h-group [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --small-breakdown [--shapes ...] [--ts 1,4]
-    python benchmarks/tune_fused_moe.py --gluon-down [--shapes hy3] [--ts 4096,16384]
 
 Times every candidate of ``hpc_advise.runtime.benches.fused_moe.candidates`` per (shape, scale mode,
 T) with CUDA-graph replay and keeps the fastest (a candidate whose output differs from the first
@@ -67,11 +66,6 @@ two effects separate) and the lag with one gate/up stage fewer from 4 (two-dot T
 stages); where the pick's tile spills with the lag (BLOCK_M 128 × GU_N 128) the nearest tile that does not, with
 and without it; through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
 faster; ``scale_lag_candidates``).
-
-``--gluon-down`` times, per prefill point, the config ``op.get_config`` picks now against the same pick with the
-down GEMM in Gluon (DN_GLUON: explicit waits, one wgmma group in flight while the previous K step's partial is
-promoted; ``gluon_down_candidates``), through the ``--decode-forms`` loop (one process, current pick re-timed last,
-merged only if >= 2% faster).
 
 ``--occupancy`` times, per point (T <= 128), the config ``op.get_config`` picks now against the same regular pick
 with more resident programs or warps per SM (``occupancy_candidates``: fewer gate/up / down stages, a 128-register
@@ -585,30 +579,6 @@ def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-def gluon_down_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--gluon-down: the config ``op.get_config`` picks now (first, re-timed last), then the same pick with the
-    Gluon down GEMM (DN_GLUON 1, kernel_gluon_down.py: two partials in flight per K step; 2: its TMA ring fed by
-    a producer warp) at the pick's down stages and one more, and at 4 warps where the tile allows
-    (op.check_forms drops the rest).
-    Only the down launch changes, so a gain is the Gluon kernel's; merged only if >= 2% faster (the
-    --decode-forms loop's rule)."""
-    a2_group = mode.endswith("dynamic")
-    block = mode.startswith("block")
-    cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
-    st = cur["DN_STAGES"]
-    out = [cur] + [dict(cur, DN_GLUON=g, DN_STAGES=s) for g in (1, 2) for s in (st, st + 1) if s <= 6]
-    out += [dict(cur, DN_GLUON=g, DN_WARPS=4) for g in (1, 2)]
-
-    def valid(c):
-        try:
-            op.check_forms(op.check_config(dict(c), a2_group, a2_group), a2_group, a2_group, block, h, i)
-        except op.FusedMoEError:
-            return False
-        return True
-
-    return out[:1] + [c for c in out[1:] if valid(c)]
-
-
 def occupancy_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--occupancy: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
     where that is a regular decode pick (BLOCK_M <= 32), the same with more programs or warps resident per SM.
@@ -811,11 +781,6 @@ def main() -> None:
         help="time the small-T path's call and each of its launches alone (current pick and its 1x64 form)",
     )
     ap.add_argument(
-        "--gluon-down",
-        action="store_true",
-        help="time the current prefill pick against the same pick with the Gluon down GEMM (DN_GLUON)",
-    )
-    ap.add_argument(
         "--persistent",
         action="store_true",
         help="time the current pick against the one-launch persistent decode path (T <= 16)",
@@ -861,8 +826,6 @@ def main() -> None:
         fb.compile_job = fuse_quant_compile_job
     if args.scale_lag:  # the --decode-forms loop over the SCALE_LAG candidates
         fb.decode_form_candidates = scale_lag_candidates
-    if args.gluon_down:  # the --decode-forms loop over the DN_GLUON candidates
-        fb.decode_form_candidates = gluon_down_candidates
     if args.occupancy:  # the --decode-forms loop over the occupancy candidates
         fb.decode_form_candidates = occupancy_candidates
     if args.h_group:  # the --decode-forms loop over the 1x64 forms (FUSE_QUANT ones built at the shape's H)
@@ -887,7 +850,6 @@ def main() -> None:
                 args.scale_lag,
                 args.occupancy,
                 args.h_group,
-                args.gluon_down,
             )
         ),
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),

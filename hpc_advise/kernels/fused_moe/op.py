@@ -253,10 +253,6 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
-    if cfg.get("DN_GLUON", 0) not in (0, 1, 2):
-        raise FusedMoEError(
-            f"DN_GLUON={cfg['DN_GLUON']} must be 0 (Triton down GEMM), 1 (Gluon) or 2 (Gluon, TMA by a producer warp)"
-        )
     if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
         raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
     # a register cap for the gate/up build (0: none): ptxas allocates registers in steps of 8, 255 at most
@@ -283,38 +279,6 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
     multiples of 16). The small-T and persistent paths have their own checks and never take these keys."""
     _check_scale_forms(cfg, a1_group, a2_group, w_block, inter)
     _check_tile_forms(cfg, a1_group, a2_group, w_block, hidden, inter)
-    if cfg.get("DN_GLUON", 0):
-        _check_gluon_form(cfg, a2_group, w_block, hidden, inter)
-
-
-# config keys the Gluon down kernel (DN_GLUON, kernel_gluon_down.py) has no form of
-GLUON_DOWN_EXCLUDES = ("PDL", "PREFETCH", "DN_REDUCE", "DN_SWAP_AB", "FAST_ACC", "DN_A_TMA", "W_SCALAR")
-
-
-def _check_gluon_form(cfg: dict, a2_group: bool, w_block: bool, hidden: int, inter: int) -> None:
-    """DN_GLUON (1; 2: the TMA ring fed by a producer warp): the prefill down GEMM in Gluon (per-tensor w2 scales, static intermediate scale; TMA tiles of
-    BLOCK_M >= 64 intermediate rows and DN_N weight rows inside one expert, 128-wide K steps, at most 64
-    fp32 accumulator values per thread: the two in-flight partials and the sum fit the registers)."""
-    if w_block or a2_group:
-        raise FusedMoEError(
-            "DN_GLUON (Gluon down GEMM) serves per-tensor weight scales with a static intermediate scale only"
-        )
-    extra = [k for k in GLUON_DOWN_EXCLUDES if cfg.get(k, 0)] + (
-        ["DN_TILES"] if cfg.get("DN_TILES", 1) > 1 else []
-    )
-    if extra:
-        raise FusedMoEError(f"DN_GLUON (Gluon down GEMM) has no form with {extra}")
-    bm, bn, warps = cfg["BLOCK_M"], cfg["DN_N"], cfg["DN_WARPS"]
-    if bm < 64 or cfg["DN_K"] != GROUP or warps not in (4, 8) or bm * bn > 64 * 32 * warps or bn > 256:
-        raise FusedMoEError(
-            "DN_GLUON (Gluon down GEMM) needs BLOCK_M >= 64, DN_K == 128, DN_WARPS 4 or 8, DN_N <= 256 and "
-            f"BLOCK_M·DN_N <= 2048·DN_WARPS, got BLOCK_M={bm}, DN_N={bn}, DN_K={cfg['DN_K']}, DN_WARPS={warps}"
-        )
-    if hidden % bn or inter % 16:
-        raise FusedMoEError(
-            f"DN_GLUON (Gluon down GEMM) needs H % DN_N == 0 and I % 16 == 0 (TMA tiles inside one expert), "
-            f"got H={hidden}, DN_N={bn}, I={inter}"
-        )
 
 
 def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inter: int) -> None:
@@ -516,12 +480,6 @@ class _Launch:
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
         if not (is_small(self.cfg) or is_persistent(self.cfg)):  # the regular path's forms only
             check_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
-            if self.cfg.get("DN_GLUON", 0) and not (
-                dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 9
-            ):
-                raise FusedMoEError(
-                    "DN_GLUON (Gluon down GEMM) runs on SM90 GPUs only (Gluon has no interpreter)"
-                )
         self.offset = int(expert_offset)
         if is_small(self.cfg) or is_persistent(self.cfg):  # these paths allocate their own workspace
             return
@@ -769,8 +727,6 @@ class _Launch:
     def down(self, w2, routed_scaling: float, out=None):
         """Down GEMM → bf16 rows y; with DN_REDUCE (and ``out``) also the top-k sum into ``out``."""
         c = self.cfg
-        if c.get("DN_GLUON", 0):  # the Gluon kernel (check_forms: prefill per-tensor form, no DN_REDUCE)
-            return self.down_gluon(w2, routed_scaling)
         reduce = self.dn_reduce and out is not None
         counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
         out = self.y if out is None else out
@@ -829,50 +785,6 @@ class _Launch:
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
-        )
-
-    def down_gluon(self, w2, routed_scaling: float):
-        """DN_GLUON: the down GEMM by ``kernel_gluon_down`` (same grid and tile order as ``_down_kernel``) → y.
-        Its TMA descriptors are Gluon's (with the shared-memory layout); the weight one is over a 2-D view of
-        w2, which is no slot of a launch plan, so a call with it is never recorded (launch_plan.Recorder.finish:
-        every call runs these launches eagerly, as it does in a CUDA-graph capture)."""
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-        from .kernel_gluon_down import _down_gluon_kernel
-
-        c = self.cfg
-        bm, bn = c["BLOCK_M"], c["DN_N"]
-        if not w2.is_contiguous() or w2.data_ptr() % 16:
-            raise FusedMoEError("DN_GLUON needs a contiguous, 16-byte aligned w2 (its TMA view is [E·H, I])")
-
-        def desc(t, rows):
-            return TensorDescriptor.from_tensor(
-                t, [rows, GROUP], gl.NVMMASharedLayout.get_default_for([rows, GROUP], gl.float8e4nv)
-            )
-
-        w_rows = w2.view(self.E * self.H, self.I)
-        LP.launch(_down_gluon_kernel, ((self.P // bm) * (self.H // bn),))(
-            desc(self.inter, bm),
-            desc(w_rows, bn),
-            self.a2,
-            self.w2_scale,
-            self.sorted_ids,
-            self.block_expert,
-            self.num_padded,
-            self.weights,
-            self.y,
-            self.H,
-            self.I,
-            self.n,
-            self.P,
-            float(routed_scaling),
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            GROUP_M=c["DN_GROUP_M"],
-            STAGES=c["DN_STAGES"],
-            num_warps=c["DN_WARPS"],
-            PRODUCER=c["DN_GLUON"] == 2,
         )
 
     def reduce(self, out):
