@@ -559,7 +559,8 @@ def _gate_up_two_dots(
     same multiplications, same additions in the same order: bitwise the form without it
     (``_lagged_scale_add``). Per-tensor (no group / block scales): the up dot's fresh fp32 partial over the
     K step is added a step later, unscaled — the add that Triton's promotion
-    (``max_num_imprecise_acc=BLOCK_K``) makes at once; the gate keeps the promoted dot (``_prod_acc``)."""
+    (``max_num_imprecise_acc=BLOCK_K``) makes at once; the gate's fresh partial is added in its own step,
+    the same add (the GPU tests check the lag bitwise the promoted two-dot form)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if LAG:
