@@ -19,6 +19,7 @@
 # STAGE=run15 (carry .whl_attn): the whole-segment plan's GPU tests, sweep, grids and plan time (see the stage).
 # STAGE=floor (carry .whl_profile): the stream floor's GPU tests, then the full grid with the floor beside ours.
 # STAGE=split (carry .whl_profile): the split's tests, --split on 4 bf16 8/1 cases, then sweep set 'split'.
+# STAGE=mprol (carry .whl_profile): merge / graph-replay GPU tests, --split on the same 4 cases, sweep set 'mprol'.
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -435,10 +436,10 @@ elif [ "${STAGE:-sweep}" = floor ]; then
   # short table last: case, heads, KV, ours us, TB/s, plan us, floor us, floor TB/s, of 4.12, ours/floor,
   # floor + tail us, ours/(f+t), ours again us
   grep -h "^|" "$RES/grid/decode_attention.md" 2>/dev/null | cut -d'|' -f2-4,7-8,10-
-elif [ "${STAGE:-sweep}" = split ]; then
+elif [ "${STAGE:-sweep}" = split ] || [ "$STAGE" = mprol ]; then
   # (carry .whl_profile) issue 5, where bf16 8/1's time between our call and its stream floor goes. Stage 1: the
   # split's and sweep set 'split''s tests (CPU tests, here on the GPU) and the same 4 merge-launch GPU tests as
-  # STAGE=floor. Stage 2: --split on the three missed bf16 8/1 cases and 64 x 4K (met, the control): ours, the
+  # STAGE=floor (STAGE=mprol: see below; its stage 3 is sweep set 'mprol', 8/1 + 64/8 bf16 and 64/8 fp8). Stage 2: --split on the three missed bf16 8/1 cases and 64 x 4K (met, the control): ours, the
   # floor (+ tail), the pass alone, the merge launch alone, one process. Stage 3: sweep set 'split' (each head
   # count's bf16 default first and again last vs the merge launch uncapped / 16-column / 256-partial wide programs,
   # and on 8/1 the pass at 3 programs/SM and 32-token tiles x 4/SM; 8 bf16 8/1 then 8 bf16 64/8 cases).
@@ -446,12 +447,21 @@ elif [ "${STAGE:-sweep}" = split ]; then
   export PYTHONPATH=/tmp/site:$PWD
   pack "installed"
   T=tests/kernels/test_decode_attention.py
-  timeout "${TEST_S:-40}" python3 -m pytest -q tests/runtime/test_decode_attention_floor.py -k "split or bitwise or merge_launches" \
-    "$T::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]" \
-    "$T::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]" \
-    "$T::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]" \
-    "$T::test_gpu_merge_launches_cuda_graph_replay" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
-    > "$RES/gpu_tests.log" 2>&1
+  if [ "$STAGE" = mprol ]; then
+    # (issue 5: the merge programs' planner loads before griddepcontrol.wait, op.MERGE_HOIST) the merge and
+    # graph-replay tests of both files that launch kernels, compiled (the hoisted form against the pre-mprol one
+    # bitwise with PDL launches first); the offline sm_90a build and the host-only ones run on the CPU before the call
+    timeout "${TEST_S:-50}" python3 -m pytest -q $T tests/runtime/test_decode_attention_floor.py -n 2 \
+      -k "hoist or narrow_and_wide or pdl_merge or gpu_merge or cuda_graph or pass_then_merge or gpu_floor" \
+      -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
+  else
+    timeout "${TEST_S:-40}" python3 -m pytest -q tests/runtime/test_decode_attention_floor.py -k "split or bitwise or merge_launches" \
+      "$T::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]" \
+      "$T::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]" \
+      "$T::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]" \
+      "$T::test_gpu_merge_launches_cuda_graph_replay" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+      > "$RES/gpu_tests.log" 2>&1
+  fi
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
   pack "tests done"
   mkdir -p "$RES/split" "$RES/sweep"
@@ -460,12 +470,12 @@ elif [ "${STAGE:-sweep}" = split ]; then
     > "$RES/split.log" 2>&1
   pack "split done"
   HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-100}" python3 benchmarks/bench_decode_attention.py --sweep \
-    --sweep-set split > "$RES/sweep.log" 2>&1
+    --sweep-set "$STAGE" > "$RES/sweep.log" 2>&1
   pack "sweep done"
   grep -i "Traceback" -A3 "$RES/split.log" "$RES/sweep.log" 2>/dev/null | head -8
   # short tables last: sweep (case, heads, KV, tile, CTAs/SM, stages, warps, variant, us, rel err, plan us, kept);
   # split (case, ours, floor, floor + tail, ours again, pass, merge alone, ours - pass, pass - floor)
-  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-s2-pdl//'
+  grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-s[24]-\(f16-\)\?pdl//'
   grep -h "^|" "$RES/split/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,18-22
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1

@@ -371,6 +371,51 @@ def test_merge_launches_narrow_and_wide_segments_bitwise(kv_dtype):
     )
 
 
+# the merge forms of test_merge_hoist_is_bitwise_the_pre_mprol_form: (name, op.plan keywords, op.py constants);
+# WIDE_MERGE_BLOCK 32 (sweep flag '-wp32') puts the wide segment (~34 participants) in two wide steps
+_HOIST_FORMS = [
+    ("narrow steps", dict(merge_block=16, wide_merge=False), {}),
+    ("wide steps", dict(merge_block=16, wide_merge=True), {"wide_merge_block": 32}),
+    ("shipped", dict(merge_block=16, wide_merge=True), {}),
+]
+
+
+@pytest.mark.parametrize("name, kw, consts", _HOIST_FORMS, ids=[f[0] for f in _HOIST_FORMS])
+def test_merge_hoist_is_bitwise_the_pre_mprol_form(name, kw, consts):
+    # op.MERGE_HOIST (kernel._combine_segment's HOIST, the default since sweep mprol) loads the segment, its output
+    # row and the first step's workspace slots before griddepcontrol.wait and each later step's slots during the
+    # step before (narrow programs after its math, wide ones before it). Same partials, merged again into fp32
+    # outputs (the bf16 output hides last bits) by the hoisted form and by the form before it ('-mh0'): bitwise,
+    # on narrow programs over 3 steps of 16, wide ones over 2 steps of 32 and the shipped adaptive launch (one
+    # step each), and the two calls' bf16 outputs too. 2000 tokens = 125 tiles over ~34 of 40 programs, 300 over
+    # ~6 (a narrow segment beside the wide one), 5 and 64 tokens. The interpreter runs no griddepcontrol (op.run
+    # launches without PDL there); on the GPU both forms are PDL launches.
+    lens, hq, hkv, d, page = [2000, 300, 5, 64], 4, 1, 64, 16
+    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page)
+    knobs = dict(page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, tile=16, num_programs=40)
+    pdl = q.is_cuda and not op._interpreting()
+    with da.op_constants(consts):
+        p = op.plan(seq_lens, table, desc=True, pdl=True, **knobs, **kw)
+        block = op.WIDE_MERGE_BLOCK if p.wide_merge else p.merge_block
+        firsts = p.merge_first.tolist()
+        longest = max(g - f + 1 for g, f in enumerate(firsts) if f >= 0)
+        steps = {"narrow steps": 3, "wide steps": 2, "shipped": 1}[name]
+        assert (steps - 1) * block < longest <= steps * block and longest > 16, (name, longest, block)
+        outs, merged = {}, {}
+        for hoist in (1, 0):
+            with da.op_constants({"merge_hoist": hoist}):
+                outs[hoist] = op.run(p, q, k, v, out=torch.full_like(q, float("nan")))
+                merged[hoist] = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device)
+                op._merge(p, merged[hoist], pdl=pdl)
+    assert op.MERGE_HOIST == 1  # restored
+    rows = segment_rows(merged[1], merged_rows(p, wide=False) + merged_rows(p, wide=True), hq // hkv)
+    assert not rows.isnan().any()
+    assert torch.equal(merged[1].nan_to_num(7.0), merged[0].nan_to_num(7.0)), name
+    assert torch.equal(outs[1], outs[0]), name
+    ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=page)
+    assert rel_err(outs[1], ref) <= TOL[BF16], name
+
+
 @pytest.mark.parametrize("q_mag", [3e5, 1.0, 1e-6])
 def test_fp8_products_in_fp16_any_q_magnitude(q_mag):
     # f16_dot: e4m3 K/V convert to fp16 exactly; q is brought into fp16's range by a power of two per

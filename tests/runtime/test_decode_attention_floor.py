@@ -215,12 +215,14 @@ def test_pass_then_merge_launch_is_our_call_bitwise():
         assert ((got.double() - ref).norm() / ref.norm()).item() < 5e-3, consts
 
 
-def test_sweep_set_split_defaults_first_and_op_constant_flags():
-    # each head count's entry 0 is what plan(kv_dtype=bf16) ships for that head count (timed first and again last)
-    by_heads = da.SWEEP_SETS["split"]["configs_by_heads"]
-    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS["split"]["cases"]} == set(by_heads)
-    for (_, heads), entries in by_heads.items():
-        hkv = int(heads.split("/")[1])
+@pytest.mark.parametrize("name", ["split", "mprol"])
+def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
+    # each head count's entry 0 is what plan(kv_dtype=...) ships for that head count and KV dtype (timed first and
+    # again last)
+    by_heads = da.SWEEP_SETS[name]["configs_by_heads"]
+    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS[name]["cases"]} == set(by_heads)
+    for (kv, heads), entries in by_heads.items():
+        hkv, kv_dtype = int(heads.split("/")[1]), FP8 if kv == "fp8" else BF16
         first = da.variant_config(*entries[0])
         assert da.variant_constants(entries[0][4]) == {}
         shipped = dict(
@@ -228,18 +230,26 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags():
             ctas_per_sm=op.DEFAULT_CTAS_PER_SM,
             num_stages=op.DEFAULT_NUM_STAGES,
             num_warps=op.DEFAULT_NUM_WARPS,
-        ) | op.tuned_config(BF16, hkv)
+        ) | op.tuned_config(kv_dtype, hkv)
         assert all(first[key] == value for key, value in shipped.items()), (heads, first, shipped)
-        _, _, _, table, seq_lens = make_case([4096, 70], hq=8 * hkv, hkv=hkv, d=128, page=64)
+        _, _, _, table, seq_lens = make_case(
+            [4096, 70], hq=8 * hkv, hkv=hkv, d=128, page=64, kv_dtype=kv_dtype
+        )
         for entry in entries:  # every entry a valid plan (the op.py constants left to variant_constants)
             cfg = da.variant_config(*entry)
             cfg.pop("ctas_per_sm")
-            make_plan(seq_lens, table, hq=8 * hkv, hkv=hkv, page=64, kv_dtype=BF16, num_programs=7, **cfg)
+            make_plan(seq_lens, table, hq=8 * hkv, hkv=hkv, page=64, kv_dtype=kv_dtype, num_programs=7, **cfg)
+        if (
+            name == "mprol"
+        ):  # the default against itself in the merge's pre-mprol form, alternating, nothing else
+            old = (*entries[0][:4], entries[0][4] + "-mh0")
+            assert entries == [entries[0], old] * (2 if heads == "8/1" else 1), entries
     assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
         "wide_merge_block": 256,
         "merge_maxnreg": 0,
     }
     assert da.variant_constants("nested-desc-w-wc16") == {"wide_merge_cols": 16}
+    assert da.variant_constants("nested-desc-w-pdl-mh0") == {"merge_hoist": 0}
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-mr0-mr64")
     with pytest.raises(ValueError, match="unknown op.py constant keys"):

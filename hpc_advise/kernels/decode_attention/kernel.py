@@ -1239,6 +1239,21 @@ def decode_flat_kernel(
 
 
 @triton.jit
+def _step_slots(prog_start_ptr, q0, p, seg_start, BLOCK_P: tl.constexpr):
+    """Partials ``q0 .. q0 + BLOCK_P - 1`` (those up to ``p``) of the split segment that starts at unit
+    ``seg_start``: their workspace slots (int64) and which of them hold a partial. Planner data only (no
+    partial is read), so a merge program may load them before griddepcontrol.wait."""
+    qs = q0 + tl.arange(0, BLOCK_P)
+    in_range = qs <= p
+    q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
+    q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
+    ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
+    # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
+    slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
+    return slot_id, ok
+
+
+@triton.jit
 def _combine_segment(
     out_ptr,
     prog_start_ptr,
@@ -1257,31 +1272,46 @@ def _combine_segment(
     HEAD_DIM: tl.constexpr,
     COLS: tl.constexpr,  # columns of D combined here: c * COLS ..
     BLOCK_P: tl.constexpr,  # partials combined per step
+    PDL: tl.constexpr,  # griddepcontrol.wait before the first partial is read
+    HOIST: tl.constexpr,  # planner loads before the wait; False: the form before sweep mprol
+    EARLY_NEXT: tl.constexpr,  # with HOIST: step i + 1's slots loaded before step i's math, else after it
 ):
     """Query row ``r``, columns ``c * COLS ..`` of the split segment whose partials programs ``lo`` .. ``p`` of
     the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``. Every
     column's arithmetic is its own (the weights are per partial, the sums per column), so a column's result
-    does not depend on COLS."""
+    does not depend on COLS.
+
+    Only ``ws_lse`` / ``ws_o`` come from the attention pass. With HOIST everything else (the segment, its output
+    row, the first step's slots) is loaded before the wait, so after it the first dependent load is the
+    partials', and each later step's slots are loaded during the step before it: with EARLY_NEXT right after
+    that step's partials are issued (their latency hidden by its math; the wide [128, 8] tiles), else after its
+    math (the narrow programs: their [BLOCK_P] slot vectors sit replicated in every thread, and carried across
+    the math they spill at the launch's 64-register cap — 240 bytes offline on sm_90a; with wide_merge a narrow
+    segment takes one step anyway). Without HOIST (kept for sweep mprol's '-mh0' and the bitwise test): the wait
+    first, then each step's slots, then its partials. The same values meet the same arithmetic in each form."""
+    if PDL and not HOIST:
+        gdc_wait()
     bh = tl.load(merge_bh_ptr + p)
     seg_start = tl.load(merge_seg_ptr + p)
+    if HOIST:
+        slot_id, ok = _step_slots(prog_start_ptr, lo, p, seg_start, BLOCK_P)
+        if PDL:
+            gdc_wait()
     offs_d = c * COLS + tl.arange(0, COLS)
     m_run = tl.full([COLS], float("-inf"), dtype=tl.float32)  # kept as a vector
     w_sum = tl.zeros([COLS], dtype=tl.float32)
     acc = tl.zeros([COLS], dtype=tl.float32)
     for q0 in range(lo, p + 1, BLOCK_P):
-        qs = q0 + tl.arange(0, BLOCK_P)
-        in_range = qs <= p
-        q_start = tl.load(prog_start_ptr + qs, mask=in_range, other=0)
-        q_next = tl.load(prog_start_ptr + qs + 1, mask=in_range, other=0)
-        ok = in_range & (q_next > q_start)  # empty ranges wrote nothing
-        # a participant's slot: 2q for its range's first segment, 2q + 1 for its last
-        slot_id = (2 * qs + (q_start < seg_start).to(tl.int32)).to(tl.int64)
+        if not HOIST:
+            slot_id, ok = _step_slots(prog_start_ptr, q0, p, seg_start, BLOCK_P)
         lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
         o = tl.load(
             ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
             mask=ok[:, None],
             other=0.0,
         )  # [BLOCK_P, COLS]
+        if HOIST and EARLY_NEXT:  # (all masked off after the last step)
+            slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
         m_new = tl.maximum(m_run, tl.max(lse, axis=0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         w = tl.exp2(lse[:, None] - m_use[None, :])  # [BLOCK_P, COLS] (same per column)
@@ -1289,6 +1319,8 @@ def _combine_segment(
         acc = acc * scale_old + tl.sum(w * o, axis=0)
         w_sum = w_sum * scale_old + tl.sum(w, axis=0)
         m_run = m_new
+        if HOIST and not EARLY_NEXT:
+            slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
     res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
     b = bh // NUM_KV_HEADS
     row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
@@ -1320,6 +1352,7 @@ def merge_kernel(
     WIDE_COLS: tl.constexpr,  # columns of D per wide program
     WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
     PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
+    HOIST: tl.constexpr = True,  # planner loads before griddepcontrol.wait (False: sweep mprol's old form)
 ):
     # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
     # columns c * D_CHUNK .. of the group: G narrow programs, program p combining the segment that program p of
@@ -1344,24 +1377,25 @@ def merge_kernel(
         if NARROW > 0:
             lo = tl.where(p - lo + 1 > NARROW, -1, lo)
     if PDL:
-        # launched before the attention pass finished: everything read above comes from the planner (done
-        # before that pass started); partials may be read only after griddepcontrol.wait. Program (0, 0, 0)
-        # always waits, so the launch never completes before the attention pass: pass and merge complete in
-        # that order, and whatever is launched after them (without PDL) finds every output row written, even
-        # when no segment needed merging and every other program exited at once. (The two-launch form this
-        # replaced needed the same in each launch, and let the wide launch start only once every narrow
-        # program had started: its waits were on the narrow grid's completion.)
-        if (lo >= 0) | ((x == 0) & (r == 0) & (c == 0)):
+        # launched before the attention pass finished: everything read above, and in _combine_segment before its
+        # wait (HOIST), comes from the planner (done before that pass started); partials may be read only after
+        # griddepcontrol.wait, which a merging program reaches inside _combine_segment. Program (0, 0, 0) always
+        # waits, so the launch never completes before the attention pass: pass and merge complete in that order,
+        # and whatever is launched after them (without PDL) finds every output row written, even when no segment
+        # needed merging and every other program exited at once. (The two-launch form this replaced needed the
+        # same in each launch, and let the wide launch start only once every narrow program had started: its
+        # waits were on the narrow grid's completion.)
+        if (lo < 0) & (x == 0) & (r == 0) & (c == 0):
             gdc_wait()
     if lo >= 0:
         # two code paths, one per tile shape, chosen by a value uniform over the program
         if is_wide:
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, cw,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P, PDL, HOIST, True,
             )  # fmt: skip
         else:
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, HOIST, False,
             )  # fmt: skip

@@ -76,6 +76,11 @@ WIDE_MERGE_COLS = 8
 # geometric mean (128 x U +1.0 %, the default's repeat -2.0..+1.0 %), 64/8 -0.1 %: under the 2 % rule, the cap stays
 # (TUNING_LOG.md, "Sweep split"). Other merge blocks spill at 64 and run uncapped.
 MERGE_MAXNREG = 64
+# Merge programs load every planner value they need (segment, output row, the first step's workspace slots) before
+# griddepcontrol.wait, and a step's successor's slots before that step's math, so after the wait only the partials
+# are a dependent load (kernel._combine_segment's HOIST). 0: the form before sweep mprol (wait, then the planner
+# loads of each step, then its partials), kept for that sweep's '-mh0'.
+MERGE_HOIST = 1
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
@@ -909,6 +914,7 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         WIDE_COLS=WIDE_MERGE_COLS,
         WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
         PDL=pdl,
+        HOIST=bool(MERGE_HOIST),
         num_warps=2 if plan.merge_block <= 32 else 4,
         **launch,
     )

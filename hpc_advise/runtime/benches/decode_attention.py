@@ -217,6 +217,8 @@ OP_CONSTANT_FLAGS = {
     "mr": ("merge_maxnreg", "MERGE_MAXNREG"),
     "wp": ("wide_merge_block", "WIDE_MERGE_BLOCK"),
     "wc": ("wide_merge_cols", "WIDE_MERGE_COLS"),
+    # '-mh0': the merge programs' planner loads after their griddepcontrol.wait (the form before sweep mprol)
+    "mh": ("merge_hoist", "MERGE_HOIST"),
 }
 OP_CONSTANT_KEYS = {key: const for key, const in OP_CONSTANT_FLAGS.values()}
 
@@ -228,7 +230,8 @@ def _constant_flag(flag: str) -> str | None:
 
 
 def variant_constants(variant: str) -> dict:
-    """The op.py constants a sweep variant sets ('-mrN', '-wpN', '-wcN'), as {config key: value}; {} for none."""
+    """The op.py constants a sweep variant sets ('-mrN', '-wpN', '-wcN', '-mhN'), as {config key: value}; {} for
+    none."""
     _, *flags = variant.split("-")
     return {OP_CONSTANT_FLAGS[f[:2]][0]: int(f[2:]) for f in flags if _constant_flag(f)}
 
@@ -272,6 +275,29 @@ SWEEP_SETS["split"] = dict(
         + [(*_BF16_8_1[:4], _BF16_8_1[4] + m) for m in _SPLIT_MERGE]
         + [(64, 3, 3, 4, _BF16_8_1[4]), (32, 4, 3, 4, _BF16_8_1[4])],
         ("bf16", "64/8"): [_BF16_64_8] + [(*_BF16_64_8[:4], _BF16_64_8[4] + m) for m in _SPLIT_MERGE],
+    },
+)
+
+# 'mprol' (issue 5, after sweep split put bf16 8/1's miss in the merge launch): each head count's shipped default
+# (first, and again last) against the same with the merge launch's pre-mprol form ('-mh0': griddepcontrol.wait,
+# then per step the planner loads, then the partials; the default loads the segment, output row and first step's
+# slots before the wait and each later step's slots during the step before, kernel._combine_segment's HOIST), on
+# the 8 bf16 8/1, 8 bf16 64/8 and 8 fp8 64/8 cases (the merge launch is shared by both kernels). On bf16 8/1, where
+# the rule is read (>= 2 % in geometric mean), each form twice, alternating: default, -mh0, default, -mh0, default.
+_FP8_64_8 = (64, 3, 3, 4, _FP8T)
+SWEEP_SETS["mprol"] = dict(
+    cases=[
+        (name, hq, hkv, kv)
+        for kv, hq, hkv in (("bf16", 8, 1), ("bf16", 64, 8), ("fp8", 64, 8))
+        for name in CASES
+    ],
+    configs_by_heads={
+        (kv, heads): [entry, (*entry[:4], entry[4] + "-mh0")] * (2 if heads == "8/1" else 1)
+        for kv, heads, entry in (
+            ("bf16", "8/1", _BF16_8_1),
+            ("bf16", "64/8", _BF16_64_8),
+            ("fp8", "64/8", _FP8_64_8),
+        )
     },
 )
 
