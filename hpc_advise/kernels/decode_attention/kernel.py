@@ -1273,8 +1273,9 @@ def _combine_segment(
     COLS: tl.constexpr,  # columns of D combined here: c * COLS ..
     BLOCK_P: tl.constexpr,  # partials combined per step
     PDL: tl.constexpr,  # griddepcontrol.wait before the first partial is read
-    HOIST: tl.constexpr,  # planner loads before the wait; False: the form before sweep mprol
-    EARLY_NEXT: tl.constexpr,  # with HOIST: step i + 1's slots loaded before step i's math, else after it
+    HOIST: tl.constexpr,  # planner loads before the wait (op.MERGE_HOIST); False: the form before sweep mprol
+    NEXT: tl.constexpr,  # with HOIST, step i + 1's slots: 0 none (one step: p - lo < BLOCK_P), 1 after step i's
+    # math, 2 before it
 ):
     """Query row ``r``, columns ``c * COLS ..`` of the split segment whose partials programs ``lo`` .. ``p`` of
     the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``. Every
@@ -1283,12 +1284,14 @@ def _combine_segment(
 
     Only ``ws_lse`` / ``ws_o`` come from the attention pass. With HOIST everything else (the segment, its output
     row, the first step's slots) is loaded before the wait, so after it the first dependent load is the
-    partials', and each later step's slots are loaded during the step before it: with EARLY_NEXT right after
-    that step's partials are issued (their latency hidden by its math; the wide [128, 8] tiles), else after its
-    math (the narrow programs: their [BLOCK_P] slot vectors sit replicated in every thread, and carried across
-    the math they spill at the launch's 64-register cap — 240 bytes offline on sm_90a; with wide_merge a narrow
-    segment takes one step anyway). Without HOIST (kept for sweep mprol's '-mh0' and the bitwise test): the wait
-    first, then each step's slots, then its partials. The same values meet the same arithmetic in each form."""
+    partials', and each later step's slots are loaded during the step before it: NEXT 2 right after that step's
+    partials are issued (their latency hidden by its math; the wide [128, 8] tiles), NEXT 1 after its math (the
+    narrow programs without wide_merge: their [BLOCK_P] slot vectors sit replicated in every thread, and carried
+    across the math they spill at the launch's 64-register cap, 240 bytes offline on sm_90a), NEXT 0 never (the
+    narrow programs with wide_merge: at most BLOCK_P participants, one step, no dead next-step code after the
+    math). Without HOIST (the pre-mprol form, op.MERGE_HOIST 0, the default: sweep mprol measured the hoisted form
+    with NEXT 1 on the narrow programs slower, TUNING_LOG.md "Sweep mprol"): the wait first, then each step's
+    slots, then its partials. The same values meet the same arithmetic in each form."""
     if PDL and not HOIST:
         gdc_wait()
     bh = tl.load(merge_bh_ptr + p)
@@ -1301,7 +1304,10 @@ def _combine_segment(
     m_run = tl.full([COLS], float("-inf"), dtype=tl.float32)  # kept as a vector
     w_sum = tl.zeros([COLS], dtype=tl.float32)
     acc = tl.zeros([COLS], dtype=tl.float32)
-    for q0 in range(lo, p + 1, BLOCK_P):
+    last = p + 1
+    if HOIST and NEXT == 0:
+        last = lo + 1  # one step (the caller's guarantee)
+    for q0 in range(lo, last, BLOCK_P):
         if not HOIST:
             slot_id, ok = _step_slots(prog_start_ptr, q0, p, seg_start, BLOCK_P)
         lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
@@ -1310,7 +1316,7 @@ def _combine_segment(
             mask=ok[:, None],
             other=0.0,
         )  # [BLOCK_P, COLS]
-        if HOIST and EARLY_NEXT:  # (all masked off after the last step)
+        if HOIST and NEXT == 2:  # (all masked off after the last step)
             slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
         m_new = tl.maximum(m_run, tl.max(lse, axis=0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -1319,7 +1325,7 @@ def _combine_segment(
         acc = acc * scale_old + tl.sum(w * o, axis=0)
         w_sum = w_sum * scale_old + tl.sum(w, axis=0)
         m_run = m_new
-        if HOIST and not EARLY_NEXT:
+        if HOIST and NEXT == 1:
             slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
     res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
     b = bh // NUM_KV_HEADS
@@ -1352,7 +1358,7 @@ def merge_kernel(
     WIDE_COLS: tl.constexpr,  # columns of D per wide program
     WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
     PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
-    HOIST: tl.constexpr = True,  # planner loads before griddepcontrol.wait (False: sweep mprol's old form)
+    HOIST: tl.constexpr = False,  # planner loads before griddepcontrol.wait (op.MERGE_HOIST)
 ):
     # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
     # columns c * D_CHUNK .. of the group: G narrow programs, program p combining the segment that program p of
@@ -1364,6 +1370,8 @@ def merge_kernel(
     r = tl.program_id(1)
     c = tl.program_id(2)
     S: tl.constexpr = D_CHUNK // WIDE_COLS
+    # a narrow program's segment has at most NARROW <= BLOCK_P participants (one step) when NARROW > 0
+    NARROW_NEXT: tl.constexpr = 0 if NARROW > 0 and NARROW <= BLOCK_P else 1
     is_wide = x >= G
     p = x
     if is_wide:
@@ -1392,10 +1400,10 @@ def merge_kernel(
         if is_wide:
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, cw,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P, PDL, HOIST, True,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P, PDL, HOIST, 2,
             )  # fmt: skip
         else:
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, HOIST, False,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, HOIST, NARROW_NEXT,
             )  # fmt: skip

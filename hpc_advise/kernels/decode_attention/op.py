@@ -76,11 +76,16 @@ WIDE_MERGE_COLS = 8
 # geometric mean (128 x U +1.0 %, the default's repeat -2.0..+1.0 %), 64/8 -0.1 %: under the 2 % rule, the cap stays
 # (TUNING_LOG.md, "Sweep split"). Other merge blocks spill at 64 and run uncapped.
 MERGE_MAXNREG = 64
-# Merge programs load every planner value they need (segment, output row, the first step's workspace slots) before
-# griddepcontrol.wait, and a step's successor's slots before that step's math, so after the wait only the partials
-# are a dependent load (kernel._combine_segment's HOIST). 0: the form before sweep mprol (wait, then the planner
-# loads of each step, then its partials), kept for that sweep's '-mh0'.
-MERGE_HOIST = 1
+# Merge programs' planner loads (segment, output row, workspace slots) before or after griddepcontrol.wait
+# (kernel._combine_segment's HOIST). 0, the form since the one launch: the wait, then per step the slots, then the
+# partials. 1: all but the partials before the wait. Sweep mprol (2026-11-30 ~02:53 UTC, H200, one process,
+# benchmarks/results/decode_attention_sweep_mprol.md) timed 1 in its first form (narrow programs with dead
+# next-step slot code after the math, 990 SASS instructions after the wait instead of 730) against 0: bf16 8/1
+# +0.7 % in geometric mean (32 x 128 + 32 x 4K +2.7 %; only the cases with a wide segment faster, 1 x 128K -1.6 %),
+# fp8 64/8 +2.3 % (up to +4.8 %), bf16 64/8 0.0 %: 0 stays. The form 1 builds now (a narrow segment in one step,
+# 536 instructions after the wait; offline sm_90a, 64 registers, no stack) is unmeasured: sweep set 'mprol'
+# times it ('-mh1'; TUNING_LOG.md, "Sweep mprol").
+MERGE_HOIST = 0
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
