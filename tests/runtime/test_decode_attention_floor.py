@@ -239,9 +239,9 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
             cfg = da.variant_config(*entry)
             cfg.pop("ctas_per_sm")
             make_plan(seq_lens, table, hq=8 * hkv, hkv=hkv, page=64, kv_dtype=kv_dtype, num_programs=7, **cfg)
-        if name == "mprol":  # the default against itself with the merge's hoisted loads, alternating
-            hoisted = (*entries[0][:4], entries[0][4] + "-mh1")
-            assert entries == [entries[0], hoisted] * (2 if heads == "8/1" else 1), entries
+        if name == "mprol":  # the default (hoisted merge loads) against the pre-mprol merge, alternating
+            before = (*entries[0][:4], entries[0][4] + "-mh0")
+            assert entries == [entries[0], before] * (2 if heads == "8/1" else 1), entries
     assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
         "wide_merge_block": 256,
         "merge_maxnreg": 0,

@@ -83,9 +83,12 @@ MERGE_MAXNREG = 64
 # next-step slot code after the math, 990 SASS instructions after the wait instead of 730) against 0: bf16 8/1
 # +0.7 % in geometric mean (32 x 128 + 32 x 4K +2.7 %; only the cases with a wide segment faster, 1 x 128K -1.6 %),
 # fp8 64/8 +2.3 % (up to +4.8 %), bf16 64/8 0.0 %: 0 stays. The form 1 builds now (a narrow segment in one step,
-# 536 instructions after the wait; offline sm_90a, 64 registers, no stack) is unmeasured: sweep set 'mprol'
-# times it ('-mh1'; TUNING_LOG.md, "Sweep mprol").
-MERGE_HOIST = 0
+# 536 instructions after the wait; offline sm_90a, 64 registers, no stack) was timed by the lead's call (2026-11-30
+# ~03:02 UTC, sweep set 'mprol', default 0 three times against '-mh1' twice in one process,
+# benchmarks/results/decode_attention_sweep_mprol2.md): bf16 8/1 -2.3 % in geometric mean, faster on all 8 (-0.7 to
+# -4.3 %; 32 x 128 + 32 x 4K 28.8 -> 27.6 us, 1 x 128K 28.2 -> 27.2), bf16 64/8 -0.1 % and fp8 64/8 -0.3 % (worst
+# +0.35 %, inside the default's own spread): 1 ships since.
+MERGE_HOIST = 1
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).

@@ -217,7 +217,7 @@ OP_CONSTANT_FLAGS = {
     "mr": ("merge_maxnreg", "MERGE_MAXNREG"),
     "wp": ("wide_merge_block", "WIDE_MERGE_BLOCK"),
     "wc": ("wide_merge_cols", "WIDE_MERGE_COLS"),
-    # '-mh1': the merge programs' planner loads before their griddepcontrol.wait (op.MERGE_HOIST, 0 by default)
+    # '-mh0' / '-mh1': the merge programs' planner loads after / before their griddepcontrol.wait (op.MERGE_HOIST, 1 by default)
     "mh": ("merge_hoist", "MERGE_HOIST"),
 }
 OP_CONSTANT_KEYS = {key: const for key, const in OP_CONSTANT_FLAGS.values()}
@@ -279,12 +279,12 @@ SWEEP_SETS["split"] = dict(
 )
 
 # 'mprol' (issue 5, after sweep split put bf16 8/1's miss in the merge launch): each head count's shipped default
-# (first, and again last; the merge's planner loads after griddepcontrol.wait, op.MERGE_HOIST 0) against the same with
-# the merge launch's hoisted form ('-mh1': the segment, output row and first step's slots loaded before the wait,
-# each later step's slots during the step before, kernel._combine_segment's HOIST), on the 8 bf16 8/1, 8 bf16 64/8
-# and 8 fp8 64/8 cases (the merge launch is shared by both kernels). On bf16 8/1, where the rule is read (>= 2 % in
-# geometric mean), each form twice, alternating: default, -mh1, default, -mh1, default. (Sweep mprol ran it with the
-# roles swapped, the hoisted form then the default and '-mh0' the old one; TUNING_LOG.md, "Sweep mprol".)
+# (first, and again last; since the lead's call of 2026-11-30 ~03:02 UTC the merge's planner loads before
+# griddepcontrol.wait, op.MERGE_HOIST 1) against the same with the pre-mprol merge ('-mh0': the wait first, then each
+# step's slots, then its partials), on the 8 bf16 8/1, 8 bf16 64/8 and 8 fp8 64/8 cases (the merge launch is shared
+# by both kernels). On bf16 8/1, where the rule is read (>= 2 % in geometric mean), each form twice, alternating:
+# default, -mh0, default, -mh0, default. (Sweep mprol and the lead's call ran it with MERGE_HOIST 0 the default and
+# '-mh1' the candidate; TUNING_LOG.md, "Sweep mprol".)
 _FP8_64_8 = (64, 3, 3, 4, _FP8T)
 SWEEP_SETS["mprol"] = dict(
     cases=[
@@ -293,7 +293,7 @@ SWEEP_SETS["mprol"] = dict(
         for name in CASES
     ],
     configs_by_heads={
-        (kv, heads): [entry, (*entry[:4], entry[4] + "-mh1")] * (2 if heads == "8/1" else 1)
+        (kv, heads): [entry, (*entry[:4], entry[4] + "-mh0")] * (2 if heads == "8/1" else 1)
         for kv, heads, entry in (
             ("bf16", "8/1", _BF16_8_1),
             ("bf16", "64/8", _BF16_64_8),
