@@ -35,6 +35,20 @@ COPY_TBPS = 4.12  # DESIGN.md §7: device-to-device copy on one H200 (2026-11-29
 TAIL_BLOCK = 1024  # sums the tail's waiting program adds per step
 
 
+@triton.jit
+def _tile_kv_sum(
+    k_head, v_head, pg, tok, valid, offs_d, stride_kp, stride_ks, stride_vp, stride_vs, PAGE: tl.constexpr
+):
+    """K + V of one tile's tokens (page ids ``pg``, one per token or one for the tile), read as the real pass's
+    gather reads them, in fp32; tokens outside ``valid`` read as 0."""
+    slot = (tok % PAGE).to(tl.int64)
+    rows_k = pg * stride_kp + slot * stride_ks
+    rows_v = pg * stride_vp + slot * stride_vs
+    k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+    v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
+    return k.to(tl.float32) + v.to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["num_kv_heads"])
 def stream_floor_kernel(
     k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
@@ -88,24 +102,28 @@ def stream_floor_kernel(
                     tok = t * TILE + offs_n
                     valid = tok < seq_len
                     pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0).to(tl.int64)
-                    slot = (tok % PAGE).to(tl.int64)
-                    rows_k = pg * stride_kp + slot * stride_ks
-                    rows_v = pg * stride_vp + slot * stride_vs
-                    k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                    v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                    acc += k.to(tl.float32) + v.to(tl.float32)
+                    acc += _tile_kv_sum(
+                        k_head,
+                        v_head,
+                        pg,
+                        tok,
+                        valid,
+                        offs_d,
+                        stride_kp,
+                        stride_ks,
+                        stride_vp,
+                        stride_vs,
+                        PAGE,
+                    )
         else:
             # one page id per token (pages shorter than a tile): the same rows as the real pass's gather
             for t in tl.range(t0, t1, num_stages=NUM_STAGES):
                 tok = t * TILE + offs_n
                 valid = tok < seq_len
                 pg = tl.load(pt_row + tok // PAGE, mask=valid, other=0).to(tl.int64)
-                slot = (tok % PAGE).to(tl.int64)
-                rows_k = pg * stride_kp + slot * stride_ks
-                rows_v = pg * stride_vp + slot * stride_vs
-                k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                v = tl.load(v_head + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-                acc += k.to(tl.float32) + v.to(tl.float32)
+                acc += _tile_kv_sum(
+                    k_head, v_head, pg, tok, valid, offs_d, stride_kp, stride_ks, stride_vp, stride_vs, PAGE
+                )
         # the next segment of the range, (b, h + 1) or (b + 1, 0), from its first tile
         u = seg_start + t1
         new_req = h + 1 >= num_kv_heads
