@@ -54,6 +54,20 @@ def _ragged_ids(t: int, k: int, e: int) -> torch.Tensor:
     return ids
 
 
+def _ragged_prefill_run(mode, h, i, extra, monkeypatch):
+    """(problem, config, seed, output) of a small CPU prefill run through the multi-CTA router (chunks of 32)
+    with ragged routing (an expert with none, one with more than one block, a slot of another EP rank), the
+    config PREFILL_CFG + extra; the output checked against the reference at scaling 1.5."""
+    monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)  # the prefill router too
+    monkeypatch.setattr(op, "ROUTE_CHUNK", 32)
+    seed = _seed()
+    t, k, e = 40, 3, 6
+    p = make_problem(t, e, h, i, k, mode, ids=_ragged_ids(t, k, e), device="cpu")
+    cfg = dict(PREFILL_CFG, **extra)
+    plain, _, _ = run_and_check(p, config=cfg, scaling=1.5, seed=seed)
+    return p, cfg, seed, plain
+
+
 @pytest.mark.parametrize(
     "mode,h,i,extra",
     [
@@ -68,13 +82,7 @@ def _ragged_ids(t: int, k: int, e: int) -> torch.Tensor:
     ],
 )
 def test_weight_tma_matches_reference_and_the_pointer_form(mode, h, i, extra, monkeypatch):
-    monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)  # the prefill router too
-    monkeypatch.setattr(op, "ROUTE_CHUNK", 32)
-    seed = _seed()
-    t, k, e = 40, 3, 6
-    p = make_problem(t, e, h, i, k, mode, ids=_ragged_ids(t, k, e), device="cpu")
-    cfg = dict(PREFILL_CFG, **extra)
-    plain, _, _ = run_and_check(p, config=cfg, scaling=1.5, seed=seed)
+    p, cfg, seed, plain = _ragged_prefill_run(mode, h, i, extra, monkeypatch)
     for tma_keys in ({"W_TMA": 1}, {"DN_A_TMA": 1}, {"W_TMA": 1, "DN_A_TMA": 1}):
         tma, _, _ = run_and_check(p, config=dict(cfg, **tma_keys), scaling=1.5, seed=seed)
         # same tiles, same products: the interpreter's sums are exact, so the forms agree bitwise
@@ -301,13 +309,7 @@ def test_scale_lag_at_prefill_tiles_bitwise_the_two_dot_form(mode, h, i, extra, 
     """SCALE_LAG at the prefill tiles (BLOCK_M 64 / 128, 8 warps) with the multi-CTA router and ragged routing
     (an expert with none, one with more than one block, a slot of another EP rank): bitwise the two-dot form
     without it, both within the reference bound."""
-    monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)
-    monkeypatch.setattr(op, "ROUTE_CHUNK", 32)
-    seed = _seed()
-    t, k, e = 40, 3, 6
-    p = make_problem(t, e, h, i, k, mode, ids=_ragged_ids(t, k, e), device="cpu")
-    cfg = dict(PREFILL_CFG, **extra)
-    plain, _, _ = run_and_check(p, config=cfg, scaling=1.5, seed=seed)
+    p, cfg, seed, plain = _ragged_prefill_run(mode, h, i, extra, monkeypatch)
     lagged, _, _ = run_and_check(p, config=dict(cfg, SCALE_LAG=1), scaling=1.5, seed=seed)
     assert torch.equal(plain, lagged), seed
 
