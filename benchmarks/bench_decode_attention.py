@@ -29,6 +29,43 @@ from hpc_advise.runtime.benches import decode_attention as da
 from hpc_advise.runtime.benchmarking import write_results
 
 
+def _grid_notes(args, cfg, best_fp8, by_heads) -> list[str]:
+    """The notes under the grid's table: the copy ceiling, timing, our launch configuration and, with
+    --floor / --split, what those columns mean."""
+    notes = [
+        f"Copy ceiling measured in the same process: {da.bench.copy_tbps:.2f} TB/s (device-to-device "
+        "copy, bytes read + written). floor = KV bytes / ceiling; TB/s = KV bytes read (K and V, every "
+        "token once) / our p50. 'vs X' = X's time / ours (> 1: we are faster).",
+        "Timing: CUDA-graph replay (events around each replay of a graph of rotated calls over distinct "
+        "page tables; pool >> L2); rows in the .jsonl say 'graph' or 'eager' per provider. Plan excluded "
+        "everywhere; 'plan µs' is our plan.update replayed in a graph (eager figure in the jsonl).",
+        f"Launch configuration of ours (dynamic and static): {cfg or da.defaults_note()}"
+        + (f"; fp8 KV: {best_fp8}" if best_fp8 else "")
+        + "".join(f"; {kv} KV, {h}: {c}" for (kv, h), c in by_heads.items())
+        + ".",
+    ]
+    if args.floor or args.split:
+        notes.append(
+            "Stream floor (--floor, hpc_advise/runtime/benches/decode_attention_floor.py): one Triton launch "
+            "over our plan (same grid, program ranges, page table, pool, tile, stages, warps, register cap) "
+            "that reads every K/V byte our pass reads and adds it into an fp32 sum per program, no math, no "
+            "merge; 'floor + tail' adds a dependent launch in the merge launch's slot under PDL (its grid, "
+            "all programs exit but one, which waits); 'empty launch': one launch of the attention grid that "
+            "reads no K/V. Timed right after ours; 'ours again' is ours timed once more after them. "
+            "'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
+        )
+    if args.split:
+        notes.append(
+            "Split (--split): 'pass' is our call with its merge launch held back (op.run with op._merge "
+            "replaced by a recorder: the attention pass alone, writing its partials and the rows of unsplit "
+            "segments); 'merge alone' is that held launch (same arguments and PDL flag) on the partials the "
+            "pass left; both timed after the floor, in the same graph replay. 'ours − pass': what the merge "
+            "adds to the call (the merge overlaps the pass's tail under PDL, so it can be less than 'merge "
+            "alone'); 'pass − floor': the pass's math, q and partial traffic beyond streaming the bytes."
+        )
+    return notes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grid", choices=("full", "small"), default="full")
@@ -185,37 +222,7 @@ def main() -> None:
     peers = [p for p in da.PEERS if p in asked]  # table columns in the canonical order
 
     def emit(rows, table, headers, final=False):
-        notes = [
-            f"Copy ceiling measured in the same process: {da.bench.copy_tbps:.2f} TB/s (device-to-device "
-            "copy, bytes read + written). floor = KV bytes / ceiling; TB/s = KV bytes read (K and V, every "
-            "token once) / our p50. 'vs X' = X's time / ours (> 1: we are faster).",
-            "Timing: CUDA-graph replay (events around each replay of a graph of rotated calls over distinct "
-            "page tables; pool >> L2); rows in the .jsonl say 'graph' or 'eager' per provider. Plan excluded "
-            "everywhere; 'plan µs' is our plan.update replayed in a graph (eager figure in the jsonl).",
-            f"Launch configuration of ours (dynamic and static): {cfg or da.defaults_note()}"
-            + (f"; fp8 KV: {best_fp8}" if best_fp8 else "")
-            + "".join(f"; {kv} KV, {h}: {c}" for (kv, h), c in by_heads.items())
-            + ".",
-        ]
-        if args.floor or args.split:
-            notes.append(
-                "Stream floor (--floor, hpc_advise/runtime/benches/decode_attention_floor.py): one Triton launch "
-                "over our plan (same grid, program ranges, page table, pool, tile, stages, warps, register cap) "
-                "that reads every K/V byte our pass reads and adds it into an fp32 sum per program, no math, no "
-                "merge; 'floor + tail' adds a dependent launch in the merge launch's slot under PDL (its grid, "
-                "all programs exit but one, which waits); 'empty launch': one launch of the attention grid that "
-                "reads no K/V. Timed right after ours; 'ours again' is ours timed once more after them. "
-                "'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
-            )
-        if args.split:
-            notes.append(
-                "Split (--split): 'pass' is our call with its merge launch held back (op.run with op._merge "
-                "replaced by a recorder: the attention pass alone, writing its partials and the rows of unsplit "
-                "segments); 'merge alone' is that held launch (same arguments and PDL flag) on the partials the "
-                "pass left; both timed after the floor, in the same graph replay. 'ours − pass': what the merge "
-                "adds to the call (the merge overlaps the pass's tail under PDL, so it can be less than 'merge "
-                "alone'); 'pass − floor': the pass's math, q and partial traffic beyond streaming the bytes."
-            )
+        notes = _grid_notes(args, cfg, best_fp8, by_heads)
         notes += [f"{da.PEER_TITLES[p]} did not run: {why}" for p, why in da.bench.failures.items()]
         if not final:
             notes.append(f"PARTIAL: {len(table)} cases so far.")
