@@ -614,8 +614,8 @@ def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) ->
     groups (H_GROUP 64, GU_N 64 with 4 warps and 4 stages as Hy3's 64-wide tiles) and the pick's down kernel
     with two groups per 128-wide K step (DN_K 128: its loads, stages and wgmma count), then that form with
     FUSE_QUANT toggled and, where the pick splits K, with one split (SPLIT_K 1: the 64-wide tiles double the
-    programs a split was for). PREFETCH is dropped from all of them (it lost at 19 of 20 points, README "Split
-    sums"). Measured and not timed again (README "h in 1×64 groups"): the 64-step down kernel (DN_K 64, 4 or 8
+    programs a split was for). PREFETCH is dropped from all of them (it lost at 19 of 20 points, TUNING_LOG.md "Split
+    sums"). Measured and not timed again (TUNING_LOG.md "h in 1×64 groups"): the 64-step down kernel (DN_K 64, 4 or 8
     stages) lost to the 128-step one at all six points of the 00:08 UTC run; 6 gate/up stages, 128-row down
     tiles and the 128-wide pick with split 2 summed in gate/up lost at all four points of the 23:47 one.
     ``small_breakdown`` splits the first BREAKDOWN_FORMS of this list."""

@@ -219,7 +219,7 @@ def test_scale_lag_tuner_candidates_are_valid_configs_of_every_shape():
                 if c.get("SCALE_LAG"):
                     lagged["prefill" if t >= 1024 else "decode"] += 1
                     lagged["tensor-static"] += mode == "tensor-static"
-                    # the sm_90a build of a lagged 128 x 128 tile at 8 warps spills in its K loop (README "Scale lag")
+                    # the sm_90a build of a lagged 128 x 128 tile at 8 warps spills in its K loop (TUNING_LOG.md "Lag at prefill sizes")
                     assert op_small.is_small(c) or c["BLOCK_M"] * c["GU_N"] < 128 * 128, (shape, t, c)
                     # a tile replacing one whose lag spills is timed without the lag too
                     if not op_small.is_small(cur) and tune._lag_spills(cur):

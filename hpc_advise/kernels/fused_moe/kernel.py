@@ -430,7 +430,7 @@ def _prod(a, b, SWAP_AB: tl.constexpr):
     DN_SWAP_AB): computed as (bᵀ · aᵀ)ᵀ, so the weight tile's N (≥ 64 rows) is the MMA's M side and the
     BLOCK_M token rows its N side: at 16 rows Triton 3.6 then issues Hopper fp8 wgmma (QGMMA) with both
     operands from shared memory, where a 16-row M side gets mma.sync: every step's fp8 tile goes shared
-    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, README
+    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, TUNING_LOG.md
     "Swap AB at decode tiles"). The transposes are layout changes; the products are the same."""
     return _rows_first(_prod_issued(a, b, SWAP_AB), SWAP_AB)
 
@@ -555,7 +555,7 @@ def _gate_up_two_dots(
     and added in step k + 1, after the gate dot and before the next up dot is issued (the last one after the
     loop), carried as the raw MMA result. Triton 3.6's sm_90 pipeliner then leaves the up dot in flight across
     the loop's back edge (no wait after it) while the gate product is scaled, and the next gate dot's
-    `wgmma.wait_group 0` retires it: one wait per K step instead of two (README "Scale lag"). Same products,
+    `wgmma.wait_group 0` retires it: one wait per K step instead of two (TUNING_LOG.md "Scale lag"). Same products,
     same multiplications, same additions in the same order: bitwise the form without it
     (``_lagged_scale_add``). Per-tensor (no group / block scales): the up dot's fresh fp32 partial over the
     K step is added a step later, unscaled — the add that Triton's promotion
