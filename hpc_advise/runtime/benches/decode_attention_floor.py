@@ -31,6 +31,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from hpc_advise.kernels.decode_attention.kernel import _next_segment, _range_desc
+
 COPY_TBPS = 4.12  # DESIGN.md §7: device-to-device copy on one H200 (2026-11-29), bytes read + written
 TAIL_BLOCK = 1024  # sums the tail's waiting program adds per step
 
@@ -75,15 +77,7 @@ def stream_floor_kernel(
     if PDL:
         gdc_launch_dependents()
     pid = tl.program_id(0)
-    j = tl.arange(0, 8)
-    d = tl.load(prog_desc_ptr + pid * 8 + j)
-    u = tl.sum(tl.where(j == 0, d, 0), axis=0)
-    u_end = tl.sum(tl.where(j == 1, d, 0), axis=0)
-    b = tl.sum(tl.where(j == 2, d, 0), axis=0)
-    h = tl.sum(tl.where(j == 3, d, 0), axis=0)
-    t0 = tl.sum(tl.where(j == 4, d, 0), axis=0)
-    n_tiles = tl.sum(tl.where(j == 5, d, 0), axis=0)
-    seq_len = tl.sum(tl.where(j == 6, d, 0), axis=0)
+    u, u_end, b, h, t0, n_tiles, seq_len = _range_desc(prog_desc_ptr, pid)  # as the real pass reads it
     offs_n = tl.arange(0, TILE)
     offs_d = tl.arange(0, HEAD_DIM)
     acc = tl.zeros([TILE, HEAD_DIM], dtype=tl.float32)
@@ -124,12 +118,9 @@ def stream_floor_kernel(
                 acc += _tile_kv_sum(
                     k_head, v_head, pg, tok, valid, offs_d, stride_kp, stride_ks, stride_vp, stride_vs, PAGE
                 )
-        # the next segment of the range, (b, h + 1) or (b + 1, 0), from its first tile
+        # the next segment of the range, (b, h + 1) or (b + 1, 0), from its first tile (the real pass's step)
+        b, h, _, seq_len = _next_segment(b, h, num_kv_heads, seg_start, t1, u_end, seq_lens_ptr, seq_len)
         u = seg_start + t1
-        new_req = h + 1 >= num_kv_heads
-        b = tl.where(new_req, b + 1, b)
-        h = tl.where(new_req, 0, h + 1)
-        seq_len = tl.load(seq_lens_ptr + b, mask=(u < u_end) & new_req, other=seq_len)
         t0 = t0 * 0
         n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
     tl.store(sums_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
