@@ -16,6 +16,9 @@
 #                shipped picks and with the same picks + SCALE_LAG (<= 2 x BD_S); stage 4, only where a pick
 #                changed: bench_fused_moe.py with the peers on the changed shapes and T (<= BENCH_S); last a short
 #                table of the tune (µs, % vs the current pick).
+#   STAGE=tiles  multi-tile / persistent prefill GEMM programs: PART=tune (GPU tests, `tune_fused_moe.py
+#                --prefill-tiles`: whole call and each GEMM launch alone, two tables) or PART=bench (the peers'
+#                bench on $SHAPES x $TS with the working tree's configs.json); see the stage's comment below.
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -34,12 +37,89 @@ SHAPES=${SHAPES:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b,hy3-tp8}
 TESTS=${TESTS:-tests/kernels/test_fused_moe_prefill.py}
 
 gpu_tests() {  # $1 = seconds
-  timeout "$1" python3 -m pytest -v -m gpu $TESTS -k "${TEST_SEL:-}" -n 2 -p no:cacheprovider -o addopts="" -rA \
+  timeout "$1" python3 -m pytest -v -m gpu $TESTS -k "${TEST_SEL:-}" -n "${TEST_N:-2}" -p no:cacheprovider -o addopts="" -rA \
     > "$RES/gpu_tests.log" 2>&1
   echo "tests rc $?" >> "$RES/gpu_tests.log"
 }
 
-if [ "${STAGE:-sweep}" = lag ]; then
+tune_table() {  # the tune's candidates: µs (% vs the pick's better timing), from $RES/tune.log
+  python3 - "$RES/tune.log" <<'PY'
+import json, re, sys
+rows, first = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"  cand (\S+) \S+ T=(\d+) p50 ([0-9.]+) us (\{.*\})", line)
+    if m:
+        key, us, cfg = (m.group(1), int(m.group(2))), float(m.group(3)), json.loads(m.group(4))
+        first.setdefault(key, cfg)
+        diff = {k: v for k, v in cfg.items() if first[key].get(k) != v}
+        rows.setdefault(key, []).append((us, diff))
+    m = re.match(r"  cand (\S+) \S+ T=(\d+) first re-timed last: ([0-9.]+) -> ([0-9.]+) us", line)
+    if m:
+        rows[m.group(1), int(m.group(2))].append((float(m.group(4)), "pick again"))
+print("| shape | T | pick µs (first / last) | candidates: µs (% vs the pick's better timing) |")
+print("|---|---|---|---|")
+for (shape, t), r in rows.items():
+    pick = min(us for us, d in r if d in ({}, "pick again"))
+    again = [us for us, d in r if d == "pick again"]
+    cands = "; ".join(f"{json.dumps(d, sort_keys=True)} {us:.1f} ({100 * (us / pick - 1):+.1f}%)" for us, d in r[1:] if d != "pick again")
+    print(f"| {shape} | {t} | {r[0][0]:.1f} / {again[0] if again else float('nan'):.1f} | {cands} |")
+PY
+}
+
+launch_table() {  # the GEMM launches alone (median of the interleaved rounds), % vs the pick, from the jsonl
+  python3 - "$RES/fused_moe_prefill_tiles_launches.jsonl" <<'PY'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    rows.setdefault((r["shape"], r["T"]), []).append(r)
+print("| shape | T | pick gate/up µs (TF/s) | pick down µs (TF/s) | candidates: gate/up %, down % vs the pick |")
+print("|---|---|---|---|---|")
+for (shape, t), rs in rows.items():
+    p = rs[0]
+    cands = "; ".join(
+        f"{json.dumps({k: v for k, v in r['config'].items() if p['config'].get(k) != v}, sort_keys=True)} "
+        f"{100 * (r['gate_up_us'] / p['gate_up_us'] - 1):+.1f} / {100 * (r['down_us'] / p['down_us'] - 1):+.1f}"
+        for r in rs[1:]
+    )
+    print(f"| {shape} | {t} | {p['gate_up_us']:.1f} ({p['gate_up_tflops']:.0f}) | {p['down_us']:.1f} "
+          f"({p['down_tflops']:.0f}) | {cands} |")
+PY
+}
+
+if [ "${STAGE:-sweep}" = tiles ]; then
+  # multi-tile / persistent prefill GEMM programs (GU_TILES, DN_TILES, GU_PERSIST, DN_PERSIST). PART=tune (call 1;
+  # carry .whl_profile): stage 1 the GPU tests of $TESTS selected by $TEST_SEL (-n 1, <= TEST_S); stage 2
+  # `tune_fused_moe.py --prefill-tiles` on $SHAPES x $TS (whole call: current pick first and again last, the
+  # candidates between, merged into a copy of configs.json only where >= 2% faster; then each GEMM launch alone in
+  # interleaved rounds, rows in fused_moe_prefill_tiles_launches.jsonl; <= TUNE_S, --budget TUNE_BUDGET for each of
+  # the two timing passes); last the two short tables. PART=bench (call 2; carry .whl_profile and .whl_moe):
+  # bench_fused_moe.py with the peers on $SHAPES x $TS with the configs.json of the working tree (<= BENCH_S).
+  export HPC_ADVISE_HOME=$RES/home
+  if [ "${PART:-tune}" = bench ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
+    HPC_ADVISE_RESULTS=$RES timeout "${BENCH_S:-150}" python3 benchmarks/bench_fused_moe.py --shapes "$SHAPES" \
+      --ts "${TS:-4096,16384}" > "$RES/bench.log" 2>&1
+    echo "bench rc $?" >> "$RES/bench.log"
+    grep -v "^  " "$RES/bench.log" | cut -c1-220 | tail -30
+    pack "bench"
+  else
+    TESTS=${TESTS:-tests/kernels/test_fused_moe_prefill.py} TEST_N=1 \
+      TEST_SEL=${TEST_SEL:-"prefill_tiles or persistent"} gpu_tests "${TEST_S:-60}"
+    grep -E "PASSED|FAILED|ERROR|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -12
+    pack "stage 1 (GPU tests)"
+    cp hpc_advise/kernels/fused_moe/configs.json "$RES/fused_moe_configs.json"
+    OUT=$RES timeout "${TUNE_S:-160}" python3 benchmarks/tune_fused_moe.py --prefill-tiles --shapes "$SHAPES" \
+      --ts "${TS:-4096,16384}" --budget "${TUNE_BUDGET:-45}" --out "$RES/fused_moe_configs.json" \
+      > "$RES/tune.log" 2>&1
+    echo "tune rc $?" >> "$RES/tune.log"
+    grep -E "precompiled|budget|Error|dropped|failed|rc |: [0-9.]+ us \{" "$RES/tune.log" | cut -c1-200 | tail -16
+    pack "stage 2 (tune + launches)"
+    launch_table
+    tune_table
+    pack "all stages"
+  fi
+elif [ "${STAGE:-sweep}" = lag ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
   export HPC_ADVISE_HOME=$RES/home
   TEST_SEL=${TEST_SEL:-scale_lag} gpu_tests "${TEST_S:-60}"
@@ -98,27 +178,7 @@ PY
     grep -E "^\| [a-z0-9-]+ +\|" "$RES/fused_moe.md" 2>/dev/null | cut -c1-200
     pack "stage 4 (bench)"
   fi
-  python3 - "$RES/tune.log" <<'PY'
-import json, re, sys
-rows, first = {}, {}
-for line in open(sys.argv[1]):
-    m = re.match(r"  cand (\S+) \S+ T=(\d+) p50 ([0-9.]+) us (\{.*\})", line)
-    if m:
-        key, us, cfg = (m.group(1), int(m.group(2))), float(m.group(3)), json.loads(m.group(4))
-        first.setdefault(key, cfg)
-        diff = {k: v for k, v in cfg.items() if first[key].get(k) != v}
-        rows.setdefault(key, []).append((us, diff))
-    m = re.match(r"  cand (\S+) \S+ T=(\d+) first re-timed last: ([0-9.]+) -> ([0-9.]+) us", line)
-    if m:
-        rows[m.group(1), int(m.group(2))].append((float(m.group(4)), "pick again"))
-print("| shape | T | pick µs (first / last) | candidates: µs (% vs the pick's better timing) |")
-print("|---|---|---|---|")
-for (shape, t), r in rows.items():
-    pick = min(us for us, d in r if d in ({}, "pick again"))
-    again = [us for us, d in r if d == "pick again"]
-    cands = "; ".join(f"{json.dumps(d, sort_keys=True)} {us:.1f} ({100 * (us / pick - 1):+.1f}%)" for us, d in r[1:] if d != "pick again")
-    print(f"| {shape} | {t} | {r[0][0]:.1f} / {again[0] if again else float('nan'):.1f} | {cands} |")
-PY
+  tune_table
   pack "all stages"
 elif [ "${STAGE:-sweep}" = sweep ]; then
   # sequential: tests running beside the sweep would disturb its timings (the tuner precompiles its

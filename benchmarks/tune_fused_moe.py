@@ -9,6 +9,7 @@
     python benchmarks/tune_fused_moe.py --decode-forms [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --swap-ab [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --multi-tile [--shapes ...] [--ts 16,64,128]
+    python benchmarks/tune_fused_moe.py --prefill-tiles [--shapes ...] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -51,6 +52,13 @@ block in one flattened, software-pipelined loop) and, at T <= 16 with long K loo
 gate/up kernel (GU_RED; ``multi_tile_candidates``), through the same loop (current
 pick re-timed last, merged only if >= 2% faster). Its candidates are precompiled at an H and I their tile
 counts divide (``multi_tile_compile_job``).
+
+``--prefill-tiles`` times, per point (T >= 1024), the config ``op.get_config`` picks now against the same pick
+with multi-tile (GU_TILES, DN_TILES) and persistent (GU_PERSIST, DN_PERSIST) GEMM programs, whose flattened
+(tile, K step) loop overlaps one tile's epilogue with the next tile's loads (``prefill_tile_candidates``), through
+the ``--decode-forms`` loop (whole call, one process, current pick re-timed last, merged only if >= 2% faster),
+then each GEMM launch alone for the same candidates in interleaved rounds (``prefill_tile_launches``; rows in
+$OUT/fused_moe_prefill_tiles_launches.jsonl).
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
@@ -193,6 +201,12 @@ def _shape_inputs(shape: str):
     return e, h, i, k, eg, off, mode, wts, fb._kwargs(wts, mode, off)
 
 
+def _launch_args(s: dict, wts: dict, kw: dict, off: int) -> tuple:
+    """``op._Launch``'s arguments for routing set ``s`` of a bench shape, the config last (None: op's pick)."""
+    args = (s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], kw["w13_scale"], kw["w2_scale"])
+    return args + (kw.get("a13_scale"), kw.get("a2_scale"), kw.get("block_shape"), off, None)
+
+
 def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
     """Per-launch times (µs, CUDA-graph replay) of ``fused_moe`` at each (shape, T)."""
     import torch
@@ -204,8 +218,7 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
         e, h, i, k, eg, off, mode, wts, kw = _shape_inputs(shape)
         for t in ts:
             s = fb.make_routings(t, k, eg, h, 1)[0]
-            args = (s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], kw["w13_scale"], kw["w2_scale"])
-            args += (kw.get("a13_scale"), kw.get("a2_scale"), kw.get("block_shape"), off, None)
+            args = _launch_args(s, wts, kw, off)
             row = dict(shape=shape, mode=mode, T=t)
             row["prep_single_us"] = _prep_time(op, args, 1 << 62)
             row["prep_multi_us"] = _prep_time(op, args, 1)
@@ -506,6 +519,109 @@ def multi_tile_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = Fal
 _fb_compile_job = fb.compile_job
 
 
+def _prefill_gate_up_spills(cfg: dict, mode: str) -> bool:
+    """The prefill gate/up tile whose multi-tile and persistent builds spill in the flattened loop (sm_90a,
+    offline, 2026-11-30): block scales, BLOCK_M 128, two dots (the T = 16384 picks) — 176 / 168-byte stack, 41 / 78
+    local-memory accesses per trip of the loop with GU_TILES 2 / GU_PERSIST (the one-tile build: 8 bytes, none in
+    the loop)."""
+    block = mode.startswith("block")
+    return block and cfg["BLOCK_M"] >= 128 and bool(cfg.get("GU_TWO_DOTS", 0) or cfg.get("SCALE_LAG", 0))
+
+
+def prefill_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--prefill-tiles: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference,
+    re-timed last), then the same pick with programs that overlap one tile's ring fill and epilogue with the next
+    tile's loads (one flattened, software-pipelined loop over (tile, K step)): DN_TILES 2 / 4 / 8 and GU_TILES
+    2 / 3 / 4 adjacent N tiles of a block (each where it divides that GEMM's tiles per block), persistent programs
+    DN_PERSIST / GU_PERSIST (1 per SM; 2 at BLOCK_M 64, whose one-tile builds fit 2-3 per SM), both GEMMs
+    persistent, and the smallest gate/up and down tile counts together. Gate/up forms of a tile whose flattened
+    build spills (``_prefill_gate_up_spills``) are left out. Nothing else changes, and every form is bitwise the
+    pick's output, so a gain is the overlap's."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
+    base = {key: v for key, v in cur.items() if key != "PREFETCH"}  # no multi-tile / persistent prefetch form
+    gus = [] if _prefill_gate_up_spills(base, mode) else _tile_counts(-(-i // base["GU_N"]), (2, 3, 4))
+    dns = _tile_counts(-(-h // base["DN_N"]), (2, 4, 8))
+    per_sm = (1, 2) if base["BLOCK_M"] <= 64 else (1,)
+    out = [cur] + [dict(base, DN_TILES=d) for d in dns] + [dict(base, DN_PERSIST=n) for n in per_sm]
+    out += [dict(base, GU_TILES=g) for g in gus]
+    if not _prefill_gate_up_spills(base, mode):
+        out += [dict(base, GU_PERSIST=n) for n in per_sm] + [dict(base, GU_PERSIST=1, DN_PERSIST=1)]
+    if gus and dns:
+        out.append(dict(base, GU_TILES=gus[0], DN_TILES=dns[0]))
+
+    def valid(c):
+        try:
+            op.check_forms(op.check_config(dict(c), a2_group, a2_group), a2_group, a2_group,
+                           mode.startswith("block"), h, i)  # fmt: skip
+        except op.FusedMoEError:
+            return False
+        return True
+
+    out = out[:1] + [c for c in out[1:] if valid(c)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+# interleaved rounds of the launch-alone timings (one config drifted up to 14% in one process on the H200)
+PREFILL_TILE_ROUNDS = 3
+
+
+def prefill_tile_launches(
+    shapes: list[str], ts: tuple[int, ...], log=print, budget_s: float | None = None, on_point=None
+) -> list[dict]:
+    """--prefill-tiles, after the whole-call tune: µs of each GEMM launch alone (``_stage_times``: graph replay of
+    one prepared call's gate/up and down launches) for every ``prefill_tile_candidates`` config of a point, in
+    PREFILL_TILE_ROUNDS interleaved rounds (candidate order repeated, so a drift hits all alike), median per
+    launch; rows with each round's times. With ``budget_s``, later points are skipped once that many seconds
+    have passed; ``on_point(rows)`` gets each point's rows as it finishes (a run cut short keeps them)."""
+    import statistics
+    import time
+
+    import torch
+
+    from hpc_advise.kernels.fused_moe import op
+
+    rows, t0 = [], time.monotonic()
+    for shape in shapes:
+        e, h, i, k, eg, off, mode, wts, kw = _shape_inputs(shape)
+        for t in ts:
+            if budget_s is not None and time.monotonic() - t0 > budget_s:
+                log(f"  tiles: budget of {budget_s:.0f} s spent, skipping {shape} T={t}")
+                continue
+            s = fb.make_routings(t, k, eg, h, 1)[0]
+            args = _launch_args(s, wts, kw, off)
+            cands = prefill_tile_candidates(op, t, k, e, h, i, mode)
+            launches = [op._Launch(*args[:-1], c) for c in cands]
+            times = [[] for _ in cands]
+            for _ in range(PREFILL_TILE_ROUNDS):
+                for launch, got in zip(launches, times, strict=True):
+                    got.append(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
+            flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
+            point = []
+            for c, got in zip(cands, times, strict=True):
+                row = dict(shape=shape, mode=mode, T=t, config=c, rounds=got)
+                for key in ("gate_up_us", "down_us"):
+                    row[key] = statistics.median(r[key] for r in got)
+                row["gate_up_tflops"] = flops * 2 / 3 / (row["gate_up_us"] * 1e-6) / 1e12
+                row["down_tflops"] = flops / 3 / (row["down_us"] * 1e-6) / 1e12
+                diff = {key: v for key, v in c.items() if cands[0].get(key) != v}
+                log(
+                    f"  tiles {shape} T={t} {json.dumps(diff, sort_keys=True)}: gate/up {row['gate_up_us']:.1f} us "
+                    f"({row['gate_up_tflops']:.0f} TF/s), down {row['down_us']:.1f} us ({row['down_tflops']:.0f} "
+                    f"TF/s); rounds gate/up {[round(r['gate_up_us'], 1) for r in got]} down "
+                    f"{[round(r['down_us'], 1) for r in got]}"
+                )
+                point.append(row)
+            rows += point
+            if on_point:
+                on_point(point)
+            del launches
+            torch.cuda.empty_cache()
+        del wts, kw
+        torch.cuda.empty_cache()
+    return rows
+
+
 def fuse_quant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--fuse-quant: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
     then, where that is a small-T PRE_Q pick and T <= FUSE_T_MAX, the same with FUSE_QUANT 1 and 2 (and with
@@ -751,6 +867,11 @@ def main() -> None:
         help="time the current decode pick against the regular path with multi-tile GEMM programs",
     )
     ap.add_argument(
+        "--prefill-tiles",
+        action="store_true",
+        help="time the current prefill pick against multi-tile / persistent GEMM programs (call and launches)",
+    )
+    ap.add_argument(
         "--launch-overhead",
         action="store_true",
         help="host vs GPU time of one eager call on the persistent, small-T and regular paths",
@@ -821,6 +942,9 @@ def main() -> None:
     if args.multi_tile:  # the --decode-forms loop over the multi-tile candidates, built at sizes they divide
         fb.decode_form_candidates = multi_tile_candidates
         fb.compile_job = multi_tile_compile_job
+    if args.prefill_tiles:  # the --decode-forms loop over the prefill tile forms, built at sizes they divide
+        fb.decode_form_candidates = prefill_tile_candidates
+        fb.compile_job = multi_tile_compile_job
     if args.fuse_quant:  # the --decode-forms loop over the FUSE_QUANT candidates, built at the shape's H
         fb.decode_form_candidates = fuse_quant_candidates
         fb.compile_job = fuse_quant_compile_job
@@ -846,6 +970,7 @@ def main() -> None:
                 args.decode_forms,
                 args.swap_ab,
                 args.multi_tile,
+                args.prefill_tiles,
                 args.fuse_quant,
                 args.scale_lag,
                 args.occupancy,
@@ -856,6 +981,16 @@ def main() -> None:
     )
     fb.write_configs(entries, out, gpu)
     print(f"wrote {len(entries)} entries to {out}")
+    if (
+        args.prefill_tiles
+    ):  # then each GEMM launch alone, interleaved rounds (rows appended under $OUT per point)
+        jsonl = Path(os.environ.get("OUT", ".")) / "fused_moe_prefill_tiles_launches.jsonl"
+
+        def keep(rows):
+            with open(jsonl, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+
+        prefill_tile_launches(shapes, ts, budget_s=args.budget, on_point=keep)
 
 
 if __name__ == "__main__":

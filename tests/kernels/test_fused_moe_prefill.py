@@ -393,3 +393,212 @@ def test_gpu_scale_lag_per_tensor_empty_experts_ep_rank_and_graph_replay():
     q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
     got, _, _ = run_and_check(q, config=cfg, seed=seed)
     assert (got == 0).all(), seed
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-tile (GU_TILES / DN_TILES) and persistent (GU_PERSIST / DN_PERSIST) GEMM programs at prefill tiles
+
+
+@pytest.mark.parametrize(
+    "mode,i,extra",
+    [
+        ("tensor-static", 256, {}),  # per-tensor two dots, promotion every 128
+        ("tensor-static", 192, {"BLOCK_M": 128}),  # ragged 2nd gate/up tile (I = 192), the T = 16384 BLOCK_M
+        ("block-dynamic", 256, {"W_TMA": 1, "W_SCALAR": 1}),  # the block-scaled T = 4096 form
+        ("block-dynamic", 256, {"W_SCALAR": 1, "GU_TWO_DOTS": 1, "BLOCK_M": 128}),  # the T = 16384 form
+    ],
+)
+def test_prefill_tiles_and_persistent_programs_bitwise_the_one_tile_programs(mode, i, extra, monkeypatch):
+    """The prefill tiles with the multi-CTA router and ragged routing (an expert with none, one with more than one
+    block, a slot of another EP rank): 2 N tiles per program, and persistent programs (the interpreter's grid is
+    op.INTERPRET_SMS x programs per SM, so each program takes several tiles of the strided loop), each bitwise
+    the one-tile programs' output (same products, same order), which run_and_check holds to the reference."""
+    p, cfg, seed, plain = _ragged_prefill_run(mode, 256, i, extra, monkeypatch)
+    forms = [
+        {"GU_TILES": 2, "DN_TILES": 2},
+        {"GU_PERSIST": 1, "DN_PERSIST": 1},
+        {"GU_PERSIST": 3, "DN_PERSIST": 2},
+    ]
+    for form in forms:
+        got, _, _ = run_and_check(p, config=dict(cfg, **form), scaling=1.5, seed=seed)
+        assert torch.equal(plain, got), (form, seed)
+
+
+def test_persistent_programs_with_pdl_and_no_local_rows():
+    """Persistent programs read the router's row count after the PDL wait; an EP rank whose tokens all sit on
+    other ranks has no used block, so every program's loop is empty and the output is zeros."""
+    seed = _seed()
+    cfg = dict(PREFILL_CFG, GU_PERSIST=1, DN_PERSIST=1, PDL=1)
+    p = make_problem(24, 6, 256, 256, 3, "block-dynamic", device="cpu")
+    run_and_check(p, config=cfg, seed=seed)
+    away = torch.randint(0, 6, (24, 3), dtype=torch.int32)  # experts 0..5; this rank holds 6..11
+    q = make_problem(24, 6, 256, 256, 3, "block-dynamic", ids=away, expert_offset=6, device="cpu")
+    out, _, _ = run_and_check(q, config=cfg, seed=seed)
+    assert (out == 0).all(), seed
+
+
+def test_persistent_programs_refused_outside_their_forms():
+    """Refused before any launch, with the reason: a persistent GEMM takes one tile per loop step (not with
+    GU_TILES / DN_TILES > 1), no split-K, no down-kernel prefetch or top-k sum; 0-8 programs per SM, integers."""
+    p = make_problem(4, 4, 256, 256, 2, "block-dynamic", device="cpu")
+    out = torch.full_like(p["x"], 7.0)
+    for extra, words in (
+        (dict(GU_PERSIST=1, GU_TILES=2), "GU_TILES 1 and SPLIT_K 1"),
+        (dict(GU_PERSIST=1, SPLIT_K=2), "GU_TILES 1 and SPLIT_K 1"),
+        (dict(DN_PERSIST=1, DN_TILES=2), "DN_TILES 1, PREFETCH 0 and DN_REDUCE 0"),
+        (dict(DN_PERSIST=1, PDL=1, PREFETCH=1), "PREFETCH 0"),
+        (dict(DN_PERSIST=1, DN_REDUCE=1), "DN_REDUCE 0"),
+        (dict(DN_PERSIST=9), "0 \\(off\\) or 1-8"),
+        (dict(GU_PERSIST=-1), "0 \\(off\\) or 1-8"),
+        (dict(GU_PERSIST=True), "0 \\(off\\) or 1-8"),
+        (dict(DN_PERSIST=1.0), "0 \\(off\\) or 1-8"),
+    ):
+        with pytest.raises(FusedMoEError, match=words):
+            fused_moe(
+                p["x"],
+                p["w13"],
+                p["w2"],
+                p["weights"],
+                p["ids"],
+                out=out,
+                config=dict(PREFILL_CFG, **extra),
+                **p["kw"],
+            )
+    assert (out == 7.0).all()
+
+
+def test_prefill_tile_candidates_are_valid_configs_of_every_shape():
+    """The tuner's --prefill-tiles candidates at T = 4096 / 16384 on every bench shape: the current pick first,
+    every other the pick with tiles or persistent programs (nothing else changed), each passing the op's checks at
+    the shape and at the size its precompile job builds; no gate/up form of the block-scaled BLOCK_M 128 two-dot
+    tile (its flattened build spills: test_prefill_tiles_compile_pipelined_for_sm90)."""
+    from hpc_advise.runtime.benches import fused_moe as fb
+    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
+
+    tune = _load_tuner()
+    keys = {"GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST"}
+    for shape, (e, h, i, k, _, _) in fb.SHAPES.items():
+        mode = fb.MODES[shape][0]
+        a_group, block = mode.endswith("dynamic"), mode.startswith("block")
+        for t in (4096, 16384):
+            cands = tune.prefill_tile_candidates(op, t, k, e, h, i, mode)
+            pick = op.get_config(t, k, e, h, i, mode, a_group, allow_small=False)
+            assert cands[0] == pick and len(cands) >= 4, (shape, t, cands)
+            spills = block and pick["BLOCK_M"] == 128 and pick.get("GU_TWO_DOTS", 0)
+            for c in cands[1:]:
+                changed = {key for key in c if c[key] != pick.get(key)}
+                assert changed and changed <= keys, (shape, t, c)
+                assert not (spills and changed & {"GU_TILES", "GU_PERSIST"}), (shape, t, c)
+                c = op.check_config(dict(c), a_group, a_group)
+                op.check_forms(c, a_group, a_group, block, h, i)
+                _, _, _, inter, hidden = tune.multi_tile_compile_job(shape, mode, c)
+                op.check_forms(c, a_group, a_group, block, hidden, inter)
+
+
+def _flattened_build(
+    tmp_path, monkeypatch, name: str, kernel: str, consts: dict, warps: int, stages: int
+) -> dict:
+    """compile_sm90 of one job in a private Triton cache, plus from its TTGIR the scf.for loops and the
+    pipeliner's async_wait depths, and from its SASS the local-memory accesses of the wgmma loop."""
+    import re
+
+    cache = tmp_path / name
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    (r,) = compile_sm90([_sm90_job(kernel, consts, warps, stages)])
+    (ttgir,) = cache.glob(f"*/{kernel}.ttgir")
+    text = ttgir.read_text()
+    r["loops"] = text.count("scf.for")
+    r["waits"] = sorted(set(re.findall(r"async_wait[^\n]*num = (\d+)", text)))
+    return r
+
+
+@pytest.mark.slow
+def test_prefill_tiles_compile_pipelined_for_sm90(tmp_path, monkeypatch):
+    """sm_90a builds of the prefill picks' tiles with 4 down tiles per program, persistent down programs, and 2
+    gate/up tiles / persistent gate/up programs: one flattened loop over (tile, K step) pipelined as deep as the
+    one-tile K loop (the same async_wait depth; the second scf.for is the guarded unflattened copy the flattening
+    pass keeps for an empty K loop), wgmma, no stack on the down tiles and the per-tensor BLOCK_M 64 gate/up;
+    the per-tensor BLOCK_M 128 gate/up (Hy3 T = 16384) keeps a 16-byte frame; the block-scaled BLOCK_M 128
+    two-dot gate/up spills with persistent programs (the tuner leaves it out: ``_prefill_gate_up_spills``)."""
+    pt = dict(A_GROUP=False, W_BLOCK=False, A2_GROUP=False)
+    gu64 = dict(SM90_GATE_UP, TWO_DOTS=True, **pt)  # Hy3 T = 4096: per-tensor, BLOCK_M 64, 8 warps, 4 stages
+    dn128 = dict(SM90_DOWN, BLOCK_M=128, A_GROUP=False, W_BLOCK=False)  # Hy3 T = 16384: 8 warps, 4 stages
+    dn64 = dict(SM90_DOWN, W_TMA=True, W_SCALAR=True)  # block-scaled T = 4096: 4 warps, 3 stages
+    jobs = {  # name -> (kernel, constexprs, warps, stages)
+        "dn128": ("_down_kernel", dn128, 8, 4),
+        "dn128 tiles4": ("_down_kernel", dict(dn128, TILES=4), 8, 4),
+        "dn128 persist": ("_down_kernel", dict(dn128, PERSIST=True), 8, 4),
+        "dn64 persist": ("_down_kernel", dict(dn64, PERSIST=True), 4, 3),
+        "gu64": ("_gate_up_kernel", gu64, 8, 4),
+        "gu64 tiles2": ("_gate_up_kernel", dict(gu64, TILES=2), 8, 4),
+        "gu64 persist": ("_gate_up_kernel", dict(gu64, PERSIST=True), 8, 4),
+        "gu128 persist": ("_gate_up_kernel", dict(gu64, BLOCK_M=128, PERSIST=True), 8, 3),
+        "blk128 persist": (
+            "_gate_up_kernel",
+            dict(SM90_GATE_UP, BLOCK_M=128, TWO_DOTS=True, W_SCALAR=True, PERSIST=True),
+            8,
+            3,
+        ),  # fmt: skip
+    }
+    res = {n: _flattened_build(tmp_path, monkeypatch, n.replace(" ", "_"), *job) for n, job in jobs.items()}
+    print({n: (r["registers"], r["stack"], r["shared"], r["loops"], r["waits"]) for n, r in res.items()})
+    assert res["dn128"]["loops"] == 1 and res["gu64"]["loops"] == 1, res
+    for name, r in res.items():
+        assert r["wgmma"] > 0 and r["async_copies"] > 0, (name, r)
+        if " " in name:  # a flattened build: the loop and its guarded copy
+            assert r["loops"] == 2, (name, r)
+        if name.split()[0] in ("dn128", "gu64"):  # as deep as its one-tile build
+            assert r["waits"] == res[name.split()[0]]["waits"], (name, r)
+    for name in ("dn128 tiles4", "dn128 persist", "dn64 persist", "gu64 tiles2", "gu64 persist"):
+        assert res[name]["stack"] == 0, (name, res[name])
+    assert res["gu128 persist"]["stack"] <= 16, res["gu128 persist"]
+    assert res["blk128 persist"]["stack"] > 64, res["blk128 persist"]
+
+
+GPU_TILE_POINTS = {  # name -> (GPU_PREFILL shape, T, forms against the tuned pick)
+    # per-tensor BLOCK_M 64 (Hy3 T = 4096): both GEMMs with 2 / 4 tiles per program, both persistent
+    "hy3-4096": ("hy3", 4096, [dict(GU_TILES=2, DN_TILES=4), dict(GU_PERSIST=1, DN_PERSIST=1)]),
+    # block-scaled BLOCK_M 128 two dots, an EP rank's 32 experts (DeepSeek-V3 EP8 T = 16384): the down forms
+    "deepseek-v3-ep8-16384": ("deepseek-v3-ep8", 16384, [dict(DN_TILES=8), dict(DN_PERSIST=1)]),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("point", list(GPU_TILE_POINTS))
+def test_gpu_prefill_tiles_and_persistent_bitwise_the_one_tile_programs(point):
+    """At real prefill shapes and the tuned pick's tiles: multi-tile and persistent GEMM programs bitwise the
+    one-tile programs (same products in the same order; on the GPU too) and within 2e-2 of the reference."""
+    from tests.kernels.test_fused_moe_decode_round5 import _same_with_tiles
+
+    seed = _seed()
+    shape, t, forms = GPU_TILE_POINTS[point]
+    e, h, i, k, ge, off, mode = GPU_PREFILL[shape]
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    cfg = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    _same_with_tiles(p, cfg, forms, seed)
+
+
+@pytest.mark.gpu
+def test_gpu_persistent_programs_empty_experts_ep_rank_and_graph_replay():
+    """Persistent gate/up and down programs (Qwen3-30B shape, T = 1024, PDL): one expert takes every token and a
+    few take three rows, the rest none; the call replays from a CUDA graph with fresh routing (the programs read
+    the used row count on the GPU, so a replay's new routing changes their loop bounds); an EP rank without local
+    tokens gives zeros."""
+    seed = _seed()
+    e, h, i, k, ge, off, mode = GPU_PREFILL["qwen3-30b-a3b"]
+    cfg = op.get_config(1024, k, e, h, i, mode, True, allow_small=False)
+    cfg = dict(cfg, GU_PERSIST=1, DN_PERSIST=2, PDL=1, PREFETCH=0)
+    ids = torch.full((1024, k), -1, dtype=torch.int32, device="cuda")
+    ids[:, 0] = 7
+    ids[:3, 1] = 11
+    p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
+    run_and_check(p, config=cfg, seed=seed)
+    out = torch.empty_like(p["x"])
+    call = lambda: fused_moe(  # noqa: E731
+        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
+    )
+    check_graph_replay(p, call, out, seed=seed, replays=2)
+    away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
+    q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
+    got, _, _ = run_and_check(q, config=cfg, seed=seed)
+    assert (got == 0).all(), seed

@@ -350,7 +350,12 @@ def _prep_kernel(
 @triton.jit
 def _tile_ids(num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
     """Grouped ordering of a 1-D grid: GROUP_M row blocks share each column sweep (L2 reuse of B)."""
-    pid = tl.program_id(0)
+    return _tile_ids_of(tl.program_id(0), num_m_blocks, num_n_blocks, GROUP_M)
+
+
+@triton.jit
+def _tile_ids_of(pid, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
+    """(row block, column tile) of linear tile ``pid`` in the grouped order of ``_tile_ids``."""
     width = GROUP_M * num_n_blocks
     group = pid // width
     first_m = group * GROUP_M
@@ -358,6 +363,27 @@ def _tile_ids(num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % width) % size_m
     pid_n = (pid % width) // size_m
     return pid_m, pid_n
+
+
+@triton.jit
+def _persistent_tiles(num_padded_ptr, num_n_blocks, BLOCK_M: tl.constexpr):
+    """(first, end, step, used row blocks) of a persistent GEMM program's tiles (config GU_PERSIST /
+    DN_PERSIST): the used row blocks (the router's padded count, so every tile's block has an expert) ×
+    num_n_blocks column tiles in the grouped order of ``_tile_ids``, program p of a grid of G taking tiles
+    p, p + G, p + 2G, ..."""
+    num_m_used = tl.load(num_padded_ptr) // BLOCK_M
+    return tl.program_id(0), num_m_used * num_n_blocks, tl.num_programs(0), num_m_used
+
+
+@triton.jit
+def _persistent_tile(tile, num_m_used, num_n_blocks, block_expert_ptr, sorted_ids_ptr, BLOCK_M: tl.constexpr,
+                     GROUP_M: tl.constexpr):  # fmt: skip
+    """(pid_m, pid_n, offs_m, expert, sorted entry ids) of tile ``tile`` of a persistent program's loop
+    (``_persistent_tiles``)."""
+    pid_m, pid_n = _tile_ids_of(tile, num_m_used, num_n_blocks, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    return pid_m, pid_n, offs_m, e, tl.load(sorted_ids_ptr + offs_m)
 
 
 @triton.jit
@@ -853,8 +879,9 @@ def _gate_up_kernel(
     part_ptr=None,  # OUT_MODE 2: fp32 [SPLIT_K, P, 2I] split partials
     count_ptr=None,  # OUT_MODE 2: int32 [>= P/BLOCK_M · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
     SCALE_LAG: tl.constexpr = False,
+    PERSIST: tl.constexpr = False,
 ):
-    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N) / TILES, SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
+    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N) / TILES, SPLIT_K), or with PERSIST (G,). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
     the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
     instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
@@ -874,41 +901,59 @@ def _gate_up_kernel(
     stores its fp32 partials, and the last of the tile's SPLIT_K programs to arrive at its counter sums them
     (split order, as that kernel) and runs the fused epilogue, then resets the counter.
     SCALE_LAG (config key, group/block scales, with TWO_DOTS): each step's up product is scaled one step
-    later, so its wgmma stays in flight while the scale math runs (``_gate_up_two_dots``; bitwise)."""
+    later, so its wgmma stays in flight while the scale math runs (``_gate_up_two_dots``; bitwise).
+    PERSIST (config GU_PERSIST, SPLIT_K 1, one tile per step of the loop): a grid of G programs (a few per SM)
+    that each take the used tiles p, p + G, ... in the grouped order (``_persistent_tiles``), one
+    ``_gate_up_tile`` each, in one flattened pipelined loop over (tile, K step) as with TILES."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    num_m_blocks = max_padded // BLOCK_M
-    # TILES > 1 (config GU_TILES): program = TILES adjacent N tiles of one block (op: TILES divides them)
-    pid_m, pid_g = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N) // TILES, GROUP_M)
-    pid_k = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    e, entry = _block_rows(
-        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
-    )
-    if e < 0:
-        return
-    e = e.to(tl.int64)
-    row_ok = entry < n_entries
-    tok = (entry // top_k).to(tl.int64)
-    cnt_ptr = count_ptr
-    if OUT_MODE == 2:  # this block's row of (block, N tile) counters
-        cnt_ptr = count_ptr + pid_m * tl.cdiv(I, BLOCK_N)
-    if TILES == 1:
-        _gate_up_tile(
-            pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
-            w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
-            stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
-            TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
-        )  # fmt: skip
-    else:
-        for t in tl.range(0, TILES, flatten=True):
+    if PERSIST:
+        tl.static_assert(TILES == 1 and SPLIT_K == 1 and OUT_MODE == 0)
+        num_n = tl.cdiv(I, BLOCK_N)
+        first, end, step, num_m_used = _persistent_tiles(num_padded_ptr, num_n, BLOCK_M)
+        for tile in tl.range(first, end, step, flatten=True):
+            pid_m, pid_n, offs_m, e, entry = _persistent_tile(
+                tile, num_m_used, num_n, block_expert_ptr, sorted_ids_ptr, BLOCK_M, GROUP_M
+            )
             _gate_up_tile(
-                pid_g * TILES + t, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
+                pid_n, 0, offs_m, e, entry < n_entries, (entry // top_k).to(tl.int64), xq_ptr, xs_ptr, a_scale_ptr,
+                w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, count_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+                stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
+                TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
+            )  # fmt: skip
+    else:
+        num_m_blocks = max_padded // BLOCK_M
+        # TILES > 1 (config GU_TILES): program = TILES adjacent N tiles of one block (op: TILES divides them)
+        pid_m, pid_g = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N) // TILES, GROUP_M)
+        pid_k = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        e, entry = _block_rows(
+            block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+        )
+        if e < 0:
+            return
+        e = e.to(tl.int64)
+        row_ok = entry < n_entries
+        tok = (entry // top_k).to(tl.int64)
+        cnt_ptr = count_ptr
+        if OUT_MODE == 2:  # this block's row of (block, N tile) counters
+            cnt_ptr = count_ptr + pid_m * tl.cdiv(I, BLOCK_N)
+        if TILES == 1:
+            _gate_up_tile(
+                pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
                 w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
                 stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
                 TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
             )  # fmt: skip
+        else:
+            for t in tl.range(0, TILES, flatten=True):
+                _gate_up_tile(
+                    pid_g * TILES + t, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
+                    w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+                    stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
+                    TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
+                )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["max_padded"])
@@ -1086,8 +1131,9 @@ def _down_kernel(
     a_desc=None,  # A_TMA: the intermediate [P, I], block [BLOCK_M, BLOCK_K]
     SWAP_AB: tl.constexpr = False,
     TILES: tl.constexpr = 1,
+    PERSIST: tl.constexpr = False,
 ):
-    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N) / TILES,): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
+    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N) / TILES,), or with PERSIST (G,): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
     scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products). A_TMA
     (config DN_A_TMA): the intermediate rows, contiguous in the padded order, come by TMA too.
@@ -1098,7 +1144,10 @@ def _down_kernel(
     SWAP_AB (config DN_SWAP_AB): the weight tile (BLOCK_N rows of H) as the MMA's M side (``_prod``).
     TILES (config DN_TILES, decode): TILES adjacent H tiles of the block per program, one after the other
     (``_down_tile`` each) in a loop nest Triton flattens into one pipelined loop over (tile, K step), as
-    ``_gate_up_kernel``'s GU_TILES (op: TILES divides the H tiles; not with PREFETCH)."""
+    ``_gate_up_kernel``'s GU_TILES (op: TILES divides the H tiles; not with PREFETCH).
+    PERSIST (config DN_PERSIST): G programs, each taking the used tiles p, p + G, ... in the grouped order
+    (``_persistent_tiles``) in one flattened pipelined loop, as ``_gate_up_kernel``'s GU_PERSIST (op: not
+    with TILES > 1, PREFETCH or REDUCE)."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N) // TILES, GROUP_M)  # pid_n: tile group
     if PREFETCH:
@@ -1112,28 +1161,43 @@ def _down_kernel(
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    e, entry = _block_rows(
-        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
-    )
-    if e < 0:
-        return
-    e = e.to(tl.int64)
-    if TILES == 1:
-        _down_tile(
-            pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-            stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
-            W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
-        )  # fmt: skip
-    else:
-        for t in tl.range(0, TILES, flatten=True):
+    if PERSIST:
+        tl.static_assert(TILES == 1 and not PREFETCH and not REDUCE)
+        num_n = tl.cdiv(H, BLOCK_N)
+        first, end, step, num_m_used = _persistent_tiles(num_padded_ptr, num_n, BLOCK_M)
+        for tile in tl.range(first, end, step, flatten=True):
+            pid_m, pid_n, offs_m, e, entry = _persistent_tile(
+                tile, num_m_used, num_n, block_expert_ptr, sorted_ids_ptr, BLOCK_M, GROUP_M
+            )
             _down_tile(
-                pid_n * TILES + t, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+                pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
                 n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
                 stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
                 W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
             )  # fmt: skip
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        e, entry = _block_rows(
+            block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+        )
+        if e < 0:
+            return
+        e = e.to(tl.int64)
+        if TILES == 1:
+            _down_tile(
+                pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+                n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+                stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+                W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+            )  # fmt: skip
+        else:
+            for t in tl.range(0, TILES, flatten=True):
+                _down_tile(
+                    pid_n * TILES + t, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+                    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+                    stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+                    W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+                )  # fmt: skip
 
 
 @triton.jit

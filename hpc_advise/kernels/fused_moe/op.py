@@ -58,6 +58,10 @@ NUM_SMS_H200 = 132
 # single-CTA router in the prep launch is cheaper (one launch fewer)
 ROUTE_MULTI_MIN_ENTRIES = 4096
 ROUTE_CHUNK = 1024  # entries per routing CTA
+# persistent GEMM programs (GU_PERSIST / DN_PERSIST = programs per SM): at most this many per SM; under the
+# interpreter (no SMs) the grid is INTERPRET_SMS x that, so each program takes several tiles in the CPU tests
+PERSIST_MAX = 8
+INTERPRET_SMS = 2
 RANKED_CHUNK = 64  # entries per router program of the ranked decode router (config ROUTE = 1)
 MAXNREG_MIN = 64  # the lowest gate/up register cap accepted (config GU_MAXNREG; 4 warps at 64: 8 programs/SM)
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -265,6 +269,10 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         v = cfg.get(key, 1)
         if type(v) is not int or v < 1:
             raise FusedMoEError(f"{key}={v!r} must be a whole number of tiles per program (>= 1)")
+    for key in ("GU_PERSIST", "DN_PERSIST"):
+        v = cfg.get(key, 0)
+        if type(v) is not int or not 0 <= v <= PERSIST_MAX:
+            raise FusedMoEError(f"{key}={v!r} must be 0 (off) or 1-{PERSIST_MAX} persistent programs per SM")
     return cfg
 
 
@@ -335,6 +343,19 @@ def _check_tile_forms(
         )
     if cfg.get("DN_TILES", 1) > 1 and cfg.get("PREFETCH", 0):
         raise FusedMoEError("DN_TILES > 1 has no L2 prefetch form (PREFETCH prefetches one tile per program)")
+    # persistent GEMM programs take one tile per step of their loop, and only the forms built for them
+    if cfg.get("GU_PERSIST", 0) and (cfg.get("GU_TILES", 1) > 1 or cfg["SPLIT_K"] > 1):
+        raise FusedMoEError(
+            "GU_PERSIST (persistent gate/up programs) takes one N tile per loop step and no split-K: it needs "
+            f"GU_TILES 1 and SPLIT_K 1, got GU_TILES={cfg.get('GU_TILES', 1)}, SPLIT_K={cfg['SPLIT_K']}"
+        )
+    if cfg.get("DN_PERSIST", 0) and (
+        cfg.get("DN_TILES", 1) > 1 or cfg.get("PREFETCH", 0) or cfg.get("DN_REDUCE", 0)
+    ):
+        raise FusedMoEError(
+            "DN_PERSIST (persistent down programs) takes one H tile per loop step and has no PREFETCH or "
+            "DN_REDUCE form: it needs DN_TILES 1, PREFETCH 0 and DN_REDUCE 0"
+        )
     # swap AB (weights as the MMA's M side) exists to reach wgmma at decode tiles: <= 32 token rows, and
     # a weight side of >= 64 rows per dot (the merged gate|up dot has 2·GU_N, separate dots GU_N)
     two_dots = not (a1_group or w_block or cfg.get("FAST_ACC", 0)) or cfg.get("GU_TWO_DOTS", 0) or lag
@@ -348,6 +369,14 @@ def _check_tile_forms(
             raise FusedMoEError(
                 f"{key} promotes every K step; FAST_ACC (fp8 accumulation over K) has no swap"
             )
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """SMs of ``device`` (the persistent GEMM grids' unit); INTERPRET_SMS off the GPU."""
+    if device.type != "cuda":
+        return INTERPRET_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 _ONES: dict[torch.device, torch.Tensor] = {}  # device -> float32 [1] = 1.0, never written
@@ -647,7 +676,10 @@ class _Launch:
         zeroed, one per (block, N tile))."""
         c = self.cfg
         tiles = c.get("GU_TILES", 1)  # N tiles per program (check_forms: divides cdiv(I, GU_N))
+        persist = c.get("GU_PERSIST", 0)  # programs per SM (check_forms: GU_TILES 1, SPLIT_K 1)
         grid = ((self.P // c["BLOCK_M"]) * (triton.cdiv(self.I, c["GU_N"]) // tiles), split_k)
+        if persist:
+            grid = (min(grid[0], persist * _num_sms(w13.device)), 1)
         # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
         lag = bool(c.get("SCALE_LAG", 0))  # runs the two-dot form (check_forms: not with FAST_ACC)
         two_dots = not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)) or bool(
@@ -698,6 +730,7 @@ class _Launch:
             count_ptr=counters,
             # 2 on the GPU: with the inline-PTX order pin (kernel._in_order), which the interpreter cannot run
             SCALE_LAG=(2 if w13.device.type == "cuda" else 1) if lag else 0,
+            PERSIST=bool(persist),
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
@@ -731,7 +764,10 @@ class _Launch:
         counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
         out = self.y if out is None else out
         tiles = c.get("DN_TILES", 1)  # H tiles per program (check_forms: divides them)
+        persist = c.get("DN_PERSIST", 0)  # programs per SM (check_forms: DN_TILES 1, no PREFETCH / DN_REDUCE)
         grid = ((self.P // c["BLOCK_M"]) * (self.num_n_down // tiles),)
+        if persist:
+            grid = (min(grid[0], persist * _num_sms(w2.device)),)
         tma = bool(c.get("W_TMA", 0))
         desc = self.weight_desc(w2, 1, 1, c["DN_N"], c["DN_K"]) if tma else None
         a_tma = bool(c.get("DN_A_TMA", 0))
@@ -782,6 +818,7 @@ class _Launch:
             a_desc=a_desc,
             SWAP_AB=bool(c.get("DN_SWAP_AB", 0)),
             TILES=tiles,
+            PERSIST=bool(persist),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
