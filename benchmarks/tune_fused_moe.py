@@ -532,18 +532,22 @@ def prefill_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     """--prefill-tiles: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference,
     re-timed last), then the same pick with programs that overlap one tile's ring fill and epilogue with the next
     tile's loads (one flattened, software-pipelined loop over (tile, K step)): DN_TILES 2 / 4 / 8 and GU_TILES
-    2 / 3 / 4 adjacent N tiles of a block (each where it divides that GEMM's tiles per block), persistent programs
+    2 / 3 / 4 adjacent N tiles of a block (each where it divides that GEMM's tiles per block; from the pick's one-tile
+    form, itself a candidate where the pick ships tiles), persistent programs
     DN_PERSIST / GU_PERSIST (1 per SM; 2 at BLOCK_M 64, whose one-tile builds fit 2-3 per SM), both GEMMs
     persistent, and the smallest gate/up and down tile counts together. Gate/up forms of a tile whose flattened
     build spills (``_prefill_gate_up_spills``) are left out. Nothing else changes, and every form is bitwise the
     pick's output, so a gain is the overlap's."""
     a2_group = mode.endswith("dynamic")
     cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
-    base = {key: v for key, v in cur.items() if key != "PREFETCH"}  # no multi-tile / persistent prefetch form
+    # the one-tile form of the pick (a candidate itself where the pick ships tiles), without PREFETCH (no multi-tile
+    # or persistent prefetch form)
+    tile_keys = ("PREFETCH", "GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST")
+    base = {key: v for key, v in cur.items() if key not in tile_keys}
     gus = [] if _prefill_gate_up_spills(base, mode) else _tile_counts(-(-i // base["GU_N"]), (2, 3, 4))
     dns = _tile_counts(-(-h // base["DN_N"]), (2, 4, 8))
     per_sm = (1, 2) if base["BLOCK_M"] <= 64 else (1,)
-    out = [cur] + [dict(base, DN_TILES=d) for d in dns] + [dict(base, DN_PERSIST=n) for n in per_sm]
+    out = [cur, base] + [dict(base, DN_TILES=d) for d in dns] + [dict(base, DN_PERSIST=n) for n in per_sm]
     out += [dict(base, GU_TILES=g) for g in gus]
     if not _prefill_gate_up_spills(base, mode):
         out += [dict(base, GU_PERSIST=n) for n in per_sm] + [dict(base, GU_PERSIST=1, DN_PERSIST=1)]

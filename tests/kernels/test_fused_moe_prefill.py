@@ -469,14 +469,15 @@ def test_persistent_programs_refused_outside_their_forms():
 
 def test_prefill_tile_candidates_are_valid_configs_of_every_shape():
     """The tuner's --prefill-tiles candidates at T = 4096 / 16384 on every bench shape: the current pick first,
-    every other the pick with tiles or persistent programs (nothing else changed), each passing the op's checks at
+    every other the pick with other tile counts or persistent programs (nothing else changed; where the pick ships
+    tiles, its one-tile form among them), each passing the op's checks at
     the shape and at the size its precompile job builds; no gate/up form of the block-scaled BLOCK_M 128 two-dot
     tile (its flattened build spills: test_prefill_tiles_compile_pipelined_for_sm90)."""
     from hpc_advise.runtime.benches import fused_moe as fb
     from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
 
     tune = _load_tuner()
-    keys = {"GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST"}
+    one_tile = {"GU_TILES": 1, "DN_TILES": 1, "GU_PERSIST": 0, "DN_PERSIST": 0}  # the keys' defaults
     for shape, (e, h, i, k, _, _) in fb.SHAPES.items():
         mode = fb.MODES[shape][0]
         a_group, block = mode.endswith("dynamic"), mode.startswith("block")
@@ -486,8 +487,9 @@ def test_prefill_tile_candidates_are_valid_configs_of_every_shape():
             assert cands[0] == pick and len(cands) >= 4, (shape, t, cands)
             spills = block and pick["BLOCK_M"] == 128 and pick.get("GU_TWO_DOTS", 0)
             for c in cands[1:]:
-                changed = {key for key in c if c[key] != pick.get(key)}
-                assert changed and changed <= keys, (shape, t, c)
+                cn, pn = dict(one_tile, **c), dict(one_tile, **pick)
+                changed = {key for key in cn if cn[key] != pn.get(key)}
+                assert changed and changed <= set(one_tile), (shape, t, c)
                 assert not (spills and changed & {"GU_TILES", "GU_PERSIST"}), (shape, t, c)
                 c = op.check_config(dict(c), a_group, a_group)
                 op.check_forms(c, a_group, a_group, block, h, i)
