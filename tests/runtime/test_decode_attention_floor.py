@@ -102,6 +102,25 @@ def test_floor_reads_exactly_the_plans_tokens(kv_dtype, page, hkv, num_programs)
     assert math.isclose(sums[g].item(), sums[:g].double().sum().item(), rel_tol=1e-6, abs_tol=1e-3)
 
 
+@pytest.mark.parametrize("fold", [64, 1024])
+def test_floor_tail_forms_write_the_total(fold):
+    # the tails in the merge launch's slot: its grid (for op.MERGE_FOLD 64 and 1024), one program, and its grid with
+    # the merging programs waiting (kernel.merge_duty: a wide segment over > 16 of 24 programs and a narrow one
+    # here, so both kinds of duty exist); each writes the pass's total to sums[G] and leaves sums[:G] as the floor
+    _, k, v, table, seq_lens = shifted_case([1, 65, 1100], hkv=1, page=64, kv_dtype=BF16)
+    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, num_programs=24)
+    assert int((p.wide_list >= 0).sum()) == 1 and int((p.merge_first >= 0).sum()) == 2, p.merge_first.tolist()
+    g = p.grid_size()
+    with da.op_constants({"merge_fold": fold}):
+        assert fl.tail_grid(p) == (24 + len(p.wide_list) * fold // 8, 1024 // fold)
+        for tail in fl.TAILS[1:]:
+            sums = torch.full((g + 1,), float("nan"), device=k.device)
+            fl.stream_floor(p, k, v, sums=sums, tail=tail)
+            check_sums(sums, p, k, v)
+            total = sums[:g].double().sum().item()
+            assert math.isclose(sums[g].item(), total, rel_tol=1e-6, abs_tol=1e-3), tail
+
+
 def test_floor_page_id_chunks_and_long_segments():
     # page = tile = 64 with 32 page ids per load: a 2100-token segment crosses a chunk (33 tiles) inside one
     # program and the next request's segments follow in the same range
@@ -134,7 +153,9 @@ def test_floor_rejects_static_plans_and_mismatched_pools():
     p = make_plan(seq_lens, table, hkv=1, page=16, kv_dtype=BF16)
     with pytest.raises(ValueError, match=r"v_cache must be \[num_pages, 16, 1, 128\]"):
         fl.stream_floor(p, k, v[..., :64])
-    assert fl.tail_grid(p)[1:] == (8, 2)
+    assert fl.tail_grid(p) == op.merge_grid(p) and op.merge_grid(p)[1:] == (8 * 128 // op.MERGE_FOLD,)
+    with pytest.raises(ValueError, match="tail must be one of"):
+        fl.stream_floor(p, k, v, tail="all")
 
 
 def fake_cells(split: bool):
@@ -142,7 +163,7 @@ def fake_cells(split: bool):
     here): each timed call list runs once; returns (rows, cells, call-list lengths, the workload, the plans)."""
     q, k, v, table, seq_lens = shifted_case([1, 65, 97], hkv=1, page=64, kv_dtype=BF16)
     plans = [make_plan(seq_lens, t, hkv=1, page=64, kv_dtype=BF16) for t in (table, table.clone())]
-    ran, fake = [], iter([20.0, 25.0, 4.0] + ([26.5, 3.5] if split else []) + [30.0])
+    ran, fake = [], iter([20.0, 25.0, 21.0, 23.5, 4.0] + ([26.5, 3.5] if split else []) + [30.0])
 
     def timer(calls):
         for c in calls:
@@ -162,11 +183,25 @@ def fake_cells(split: bool):
 def test_bench_cells_rows_and_table_cells_fake_timer():
     # the benchmark's --floor columns: every rotation's sums written; ours is timed again last
     rows, cells, ran, w, plans = fake_cells(split=False)
-    assert ran == [2, 2, 2, 2]
+    assert ran == [2] * 6
     assert [r["provider"] for r in rows] == [*fl.FORMS, "hpc_advise_dynamic_again"]
     assert rows[0]["config"]["finite"] and rows[1]["config"]["tail_grid"] == list(fl.tail_grid(plans[0]))
+    assert rows[2]["config"]["tail_grid"] == [1, 1] and rows[3]["config"]["tail_grid"] == list(
+        fl.tail_grid(plans[0])
+    )
     tbps = w.kv_bytes / 20.0 / 1e6
-    want = [20.0, round(tbps, 2), f"{100 * tbps / fl.COPY_TBPS:.0f}%", "2.00x", 25.0, "1.60x", 4.0, 30.0]
+    want = [
+        20.0,
+        round(tbps, 2),
+        f"{100 * tbps / fl.COPY_TBPS:.0f}%",
+        "2.00x",
+        25.0,
+        "1.60x",
+        21.0,
+        23.5,
+        4.0,
+        30.0,
+    ]
     assert cells == want and len(cells) == len(fl.HEADERS)
 
 
@@ -174,10 +209,10 @@ def test_bench_cells_split_columns_fake_timer():
     # --split: the floor's forms, then the pass alone and the merge launch alone (each rotation's own held merge),
     # then ours again; cells: pass 26.5, merge alone 3.5, ours (40) - pass, pass - floor (20)
     rows, cells, ran, _, plans = fake_cells(split=True)
-    assert ran == [2, 2, 2, 2, 2, 2]
+    assert ran == [2] * 8
     assert [r["provider"] for r in rows] == [*fl.FORMS, *fl.SPLIT_FORMS, "hpc_advise_dynamic_again"]
-    assert [r["subject"] for r in rows[3:5]] == ["decode_attention.split"] * 2
-    assert rows[3]["config"]["merge_grid"] == list(fl.tail_grid(plans[0]))
+    assert [r["subject"] for r in rows[5:7]] == ["decode_attention.split"] * 2
+    assert rows[5]["config"]["merge_grid"] == list(fl.tail_grid(plans[0]))
     assert cells[: len(fl.HEADERS)][-1] == 30.0  # ours again stays the floor's last column
     assert cells[len(fl.HEADERS) :] == [26.5, 3.5, 13.5, 6.5]
     assert len(cells) == len(fl.HEADERS) + len(fl.SPLIT_HEADERS)
@@ -215,7 +250,7 @@ def test_pass_then_merge_launch_is_our_call_bitwise():
         assert ((got.double() - ref).norm() / ref.norm()).item() < 5e-3, consts
 
 
-@pytest.mark.parametrize("name", ["split", "mprol"])
+@pytest.mark.parametrize("name", ["split", "mprol", "mgrid", "mgrid2"])
 def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
     # each head count's entry 0 is what plan(kv_dtype=...) ships for that head count and KV dtype (timed first and
     # again last)
@@ -242,12 +277,23 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
         if name == "mprol":  # the default (hoisted merge loads) against the pre-mprol merge, alternating
             before = (*entries[0][:4], entries[0][4] + "-mh0")
             assert entries == [entries[0], before] * (2 if heads == "8/1" else 1), entries
+        if name.startswith("mgrid"):  # default first and last, between each fold once per round, alternating
+            folds = da.MGRID_81 if name == "mgrid" else da.MGRID_ALL
+            rounds = 2 if (kv, heads) == ("bf16", "8/1") else 1
+            assert entries[:: len(folds) + 1] == [entries[0]] * (rounds + 1), entries
+            assert [e[4] for e in entries[1 : len(folds) + 1]] == [entries[0][4] + f for f in folds]
+            assert all(da.variant_constants(e[4]).get("merge_fold") for e in entries[1 : len(folds) + 1])
     assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
         "wide_merge_block": 256,
         "merge_maxnreg": 0,
     }
     assert da.variant_constants("nested-desc-w-wc16") == {"wide_merge_cols": 16}
     assert da.variant_constants("nested-desc-w-pdl-mh1") == {"merge_hoist": 1}
+    assert da.variant_constants("nested-w-mf1024-wf64-mr0") == {
+        "merge_fold": 1024,
+        "wide_merge_span": 64,
+        "merge_maxnreg": 0,
+    }
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-mr0-mr64")
     with pytest.raises(ValueError, match="unknown op.py constant keys"):
@@ -306,6 +352,13 @@ def test_gpu_floor_sums_tail_and_graph_replay(lens, hq, hkv, kv_dtype):
     check_sums(sums, p, k, v)
     assert math.isclose(sums[g].item(), sums[:g].double().sum().item(), rel_tol=1e-6)
     eager = sums.clone()
+    # the 1-program tail and the merge grid's waiting duties: the same sums, under PDL
+    for tail in ("one", "duty"):
+        sums.fill_(float("nan"))
+        fl.stream_floor(p, k, v, sums=sums, tail=tail)
+        torch.cuda.synchronize()
+        assert torch.equal(sums[:g], eager[:g]), tail
+        assert math.isclose(sums[g].item(), eager[g].item(), rel_tol=1e-6), tail
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fl.stream_floor(p, k, v, sums=sums, tail=True)

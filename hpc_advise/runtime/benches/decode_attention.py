@@ -219,6 +219,10 @@ OP_CONSTANT_FLAGS = {
     "wc": ("wide_merge_cols", "WIDE_MERGE_COLS"),
     # '-mh0' / '-mh1': the merge programs' planner loads after / before their griddepcontrol.wait (op.MERGE_HOIST, 1 by default)
     "mh": ("merge_hoist", "MERGE_HOIST"),
+    # '-mfN': N columns of the group's (row, d) per narrow merge program (op.MERGE_FOLD); '-wfN': per wide one
+    # (op.WIDE_MERGE_SPAN)
+    "mf": ("merge_fold", "MERGE_FOLD"),
+    "wf": ("wide_merge_span", "WIDE_MERGE_SPAN"),
 }
 OP_CONSTANT_KEYS = {key: const for key, const in OP_CONSTANT_FLAGS.values()}
 
@@ -299,6 +303,46 @@ SWEEP_SETS["mprol"] = dict(
             ("bf16", "64/8", _BF16_64_8),
             ("fp8", "64/8", _FP8_64_8),
         )
+    },
+)
+
+# 'mgrid' (issue 5, after --split put 4.2-5.3 µs of bf16 8/1's miss in the merge launch, whose grid is (G + 8 W) x
+# GROUP x D / 64 programs, 6 400 at bf16 8/1, mostly idle): the shipped bf16 8/1 default against the merge launch
+# folded ('-mfN': N of the group's GROUP * D columns per narrow program, 64-column tiles one after the other; '-wfN':
+# N per wide program, [128, 8] tiles) on the 8 bf16 8/1 cases, where the rule is read: the default three times, each
+# fold twice, alternating. 'mgrid2': the folds of MGRID_ALL the same way on bf16 8/1 and on the 8 bf16 64/8, 8 fp8
+# 64/8 and 8 fp8 8/1 cases (default twice, fold once). Offline sm_90a (bf16 group 8): 4 narrow tiles per program
+# (-mf256) build at the launch's 64-register cap without spill; 16 (-mf1024) and wide spans > 8 spill there, so they
+# run uncapped ('-mr0': 128 registers, no spill). The tiles of a program run one after the other (each tile's loads
+# issue after the previous tile's store: its reductions hold CTA barriers), so a fold trades programs for a longer
+# chain per merging program: -mf1024 chains 16 narrow round trips, -wf64 8 wide ones per step.
+MGRID_81 = ("-mf256", "-wf64-mr0", "-mf1024-wf64-mr0")
+MGRID_ALL = ("-mf1024-wf64-mr0",)
+_FP8_8_1_TR = (64, 2, 3, 4, _FP8T)  # the fp8 default with < 8 KV heads (transposed, 2 programs/SM)
+
+
+def _interleaved(entry: tuple, folds: tuple, rounds: int) -> list:
+    """The default ``entry`` ``rounds`` + 1 times, each of ``folds`` ``rounds`` times, alternating: D, F1, F2, D,
+    F1, F2, D, ..."""
+    cands = [(*entry[:4], entry[4] + f) for f in folds]
+    return [entry] + [e for _ in range(rounds) for e in [*cands, entry]]
+
+
+SWEEP_SETS["mgrid"] = dict(
+    cases=[(name, 8, 1, "bf16") for name in CASES],
+    configs_by_heads={("bf16", "8/1"): _interleaved(_BF16_8_1, MGRID_81, 2)},
+)
+SWEEP_SETS["mgrid2"] = dict(
+    cases=[
+        (name, hq, hkv, kv)
+        for kv, hq, hkv in (("bf16", 8, 1), ("bf16", 64, 8), ("fp8", 64, 8), ("fp8", 8, 1))
+        for name in CASES
+    ],
+    configs_by_heads={
+        ("bf16", "8/1"): _interleaved(_BF16_8_1, MGRID_ALL, 2),
+        ("bf16", "64/8"): _interleaved(_BF16_64_8, MGRID_ALL, 1),
+        ("fp8", "64/8"): _interleaved(_FP8_64_8, MGRID_ALL, 1),
+        ("fp8", "8/1"): _interleaved(_FP8_8_1_TR, MGRID_ALL, 1),
     },
 )
 
@@ -619,10 +663,9 @@ def bench_case(
     if floor or split:
         from hpc_advise.runtime.benches import decode_attention_floor
 
-        if split and any(cfg.get(k) is not None for k in OP_CONSTANT_KEYS):
-            raise ValueError(f"split: times op.py's merge as built now; drop {sorted(OP_CONSTANT_KEYS)}")
+        consts = {k: cfg[k] for k in OP_CONSTANT_KEYS if cfg.get(k) is not None}
         floor_rows, floor_cells = decode_attention_floor.bench_cells(
-            w, plans, calls, t_ours, _time, base, env, split=split
+            w, plans, calls, t_ours, _time, base, env, split=split, consts=consts
         )
         rows += floor_rows
         _progress(name, hq, hkv, "stream floor (+ tail)", floor_rows[0]["p50"])

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from hpc_advise.kernels.decode_attention.kernel import _next_segment, _range_desc
+from hpc_advise.kernels.decode_attention.kernel import _next_segment, _range_desc, merge_duty
 
 COPY_TBPS = 4.12  # DESIGN.md §7: device-to-device copy on one H200 (2026-11-29), bytes read + written
 TAIL_BLOCK = 1024  # sums the tail's waiting program adds per step
@@ -127,18 +127,50 @@ def stream_floor_kernel(
 
 
 @triton.jit
+def _tail_total(sums_ptr, G, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """After griddepcontrol.wait (under PDL): sum(sums[:G]) into sums[G]."""
+    if PDL:
+        gdc_wait()
+    offs = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for g0 in range(0, G, BLOCK):
+        total += tl.load(sums_ptr + g0 + offs, mask=g0 + offs < G, other=0.0)
+    tl.store(sums_ptr + G, tl.sum(total, axis=0))
+
+
+@triton.jit
 def floor_tail_kernel(sums_ptr, G, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """The merge launch's slot: every program exits at once but (0, 0, 0), which waits for the floor pass
     (griddepcontrol.wait under PDL) and writes sum(sums[:G]) to sums[G]."""
-    first = (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
-    if first:
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
+        _tail_total(sums_ptr, G, BLOCK, PDL)
+
+
+@triton.jit
+def duty_tail_kernel(
+    sums_ptr,
+    merge_first_ptr,
+    wide_list_ptr,
+    G,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+    FOLD: tl.constexpr,
+    WIDE_SPAN: tl.constexpr,
+    NARROW: tl.constexpr,
+):
+    """The merge launch's grid and duties with none of its work: each program reads its duty as a merge program
+    does (kernel.merge_duty, the same planner data); those with a segment to merge wait for the floor pass
+    (griddepcontrol.wait under PDL) and exit, the others exit at once; program (0, 0) waits and writes
+    sum(sums[:G]) to sums[G]. Against the plain tail (one waiting program) it adds what parking the merging
+    programs at their wait costs; against the merge launch it leaves out their loads, arithmetic and stores."""
+    x = tl.program_id(0)
+    n = tl.program_id(1)
+    _, lo, _, _ = merge_duty(x, n, G, merge_first_ptr, wide_list_ptr, FOLD, WIDE_SPAN, NARROW)
+    if (x == 0) & (n == 0):
+        _tail_total(sums_ptr, G, BLOCK, PDL)
+    elif lo >= 0:
         if PDL:
             gdc_wait()
-        offs = tl.arange(0, BLOCK)
-        total = tl.zeros([BLOCK], dtype=tl.float32)
-        for g0 in range(0, G, BLOCK):
-            total += tl.load(sums_ptr + g0 + offs, mask=g0 + offs < G, other=0.0)
-        tl.store(sums_ptr + G, tl.sum(total, axis=0))
 
 
 def _check_plan(plan, k_cache, v_cache) -> None:
@@ -156,19 +188,24 @@ def _check_plan(plan, k_cache, v_cache) -> None:
             raise ValueError(f"stream_floor: {name} must be contiguous in D and on {plan.device}")
 
 
-def tail_grid(plan) -> tuple[int, int, int]:
-    """The merge launch's grid for this plan (op._merge): G + wide slots x column slices, group, D / 64."""
+def tail_grid(plan) -> tuple[int, int]:
+    """The merge launch's grid for this plan (op.merge_grid)."""
     from hpc_advise.kernels.decode_attention import op
 
-    d_chunk = min(64, plan.head_dim)
-    wide = plan.wide_list.shape[0] if plan.wide_merge else 0
-    return (plan.grid_size() + wide * (d_chunk // op.WIDE_MERGE_COLS), plan.group, plan.head_dim // d_chunk)
+    return op.merge_grid(plan)
 
 
-def stream_floor(plan, k_cache, v_cache, *, sums=None, tail: bool = False):
+TAILS = (False, "grid", "one", "duty")  # stream_floor's tail forms
+
+
+def stream_floor(plan, k_cache, v_cache, *, sums=None, tail=False):
     """Read every K/V byte the plan's attention pass reads, in its schedule, with no math (module docstring).
     Returns ``sums`` [G + 1] fp32: ``sums[p]`` the sum of the values program p read; ``sums[G]`` their total
-    when ``tail`` (the dependent second launch), else left as it was."""
+    when ``tail`` (the dependent second launch), else left as it was. ``tail``: True or 'grid' the do-nothing
+    launch on the merge launch's grid (``floor_tail_kernel``), 'one' the same as one program, 'duty' the merge
+    grid whose merging programs wait (``duty_tail_kernel``)."""
+    if tail not in TAILS and tail is not True:
+        raise ValueError(f"stream_floor: tail must be one of {TAILS} or True, got {tail!r}")
     import torch
 
     from hpc_advise.kernels.decode_attention import op
@@ -178,7 +215,7 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail: bool = False):
     if sums is None:
         sums = torch.zeros(g + 1, dtype=torch.float32, device=plan.device)
     gpu = plan.device.type == "cuda" and not op._interpreting()
-    pdl = tail and gpu
+    pdl = bool(tail) and gpu
     compiled = stream_floor_kernel[(g,)](
         k_cache,
         v_cache,
@@ -207,9 +244,25 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail: bool = False):
     stream_floor.last_build = {
         key: getattr(compiled, attr, None) for key, attr in (("regs", "n_regs"), ("spills", "n_spills"))
     } | {"shared": getattr(getattr(compiled, "metadata", None), "shared", None)}
-    if tail:
-        launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
-        floor_tail_kernel[tail_grid(plan)](sums, g, BLOCK=TAIL_BLOCK, PDL=pdl, num_warps=2, **launch)
+    launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
+    if tail == "duty":
+        _, fold, wide_span = op.merge_spans(plan)
+        duty_tail_kernel[tail_grid(plan)](
+            sums,
+            plan.merge_first,
+            plan.wide_list,
+            g,
+            BLOCK=TAIL_BLOCK,
+            PDL=pdl,
+            FOLD=fold,
+            WIDE_SPAN=wide_span,
+            NARROW=plan.merge_block if plan.wide_merge else 0,
+            num_warps=2,
+            **launch,
+        )
+    elif tail:
+        grid = (1, 1) if tail == "one" else tail_grid(plan)
+        floor_tail_kernel[grid](sums, g, BLOCK=TAIL_BLOCK, PDL=pdl, num_warps=2, **launch)
     return sums
 
 
@@ -253,6 +306,8 @@ HEADERS = [
     "ours / floor",
     "floor + tail µs",
     "ours / (f+t)",
+    "floor + 1-program tail µs",
+    "floor + duty tail µs",
     "empty launch µs",
     "ours again µs",
 ]
@@ -261,7 +316,9 @@ SPLIT_HEADERS = ["pass µs", "merge alone µs", "ours − pass µs", "pass − f
 # (the split's own output, NaN-filled) and 'held' (the merge arguments pass_only held back)
 FORMS = {
     "stream_floor": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"]),
-    "stream_floor_tail": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"], tail=True),
+    "stream_floor_tail": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"], tail="grid"),
+    "stream_floor_tail1": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"], tail="one"),
+    "stream_floor_duty": lambda plan, w, buf: stream_floor(plan, w.k, w.v, sums=buf["sums"], tail="duty"),
     "empty_launch": lambda plan, w, buf: empty_launch(plan, buf["sums"]),
 }
 SPLIT_FORMS = {  # after FORMS: pass_only first, so every rotation's partials and held merge exist for merge_only
@@ -273,7 +330,7 @@ SPLIT_FORMS = {  # after FORMS: pass_only first, so every rotation's partials an
 def _form_extra(provider: str, plan, buf, g: int) -> dict:
     """What a row of ``provider`` records beside its timing: the floor's schedule and build, the tail's grid,
     the split's merge grid and wide segments."""
-    if provider in ("stream_floor", "stream_floor_tail"):
+    if provider.startswith("stream_floor"):
         extra = {
             "tile": plan.tile,
             "num_stages": plan.num_stages,
@@ -282,22 +339,33 @@ def _form_extra(provider: str, plan, buf, g: int) -> dict:
             "finite": bool(buf["sums"][:g].isfinite().all()),
             "build": stream_floor.last_build,
         }
-        return extra | ({"tail_grid": list(tail_grid(plan))} if provider == "stream_floor_tail" else {})
+        grid = {
+            "stream_floor_tail": tail_grid(plan),
+            "stream_floor_duty": tail_grid(plan),
+            "stream_floor_tail1": (1, 1),
+        }
+        return extra | ({"tail_grid": list(grid[provider])} if provider in grid else {})
     if provider in SPLIT_FORMS:
         return {"merge_grid": list(tail_grid(plan)), "wide_segments": int((plan.wide_list >= 0).sum())}
     return {}
 
 
 def bench_cells(
-    w, plans, ours_calls, t_ours, time_calls, base: dict, env, split: bool = False
+    w, plans, ours_calls, t_ours, time_calls, base: dict, env, split: bool = False, consts=None
 ) -> tuple[list[dict], list]:
     """Time the floor (one launch), the floor + tail (two, PDL) and the empty launch over the benchmark's
     rotated plans of workload ``w`` right after ours (``t_ours``), with ``split`` then our pass alone and our
     merge launch alone, then ours (``ours_calls``) again, all with the benchmark's timer ``time_calls``;
-    returns (rows, the table cells of HEADERS, then of SPLIT_HEADERS with ``split``)."""
+    returns (rows, the table cells of HEADERS, then of SPLIT_HEADERS with ``split``). ``consts``: op.py constants
+    ({OP_CONSTANT_KEYS key: value}, e.g. the merge's fold) set around every call, as around ours."""
     import torch
 
+    from hpc_advise.runtime.benches.decode_attention import op_constants
     from hpc_advise.runtime.benchmarking import run_row
+
+    def under(form, p, b):
+        with op_constants(consts or {}):
+            return form(p, w, b)
 
     g = plans[0].grid_size()
     dev = plans[0].device
@@ -311,7 +379,7 @@ def bench_cells(
     ]
     rows, us = [], {}
     for provider, form in (FORMS | SPLIT_FORMS if split else FORMS).items():
-        calls = [lambda p=p, b=b, form=form: form(p, w, b) for p, b in zip(plans, bufs, strict=True)]
+        calls = [lambda p=p, b=b, form=form: under(form, p, b) for p, b in zip(plans, bufs, strict=True)]
         for c in calls:
             c()  # compiles outside the timed graph
         t, how = time_calls(calls)
@@ -351,7 +419,8 @@ def bench_cells(
     floor, tail = us["stream_floor"], us["stream_floor_tail"]
     tbps = w.kv_bytes / floor / 1e6
     cells = [round(floor, 1), round(tbps, 2), f"{100 * tbps / COPY_TBPS:.0f}%", f"{t_ours.p50 / floor:.2f}x"]
-    cells += [round(tail, 1), f"{t_ours.p50 / tail:.2f}x", round(us["empty_launch"], 1), round(again.p50, 1)]
+    cells += [round(tail, 1), f"{t_ours.p50 / tail:.2f}x", round(us["stream_floor_tail1"], 1)]
+    cells += [round(us["stream_floor_duty"], 1), round(us["empty_launch"], 1), round(again.p50, 1)]
     if split:
         pas = us["pass_only"]
         cells += [
