@@ -9,7 +9,11 @@ steps; hpc_advise/kernels/fused_moe/README.md, "Prefill").
 - GU_K / DN_K = 256 with per-tensor weight and static activation scales: fp32 promotion of the fp8
   tensor-core partial sums every 256 instead of every 128 (only the GPU accumulates in reduced
   precision; its error against the promoted kernel is measured there and printed).
-GPU tests run the real prefill shapes (T = 1024 and 4096, both scale modes, an EP rank, empty experts).
+- GU_TILES / DN_TILES (several N tiles per program) and GU_PERSIST / DN_PERSIST (persistent programs striding over
+  the used tiles) at prefill tiles: bitwise the one-tile programs, their refusals, the tuner's --prefill-tiles
+  candidates, and their sm_90a builds (one pipelined flattened loop; which tiles spill).
+GPU tests run the real prefill shapes (T = 1024 and 4096, both scale modes, an EP rank, empty experts; the tile forms
+at Hy3 T = 4096 and DeepSeek-V3 EP8 T = 16384, persistent programs under graph replay).
 """
 
 from __future__ import annotations

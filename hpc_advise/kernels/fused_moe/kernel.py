@@ -23,6 +23,8 @@ Launches, in order:
                           and this launch is skipped.
 TILES (config GU_TILES / DN_TILES): a GEMM program computes that many adjacent N tiles of its block
 (``_gate_up_tile`` / ``_down_tile`` each) in one flattened, software-pipelined loop over (tile, K step).
+PERSIST (config GU_PERSIST / DN_PERSIST): a fixed grid of GEMM programs, each striding over the used tiles in the
+grouped order (``_persistent_tiles``) through the same kind of flattened loop.
 USE_PDL (config PDL = 1, SM90+): each launch is a programmatic dependent launch whose programs wait
 (griddepcontrol.wait) for the prior grid before reading or writing anything, so only the launch
 latency and the prior grid's tail overlap.

@@ -11,7 +11,9 @@ BLOCK_EXIT (GEMM programs exit on the block's expert, one dependent load fewer) 
 variants; none of them changes the result. GU_SWAP_AB / DN_SWAP_AB run the regular path's gate/up / down
 GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token rows; same products).
 GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
-one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_RED
+one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_PERSIST /
+DN_PERSIST (default 0) launch that many persistent programs per SM instead, each striding over the used tiles through
+such a loop (bitwise too); GU_RED
 (with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
 SiLU / quantization launch (bitwise the same). SCALE_LAG runs the gate/up GEMM as two dots and scales (per-tensor
 weights with a static activation scale: promotes) each K step's up product one step later, so that dot stays in
