@@ -561,6 +561,13 @@ def test_prefill_tiles_compile_pipelined_for_sm90(tmp_path, monkeypatch):
     assert res["blk128 persist"]["stack"] > 64, res["blk128 persist"]
 
 
+def _one_tile(cfg: dict) -> dict:
+    """``cfg`` with one tile per GEMM program (the form the multi-tile and persistent ones are compared with)."""
+    return {
+        key: v for key, v in cfg.items() if key not in ("GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST")
+    }
+
+
 GPU_TILE_POINTS = {  # name -> (GPU_PREFILL shape, T, forms against the tuned pick)
     # per-tensor BLOCK_M 64 (Hy3 T = 4096): both GEMMs with 2 / 4 tiles per program, both persistent
     "hy3-4096": ("hy3", 4096, [dict(GU_TILES=2, DN_TILES=4), dict(GU_PERSIST=1, DN_PERSIST=1)]),
@@ -572,15 +579,15 @@ GPU_TILE_POINTS = {  # name -> (GPU_PREFILL shape, T, forms against the tuned pi
 @pytest.mark.gpu
 @pytest.mark.parametrize("point", list(GPU_TILE_POINTS))
 def test_gpu_prefill_tiles_and_persistent_bitwise_the_one_tile_programs(point):
-    """At real prefill shapes and the tuned pick's tiles: multi-tile and persistent GEMM programs bitwise the
-    one-tile programs (same products in the same order; on the GPU too) and within 2e-2 of the reference."""
+    """At real prefill shapes and the tuned pick's tiles (its one-tile form): multi-tile and persistent GEMM programs
+    bitwise the one-tile programs (same products in the same order; on the GPU too) and within 2e-2 of the reference."""
     from tests.kernels.test_fused_moe_decode_round5 import _same_with_tiles
 
     seed = _seed()
     shape, t, forms = GPU_TILE_POINTS[point]
     e, h, i, k, ge, off, mode = GPU_PREFILL[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
-    cfg = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    cfg = _one_tile(op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False))
     _same_with_tiles(p, cfg, forms, seed)
 
 
@@ -592,7 +599,7 @@ def test_gpu_persistent_programs_empty_experts_ep_rank_and_graph_replay():
     tokens gives zeros."""
     seed = _seed()
     e, h, i, k, ge, off, mode = GPU_PREFILL["qwen3-30b-a3b"]
-    cfg = op.get_config(1024, k, e, h, i, mode, True, allow_small=False)
+    cfg = _one_tile(op.get_config(1024, k, e, h, i, mode, True, allow_small=False))
     cfg = dict(cfg, GU_PERSIST=1, DN_PERSIST=2, PDL=1, PREFETCH=0)
     ids = torch.full((1024, k), -1, dtype=torch.int32, device="cuda")
     ids[:, 0] = 7
