@@ -508,10 +508,21 @@ elif [ "${STAGE:-sweep}" = mgrid ]; then
       --config "$FOLD_CFG" > "$RES/split_fold.log" 2>&1
     pack "split (fold) done"
   fi
-  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-90}" python3 benchmarks/bench_decode_attention.py --sweep \
-    --sweep-set "${SET:-mgrid}" > "$RES/sweep.log" 2>&1
-  pack "sweep done"
-  grep -i "Traceback" -A3 "$RES/split.log" "$RES/split_fold.log" "$RES/sweep.log" 2>/dev/null | head -8
+  if [ "${SWEEP_S:-90}" -gt 0 ]; then
+    HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-90}" python3 benchmarks/bench_decode_attention.py --sweep \
+      --sweep-set "${SET:-mgrid}" > "$RES/sweep.log" 2>&1
+    pack "sweep done"
+  fi
+  # the merge launch against an untracked copy of the package before the mgrid refactor (if there): same plans and
+  # partials, one process, alternating (benchmarks/merge_ab_decode_attention.py)
+  if [ "${AB_S:-0}" -gt 0 ] && [ -d benchmarks/_merge_before/decode_attention ]; then
+    mkdir -p "$RES/ab"
+    HPC_ADVISE_RESULTS=$RES/ab timeout "$AB_S" python3 benchmarks/merge_ab_decode_attention.py \
+      --before benchmarks/_merge_before/decode_attention --groups "${AB_GROUPS:-bf16:8/1,fp8:64/8}" > "$RES/ab.log" 2>&1
+    pack "merge A/B done"
+    grep "^ab " "$RES/ab.log"; grep "Geometric" "$RES/ab.log" | cut -c1-400
+  fi
+  grep -i "Traceback" -A3 "$RES/split.log" "$RES/split_fold.log" "$RES/sweep.log" "$RES/ab.log" 2>/dev/null | head -8
   # short tables last: sweep (case, heads, KV, variant, us, rel err); split, op.py's then the fold (case, ours,
   # floor, floor + tail, floor + 1-program tail, floor + duty tail, ours again, pass, merge alone, ours - pass)
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-s[24]-\(f16-\)\?pdl//; s/ 64 [23] 3 4 / /'

@@ -11,25 +11,10 @@ planner with those knobs. Writes decode_attention_plan_time.{md,jsonl} (or $HPC_
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.runtime.benches import decode_attention as da
 from hpc_advise.runtime.benchmarking import run_row, write_results
-
-
-def load_package(path: str):
-    """The op module of a decode_attention package copy at ``path`` (its own kernel module alongside)."""
-    pkg = Path(path)
-    spec = importlib.util.spec_from_file_location(
-        "decode_attention_before", pkg / "__init__.py", submodule_search_locations=[str(pkg)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return importlib.import_module(spec.name + ".op")
 
 
 def plan_us(mod, w: da.Workload, **cfg) -> float:
@@ -59,7 +44,7 @@ def main() -> None:
     extra = {
         k: v for k, v in (("whole_below", args.whole_below), ("seg_cost", args.seg_cost)) if v is not None
     }
-    before = load_package(args.before) if args.before else None
+    before = da.load_package(args.before) if args.before else None
     rows, table = [], []
     for name, hq, hkv, kv in da.SWEEP_CASES:
         w = da.Workload(

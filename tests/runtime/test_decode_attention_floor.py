@@ -282,7 +282,9 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
             rounds = 2 if (kv, heads) == ("bf16", "8/1") else 1
             assert entries[:: len(folds) + 1] == [entries[0]] * (rounds + 1), entries
             assert [e[4] for e in entries[1 : len(folds) + 1]] == [entries[0][4] + f for f in folds]
-            assert all(da.variant_constants(e[4]).get("merge_fold") for e in entries[1 : len(folds) + 1])
+            for e in entries[1 : len(folds) + 1]:
+                consts = da.variant_constants(e[4])
+                assert consts.get("merge_fold") or consts.get("wide_merge_span"), e
     assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
         "wide_merge_block": 256,
         "merge_maxnreg": 0,
@@ -309,6 +311,16 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
     }  # noqa: E731
     rows = [row("a", 10.0), row("b", 10.0), row("a", 9.0, merge_maxnreg=0), row("b", 9.5, merge_maxnreg=0)]
     assert da.best_config(rows)["merge_maxnreg"] == 0 and da.best_config(rows[:2])["merge_maxnreg"] is None
+
+
+def test_load_package_gives_a_copy_its_own_op_and_kernels():
+    # the loader of benchmarks/plan_time_decode_attention.py and merge_ab_decode_attention.py: a package copy's op
+    # module with its own kernel modules, so its _merge can be swapped into ours on the same plan
+    from pathlib import Path
+
+    copy = da.load_package(str(Path(op.__file__).parent))
+    assert copy is not op and copy._k is not op._k and copy._k.merge_kernel is not op._k.merge_kernel
+    assert copy.__name__ == "decode_attention_before.op" and callable(copy._merge)
 
 
 def test_floor_builds_for_sm90_as_resident_as_the_real_pass():

@@ -253,6 +253,24 @@ def swapped(obj, **attrs):
             setattr(obj, name, value)
 
 
+def load_package(path: str):
+    """The op module of another copy of the decode_attention package at ``path`` (its own kernel modules alongside),
+    for timing it beside this checkout's in one process (benchmarks/plan_time_decode_attention.py, the merge A/B)."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    pkg = Path(path)
+    spec = importlib.util.spec_from_file_location(
+        "decode_attention_before", pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module(spec.name + ".op")
+
+
 def op_constants(values: dict):
     """Context setting op.py's constants from {OP_CONSTANT_KEYS key: value} (None values: left as they are)."""
     from hpc_advise.kernels.decode_attention import op
