@@ -50,7 +50,9 @@ def _grid_notes(args, cfg, best_fp8, by_heads) -> list[str]:
             "over our plan (same grid, program ranges, page table, pool, tile, stages, warps, register cap) "
             "that reads every K/V byte our pass reads and adds it into an fp32 sum per program, no math, no "
             "merge; 'floor + tail' adds a dependent launch in the merge launch's slot under PDL (its grid, "
-            "all programs exit but one, which waits); 'empty launch': one launch of the attention grid that "
+            "all programs exit but one, which waits); 'floor + 1-program tail': that tail as one program; "
+            "'floor + duty tail': the merge grid whose merging programs wait and exit (no merge work); "
+            "'empty launch': one launch of the attention grid that "
             "reads no K/V. Timed right after ours; 'ours again' is ours timed once more after them. "
             "'floor of 4.12' against DESIGN.md §7's 4.12 TB/s device copy."
         )

@@ -94,6 +94,10 @@ MERGE_HOIST = 1
 # other), and into WIDE_MERGE_SPAN-column spans, one wide program per span ([WIDE_MERGE_BLOCK, WIDE_MERGE_COLS] tiles).
 # Every column's arithmetic is its own, so neither changes a result (bitwise under the interpreter). 64 and 8 give
 # the launch before sweep mgrid: (G + 8 W) x GROUP x D / 64 programs, 6 400 at bf16 8/1 (G 264, W 17), mostly idle.
+# Sweep mgrid (H200, 2026-11-30 04:55-04:57 UTC, benchmarks/results/decode_attention_sweep_mgrid.md, _split_mgrid.md):
+# that grid costs what one program does in the merge launch's slot, and parking its merging programs at their wait
+# <= 0.3 us; folded, a program's tiles run one after the other: bf16 8/1 +2.8 % in geometric mean at MERGE_FOLD 256,
+# +18 % at WIDE_MERGE_SPAN 64 (uncapped), +65 % at 1024 / 64. Both stay at 64 / 8 (kept for the sweep and the tests).
 MERGE_FOLD = 64
 MERGE_FOLDS = (64, 128, 256, 512, 1024, 2048, 4096)
 WIDE_MERGE_SPAN = 8

@@ -9,9 +9,11 @@ table and lengths, the caller's K/V pool, and the plan's tile, pipeline stages, 
 as in the real pass). Every tile loads exactly the K and V rows the real pass loads (tokens past the length
 masked, never read) and adds them, converted to fp32, into a ``[TILE, D]`` accumulator; the program writes
 the accumulator's sum to ``sums[pid]``, so nothing is dead code. No q, no products, no softmax, no partials,
-no merge launch. With ``tail=True`` a second, dependent launch follows in the merge launch's slot (its grid,
-under programmatic dependent launch on the GPU as the merge is): all its programs exit at once but program
-(0, 0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to ``sums[G]``.
+no merge launch. With ``tail`` a second, dependent launch follows in the merge launch's slot (under programmatic
+dependent launch on the GPU as the merge is): ``'grid'`` (or True) on the merge launch's grid, all its programs
+exiting at once but program (0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to
+``sums[G]``; ``'one'`` the same as one program; ``'duty'`` the merge grid whose merging programs (``kernel.merge_duty``)
+wait and exit (what the grid and its parked duties cost, without the merge's work; sweep mgrid).
 
 ``bench_cells`` times both forms beside ours in ``decode_attention.bench_case`` (``--floor``): µs, TB/s of K/V
 read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor; also ``empty_launch`` (the attention
