@@ -21,7 +21,7 @@
 # STAGE=split (carry .whl_profile): the split's tests, --split on 4 bf16 8/1 cases, then sweep set 'split'.
 # STAGE=mprol (carry .whl_profile): merge / graph-replay GPU tests, --split on the same 4 cases, sweep set 'mprol'.
 # STAGE=mgrid (carry .whl_profile): merge / fold / graph-replay GPU tests, --split with op.py's merge and a folded one,
-# sweep set $SET (mgrid, mgrid2), the merge A/B against benchmarks/_merge_before (AB_S). Sweep mgrid's calls
+# sweep set $SET (mgrid), the merge A/B against benchmarks/_merge_before (AB_S). Sweep mgrid's calls
 # (2026-11-30 04:55 / 05:01 UTC): TEST_S=50 SPLIT_S=28 SWEEP_S=85 (96 s; 7 of 17 tests inside 50 s, the fold tests
 # compile many merge forms), then TEST_S=95 SPLIT_S=0 SWEEP_S=0 AB_S=100 (100 s; 16 tests in 66 s, A/B 27 s).
 set -o pipefail
@@ -488,8 +488,7 @@ elif [ "${STAGE:-sweep}" = mgrid ]; then
   # Stage 2: --split on a narrow-merge and a wide-merge bf16 8/1 miss, with op.py's merge and with FOLD_CFG (a folded
   # merge launch, op.py constants as --config): ours, the floor, + the do-nothing tail on the merge grid, + it as one
   # program, + the merge grid with its merging programs parked at their wait (the duty tail), the pass alone, the
-  # merge alone. Stage 3: sweep set $SET ('mgrid': bf16 8/1, the default three times against each fold twice;
-  # 'mgrid2': the pick on the 32 bf16 / fp8 cases).
+  # merge alone. Stage 3: sweep set $SET ('mgrid': bf16 8/1, the default three times against each fold twice).
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
   export PYTHONPATH=/tmp/site:$PWD
   pack "installed"

@@ -328,17 +328,13 @@ SWEEP_SETS["mprol"] = dict(
 # GROUP x D / 64 programs, 6 400 at bf16 8/1, mostly idle): the shipped bf16 8/1 default against the merge launch
 # folded ('-mfN': N of the group's GROUP * D columns per narrow program, 64-column tiles one after the other; '-wfN':
 # N per wide program, [128, 8] tiles) on the 8 bf16 8/1 cases, where the rule is read: the default three times, each
-# fold twice, alternating. 'mgrid2': the folds of MGRID_ALL the same way on bf16 8/1 and on the 8 bf16 64/8, 8 fp8
-# 64/8 and 8 fp8 8/1 cases (default twice, fold once). Offline sm_90a (bf16 group 8): 4 narrow tiles per program
+# fold twice, alternating (a fold that met the rule there would have been timed on the 64/8 and fp8 cases next). Offline sm_90a (bf16 group 8): 4 narrow tiles per program
 # (-mf256) build at the launch's 64-register cap without spill; 16 (-mf1024) and wide spans > 8 spill there, so they
 # run uncapped ('-mr0': 128 registers, no spill). The tiles of a program run one after the other (each tile's loads
 # issue after the previous tile's store: its reductions hold CTA barriers), so a fold trades programs for a longer
 # chain per merging program: -mf1024 chains 16 narrow round trips, -wf64 8 wide ones per step. Measured (2026-11-30
-# 04:55 UTC, kernel TUNING_LOG.md "Sweep mgrid"): bf16 8/1 +2.8 / +18 / +65 % in geometric mean, none shipped, so
-# 'mgrid2' was not run.
+# 04:55 UTC, kernel TUNING_LOG.md "Sweep mgrid"): bf16 8/1 +2.8 / +18 / +65 % in geometric mean, none shipped.
 MGRID_81 = ("-mf256", "-wf64-mr0", "-mf1024-wf64-mr0")
-MGRID_ALL = ("-mf1024-wf64-mr0",)
-_FP8_8_1_TR = (64, 2, 3, 4, _FP8T)  # the fp8 default with < 8 KV heads (transposed, 2 programs/SM)
 
 
 def _interleaved(entry: tuple, folds: tuple, rounds: int) -> list:
@@ -351,19 +347,6 @@ def _interleaved(entry: tuple, folds: tuple, rounds: int) -> list:
 SWEEP_SETS["mgrid"] = dict(
     cases=[(name, 8, 1, "bf16") for name in CASES],
     configs_by_heads={("bf16", "8/1"): _interleaved(_BF16_8_1, MGRID_81, 2)},
-)
-SWEEP_SETS["mgrid2"] = dict(
-    cases=[
-        (name, hq, hkv, kv)
-        for kv, hq, hkv in (("bf16", 8, 1), ("bf16", 64, 8), ("fp8", 64, 8), ("fp8", 8, 1))
-        for name in CASES
-    ],
-    configs_by_heads={
-        ("bf16", "8/1"): _interleaved(_BF16_8_1, MGRID_ALL, 2),
-        ("bf16", "64/8"): _interleaved(_BF16_64_8, MGRID_ALL, 1),
-        ("fp8", "64/8"): _interleaved(_FP8_64_8, MGRID_ALL, 1),
-        ("fp8", "8/1"): _interleaved(_FP8_8_1_TR, MGRID_ALL, 1),
-    },
 )
 
 
