@@ -19,6 +19,9 @@
 #   STAGE=tiles  multi-tile / persistent prefill GEMM programs: PART=tune (GPU tests, `tune_fused_moe.py
 #                --prefill-tiles`: whole call and each GEMM launch alone, two tables) or PART=bench (the peers'
 #                bench on $SHAPES x $TS with the working tree's configs.json); see the stage's comment below.
+#   STAGE=pingpong  the ping-pong Gluon down GEMM (DN_GLUON 3): STAGE=tiles' two parts with the GPU tests of
+#                tests/kernels/test_fused_moe_gluon.py, `tune_fused_moe.py --pingpong` (the launch-alone rounds time
+#                the whole call too) and SHAPES=hy3 by default.
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -33,6 +36,7 @@ pack() { tar czf "$OUT/prefill.tgz" -C "$RES" . 2>/dev/null; stamp "packed: $1";
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl \
   && export PYTHONPATH=/tmp/site:$PYTHONPATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
+SHAPES_SET=${SHAPES:-}  # empty: the stage's default shapes
 SHAPES=${SHAPES:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b,hy3-tp8}
 TESTS=${TESTS:-tests/kernels/test_fused_moe_prefill.py}
 
@@ -66,28 +70,31 @@ for (shape, t), r in rows.items():
 PY
 }
 
-launch_table() {  # the GEMM launches alone (median of the interleaved rounds), % vs the pick, from the jsonl
-  python3 - "$RES/fused_moe_prefill_tiles_launches.jsonl" <<'PY'
+launch_table() {  # the GEMM launches alone (median of the interleaved rounds), % vs the pick, from the jsonl $1
+  python3 - "$1" <<'PY'
 import json, sys
 rows = {}
 for line in open(sys.argv[1]):
     r = json.loads(line)
     rows.setdefault((r["shape"], r["T"]), []).append(r)
-print("| shape | T | pick gate/up µs (TF/s) | pick down µs (TF/s) | candidates: gate/up %, down % vs the pick |")
-print("|---|---|---|---|---|")
+call = "call_us" in next(iter(rows.values()))[0]  # --pingpong: the whole call in the same rounds
+print("| shape | T | pick gate/up µs (TF/s) | pick down µs (TF/s) |" + (" pick call µs |" if call else "")
+      + " candidates: gate/up %, down %" + (", call %" if call else "") + " vs the pick |")
+print("|---|---|---|---|" + ("---|" if call else "") + "---|")
 for (shape, t), rs in rows.items():
     p = rs[0]
     cands = "; ".join(
         f"{json.dumps({k: v for k, v in r['config'].items() if p['config'].get(k) != v}, sort_keys=True)} "
         f"{100 * (r['gate_up_us'] / p['gate_up_us'] - 1):+.1f} / {100 * (r['down_us'] / p['down_us'] - 1):+.1f}"
+        + (f" / {100 * (r['call_us'] / p['call_us'] - 1):+.1f}" if call else "")
         for r in rs[1:]
     )
     print(f"| {shape} | {t} | {p['gate_up_us']:.1f} ({p['gate_up_tflops']:.0f}) | {p['down_us']:.1f} "
-          f"({p['down_tflops']:.0f}) | {cands} |")
+          f"({p['down_tflops']:.0f}) |" + (f" {p['call_us']:.1f} |" if call else "") + f" {cands} |")
 PY
 }
 
-if [ "${STAGE:-sweep}" = tiles ]; then
+if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ]; then
   # multi-tile / persistent prefill GEMM programs (GU_TILES, DN_TILES, GU_PERSIST, DN_PERSIST). PART=tune (call 1;
   # carry .whl_profile): stage 1 the GPU tests of $TESTS selected by $TEST_SEL (-n 1, <= TEST_S); stage 2
   # `tune_fused_moe.py --prefill-tiles` on $SHAPES x $TS (whole call: current pick first and again last, the
@@ -95,6 +102,12 @@ if [ "${STAGE:-sweep}" = tiles ]; then
   # interleaved rounds, rows in fused_moe_prefill_tiles_launches.jsonl; <= TUNE_S, --budget TUNE_BUDGET for each of
   # the two timing passes); last the two short tables. PART=bench (call 2; carry .whl_profile and .whl_moe):
   # bench_fused_moe.py with the peers on $SHAPES x $TS with the configs.json of the working tree (<= BENCH_S).
+  # STAGE=pingpong: the same two parts for the ping-pong Gluon down GEMM (tests, tuner flag, Hy3 by default)
+  NAME=tiles FLAG=--prefill-tiles SEL="prefill_tiles or persistent"
+  if [ "$STAGE" = pingpong ]; then
+    NAME=pingpong FLAG=--pingpong SEL=gpu TESTS=tests/kernels/test_fused_moe_gluon.py
+    [ -n "$SHAPES_SET" ] || SHAPES=hy3
+  fi
   export HPC_ADVISE_HOME=$RES/home
   if [ "${PART:-tune}" = bench ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
@@ -104,18 +117,17 @@ if [ "${STAGE:-sweep}" = tiles ]; then
     grep -v "^  " "$RES/bench.log" | cut -c1-220 | tail -30
     pack "bench"
   else
-    TESTS=${TESTS:-tests/kernels/test_fused_moe_prefill.py} TEST_N=1 \
-      TEST_SEL=${TEST_SEL:-"prefill_tiles or persistent"} gpu_tests "${TEST_S:-60}"
+    TEST_N=1 TEST_SEL=${TEST_SEL:-$SEL} gpu_tests "${TEST_S:-60}"
     grep -E "PASSED|FAILED|ERROR|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -12
     pack "stage 1 (GPU tests)"
     cp hpc_advise/kernels/fused_moe/configs.json "$RES/fused_moe_configs.json"
-    OUT=$RES timeout "${TUNE_S:-160}" python3 benchmarks/tune_fused_moe.py --prefill-tiles --shapes "$SHAPES" \
+    OUT=$RES timeout "${TUNE_S:-160}" python3 benchmarks/tune_fused_moe.py $FLAG --shapes "$SHAPES" \
       --ts "${TS:-4096,16384}" --budget "${TUNE_BUDGET:-45}" --out "$RES/fused_moe_configs.json" \
       > "$RES/tune.log" 2>&1
     echo "tune rc $?" >> "$RES/tune.log"
     grep -E "precompiled|budget|Error|dropped|failed|rc |: [0-9.]+ us \{" "$RES/tune.log" | cut -c1-200 | tail -16
     pack "stage 2 (tune + launches)"
-    launch_table
+    launch_table "$RES/fused_moe_prefill_${NAME}_launches.jsonl"
     tune_table
     pack "all stages"
   fi

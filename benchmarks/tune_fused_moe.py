@@ -10,6 +10,7 @@
     python benchmarks/tune_fused_moe.py --swap-ab [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --multi-tile [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --prefill-tiles [--shapes ...] [--ts 4096,16384]
+    python benchmarks/tune_fused_moe.py --pingpong [--shapes hy3] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -59,6 +60,10 @@ with multi-tile (GU_TILES, DN_TILES) and persistent (GU_PERSIST, DN_PERSIST) GEM
 the ``--decode-forms`` loop (whole call, one process, current pick re-timed last, merged only if >= 2% faster),
 then each GEMM launch alone for the same candidates in interleaved rounds (``prefill_tile_launches``; rows in
 $OUT/fused_moe_prefill_tiles_launches.jsonl).
+
+``--pingpong`` is ``--prefill-tiles`` with ``pingpong_candidates`` (the pick against its down GEMM as the
+persistent ping-pong Gluon kernel, DN_GLUON 3), the launch-alone rounds timing the whole call too (rows in
+$OUT/fused_moe_prefill_pingpong_launches.jsonl).
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
@@ -566,24 +571,57 @@ def prefill_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+def pingpong_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--pingpong: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference, re-timed
+    last), then the same pick with its down GEMM as the persistent ping-pong Gluon kernel (DN_GLUON 3, DN_WARPS 4,
+    kernel_gluon_down.py): 64 x 128 consumer tiles at 4 / 5 / 6 ring stages, at 4 stages also DN_GROUP_M 4 and 16,
+    and at BLOCK_M 128 the 128 x 64 tile at 4 stages (call 1 on the H200, 2026-11-30 05:10 UTC: 8 stages and the
+    6 / 8-stage 128 x 64 forms were slower at T = 16384). Keys the Gluon kernel has no form of are dropped from the
+    pick (op.GLUON_DOWN_EXCLUDES, DN_TILES); per-tensor static scales only (else the pick alone). Every form is
+    bitwise the pick's output."""
+    cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    if mode != "tensor-static":
+        return [cur]
+    base = {key: v for key, v in cur.items() if key not in (*op.GLUON_DOWN_EXCLUDES, "DN_TILES")}
+    base.update(DN_GLUON=3, DN_WARPS=4, DN_K=128, DN_GLUON_M=64, DN_N=128)
+    out = [dict(base, DN_STAGES=s) for s in (4, 5, 6)]
+    out += [dict(base, DN_STAGES=4, DN_GROUP_M=g) for g in (4, 16)]
+    if base["BLOCK_M"] >= 128:
+        out.append(dict(base, DN_GLUON_M=128, DN_N=64, DN_STAGES=4))
+
+    def valid(c):
+        try:
+            op.check_forms(op.check_config(dict(c), False, False), False, False, False, h, i)
+        except op.FusedMoEError:
+            return False
+        return True
+
+    return [cur] + [c for c in out if valid(c)]
+
+
 # interleaved rounds of the launch-alone timings (one config drifted up to 14% in one process on the H200)
 PREFILL_TILE_ROUNDS = 3
+# --pingpong: more rounds (call 1's whole-call rounds spread up to 15 % at Hy3 T = 16384)
+PINGPONG_ROUNDS = 5
 
 
 def prefill_tile_launches(
-    shapes: list[str], ts: tuple[int, ...], log=print, budget_s: float | None = None, on_point=None
-) -> list[dict]:
+    shapes: list[str], ts: tuple[int, ...], log=print, budget_s: float | None = None, on_point=None,
+    cands_fn=None, whole: bool = False, rounds: int = PREFILL_TILE_ROUNDS,
+) -> list[dict]:  # fmt: skip
     """--prefill-tiles, after the whole-call tune: µs of each GEMM launch alone (``_stage_times``: graph replay of
-    one prepared call's gate/up and down launches) for every ``prefill_tile_candidates`` config of a point, in
-    PREFILL_TILE_ROUNDS interleaved rounds (candidate order repeated, so a drift hits all alike), median per
-    launch; rows with each round's times. With ``budget_s``, later points are skipped once that many seconds
-    have passed; ``on_point(rows)`` gets each point's rows as it finishes (a run cut short keeps them)."""
+    one prepared call's gate/up and down launches) for every ``prefill_tile_candidates`` config (or ``cands_fn``'s)
+    of a point, in ``rounds`` interleaved rounds (candidate order repeated, so a drift hits all alike),
+    median per launch; with ``whole`` also the whole call (``call_us``, graph replay) in the same rounds; rows
+    with each round's times. With ``budget_s``, later points are skipped once that many seconds have passed;
+    ``on_point(rows)`` gets each point's rows as it finishes (a run cut short keeps them)."""
     import statistics
     import time
 
     import torch
 
     from hpc_advise.kernels.fused_moe import op
+    from hpc_advise.runtime.benchmarking import time_cuda
 
     rows, t0 = [], time.monotonic()
     for shape in shapes:
@@ -594,17 +632,20 @@ def prefill_tile_launches(
                 continue
             s = fb.make_routings(t, k, eg, h, 1)[0]
             args = _launch_args(s, wts, kw, off)
-            cands = prefill_tile_candidates(op, t, k, e, h, i, mode)
+            cands = (cands_fn or prefill_tile_candidates)(op, t, k, e, h, i, mode)
             launches = [op._Launch(*args[:-1], c) for c in cands]
             times = [[] for _ in cands]
-            for _ in range(PREFILL_TILE_ROUNDS):
-                for launch, got in zip(launches, times, strict=True):
+            for _ in range(rounds):
+                for c, launch, got in zip(cands, launches, times, strict=True):
                     got.append(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
+                    if whole:
+                        call = fb._ours_body(op, wts, kw, c)
+                        got[-1]["call_us"] = time_cuda(lambda: call(s), inner=2, reps=5).p50  # noqa: B023
             flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
             point = []
             for c, got in zip(cands, times, strict=True):
                 row = dict(shape=shape, mode=mode, T=t, config=c, rounds=got)
-                for key in ("gate_up_us", "down_us"):
+                for key in ("gate_up_us", "down_us") + (("call_us",) if whole else ()):
                     row[key] = statistics.median(r[key] for r in got)
                 row["gate_up_tflops"] = flops * 2 / 3 / (row["gate_up_us"] * 1e-6) / 1e12
                 row["down_tflops"] = flops / 3 / (row["down_us"] * 1e-6) / 1e12
@@ -614,6 +655,11 @@ def prefill_tile_launches(
                     f"({row['gate_up_tflops']:.0f} TF/s), down {row['down_us']:.1f} us ({row['down_tflops']:.0f} "
                     f"TF/s); rounds gate/up {[round(r['gate_up_us'], 1) for r in got]} down "
                     f"{[round(r['down_us'], 1) for r in got]}"
+                    + (
+                        f"; call {row['call_us']:.1f} us, rounds {[round(r['call_us'], 1) for r in got]}"
+                        if whole
+                        else ""
+                    )
                 )
                 point.append(row)
             rows += point
@@ -876,6 +922,11 @@ def main() -> None:
         help="time the current prefill pick against multi-tile / persistent GEMM programs (call and launches)",
     )
     ap.add_argument(
+        "--pingpong",
+        action="store_true",
+        help="time the current prefill pick against its down GEMM as the ping-pong Gluon kernel (DN_GLUON 3)",
+    )
+    ap.add_argument(
         "--launch-overhead",
         action="store_true",
         help="host vs GPU time of one eager call on the persistent, small-T and regular paths",
@@ -949,6 +1000,9 @@ def main() -> None:
     if args.prefill_tiles:  # the --decode-forms loop over the prefill tile forms, built at sizes they divide
         fb.decode_form_candidates = prefill_tile_candidates
         fb.compile_job = multi_tile_compile_job
+    if args.pingpong:  # the --decode-forms loop over the ping-pong down forms, built at sizes they divide
+        fb.decode_form_candidates = pingpong_candidates
+        fb.compile_job = multi_tile_compile_job
     if args.fuse_quant:  # the --decode-forms loop over the FUSE_QUANT candidates, built at the shape's H
         fb.decode_form_candidates = fuse_quant_candidates
         fb.compile_job = fuse_quant_compile_job
@@ -975,6 +1029,7 @@ def main() -> None:
                 args.swap_ab,
                 args.multi_tile,
                 args.prefill_tiles,
+                args.pingpong,
                 args.fuse_quant,
                 args.scale_lag,
                 args.occupancy,
@@ -986,15 +1041,20 @@ def main() -> None:
     fb.write_configs(entries, out, gpu)
     print(f"wrote {len(entries)} entries to {out}")
     if (
-        args.prefill_tiles
+        args.prefill_tiles or args.pingpong
     ):  # then each GEMM launch alone, interleaved rounds (rows appended under $OUT per point)
-        jsonl = Path(os.environ.get("OUT", ".")) / "fused_moe_prefill_tiles_launches.jsonl"
+        name = "pingpong" if args.pingpong else "tiles"
+        jsonl = Path(os.environ.get("OUT", ".")) / f"fused_moe_prefill_{name}_launches.jsonl"
 
         def keep(rows):
             with open(jsonl, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
 
-        prefill_tile_launches(shapes, ts, budget_s=args.budget, on_point=keep)
+        prefill_tile_launches(
+            shapes, ts, budget_s=args.budget, on_point=keep,
+            cands_fn=pingpong_candidates if args.pingpong else None, whole=args.pingpong,
+            rounds=PINGPONG_ROUNDS if args.pingpong else PREFILL_TILE_ROUNDS,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

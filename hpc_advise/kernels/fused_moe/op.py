@@ -13,7 +13,9 @@ GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token r
 GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
 one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_PERSIST /
 DN_PERSIST (default 0) launch that many persistent programs per SM instead, each striding over the used tiles through
-such a loop (bitwise too); GU_RED
+such a loop (bitwise too); DN_GLUON = 3 runs the down GEMM as a persistent ping-pong Gluon kernel
+(kernel_gluon_down.py: a TMA producer warp and two consumer warpgroups on alternate DN_GLUON_M x DN_N tiles,
+per-tensor prefill form only, SM90; bitwise the Triton down GEMM); GU_RED
 (with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
 SiLU / quantization launch (bitwise the same). SCALE_LAG runs the gate/up GEMM as two dots and scales (per-tensor
 weights with a static activation scale: promotes) each K step's up product one step later, so that dot stays in
@@ -221,6 +223,8 @@ def get_config(
 def _reject_small_only_keys(cfg: dict) -> None:
     if "H_GROUP" in cfg and not is_small(cfg):
         raise FusedMoEError("H_GROUP (h's quantization group width) is a small-T path key (PATH 'small')")
+    if (is_small(cfg) or is_persistent(cfg)) and any(cfg.get(k, 0) for k in ("DN_GLUON", "DN_GLUON_M")):
+        raise FusedMoEError("DN_GLUON (the ping-pong Gluon down GEMM) is a regular prefill path key")
 
 
 def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
@@ -275,6 +279,10 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         v = cfg.get(key, 0)
         if type(v) is not int or not 0 <= v <= PERSIST_MAX:
             raise FusedMoEError(f"{key}={v!r} must be 0 (off) or 1-{PERSIST_MAX} persistent programs per SM")
+    if cfg.get("DN_GLUON", 0) not in (0, 3):
+        raise FusedMoEError(
+            f"DN_GLUON={cfg['DN_GLUON']!r} must be 0 (Triton down GEMM) or 3 (persistent ping-pong Gluon down GEMM)"
+        )
     return cfg
 
 
@@ -289,6 +297,68 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
     multiples of 16). The small-T and persistent paths have their own checks and never take these keys."""
     _check_scale_forms(cfg, a1_group, a2_group, w_block, inter)
     _check_tile_forms(cfg, a1_group, a2_group, w_block, hidden, inter)
+    if cfg.get("DN_GLUON", 0) or cfg.get("DN_GLUON_M", 0):
+        _check_gluon_form(cfg, a2_group, w_block, hidden, inter)
+
+
+# config keys the ping-pong Gluon down kernel (DN_GLUON = 3, kernel_gluon_down.py) has no form of
+GLUON_DOWN_EXCLUDES = (
+    "PDL",
+    "PREFETCH",
+    "DN_REDUCE",
+    "DN_SWAP_AB",
+    "FAST_ACC",
+    "DN_A_TMA",
+    "W_SCALAR",
+    "DN_PERSIST",
+)
+# the ping-pong kernel's TMA ring: at most this many bytes (228 KiB per SM less barriers and the compiler's scratch)
+GLUON_SMEM = 200 * 1024
+
+
+def _check_gluon_form(cfg: dict, a2_group: bool, w_block: bool, hidden: int, inter: int) -> None:
+    """DN_GLUON = 3: the persistent ping-pong down GEMM in Gluon (kernel_gluon_down.py): per-tensor w2 scales and
+    a static intermediate scale only; 128-wide K steps; DN_WARPS 4 (each consumer is one warpgroup); a
+    consumer tile of DN_GLUON_M (default BLOCK_M; 64 or 128 dividing BLOCK_M) x DN_N rows with at most 64 fp32
+    values per thread (the sum plus two partials in flight: 128 x 128 needs 256 registers > 255); TMA tiles
+    inside one expert (H % DN_N == 0, 16-byte rows); the STAGES-deep ring in shared memory."""
+    if not cfg.get("DN_GLUON", 0):
+        raise FusedMoEError(
+            "DN_GLUON_M is the ping-pong Gluon down GEMM's tile height: it needs DN_GLUON = 3"
+        )
+    if w_block or a2_group:
+        raise FusedMoEError(
+            "DN_GLUON (Gluon down GEMM) serves per-tensor weight scales with a static intermediate scale only"
+        )
+    extra = [k for k in GLUON_DOWN_EXCLUDES if cfg.get(k, 0)] + (
+        ["DN_TILES"] if cfg.get("DN_TILES", 1) > 1 else []
+    )
+    if extra:
+        raise FusedMoEError(f"DN_GLUON (Gluon down GEMM) has no form with {extra}")
+    bm, bn, tm = cfg["BLOCK_M"], cfg["DN_N"], cfg.get("DN_GLUON_M", 0) or cfg["BLOCK_M"]
+    if (
+        cfg["DN_K"] != GROUP
+        or cfg["DN_WARPS"] != 4
+        or tm not in (64, 128)
+        or bm % tm
+        or not 64 <= bn <= 256
+        or tm * bn > 64 * 128
+    ):
+        raise FusedMoEError(
+            "DN_GLUON (Gluon down GEMM) needs DN_K == 128, DN_WARPS == 4, a tile of DN_GLUON_M (64 or 128, dividing "
+            "BLOCK_M) x DN_N (64-256) rows with DN_GLUON_M·DN_N <= 8192 (64 fp32 per thread), got "
+            f"BLOCK_M={bm}, DN_GLUON_M={tm}, DN_N={bn}, DN_K={cfg['DN_K']}, DN_WARPS={cfg['DN_WARPS']}"
+        )
+    if cfg["DN_STAGES"] < 2 or cfg["DN_STAGES"] * (tm + bn) * GROUP > GLUON_SMEM:
+        raise FusedMoEError(
+            f"DN_GLUON (Gluon down GEMM) needs 2 <= DN_STAGES and a ring of <= {GLUON_SMEM} bytes, got "
+            f"DN_STAGES={cfg['DN_STAGES']} x {(tm + bn) * GROUP} bytes"
+        )
+    if hidden % bn or inter % 16:
+        raise FusedMoEError(
+            f"DN_GLUON (Gluon down GEMM) needs H % DN_N == 0 and I % 16 == 0 (TMA tiles inside one expert), "
+            f"got H={hidden}, DN_N={bn}, I={inter}"
+        )
 
 
 def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inter: int) -> None:
@@ -511,6 +581,12 @@ class _Launch:
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
         if not (is_small(self.cfg) or is_persistent(self.cfg)):  # the regular path's forms only
             check_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
+            if self.cfg.get("DN_GLUON", 0) and not (
+                dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 9
+            ):
+                raise FusedMoEError(
+                    "DN_GLUON (Gluon down GEMM) runs on SM90 GPUs only (Gluon has no interpreter)"
+                )
         self.offset = int(expert_offset)
         if is_small(self.cfg) or is_persistent(self.cfg):  # these paths allocate their own workspace
             return
@@ -762,6 +838,8 @@ class _Launch:
     def down(self, w2, routed_scaling: float, out=None):
         """Down GEMM → bf16 rows y; with DN_REDUCE (and ``out``) also the top-k sum into ``out``."""
         c = self.cfg
+        if c.get("DN_GLUON", 0):  # check_forms: the prefill per-tensor form, no DN_REDUCE
+            return self.down_gluon(w2, routed_scaling)
         reduce = self.dn_reduce and out is not None
         counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
         out = self.y if out is None else out
@@ -824,6 +902,48 @@ class _Launch:
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
+        )
+
+    def down_gluon(self, w2, routed_scaling: float):
+        """DN_GLUON = 3: the down GEMM by ``kernel_gluon_down`` (one persistent ping-pong program per SM) → y.
+        Its TMA descriptors are Gluon's (with the shared-memory layout); the weight one is over a 2-D view of
+        w2, which is no slot of a launch plan, so a call with it is never recorded (launch_plan.Recorder.finish:
+        every call runs these launches eagerly, as it does in a CUDA-graph capture)."""
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        from .kernel_gluon_down import MAXNREG, _down_pingpong_kernel
+
+        c = self.cfg
+        tm, bn = c.get("DN_GLUON_M", 0) or c["BLOCK_M"], c["DN_N"]
+        if not w2.is_contiguous() or w2.data_ptr() % 16:
+            raise FusedMoEError("DN_GLUON needs a contiguous, 16-byte aligned w2 (its TMA view is [E·H, I])")
+
+        def desc(t, rows):
+            return TensorDescriptor.from_tensor(
+                t, [rows, GROUP], gl.NVMMASharedLayout.get_default_for([rows, GROUP], gl.float8e4nv)
+            )
+
+        tiles = (self.P // tm) * (self.H // bn)
+        LP.launch(_down_pingpong_kernel, (min(tiles, _num_sms(w2.device)),))(
+            desc(self.inter, tm),
+            desc(w2.view(self.E * self.H, self.I), bn),
+            self.a2,
+            self.w2_scale,
+            self.sorted_ids,
+            self.block_expert,
+            self.num_padded,
+            self.weights,
+            self.y,
+            self.H,
+            self.I,
+            self.n,
+            float(routed_scaling),
+            BLOCK_M=c["BLOCK_M"],
+            GROUP_M=c["DN_GROUP_M"],
+            STAGES=c["DN_STAGES"],
+            num_warps=4,
+            maxnreg=MAXNREG,
         )
 
     def reduce(self, out):
