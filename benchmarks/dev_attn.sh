@@ -20,10 +20,10 @@
 # STAGE=floor (carry .whl_profile): the stream floor's GPU tests, then the full grid with the floor beside ours.
 # STAGE=split (carry .whl_profile): the split's tests, --split on 4 bf16 8/1 cases, then sweep set 'split'.
 # STAGE=mprol (carry .whl_profile): merge / graph-replay GPU tests, --split on the same 4 cases, sweep set 'mprol'.
-# STAGE=mgrid (carry .whl_profile): merge / fold / graph-replay GPU tests, --split with op.py's merge and a folded one,
-# sweep set $SET (mgrid), the merge A/B against benchmarks/_merge_before (AB_S). Sweep mgrid's calls
-# (2026-11-30 04:55 / 05:01 UTC): TEST_S=50 SPLIT_S=28 SWEEP_S=85 (96 s; 7 of 17 tests inside 50 s, the fold tests
-# compile many merge forms), then TEST_S=95 SPLIT_S=0 SWEEP_S=0 AB_S=100 (100 s; 16 tests in 66 s, A/B 27 s).
+# STAGE=mgrid (carry .whl_profile): merge / graph-replay / floor-tail GPU tests, --split with the three tails, the
+# merge A/B against benchmarks/_merge_before (AB_S). Sweep mgrid's calls (2026-11-30 04:55 / 05:01 UTC) also ran
+# --split with a folded merge and sweep set 'mgrid' (the folds: measured slower, removed; this script and the
+# options at 2ba5ab4): TEST_S=50 SPLIT_S=28 SWEEP_S=85 (96 s), then TEST_S=95 SPLIT_S=0 SWEEP_S=0 AB_S=100 (100 s).
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -483,38 +483,26 @@ elif [ "${STAGE:-sweep}" = split ] || [ "$STAGE" = mprol ]; then
   grep "^sweep " "$RES/sweep.log" | cut -c14- | sed 's/nested-desc-w-pc32-s[24]-\(f16-\)\?pdl//'
   grep -h "^|" "$RES/split/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,20-24
 elif [ "${STAGE:-sweep}" = mgrid ]; then
-  # (carry .whl_profile) issue 5, sweep mgrid: is the merge launch's cost its grid? Stage 1: the merge, fold,
-  # graph-replay and floor-tail GPU tests (the folds against the unfolded launch, within fp32 rounding on the GPU).
-  # Stage 2: --split on a narrow-merge and a wide-merge bf16 8/1 miss, with op.py's merge and with FOLD_CFG (a folded
-  # merge launch, op.py constants as --config): ours, the floor, + the do-nothing tail on the merge grid, + it as one
-  # program, + the merge grid with its merging programs parked at their wait (the duty tail), the pass alone, the
-  # merge alone. Stage 3: sweep set $SET ('mgrid': bf16 8/1, the default three times against each fold twice).
+  # (carry .whl_profile) issue 5, sweep mgrid: is the merge launch's cost its grid? Stage 1: the merge,
+  # graph-replay and floor-tail GPU tests. Stage 2: --split on a narrow-merge and a wide-merge bf16 8/1 miss: ours,
+  # the floor, + the do-nothing tail on the merge grid, + it as one program, + the merge grid with its merging
+  # programs parked at their wait (the duty tail), the pass alone, the merge alone. Stage 3: the merge A/B.
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
   export PYTHONPATH=/tmp/site:$PWD
   pack "installed"
   timeout "${TEST_S:-50}" python3 -m pytest tests/kernels/test_decode_attention.py tests/runtime/test_decode_attention_floor.py \
-    -n 2 -k "${TEST_K:-fold or narrow_and_wide or hoist or gpu_merge or cuda_graph or pass_then_merge or gpu_floor or tail_forms}" \
+    -n 2 -k "${TEST_K:-narrow_and_wide or hoist or gpu_merge or cuda_graph or pass_then_merge or gpu_floor or tail_forms}" \
     -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
   pack "tests done"
-  mkdir -p "$RES/split" "$RES/split_fold" "$RES/sweep"
+  mkdir -p "$RES/split"
   CASES="${SPLIT_CASES:-32 x 128 + 32 x 4K,1 x 128K}"
-  [ -n "$FOLD_CFG" ] || FOLD_CFG='{"merge_fold": 1024, "wide_merge_span": 64, "merge_maxnreg": 0}'
   if [ "${SPLIT_S:-40}" -gt 0 ]; then
     HPC_ADVISE_RESULTS=$RES/split timeout "${SPLIT_S:-40}" python3 benchmarks/bench_decode_attention.py --grid full \
       --kv bf16 --heads 8/1 --peers '' --split --cases "$CASES" > "$RES/split.log" 2>&1
     pack "split done"
-    HPC_ADVISE_RESULTS=$RES/split_fold timeout "${SPLIT_S:-40}" python3 benchmarks/bench_decode_attention.py --grid full \
-      --kv bf16 --heads 8/1 --peers '' --split --cases "$CASES" \
-      --config "$FOLD_CFG" > "$RES/split_fold.log" 2>&1
-    pack "split (fold) done"
   fi
-  if [ "${SWEEP_S:-90}" -gt 0 ]; then
-    HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-90}" python3 benchmarks/bench_decode_attention.py --sweep \
-      --sweep-set "${SET:-mgrid}" > "$RES/sweep.log" 2>&1
-    pack "sweep done"
-  fi
-  # the merge launch against an untracked copy of the package before the mgrid refactor (if there): same plans and
+  # the merge launch against an untracked copy of the package from another commit (if there): same plans and
   # partials, one process, alternating (benchmarks/merge_ab_decode_attention.py)
   if [ "${AB_S:-0}" -gt 0 ] && [ -d benchmarks/_merge_before/decode_attention ]; then
     mkdir -p "$RES/ab"
@@ -523,11 +511,10 @@ elif [ "${STAGE:-sweep}" = mgrid ]; then
     pack "merge A/B done"
     grep "^ab " "$RES/ab.log"; grep "Geometric" "$RES/ab.log" | cut -c1-400
   fi
-  grep -i "Traceback" -A3 "$RES/split.log" "$RES/split_fold.log" "$RES/sweep.log" "$RES/ab.log" 2>/dev/null | head -8
-  # short tables last: sweep (case, heads, KV, variant, us, rel err); split, op.py's then the fold (case, ours,
-  # floor, floor + tail, floor + 1-program tail, floor + duty tail, ours again, pass, merge alone, ours - pass)
-  grep "^sweep " "$RES/sweep.log" 2>/dev/null | cut -c14- | sed 's/nested-desc-w-pc32-s[24]-\(f16-\)\?pdl//; s/ 64 [23] 3 4 / /'
-  grep -h "^|" "$RES/split/decode_attention.md" "$RES/split_fold/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,17,18,20-23
+  grep -i "Traceback" -A3 "$RES/split.log" "$RES/ab.log" 2>/dev/null | head -8
+  # short table last: split (case, ours, floor, floor + tail, floor + 1-program tail, floor + duty tail, ours again,
+  # pass, merge alone, ours - pass)
+  grep -h "^|" "$RES/split/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,17,18,20-23
   true  # (a stage left out leaves no table: not a failure of the call)
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1

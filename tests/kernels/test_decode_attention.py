@@ -914,75 +914,6 @@ def test_gpu_merge_launches_cuda_graph_replay():
     assert any(n for n, _ in kinds) and any(w for _, w in kinds), kinds
 
 
-# (KV dtype, group, KV heads, head_dim) of test_merge_fold_is_bitwise_the_unfolded_form: group 16 = 128 / 8 heads;
-# group 6 with 2 KV heads at head_dim 64 has 384 columns, which a 256-column fold does not divide (its last
-# program's span runs past the group: those tiles skipped)
-_FOLD_CASES = [(BF16, 8, 1, 128), (FP8, 8, 1, 128), (BF16, 1, 1, 256), (BF16, 16, 1, 64), (FP8, 6, 2, 64)]
-# (op.MERGE_FOLD, op.WIDE_MERGE_SPAN, op.MERGE_HOIST) against the unfolded (64, 8) launch of the same hoist
-_FOLDS = [(1024, 64, 1), (256, 16, 0)]
-
-
-@pytest.mark.parametrize("kv_dtype, group, hkv, d", _FOLD_CASES, ids=[f"{'fp8' if c[0] == FP8 else 'bf16'}-g{c[1]}-"
-                         f"h{c[2]}-d{c[3]}" for c in _FOLD_CASES])  # fmt: skip
-def test_merge_fold_is_bitwise_the_unfolded_form(kv_dtype, group, hkv, d):
-    # op.MERGE_FOLD / WIDE_MERGE_SPAN (sweep mgrid): a merge program combines many tiles of the group's columns,
-    # flattened as (query row, d), one after the other, instead of one tile per program. Every column's
-    # arithmetic is its own, so on the same partials each fold is bitwise the unfolded launch under the
-    # interpreter (fp32 outputs: the bf16 output would hide last bits), and the same rows are merged: the shipped
-    # adaptive launch (narrow segments in one step, a wide one over ~27 programs) and narrow programs only
-    # (wide_merge off: the wide segment in 2 steps of 16 with next-step slots, NEXT 1, reset per tile), with
-    # the planner loads before the wait (HOIST) and after it. On the GPU two builds may order a reduction
-    # differently: within fp32 rounding there.
-    lens, page = [700, 300, 5, 64], 16
-    hq = group * hkv
-    scales = (0.37, 1.9) if kv_dtype == FP8 else (1.0, 1.0)
-    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
-    g = 40 * hkv  # each KV head's 700-token segment over ~27 programs
-    knobs = dict(page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, tile=16, num_programs=g)
-    pdl = q.is_cuda and not op._interpreting()
-    ref = decode_attention_reference(
-        q, k, v, table, seq_lens, page_size=page, k_scale=scales[0], v_scale=scales[1]
-    )
-    for wide in (True, False):
-        p = op.plan(seq_lens, table, desc=True, pdl=True, merge_block=16, wide_merge=wide, **knobs)
-        out = op.run(p, q, k, v, k_scale=scales[0], v_scale=scales[1], out=torch.full_like(q, float("nan")))
-        assert rel_err(out, ref) <= TOL[kv_dtype], wide
-        # a segment over > 16 programs, and one not
-        assert merged_rows(p, wide=True) and merged_rows(p, wide=False)
-        merged = {}
-        for fold, span, hoist in [(64, 8, 1), (64, 8, 0), *_FOLDS]:
-            consts = {"merge_fold": fold, "wide_merge_span": span, "merge_hoist": hoist}
-            with da.op_constants(consts):
-                grid = op.merge_grid(p)
-                merged[fold, span, hoist] = torch.full(
-                    q.shape, float("nan"), dtype=torch.float32, device=q.device
-                )
-                op._merge(p, merged[fold, span, hoist], pdl=pdl)
-            cols = min(fold, group * d)
-            wide_programs = len(p.wide_list) * cols // span if wide else 0
-            assert grid == (g + wide_programs, -(-group * d // cols)), (consts, grid)
-        base = merged[64, 8, 1]
-        rows = segment_rows(base, merged_rows(p, wide=False) + merged_rows(p, wide=True), group)
-        assert not rows.isnan().any() and base.isnan().sum() == q.numel() - rows.numel()
-        for (fold, span, hoist), got in merged.items():
-            assert torch.equal(got.isnan(), base.isnan()), (fold, span, hoist)
-            want = merged[64, 8, hoist]
-            if op._interpreting():
-                assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), (wide, fold, span, hoist)
-            else:
-                torch.testing.assert_close(got.nan_to_num(7.0), want.nan_to_num(7.0), rtol=1e-5, atol=1e-6)
-
-
-def test_merge_fold_constants_are_checked():
-    _, _, _, table, seq_lens = make_case([40], hq=8, hkv=1, d=128, page=16)
-    p = op.plan(seq_lens, table, page_size=16, num_q_heads=8, num_kv_heads=1, head_dim=128, wide_merge=True)
-    for consts in ({"merge_fold": 96}, {"wide_merge_span": 128}):
-        with da.op_constants(consts), pytest.raises(ValueError, match="MERGE_FOLD must be one of"):
-            op.merge_grid(p)
-    with da.op_constants({"merge_fold": 4096, "wide_merge_span": 64}):  # capped at the group's 1024 columns
-        assert op.merge_spans(p) == (64, 1024, 64) and op.merge_grid(p)[1] == 1
-
-
 # ---------------------------------------------------------------- CPU only: what Triton builds for sm_90a
 
 _STRIDES = ["stride_qb", "stride_qh", "stride_kp", "stride_ks", "stride_kh", "stride_vp", "stride_vs"]
@@ -1114,43 +1045,19 @@ def test_merge_launch_compiles_for_sm90_at_the_narrow_registers():
         GROUP=8,
         HEAD_DIM=128,
         D_CHUNK=64,
-        FOLD=op.MERGE_FOLD,
         PDL=True,
         BLOCK_P=16,
         NARROW=16,
         WIDE_COLS=op.WIDE_MERGE_COLS,
-        WIDE_SPAN=op.WIDE_MERGE_SPAN,
         WIDE_BLOCK_P=op.WIDE_MERGE_BLOCK,
     )
     cap = [op.MERGE_MAXNREG] if op.MERGE_MAXNREG else []
     jobs = [
         [_KERNEL, "merge_kernel", types, consts | {"HOIST": h}, 2, 1, ["stride_ob"], *cap] for h in (0, 1)
     ]
-    # sweep mgrid's folds (offline, 2026-11-30): 4 narrow tiles per program at the cap, no spill; 16 narrow tiles or
-    # 8 wide ones per program spill at the cap (16-72 bytes) and take ptxas's <= 128 registers uncapped, no spill
-    folds = [(256, 8, [64]), (64, 64, []), (1024, 64, [])]
-    jobs += [
-        [
-            _KERNEL,
-            "merge_kernel",
-            types,
-            consts | {"HOIST": 1, "FOLD": f, "WIDE_SPAN": s},
-            2,
-            1,
-            ["stride_ob"],
-            *c,
-        ]
-        for f, s, c in folds
-    ]
     # both forms of op.MERGE_HOIST: planner loads after griddepcontrol.wait and before it (shipped; sweep mprol)
-    *shipped, fold256, wide64, fold1024w64 = compile_sm90(jobs)
-    for r in shipped:
+    for r in compile_sm90(jobs):
         assert r["stack"] == 0 and (not cap or (r["registers"] <= 64 and r["ctas_per_sm"] == 16)), r
-    assert fold256["registers"] <= 64 and fold256["stack"] == 0, fold256
-    assert all(r["registers"] <= 128 and r["stack"] == 0 for r in (wide64, fold1024w64)), (
-        wide64,
-        fold1024w64,
-    )
 
 
 def test_sweep_variants_and_best_config_skip_failures():

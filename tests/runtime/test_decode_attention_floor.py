@@ -102,23 +102,21 @@ def test_floor_reads_exactly_the_plans_tokens(kv_dtype, page, hkv, num_programs)
     assert math.isclose(sums[g].item(), sums[:g].double().sum().item(), rel_tol=1e-6, abs_tol=1e-3)
 
 
-@pytest.mark.parametrize("fold", [64, 1024])
-def test_floor_tail_forms_write_the_total(fold):
-    # the tails in the merge launch's slot: its grid (for op.MERGE_FOLD 64 and 1024), one program, and its grid with
+def test_floor_tail_forms_write_the_total():
+    # the tails in the merge launch's slot: its grid, one program, and its grid with
     # the merging programs waiting (kernel.merge_duty: a wide segment over > 16 of 24 programs and a narrow one
     # here, so both kinds of duty exist); each writes the pass's total to sums[G] and leaves sums[:G] as the floor
     _, k, v, table, seq_lens = shifted_case([1, 65, 1100], hkv=1, page=64, kv_dtype=BF16)
     p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, num_programs=24)
     assert int((p.wide_list >= 0).sum()) == 1 and int((p.merge_first >= 0).sum()) == 2, p.merge_first.tolist()
     g = p.grid_size()
-    with da.op_constants({"merge_fold": fold}):
-        assert fl.tail_grid(p) == (24 + len(p.wide_list) * fold // 8, 1024 // fold)
-        for tail in fl.TAILS[1:]:
-            sums = torch.full((g + 1,), float("nan"), device=k.device)
-            fl.stream_floor(p, k, v, sums=sums, tail=tail)
-            check_sums(sums, p, k, v)
-            total = sums[:g].double().sum().item()
-            assert math.isclose(sums[g].item(), total, rel_tol=1e-6, abs_tol=1e-3), tail
+    assert fl.tail_grid(p) == (24 + len(p.wide_list) * 64 // op.WIDE_MERGE_COLS, 8, 2)
+    for tail in fl.TAILS[1:]:
+        sums = torch.full((g + 1,), float("nan"), device=k.device)
+        fl.stream_floor(p, k, v, sums=sums, tail=tail)
+        check_sums(sums, p, k, v)
+        total = sums[:g].double().sum().item()
+        assert math.isclose(sums[g].item(), total, rel_tol=1e-6, abs_tol=1e-3), tail
 
 
 def test_floor_page_id_chunks_and_long_segments():
@@ -153,7 +151,7 @@ def test_floor_rejects_static_plans_and_mismatched_pools():
     p = make_plan(seq_lens, table, hkv=1, page=16, kv_dtype=BF16)
     with pytest.raises(ValueError, match=r"v_cache must be \[num_pages, 16, 1, 128\]"):
         fl.stream_floor(p, k, v[..., :64])
-    assert fl.tail_grid(p) == op.merge_grid(p) and op.merge_grid(p)[1:] == (8 * 128 // op.MERGE_FOLD,)
+    assert fl.tail_grid(p) == op.merge_grid(p) and op.merge_grid(p)[1:] == (8, 2)
     with pytest.raises(ValueError, match="tail must be one of"):
         fl.stream_floor(p, k, v, tail="all")
 
@@ -186,7 +184,7 @@ def test_bench_cells_rows_and_table_cells_fake_timer():
     assert ran == [2] * 6
     assert [r["provider"] for r in rows] == [*fl.FORMS, "hpc_advise_dynamic_again"]
     assert rows[0]["config"]["finite"] and rows[1]["config"]["tail_grid"] == list(fl.tail_grid(plans[0]))
-    assert rows[2]["config"]["tail_grid"] == [1, 1] and rows[3]["config"]["tail_grid"] == list(
+    assert rows[2]["config"]["tail_grid"] == [1, 1, 1] and rows[3]["config"]["tail_grid"] == list(
         fl.tail_grid(plans[0])
     )
     tbps = w.kv_bytes / 20.0 / 1e6
@@ -250,7 +248,7 @@ def test_pass_then_merge_launch_is_our_call_bitwise():
         assert ((got.double() - ref).norm() / ref.norm()).item() < 5e-3, consts
 
 
-@pytest.mark.parametrize("name", ["split", "mprol", "mgrid"])
+@pytest.mark.parametrize("name", ["split", "mprol"])
 def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
     # each head count's entry 0 is what plan(kv_dtype=...) ships for that head count and KV dtype (timed first and
     # again last)
@@ -277,24 +275,12 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
         if name == "mprol":  # the default (hoisted merge loads) against the pre-mprol merge, alternating
             before = (*entries[0][:4], entries[0][4] + "-mh0")
             assert entries == [entries[0], before] * (2 if heads == "8/1" else 1), entries
-        if name == "mgrid":  # default first and last, between each fold once per round, alternating
-            folds, rounds = da.MGRID_81, 2
-            assert entries[:: len(folds) + 1] == [entries[0]] * (rounds + 1), entries
-            assert [e[4] for e in entries[1 : len(folds) + 1]] == [entries[0][4] + f for f in folds]
-            for e in entries[1 : len(folds) + 1]:
-                consts = da.variant_constants(e[4])
-                assert consts.get("merge_fold") or consts.get("wide_merge_span"), e
     assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
         "wide_merge_block": 256,
         "merge_maxnreg": 0,
     }
     assert da.variant_constants("nested-desc-w-wc16") == {"wide_merge_cols": 16}
     assert da.variant_constants("nested-desc-w-pdl-mh1") == {"merge_hoist": 1}
-    assert da.variant_constants("nested-w-mf1024-wf64-mr0") == {
-        "merge_fold": 1024,
-        "wide_merge_span": 64,
-        "merge_maxnreg": 0,
-    }
     with pytest.raises(ValueError, match="unknown variant"):
         da.variant_config(64, 2, 3, 4, "nested-mr0-mr64")
     with pytest.raises(ValueError, match="unknown op.py constant keys"):

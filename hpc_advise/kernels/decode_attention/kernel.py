@@ -1263,29 +1263,24 @@ def _combine_segment(
     ws_lse_ptr,
     p,
     lo,
-    col0,
+    r,
+    c,
     stride_ob,
     stride_oh,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    COLS: tl.constexpr,  # columns per tile (a divisor of HEAD_DIM): one query row's D columns col .. col + COLS - 1
-    SPAN: tl.constexpr,  # columns of this program, col0 .. col0 + SPAN - 1 of the group's GROUP * HEAD_DIM, COLS at a time
+    COLS: tl.constexpr,  # columns of D combined here: c * COLS ..
     BLOCK_P: tl.constexpr,  # partials combined per step
     PDL: tl.constexpr,  # griddepcontrol.wait before the first partial is read
     HOIST: tl.constexpr,  # planner loads before the wait (op.MERGE_HOIST); False: the form before sweep mprol
     NEXT: tl.constexpr,  # with HOIST, step i + 1's slots: 0 none (one step: p - lo < BLOCK_P), 1 after step i's
     # math, 2 before it
-    WHOLE: tl.constexpr,  # no program's span runs past the group's GROUP * HEAD_DIM columns (no check per tile)
 ):
-    """Columns ``col0 .. col0 + SPAN - 1`` of the split segment whose partials programs ``lo`` .. ``p`` of the
-    attention pass wrote, the group's columns flattened as (query row r, d) over GROUP * HEAD_DIM (column ``col``
-    is row ``col // HEAD_DIM``, dimension ``col % HEAD_DIM``; those past GROUP * HEAD_DIM are skipped): their
-    log-sum-exp combination, BLOCK_P partials per step, into ``out``, one tile of COLS columns (inside one row,
-    so one ``lse`` per partial) after the other. Every column's arithmetic is its own (the weights are per
-    partial and row, the sums per column), so a column's result depends neither on COLS nor on SPAN: the
-    folded launch (op.MERGE_FOLD: many tiles per program) is bitwise the one tile per program it replaced
-    under the interpreter.
+    """Query row ``r``, columns ``c * COLS ..`` of the split segment whose partials programs ``lo`` .. ``p`` of
+    the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``. Every
+    column's arithmetic is its own (the weights are per partial, the sums per column), so a column's result
+    does not depend on COLS.
 
     Only ``ws_lse`` / ``ws_o`` come from the attention pass. With HOIST everything else (the segment, its output
     row, the first step's slots) is loaded before the wait, so after it the first dependent load is the
@@ -1294,63 +1289,31 @@ def _combine_segment(
     narrow programs without wide_merge: their [BLOCK_P] slot vectors sit replicated in every thread, and carried
     across the math they spill at the launch's 64-register cap, 240 bytes offline on sm_90a), NEXT 0 never (the
     narrow programs with wide_merge: at most BLOCK_P participants, one step, no dead next-step code after the
-    math). The first step's slots are the same for every tile: loaded once, reused per tile. Without HOIST (the
-    pre-mprol form, op.MERGE_HOIST 0, kept for the sweep and the bitwise test; sweep mprol measured the hoisted
-    form with NEXT 1 on the narrow programs slower, this one 2.3 % faster on bf16 8/1 and the default since,
-    TUNING_LOG.md "Sweep mprol"): the wait first, then each step's slots, then its partials. The same values meet
-    the same arithmetic in each form."""
+    math). Without HOIST (the pre-mprol form, op.MERGE_HOIST 0, kept for the sweep and the bitwise test; sweep mprol
+    measured the hoisted form with NEXT 1 on the narrow programs slower, this one 2.3 % faster on bf16 8/1 and the
+    default since, TUNING_LOG.md "Sweep mprol"): the wait first, then each step's slots, then its partials. The same values meet the same arithmetic in each form."""
     if PDL and not HOIST:
         gdc_wait()
     bh = tl.load(merge_bh_ptr + p)
     seg_start = tl.load(merge_seg_ptr + p)
-    b = bh // NUM_KV_HEADS
-    out_rows = out_ptr + b.to(tl.int64) * stride_ob + (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP * stride_oh
-    slot_first = seg_start  # (placeholders without HOIST: each step loads its own slots)
-    ok_first = seg_start
     if HOIST:
-        slot_first, ok_first = _step_slots(prog_start_ptr, lo, p, seg_start, BLOCK_P)
+        slot_id, ok = _step_slots(prog_start_ptr, lo, p, seg_start, BLOCK_P)
         if PDL:
             gdc_wait()
-    last = p + 1
-    if HOIST and NEXT == 0:
-        last = lo + 1  # one step (the caller's guarantee)
-    for k in tl.static_range(0, SPAN, COLS):
-        if WHOLE:
-            _combine_tile(
-                out_rows, prog_start_ptr, ws_o_ptr, ws_lse_ptr, p, lo, last, seg_start, slot_first, ok_first,
-                col0 + k, stride_oh, GROUP, HEAD_DIM, COLS, BLOCK_P, HOIST, NEXT,
-            )  # fmt: skip
-        elif col0 + k < GROUP * HEAD_DIM:
-            _combine_tile(
-                out_rows, prog_start_ptr, ws_o_ptr, ws_lse_ptr, p, lo, last, seg_start, slot_first, ok_first,
-                col0 + k, stride_oh, GROUP, HEAD_DIM, COLS, BLOCK_P, HOIST, NEXT,
-            )  # fmt: skip
-
-
-@triton.jit
-def _combine_tile(
-    out_rows, prog_start_ptr, ws_o_ptr, ws_lse_ptr, p, lo, last, seg_start, slot_id, ok, col, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, COLS: tl.constexpr, BLOCK_P: tl.constexpr, HOIST: tl.constexpr,
-    NEXT: tl.constexpr,
-):  # fmt: skip
-    """One tile of _combine_segment: columns ``col .. col + COLS - 1`` (query row ``col // HEAD_DIM``) of the
-    segment, steps ``lo, lo + BLOCK_P, ..`` below ``last``; with HOIST ``slot_id`` / ``ok`` are the first step's
-    slots (loaded before the wait), else unused. Stores the row's columns to ``out_rows``."""
-    r = col // HEAD_DIM
-    offs_d = (col - r * HEAD_DIM) + tl.arange(0, COLS)
+    offs_d = c * COLS + tl.arange(0, COLS)
     m_run = tl.full([COLS], float("-inf"), dtype=tl.float32)  # kept as a vector
     w_sum = tl.zeros([COLS], dtype=tl.float32)
     acc = tl.zeros([COLS], dtype=tl.float32)
+    last = p + 1
+    if HOIST and NEXT == 0:
+        last = lo + 1  # one step (the caller's guarantee)
     for q0 in range(lo, last, BLOCK_P):
-        if HOIST:
-            sid = slot_id
-            sok = ok
-        else:  # (slot_id / ok are placeholders then, never re-assigned: not carried through the loop)
-            sid, sok = _step_slots(prog_start_ptr, q0, p, seg_start, BLOCK_P)
-        lse = tl.load(ws_lse_ptr + sid * GROUP + r, mask=sok, other=float("-inf"))
+        if not HOIST:
+            slot_id, ok = _step_slots(prog_start_ptr, q0, p, seg_start, BLOCK_P)
+        lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
         o = tl.load(
-            ws_o_ptr + (sid * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=sok[:, None],
+            ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=ok[:, None],
             other=0.0,
         )  # [BLOCK_P, COLS]
         if HOIST and NEXT == 2:  # (all masked off after the last step)
@@ -1365,34 +1328,32 @@ def _combine_tile(
         if HOIST and NEXT == 1:
             slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
     res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
-    tl.store(out_rows + r * stride_oh + offs_d, res.to(out_rows.dtype.element_ty))
+    b = bh // NUM_KV_HEADS
+    row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
+    tl.store(
+        out_ptr + b.to(tl.int64) * stride_ob + row * stride_oh + offs_d, res.to(out_ptr.dtype.element_ty)
+    )
 
 
 @triton.jit
-def merge_duty(x, n, G, merge_first_ptr, wide_list_ptr, FOLD: tl.constexpr, WIDE_SPAN: tl.constexpr,
-               NARROW: tl.constexpr):  # fmt: skip
-    """What merge program ``(x, n)`` of merge_kernel's grid does, from planner data alone: ``(p, lo, col0,
-    is_wide)`` — it combines columns ``col0 ..`` (FOLD of them when narrow, WIDE_SPAN when wide) of the segment
-    program ``p`` of the attention pass merges, whose first participant is ``lo``; ``lo < 0``: nothing to merge.
-    Axis 0: G narrow programs (program p's segment if it has at most NARROW participants, all when NARROW is
-    0), then, per wide_list entry j, FOLD // WIDE_SPAN wide ones (the segment of p = wide_list[j], -1: none);
-    axis 1: the group's GROUP * HEAD_DIM columns in FOLD-column spans. So every column of every split segment
-    is combined by exactly one program. (Also the stream floor's duty tail: the same grid, its programs waiting
-    where these merge.)"""
-    S: tl.constexpr = FOLD // WIDE_SPAN
+def merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, S: tl.constexpr, NARROW: tl.constexpr):
+    """What program ``(x, r, c)`` of merge_kernel's grid merges, from planner data alone: ``(p, lo, cw, is_wide)``
+    — the segment program ``p`` of the attention pass merges, its first participant ``lo`` (``lo < 0``: nothing
+    to merge) and the program's column chunk ``cw`` (of D_CHUNK columns when narrow, of D_CHUNK // S when wide).
+    Also the stream floor's duty tail (the same grid, its programs waiting where these merge)."""
     is_wide = x >= G
     p = x
     if is_wide:
         j = (x - G) // S
-        col0 = n * FOLD + (x - G - j * S) * WIDE_SPAN
+        cw = c * S + (x - G - j * S)  # column chunk of WIDE_COLS
         p = tl.load(wide_list_ptr + j)
         lo = tl.load(merge_first_ptr + p, mask=p >= 0, other=-1)
     else:
-        col0 = n * FOLD
+        cw = c
         lo = tl.load(merge_first_ptr + p)
         if NARROW > 0:
             lo = tl.where(p - lo + 1 > NARROW, -1, lo)
-    return p, lo, col0, is_wide
+    return p, lo, cw, is_wide
 
 
 @triton.jit
@@ -1412,47 +1373,46 @@ def merge_kernel(
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    D_CHUNK: tl.constexpr,  # columns per narrow tile (a divisor of HEAD_DIM)
-    FOLD: tl.constexpr,  # columns per narrow program (a multiple of D_CHUNK; op.MERGE_FOLD)
+    D_CHUNK: tl.constexpr,  # columns of D per narrow program
     BLOCK_P: tl.constexpr,  # partials combined per step by a narrow program
     NARROW: tl.constexpr,  # 0: the narrow programs merge every split segment; > 0: only those of <= NARROW
-    WIDE_COLS: tl.constexpr,  # columns per wide tile
-    WIDE_SPAN: tl.constexpr,  # columns per wide program (a multiple of WIDE_COLS dividing FOLD; op.WIDE_MERGE_SPAN)
+    WIDE_COLS: tl.constexpr,  # columns of D per wide program
     WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
     PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
     HOIST: tl.constexpr = False,  # planner loads before griddepcontrol.wait (op.MERGE_HOIST)
 ):
-    # grid (G + W * FOLD // WIDE_SPAN, ceil(GROUP * HEAD_DIM / FOLD)): see merge_duty. Programs with nothing to
-    # merge exit after their planner loads.
+    # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
+    # columns c * D_CHUNK .. of the group: G narrow programs, program p combining the segment that program p of
+    # the attention pass merges (its last participant) if it has at most NARROW participants, BLOCK_P partials
+    # per step; and W * S wide ones, program (j, s) combining columns c * D_CHUNK + s * WIDE_COLS .. of the
+    # segment of p = wide_list[j] (-1: none), WIDE_BLOCK_P per step. So every split segment is combined by
+    # exactly one set of programs. Programs with nothing to merge exit after their planner loads.
     x = tl.program_id(0)
-    n = tl.program_id(1)
+    r = tl.program_id(1)
+    c = tl.program_id(2)
     # a narrow program's segment has at most NARROW <= BLOCK_P participants (one step) when NARROW > 0
     NARROW_NEXT: tl.constexpr = 0 if NARROW > 0 and NARROW <= BLOCK_P else 1
-    # the FOLD-column spans (and the wide spans inside them) tile the group's columns: no check per tile
-    WHOLE: tl.constexpr = (GROUP * HEAD_DIM) % FOLD == 0
-    p, lo, col0, is_wide = merge_duty(x, n, G, merge_first_ptr, wide_list_ptr, FOLD, WIDE_SPAN, NARROW)
+    p, lo, cw, is_wide = merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, D_CHUNK // WIDE_COLS, NARROW)
     if PDL:
         # launched before the attention pass finished: everything read above, and in _combine_segment before its
         # wait (HOIST), comes from the planner (done before that pass started); partials may be read only after
-        # griddepcontrol.wait, which a merging program reaches inside _combine_segment. Program (0, 0) always
+        # griddepcontrol.wait, which a merging program reaches inside _combine_segment. Program (0, 0, 0) always
         # waits, so the launch never completes before the attention pass: pass and merge complete in that order,
         # and whatever is launched after them (without PDL) finds every output row written, even when no segment
         # needed merging and every other program exited at once. (The two-launch form this replaced needed the
         # same in each launch, and let the wide launch start only once every narrow program had started: its
         # waits were on the narrow grid's completion.)
-        if (lo < 0) & (x == 0) & (n == 0):
+        if (lo < 0) & (x == 0) & (r == 0) & (c == 0):
             gdc_wait()
     if lo >= 0:
         # two code paths, one per tile shape, chosen by a value uniform over the program
         if is_wide:
             _combine_segment(
-                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, col0,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_SPAN, WIDE_BLOCK_P, PDL, HOIST,
-                2, WHOLE,
+                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, cw,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P, PDL, HOIST, 2,
             )  # fmt: skip
         else:
             _combine_segment(
-                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, col0,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, FOLD, BLOCK_P, PDL, HOIST,
-                NARROW_NEXT, WHOLE,
+                out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, HOIST, NARROW_NEXT,
             )  # fmt: skip

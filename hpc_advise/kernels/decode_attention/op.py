@@ -89,19 +89,11 @@ MERGE_MAXNREG = 64
 # -4.3 %; 32 x 128 + 32 x 4K 28.8 -> 27.6 us, 1 x 128K 28.2 -> 27.2), bf16 64/8 -0.1 % and fp8 64/8 -0.3 % (worst
 # +0.35 %, inside the default's own spread): 1 ships since.
 MERGE_HOIST = 1
-# The merge launch's grid (kernel.merge_duty): the group's GROUP * D output columns of a split segment, flattened as
-# (query row, d), are cut into MERGE_FOLD-column spans, one narrow program per span (64-column tiles, one after the
-# other), and into WIDE_MERGE_SPAN-column spans, one wide program per span ([WIDE_MERGE_BLOCK, WIDE_MERGE_COLS] tiles).
-# Every column's arithmetic is its own, so neither changes a result (bitwise under the interpreter). 64 and 8 give
-# the launch before sweep mgrid: (G + 8 W) x GROUP x D / 64 programs, 6 400 at bf16 8/1 (G 264, W 17), mostly idle.
-# Sweep mgrid (H200, 2026-11-30 04:55-04:57 UTC, benchmarks/results/decode_attention_sweep_mgrid.md, _split_mgrid.md):
-# that grid costs what one program does in the merge launch's slot, and parking its merging programs at their wait
-# <= 0.3 us; folded, a program's tiles run one after the other: bf16 8/1 +2.8 % in geometric mean at MERGE_FOLD 256,
-# +18 % at WIDE_MERGE_SPAN 64 (uncapped), +65 % at 1024 / 64. Both stay at 64 / 8 (kept for the sweep and the tests).
-MERGE_FOLD = 64
-MERGE_FOLDS = (64, 128, 256, 512, 1024, 2048, 4096)
-WIDE_MERGE_SPAN = 8
-WIDE_MERGE_SPANS = (8, 16, 32, 64)
+# The merge launch's grid (merge_grid; (G + 8 W) x GROUP x D / 64 programs, 6 400 at bf16 8/1, mostly idle) is not
+# its cost: sweep mgrid (H200, 2026-11-30 04:55-05:02 UTC, benchmarks/results/decode_attention_split_mgrid.md) timed
+# that grid doing nothing in the merge's slot at what one program costs, and parking its merging programs at their
+# wait at <= 0.3 us more. Folding a segment's columns into fewer, longer programs (bitwise the same merge) was slower
+# on bf16 8/1 (+2.8 % to +65 % in geometric mean, decode_attention_sweep_mgrid.md) and was removed (code at 2ba5ab4).
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
@@ -905,28 +897,19 @@ def _warp_split(plan: DecodePlan) -> int:
     return plan.num_warps if ok else 0
 
 
-def merge_spans(plan: DecodePlan) -> tuple[int, int, int]:
-    """(columns per narrow tile, per narrow program, per wide program) of the merge launch for this plan: 64 (D
-    if smaller), MERGE_FOLD capped at the group's GROUP * D columns, WIDE_MERGE_SPAN."""
-    if MERGE_FOLD not in MERGE_FOLDS or WIDE_MERGE_SPAN not in WIDE_MERGE_SPANS:
-        _fail(f"MERGE_FOLD must be one of {MERGE_FOLDS} and WIDE_MERGE_SPAN one of {WIDE_MERGE_SPANS}, "
-              f"got {MERGE_FOLD} and {WIDE_MERGE_SPAN}")  # fmt: skip
-    # wider wide tiles (WIDE_MERGE_COLS 16, sweep split's '-wc16') take one tile per program at least
-    wide_span = max(WIDE_MERGE_SPAN, WIDE_MERGE_COLS)
-    return min(64, plan.head_dim), min(MERGE_FOLD, plan.group * plan.head_dim), wide_span
-
-
-def merge_grid(plan: DecodePlan) -> tuple[int, int]:
-    """The merge launch's grid (kernel.merge_duty): G narrow programs + per wide_list entry fold // wide span wide
-    ones, times the group's GROUP * D columns in spans of fold."""
-    _, fold, wide_span = merge_spans(plan)
+def merge_grid(plan: DecodePlan) -> tuple[int, int, int]:
+    """The merge launch's grid (kernel.merge_duty): G narrow programs + D_CHUNK // WIDE_MERGE_COLS wide ones per
+    wide_list entry, times the group's query rows, times D in chunks of D_CHUNK = min(64, D)."""
+    d_chunk = min(64, plan.head_dim)
     wide = plan.wide_list.shape[0] if plan.wide_merge else 0
-    return plan.grid_size() + wide * (fold // wide_span), -(-plan.group * plan.head_dim // fold)
+    return plan.grid_size() + wide * (d_chunk // WIDE_MERGE_COLS), plan.group, plan.head_dim // d_chunk
 
 
 def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
-    """The log-sum-exp merge: one launch of narrow and wide programs (see ``WIDE_MERGE_BLOCK``, ``MERGE_FOLD``)."""
-    d_chunk, fold, wide_span = merge_spans(plan)
+    """The log-sum-exp merge: one launch of narrow and wide programs (see ``WIDE_MERGE_BLOCK``)."""
+    d_chunk = min(64, plan.head_dim)
+    g = plan.grid_size()
+    wide = plan.wide_list.shape[0] if plan.wide_merge else 0
     launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
     if MERGE_MAXNREG and plan.merge_block <= 16 and plan.device.type == "cuda" and not _interpreting():
         launch["maxnreg"] = MERGE_MAXNREG
@@ -939,19 +922,17 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         plan.ws_o,
         plan.ws_lse,
         plan.wide_list,
-        plan.grid_size(),
-        plan.wide_list.shape[0] if plan.wide_merge else 0,
+        g,
+        wide,
         out.stride(0),
         out.stride(1),
         NUM_KV_HEADS=plan.num_kv_heads,
         GROUP=plan.group,
         HEAD_DIM=plan.head_dim,
         D_CHUNK=d_chunk,
-        FOLD=fold,
         BLOCK_P=plan.merge_block,
         NARROW=plan.merge_block if plan.wide_merge else 0,
         WIDE_COLS=WIDE_MERGE_COLS,
-        WIDE_SPAN=wide_span,
         WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
         PDL=pdl,
         HOIST=bool(MERGE_HOIST),

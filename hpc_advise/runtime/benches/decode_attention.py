@@ -219,10 +219,6 @@ OP_CONSTANT_FLAGS = {
     "wc": ("wide_merge_cols", "WIDE_MERGE_COLS"),
     # '-mh0' / '-mh1': the merge programs' planner loads after / before their griddepcontrol.wait (op.MERGE_HOIST, 1 by default)
     "mh": ("merge_hoist", "MERGE_HOIST"),
-    # '-mfN': N columns of the group's (row, d) per narrow merge program (op.MERGE_FOLD); '-wfN': per wide one
-    # (op.WIDE_MERGE_SPAN)
-    "mf": ("merge_fold", "MERGE_FOLD"),
-    "wf": ("wide_merge_span", "WIDE_MERGE_SPAN"),
 }
 OP_CONSTANT_KEYS = {key: const for key, const in OP_CONSTANT_FLAGS.values()}
 
@@ -322,31 +318,6 @@ SWEEP_SETS["mprol"] = dict(
             ("fp8", "64/8", _FP8_64_8),
         )
     },
-)
-
-# 'mgrid' (issue 5, after --split put 4.2-5.3 µs of bf16 8/1's miss in the merge launch, whose grid is (G + 8 W) x
-# GROUP x D / 64 programs, 6 400 at bf16 8/1, mostly idle): the shipped bf16 8/1 default against the merge launch
-# folded ('-mfN': N of the group's GROUP * D columns per narrow program, 64-column tiles one after the other; '-wfN':
-# N per wide program, [128, 8] tiles) on the 8 bf16 8/1 cases, where the rule is read: the default three times, each
-# fold twice, alternating (a fold that met the rule there would have been timed on the 64/8 and fp8 cases next). Offline sm_90a (bf16 group 8): 4 narrow tiles per program
-# (-mf256) build at the launch's 64-register cap without spill; 16 (-mf1024) and wide spans > 8 spill there, so they
-# run uncapped ('-mr0': 128 registers, no spill). The tiles of a program run one after the other (each tile's loads
-# issue after the previous tile's store: its reductions hold CTA barriers), so a fold trades programs for a longer
-# chain per merging program: -mf1024 chains 16 narrow round trips, -wf64 8 wide ones per step. Measured (2026-11-30
-# 04:55 UTC, kernel TUNING_LOG.md "Sweep mgrid"): bf16 8/1 +2.8 / +18 / +65 % in geometric mean, none shipped.
-MGRID_81 = ("-mf256", "-wf64-mr0", "-mf1024-wf64-mr0")
-
-
-def _interleaved(entry: tuple, folds: tuple, rounds: int) -> list:
-    """The default ``entry`` ``rounds`` + 1 times, each of ``folds`` ``rounds`` times, alternating: D, F1, F2, D,
-    F1, F2, D, ..."""
-    cands = [(*entry[:4], entry[4] + f) for f in folds]
-    return [entry] + [e for _ in range(rounds) for e in [*cands, entry]]
-
-
-SWEEP_SETS["mgrid"] = dict(
-    cases=[(name, 8, 1, "bf16") for name in CASES],
-    configs_by_heads={("bf16", "8/1"): _interleaved(_BF16_8_1, MGRID_81, 2)},
 )
 
 

@@ -11,7 +11,7 @@ masked, never read) and adds them, converted to fp32, into a ``[TILE, D]`` accum
 the accumulator's sum to ``sums[pid]``, so nothing is dead code. No q, no products, no softmax, no partials,
 no merge launch. With ``tail`` a second, dependent launch follows in the merge launch's slot (under programmatic
 dependent launch on the GPU as the merge is): ``'grid'`` (or True) on the merge launch's grid, all its programs
-exiting at once but program (0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to
+exiting at once but program (0, 0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to
 ``sums[G]``; ``'one'`` the same as one program; ``'duty'`` the merge grid whose merging programs (``kernel.merge_duty``)
 wait and exit (what the grid and its parked duties cost, without the merge's work; sweep mgrid).
 
@@ -156,19 +156,18 @@ def duty_tail_kernel(
     G,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
-    FOLD: tl.constexpr,
-    WIDE_SPAN: tl.constexpr,
+    S: tl.constexpr,
     NARROW: tl.constexpr,
 ):
     """The merge launch's grid and duties with none of its work: each program reads its duty as a merge program
     does (kernel.merge_duty, the same planner data); those with a segment to merge wait for the floor pass
-    (griddepcontrol.wait under PDL) and exit, the others exit at once; program (0, 0) waits and writes
+    (griddepcontrol.wait under PDL) and exit, the others exit at once; program (0, 0, 0) waits and writes
     sum(sums[:G]) to sums[G]. Against the plain tail (one waiting program) it adds what parking the merging
     programs at their wait costs; against the merge launch it leaves out their loads, arithmetic and stores."""
     x = tl.program_id(0)
-    n = tl.program_id(1)
-    _, lo, _, _ = merge_duty(x, n, G, merge_first_ptr, wide_list_ptr, FOLD, WIDE_SPAN, NARROW)
-    if (x == 0) & (n == 0):
+    c = tl.program_id(2)
+    _, lo, _, _ = merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, S, NARROW)
+    if (x == 0) & (tl.program_id(1) == 0) & (c == 0):
         _tail_total(sums_ptr, G, BLOCK, PDL)
     elif lo >= 0:
         if PDL:
@@ -190,7 +189,7 @@ def _check_plan(plan, k_cache, v_cache) -> None:
             raise ValueError(f"stream_floor: {name} must be contiguous in D and on {plan.device}")
 
 
-def tail_grid(plan) -> tuple[int, int]:
+def tail_grid(plan) -> tuple[int, int, int]:
     """The merge launch's grid for this plan (op.merge_grid)."""
     from hpc_advise.kernels.decode_attention import op
 
@@ -248,7 +247,6 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail=False):
     } | {"shared": getattr(getattr(compiled, "metadata", None), "shared", None)}
     launch = {"launch_pdl": True} if pdl else {}  # the interpreter knows no such option
     if tail == "duty":
-        _, fold, wide_span = op.merge_spans(plan)
         duty_tail_kernel[tail_grid(plan)](
             sums,
             plan.merge_first,
@@ -256,14 +254,13 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail=False):
             g,
             BLOCK=TAIL_BLOCK,
             PDL=pdl,
-            FOLD=fold,
-            WIDE_SPAN=wide_span,
+            S=min(64, plan.head_dim) // op.WIDE_MERGE_COLS,
             NARROW=plan.merge_block if plan.wide_merge else 0,
             num_warps=2,
             **launch,
         )
     elif tail:
-        grid = (1, 1) if tail == "one" else tail_grid(plan)
+        grid = (1, 1, 1) if tail == "one" else tail_grid(plan)
         floor_tail_kernel[grid](sums, g, BLOCK=TAIL_BLOCK, PDL=pdl, num_warps=2, **launch)
     return sums
 
@@ -344,7 +341,7 @@ def _form_extra(provider: str, plan, buf, g: int) -> dict:
         grid = {
             "stream_floor_tail": tail_grid(plan),
             "stream_floor_duty": tail_grid(plan),
-            "stream_floor_tail1": (1, 1),
+            "stream_floor_tail1": (1, 1, 1),
         }
         return extra | ({"tail_grid": list(grid[provider])} if provider in grid else {})
     if provider in SPLIT_FORMS:
