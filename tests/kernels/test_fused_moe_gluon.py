@@ -46,6 +46,10 @@ def _cfg(**change):
     return {**PICK_16384, **PINGPONG, **change}
 
 
+def _pick(t):
+    return op.get_config(t, HY3[3], *HY3[:3], "tensor-static", False, allow_small=False)
+
+
 def _forms(cfg, *, a2_group=False, w_block=False, h=4096, i=1536):
     op.check_forms(op.check_config(dict(cfg), a2_group, a2_group), a2_group, a2_group, w_block, h, i)
 
@@ -87,6 +91,37 @@ def test_pingpong_refused_on_the_small_t_and_persistent_paths():
     for path in (op.default_small_config(8, 8, 192, 4096, 1536), {"PATH": "persistent"}):
         with pytest.raises(FusedMoEError, match="regular prefill path key"):
             op.check_config(dict(path, DN_GLUON=3), False)
+
+
+def test_shipped_hy3_16384_pick_is_the_pingpong_form_and_its_triton_form():
+    """configs.json (H200 call 2, 2026-11-30 05:10 UTC) ships DN_GLUON 3 at Hy3 T = 16384; its Triton form (the
+    fallback off SM90) is the same tile on 8 warps, and both pass the op's checks."""
+    pick = _pick(16384)
+    assert pick["DN_GLUON"] == 3 and pick["DN_GLUON_M"] * pick["DN_N"] <= 8192, pick
+    _forms(pick)
+    tri = op.triton_down_form(pick)
+    assert "DN_GLUON" not in tri and "DN_GLUON_M" not in tri and tri["DN_WARPS"] == 8, tri
+    assert {k: v for k, v in tri.items() if k != "DN_WARPS"} == {
+        k: v for k, v in pick.items() if k not in ("DN_GLUON", "DN_GLUON_M", "DN_WARPS")
+    }
+    _forms(tri)
+    assert op.triton_down_form(PICK_16384) == PICK_16384  # a Triton pick is left as it is
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback (no interpreter form)")
+def test_picked_pingpong_config_falls_back_to_the_triton_down_off_sm90(monkeypatch):
+    """A configs.json pick with DN_GLUON runs the Triton down GEMM where Gluon cannot run (here: the interpreter),
+    with the right result; an explicit DN_GLUON config is refused (next test)."""
+    seen = []
+
+    def pick(*args, **kw):
+        seen.append(args)
+        return _cfg(BLOCK_M=64)
+
+    monkeypatch.setattr(op, "get_config", pick)
+    p = make_problem(8, 4, 256, 128, 2, "tensor-static", device="cpu")
+    run_and_check(p, config=None, seed=0)
+    assert seen, "the op did not pick a config"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal (no interpreter form)")
@@ -169,14 +204,10 @@ def test_pingpong_builds_for_sm90_with_three_partitions_and_no_spills():
 # H200
 
 
-def _pick(t):
-    return op.get_config(t, HY3[3], *HY3[:3], "tensor-static", False, allow_small=False)
-
-
 def _pair(p, cfg, change, seed):
-    """(Triton down under ``cfg``, ping-pong down under cfg + change) outputs of one problem, each checked
-    against the reference."""
-    tri, _, err_t = run_and_check(p, config=cfg, seed=seed)
+    """(Triton down under ``cfg``'s Triton form, ping-pong down under cfg + change) outputs of one problem, each
+    checked against the reference."""
+    tri, _, err_t = run_and_check(p, config=op.triton_down_form(cfg), seed=seed)
     glu, _, err_g = run_and_check(p, config=dict(cfg, **change), seed=seed)
     return tri, glu, err_t, err_g
 
@@ -184,12 +215,15 @@ def _pair(p, cfg, change, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [4096, 16384])
 def test_gpu_pingpong_bitwise_the_triton_down_hy3(t):
-    """Hy3 at the pick's tiles: every ping-pong tile shape bitwise the shipped Triton down GEMM."""
+    """Hy3 at the pick's tiles: the shipped ping-pong pick (T = 16384) and the other ping-pong tile shapes
+    bitwise the Triton down GEMM of the same tile."""
     seed = _seed()
     e, h, i, k = HY3
     p = make_problem(t, e, h, i, k, "tensor-static", device="cuda")
     cfg = _pick(t)
     shapes = [dict(PINGPONG)] + ([dict(PINGPONG, DN_GLUON_M=128, DN_N=64)] if cfg["BLOCK_M"] == 128 else [])
+    if cfg.get("DN_GLUON", 0):
+        shapes.insert(0, {})
     for change in shapes:
         tri, glu, err_t, err_g = _pair(p, cfg, change, seed)
         diff = (tri.float() - glu.float()).abs().max().item()

@@ -443,6 +443,21 @@ def _check_tile_forms(
             )
 
 
+def triton_down_form(cfg: dict) -> dict:
+    """``cfg`` with its down GEMM as the Triton kernel instead of the ping-pong Gluon one (DN_GLUON = 3): the
+    same DN_N x BLOCK_M tile on 8 warps (the 4-warp consumer tile is the Gluon kernel's), the rest unchanged;
+    bitwise the same result. A pick from configs.json takes it on devices the Gluon kernel does not serve
+    (not SM90, or the CPU interpreter)."""
+    out = {k: v for k, v in cfg.items() if k not in ("DN_GLUON", "DN_GLUON_M")}
+    if cfg.get("DN_GLUON", 0):
+        out["DN_WARPS"] = 8
+    return out
+
+
+def _is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     """SMs of ``device`` (the persistent GEMM grids' unit); INTERPRET_SMS off the GPU."""
@@ -576,14 +591,15 @@ class _Launch:
             raise FusedMoEError(f"the small-T path serves T <= {SMALL_T_MAX}, got T={self.T}")
         if config is not None and is_persistent(config) and allow_small and self.T > PERSISTENT_T_MAX:
             raise FusedMoEError(f"the persistent path serves T <= {PERSISTENT_T_MAX}, got T={self.T}")
-        if config is None or ((is_small(config) or is_persistent(config)) and not allow_small):
+        picked = config is None or ((is_small(config) or is_persistent(config)) and not allow_small)
+        if picked:
             config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
+            if config.get("DN_GLUON", 0) and not _is_sm90(dev):  # a pick tuned on the H200, run elsewhere
+                config = triton_down_form(config)
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
         if not (is_small(self.cfg) or is_persistent(self.cfg)):  # the regular path's forms only
             check_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
-            if self.cfg.get("DN_GLUON", 0) and not (
-                dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 9
-            ):
+            if self.cfg.get("DN_GLUON", 0) and not _is_sm90(dev):
                 raise FusedMoEError(
                     "DN_GLUON (Gluon down GEMM) runs on SM90 GPUs only (Gluon has no interpreter)"
                 )
