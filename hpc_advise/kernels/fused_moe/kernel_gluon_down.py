@@ -1,6 +1,6 @@
 """Gluon (Triton's explicit-layout dialect) ping-pong down GEMM of the fused MoE's prefill path, SM90 only.
 
-Config DN_GLUON = 3 (op.check_forms: per-tensor w2 scales, static intermediate scale, DN_K 128, DN_WARPS 4,
+Config DN_GLUON = 3 (shipped at Hy3 T = 16384; op.check_forms: per-tensor w2 scales, static intermediate scale, DN_K 128, DN_WARPS 4,
 a tile of DN_GLUON_M x DN_N with at most 64 fp32 values per thread; none of PDL / PREFETCH / DN_REDUCE /
 DN_TILES / DN_PERSIST / swap AB / FAST_ACC) replaces ``kernel._down_kernel``: same result, bitwise
 (y[entry] = w_entry · scaling · a2 · ws[e] · (h_entry · W2[e]ᵀ), one bf16 row per (token, slot), stored
@@ -17,7 +17,7 @@ strided over the grid, program p taking tiles p, p + G, p + 2G, ... Three partit
   take the program's tiles alternately (local tile v goes to consumer v % 2). A consumer waits for its turn on
   the ``order`` mbarrier pair, issues its tile's K loop of wgmmas, passes the turn to the other consumer right
   after issuing its last wgmma, then finishes its promotions and runs the tile's epilogue (the routing-weight
-  scale and the 2·DN_GLUON_M scattered bf16 row stores) while the other consumer's wgmmas run.
+  scale and the DN_GLUON_M scattered bf16 row stores) while the other consumer's wgmmas run.
 
 K loop numerics as ``_down_kernel``'s: each 128-wide K step is one fresh fp8 tensor-core partial (use_acc
 False) added to the fp32 accumulator in step order (0 + p0 + p1 + ...). Two partial tiles alternate so step
