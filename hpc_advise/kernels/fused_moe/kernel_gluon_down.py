@@ -1,8 +1,8 @@
 """Gluon (Triton's explicit-layout dialect) ping-pong down GEMM of the fused MoE's prefill path, SM90 only.
 
-Config DN_GLUON = 3 (shipped at Hy3 T = 16384; op.check_forms: per-tensor w2 scales, static intermediate scale, DN_K 128, DN_WARPS 4,
-a tile of DN_GLUON_M x DN_N with at most 64 fp32 values per thread; none of PDL / PREFETCH / DN_REDUCE /
-DN_TILES / DN_PERSIST / swap AB / FAST_ACC) replaces ``kernel._down_kernel``: same result, bitwise
+Config DN_GLUON = 3 (shipped at Hy3 T = 16384; op.check_forms: per-tensor w2 scales, static intermediate scale,
+DN_K 128, DN_WARPS 4, a tile of DN_GLUON_M x DN_N with at most 64 fp32 values per thread; none of PDL / PREFETCH /
+DN_REDUCE / DN_TILES / DN_PERSIST / swap AB / FAST_ACC) replaces ``kernel._down_kernel``: same result, bitwise
 (y[entry] = w_entry · scaling · a2 · ws[e] · (h_entry · W2[e]ᵀ), one bf16 row per (token, slot), stored
 through the sorted entry ids).
 
