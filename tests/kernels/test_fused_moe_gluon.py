@@ -1,4 +1,4 @@
-"""Tests of the ping-pong Gluon down GEMM of the fused MoE's prefill path (config DN_GLUON = 3, kernel_gluon_down.py).
+"""Tests of the ping-pong Gluon down GEMM of the fused MoE prefill (config DN_GLUON = 3, kernel_gluon_down.py).
 
 Gluon has no interpreter, so on CPU: the op refuses the key outside its form (block scales, dynamic intermediate
 scales, tiles whose sum and two partials do not fit one warpgroup's registers, keys it has no form of, the small-T
