@@ -22,6 +22,12 @@
 #   STAGE=pingpong  the ping-pong Gluon down GEMM (DN_GLUON 3): STAGE=tiles' two parts with the GPU tests of
 #                tests/kernels/test_fused_moe_gluon.py, `tune_fused_moe.py --pingpong` (the launch-alone rounds time
 #                the whole call too) and SHAPES=hy3 by default.
+#   STAGE=retune  (carry .whl_profile and .whl_moe) STAGE=pingpong's PART=tune with `tune_fused_moe.py
+#                --prefill-retune` (one-key moves of the pick's gate/up and down tiles, launches alone and the whole
+#                call in 5 interleaved rounds, the pick first and last in each; retune_decision ships), TS=16384,4096
+#                by default (--budget TUNE_BUDGET skips T = 4096 when T = 16384 took longer); then `--breakdown` at
+#                Hy3 BD_TS (default 16384) with the tuner's configs.json (<= BD_S) and, only where a pick changed,
+#                bench_fused_moe.py beside the peers on the changed points (<= BENCH_S); the short tables last.
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -84,7 +90,8 @@ print("|---|---|---|---|" + ("---|" if call else "") + "---|")
 for (shape, t), rs in rows.items():
     p = rs[0]
     cands = "; ".join(
-        f"{json.dumps({k: v for k, v in r['config'].items() if p['config'].get(k) != v}, sort_keys=True)} "
+        ("pick again " if r.get("again") else "")
+        + f"{json.dumps({k: v for k, v in r['config'].items() if p['config'].get(k) != v}, sort_keys=True)} "
         f"{100 * (r['gate_up_us'] / p['gate_up_us'] - 1):+.1f} / {100 * (r['down_us'] / p['down_us'] - 1):+.1f}"
         + (f" / {100 * (r['call_us'] / p['call_us'] - 1):+.1f}" if call else "")
         for r in rs[1:]
@@ -94,7 +101,30 @@ for (shape, t), rs in rows.items():
 PY
 }
 
-if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ]; then
+changed_points() {  # the (shape, T) points whose pick differs between configs.json files $1 and $2: "s1,s2 T1,T2"
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+from hpc_advise.runtime.benches.fused_moe import SHAPES
+old, new = (
+    {(x["E"], x["H"], x["I"], x["mode"], x["T"]): x["config"] for x in json.load(open(f))["entries"]}
+    for f in sys.argv[1:3]
+)
+pts = [(n, key[4]) for key, cfg in new.items() if old.get(key) != cfg for n, v in SHAPES.items() if v[:3] == key[:3]]
+if pts:
+    print(",".join(sorted({n for n, _ in pts})), ",".join(str(t) for t in sorted({t for _, t in pts})))
+PY
+}
+
+bench_changed() {  # bench_fused_moe.py beside the peers on "$1" = changed_points' output (<= BENCH_S)
+  local ch_shapes ch_ts
+  read -r ch_shapes ch_ts <<< "$1"
+  HPC_ADVISE_RESULTS=$RES timeout "${BENCH_S:-90}" python3 benchmarks/bench_fused_moe.py --shapes "$ch_shapes" \
+    --ts "$ch_ts" > "$RES/bench.log" 2>&1
+  echo "bench rc $?" >> "$RES/bench.log"
+  grep -E "^\| [a-z0-9-]+ +\|" "$RES/fused_moe.md" 2>/dev/null | cut -c1-200
+}
+
+if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ] || [ "${STAGE:-sweep}" = retune ]; then
   # multi-tile / persistent prefill GEMM programs (GU_TILES, DN_TILES, GU_PERSIST, DN_PERSIST). PART=tune (call 1;
   # carry .whl_profile): stage 1 the GPU tests of $TESTS selected by $TEST_SEL (-n 1, <= TEST_S); stage 2
   # `tune_fused_moe.py --prefill-tiles` on $SHAPES x $TS (whole call: current pick first and again last, the
@@ -104,10 +134,11 @@ if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ]; then
   # bench_fused_moe.py with the peers on $SHAPES x $TS with the configs.json of the working tree (<= BENCH_S).
   # STAGE=pingpong: the same two parts for the ping-pong Gluon down GEMM (tests, tuner flag, Hy3 by default)
   NAME=tiles FLAG=--prefill-tiles SEL="prefill_tiles or persistent"
-  if [ "$STAGE" = pingpong ]; then
-    NAME=pingpong FLAG=--pingpong SEL=gpu TESTS=tests/kernels/test_fused_moe_gluon.py
+  if [ "$STAGE" = pingpong ] || [ "$STAGE" = retune ]; then
+    NAME=$STAGE FLAG=--pingpong SEL=gpu TESTS=tests/kernels/test_fused_moe_gluon.py
     [ -n "$SHAPES_SET" ] || SHAPES=hy3
   fi
+  [ "$STAGE" = retune ] && FLAG=--prefill-retune TS=${TS:-16384,4096}
   export HPC_ADVISE_HOME=$RES/home
   if [ "${PART:-tune}" = bench ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
@@ -127,8 +158,25 @@ if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ]; then
     echo "tune rc $?" >> "$RES/tune.log"
     grep -E "precompiled|budget|Error|dropped|failed|rc |: [0-9.]+ us \{" "$RES/tune.log" | cut -c1-200 | tail -16
     pack "stage 2 (tune + launches)"
+    if [ "$STAGE" = retune ]; then  # stage 3: each launch of the (new) pick alone; stage 4: the peers' bench
+      CFG=hpc_advise/kernels/fused_moe/configs.json
+      changed=$(changed_points "$CFG" "$RES/fused_moe_configs.json")
+      echo "changed picks: ${changed:-none}"
+      [ -n "$changed" ] && cp "$RES/fused_moe_configs.json" "$CFG"
+      OUT=$RES timeout "${BD_S:-25}" python3 benchmarks/tune_fused_moe.py --breakdown --shapes "$SHAPES" \
+        --ts "${BD_TS:-16384}" > "$RES/breakdown.log" 2>&1
+      echo "breakdown rc $?" >> "$RES/breakdown.log"
+      grep -o "breakdown.*reduce [0-9.]* us" "$RES/breakdown.log" | cut -c1-220
+      pack "stage 3 (breakdown)"
+      if [ -n "$changed" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
+        bench_changed "$changed"
+        pack "stage 4 (bench)"
+      fi
+      grep "  retune " "$RES/tune.log" | cut -c1-300
+    fi
     launch_table "$RES/fused_moe_prefill_${NAME}_launches.jsonl"
-    tune_table
+    [ "$STAGE" = retune ] || tune_table
     pack "all stages"
   fi
 elif [ "${STAGE:-sweep}" = lag ]; then
@@ -146,18 +194,7 @@ elif [ "${STAGE:-sweep}" = lag ]; then
   grep -E "precompiled|budget|Error|dropped|rc " "$RES/tune.log" | cut -c1-220 | tail -12
   pack "stage 2 (tune)"
   # the (shape, T) points whose pick changed: "shape1,shape2 T1,T2" (empty: none)
-  changed=$(python3 - "$CFG" "$RES/fused_moe_configs.json" <<'PY'
-import json, sys
-from hpc_advise.runtime.benches.fused_moe import SHAPES
-old, new = (
-    {(x["E"], x["H"], x["I"], x["mode"], x["T"]): x["config"] for x in json.load(open(f))["entries"]}
-    for f in sys.argv[1:3]
-)
-pts = [(n, key[4]) for key, cfg in new.items() if old.get(key) != cfg for n, v in SHAPES.items() if v[:3] == key[:3]]
-if pts:
-    print(",".join(sorted({n for n, _ in pts})), ",".join(str(t) for t in sorted({t for _, t in pts})))
-PY
-)
+  changed=$(changed_points "$CFG" "$RES/fused_moe_configs.json")
   echo "changed picks: ${changed:-none}"
   # stage 3: each launch alone (tune_fused_moe.py --breakdown) on BD_SHAPES x BD_TS, the shipped picks and then
   # the same picks with SCALE_LAG (where the tile's lagged build does not spill: not BLOCK_M 128 x GU_N 128), so
@@ -183,11 +220,7 @@ PY
   pack "stage 3 (breakdown)"
   if [ -n "$changed" ]; then
     cp "$RES/fused_moe_configs.json" "$CFG"
-    read -r ch_shapes ch_ts <<< "$changed"
-    HPC_ADVISE_RESULTS=$RES timeout "${BENCH_S:-90}" python3 benchmarks/bench_fused_moe.py --shapes "$ch_shapes" \
-      --ts "$ch_ts" > "$RES/bench.log" 2>&1
-    echo "bench rc $?" >> "$RES/bench.log"
-    grep -E "^\| [a-z0-9-]+ +\|" "$RES/fused_moe.md" 2>/dev/null | cut -c1-200
+    bench_changed "$changed"
     pack "stage 4 (bench)"
   fi
   tune_table

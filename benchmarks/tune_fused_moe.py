@@ -11,6 +11,7 @@
     python benchmarks/tune_fused_moe.py --multi-tile [--shapes ...] [--ts 16,64,128]
     python benchmarks/tune_fused_moe.py --prefill-tiles [--shapes ...] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --pingpong [--shapes hy3] [--ts 4096,16384]
+    python benchmarks/tune_fused_moe.py --prefill-retune [--shapes hy3] [--ts 16384,4096]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -64,6 +65,14 @@ $OUT/fused_moe_prefill_tiles_launches.jsonl).
 ``--pingpong`` is ``--prefill-tiles`` with ``pingpong_candidates`` (the pick against its down GEMM as the
 persistent ping-pong Gluon kernel, DN_GLUON 3), the launch-alone rounds timing the whole call too (rows in
 $OUT/fused_moe_prefill_pingpong_launches.jsonl).
+
+``--prefill-retune`` times, per point (T >= 1024), the config ``op.get_config`` picks now against one-key moves
+of its gate/up and down tiles (``prefill_retune_candidates``: stages, GROUP_M, the other BLOCK_M, W_TMA,
+GU_TILES 2, the ping-pong down's stages / GROUP_M / consumer tile) with no single-timing pass: each output is
+checked against the pick's, then each GEMM launch alone and the whole call are timed in RETUNE_ROUNDS interleaved
+rounds with the pick first and again last in every round (rows in $OUT/fused_moe_prefill_retune_launches.jsonl),
+and ``retune_decision`` ships a candidate only if its median whole call is >= 2 % below the better of the pick's
+two medians and it beat the pick in most rounds (``prefill_retune``; whole calls spread up to 15 % in one process).
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
@@ -168,7 +177,8 @@ def _stage_times(launch, w13, w2, x) -> dict:
 
 def _variant_stage_times(op, args: tuple, cfg: dict, w2) -> dict:
     """µs of the prep launch with the ranked router (ROUTE = 1) and of the down launch with the top-k
-    sum in its epilogue (DN_REDUCE = 1), on the same inputs as ``_stage_times``."""
+    sum in its epilogue (DN_REDUCE = 1), on the same inputs as ``_stage_times``; the latter None where the down
+    GEMM is the ping-pong Gluon kernel (DN_GLUON: no DN_REDUCE form)."""
     import torch
 
     from hpc_advise.runtime.benchmarking import time_cuda
@@ -176,6 +186,8 @@ def _variant_stage_times(op, args: tuple, cfg: dict, w2) -> dict:
     x = args[0]
     ranked = op._Launch(*args[:-1], dict(cfg, ROUTE=1))
     prep_us = time_cuda(lambda: ranked.prep(x), inner=4, reps=10).p50
+    if cfg.get("DN_GLUON", 0):
+        return {"prep_ranked_us": prep_us, "down_reduce_us": None}
     fused = op._Launch(*args[:-1], dict(cfg, DN_REDUCE=1))
     out = torch.empty_like(x)
     fused.prep(x, out)
@@ -242,7 +254,11 @@ def breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[dict]:
                 f"({row['gate_up_tflops']:.0f} TF/s), down {row['down_us']:.1f} us ({row['down_tflops']:.0f} "
                 f"TF/s), reduce {row['reduce_us']:.1f} us, rows {row['rows']} padded {row['padded_rows']}; "
                 f"ROUTE=1 prep {row['prep_ranked_us']:.1f} us, DN_REDUCE=1 down incl. the top-k sum "
-                f"{row['down_reduce_us']:.1f} us"
+                + (
+                    f"{row['down_reduce_us']:.1f} us"
+                    if row["down_reduce_us"] is not None
+                    else "n/a (DN_GLUON)"
+                )
             )
             rows.append(row)
         del wts, kw
@@ -468,6 +484,17 @@ def _tile_counts(per_block: int, options: tuple[int, ...]) -> list[int]:
     return [n for n in options if n <= per_block and per_block % n == 0]
 
 
+def _valid_form(op, cfg: dict, mode: str, h: int, i: int) -> bool:
+    """Whether ``cfg`` passes the op's config and form checks at a shape (H, I) in scale ``mode``."""
+    a2_group = mode.endswith("dynamic")
+    try:
+        op.check_forms(op.check_config(dict(cfg), a2_group, a2_group), a2_group, a2_group,
+                       mode.startswith("block"), h, i)  # fmt: skip
+    except op.FusedMoEError:
+        return False
+    return True
+
+
 def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """--multi-tile: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
     then the regular pick (with PDL where the current pick has it; the one tuned at 4·T where the small-T
@@ -496,15 +523,7 @@ def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
     if t <= 16 and h >= 4096 and reg["SPLIT_K"] == 1:  # few programs of long K loops: split-K 2 / 4
         out += [dict(reg, SPLIT_K=2), dict(reg, SPLIT_K=2, GU_RED=1), dict(reg, SPLIT_K=4, GU_RED=1)]
 
-    def valid(c):
-        try:
-            op.check_forms(op.check_config(dict(c), a2_group, a2_group), a2_group, a2_group,
-                           mode.startswith("block"), h, i)  # fmt: skip
-        except op.FusedMoEError:
-            return False
-        return True
-
-    out = out[:1] + [c for c in out[1:] if valid(c)]
+    out = out[:1] + [c for c in out[1:] if _valid_form(op, c, mode, h, i)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
@@ -559,15 +578,7 @@ def prefill_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     if gus and dns:
         out.append(dict(base, GU_TILES=gus[0], DN_TILES=dns[0]))
 
-    def valid(c):
-        try:
-            op.check_forms(op.check_config(dict(c), a2_group, a2_group), a2_group, a2_group,
-                           mode.startswith("block"), h, i)  # fmt: skip
-        except op.FusedMoEError:
-            return False
-        return True
-
-    out = out[:1] + [c for c in out[1:] if valid(c)]
+    out = out[:1] + [c for c in out[1:] if _valid_form(op, c, mode, h, i)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
@@ -589,31 +600,148 @@ def pingpong_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -
     if base["BLOCK_M"] >= 128:
         out.append(dict(base, DN_GLUON_M=128, DN_N=64, DN_STAGES=4))
 
-    def valid(c):
-        try:
-            op.check_forms(op.check_config(dict(c), False, False), False, False, False, h, i)
-        except op.FusedMoEError:
-            return False
-        return True
+    return [cur] + [c for c in out if _valid_form(op, c, mode, h, i)]
 
-    return [cur] + [c for c in out if valid(c)]
+
+def prefill_retune_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--prefill-retune: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference and
+    the rule's baseline), then the pick with one of its existing keys moved (every form passing the op's checks).
+    Gate/up: GU_STAGES 2 / 3 / 4, GU_GROUP_M 4 / 8 / 16 / 32, the other BLOCK_M (64 <-> 128, 8 gate/up warps; at
+    64 also 4 stages: 40 KB a stage), W_TMA flipped, GU_TILES 2 (where it divides the N tiles; no spilling form).
+    Down: where the pick runs the ping-pong Gluon kernel (DN_GLUON 3), DN_STAGES 4 / 5 / 6, DN_GROUP_M 4 / 8 / 16
+    and the other consumer tile (DN_GLUON_M x DN_N 64 x 128 <-> 128 x 64); else ``pingpong_candidates``' forms.
+    Values equal to the pick's are left out; every form computes the same products in the same order."""
+    cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    out = [dict(cur, GU_STAGES=s) for s in (2, 3, 4)] + [dict(cur, GU_GROUP_M=g) for g in (4, 8, 16, 32)]
+    other_m = 192 - cur["BLOCK_M"] if cur["BLOCK_M"] in (64, 128) else None
+    if other_m:
+        out.append(dict(cur, BLOCK_M=other_m, GU_WARPS=8))
+        if other_m == 64:
+            out.append(dict(cur, BLOCK_M=64, GU_WARPS=8, GU_STAGES=4))
+    out.append(dict(cur, W_TMA=1 - cur.get("W_TMA", 0)))
+    if (
+        not _prefill_gate_up_spills(cur, mode)
+        and cur.get("GU_TILES", 1) == 1
+        and not cur.get("GU_PERSIST", 0)
+    ):
+        out.append(dict(cur, GU_TILES=2))
+    if cur.get("DN_GLUON", 0):
+        out += [dict(cur, DN_STAGES=s) for s in (4, 5, 6)] + [dict(cur, DN_GROUP_M=g) for g in (4, 8, 16)]
+        tm, bn = cur.get("DN_GLUON_M", 0) or cur["BLOCK_M"], cur["DN_N"]
+        if (tm, bn) in ((64, 128), (128, 64)):
+            out.append(dict(cur, DN_GLUON_M=bn, DN_N=tm))
+    else:
+        out += pingpong_candidates(op, t, k, e, h, i, mode)[1:]
+    out = [cur] + [c for c in out if c != cur and _valid_form(op, c, mode, h, i)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
+def retune_decision(rows: list[dict], min_gain: float = fb.DECODE_FORM_MIN_GAIN) -> tuple[dict, str]:
+    """--prefill-retune's rule over one point's interleaved rounds (``prefill_tile_launches`` with ``whole`` and
+    ``pick_last``: rows[0] the pick timed first in every round, rows[-1] the pick again last, the candidates
+    between, each with ``call_us`` = the median whole call and ``rounds``). The baseline is the better of the pick's
+    two medians; the fastest candidate ships only if its median is ``min_gain`` below that AND it beat the round's
+    better pick timing in more than half of the rounds (whole calls spread up to 15 % in one process). Returns
+    (the row to ship, why)."""
+    pick, again, cands = rows[0], rows[-1], rows[1:-1]
+    base = min(pick["call_us"], again["call_us"])
+    if not cands:
+        return pick, "no candidate"
+    best = min(cands, key=lambda r: r["call_us"])
+    per_round = [
+        min(a["call_us"], b["call_us"]) for a, b in zip(pick["rounds"], again["rounds"], strict=True)
+    ]
+    wins = sum(r["call_us"] < p for r, p in zip(best["rounds"], per_round, strict=True))
+    gain = 1 - best["call_us"] / base
+    why = (
+        f"best candidate {best['call_us']:.1f} us vs the pick's better median {base:.1f} us ({-100 * gain:+.1f}%), "
+        f"faster in {wins} of {len(per_round)} rounds"
+    )
+    if gain >= min_gain and 2 * wins > len(per_round):
+        return best, "ships: " + why
+    return pick, "pick kept: " + why
 
 
 # interleaved rounds of the launch-alone timings (one config drifted up to 14% in one process on the H200)
 PREFILL_TILE_ROUNDS = 3
 # --pingpong: more rounds (call 1's whole-call rounds spread up to 15 % at Hy3 T = 16384)
 PINGPONG_ROUNDS = 5
+# --prefill-retune: the rounds its rule reads (pick first and last in each; retune_decision)
+RETUNE_ROUNDS = 5
+
+
+def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, budget_s: float | None = None,
+                   log=print) -> list[dict]:  # fmt: skip
+    """--prefill-retune: precompile ``prefill_retune_candidates`` (``multi_tile_compile_job``), then per point the
+    launches alone and the whole call in RETUNE_ROUNDS interleaved rounds, the pick first and again last in each
+    (``prefill_tile_launches``; rows appended to $OUT/fused_moe_prefill_retune_launches.jsonl as each point
+    finishes), and ``retune_decision``'s pick merged into ``out`` per point (configs.json as the tuner writes it;
+    p50_us = that config's median whole call). Returns the entries written."""
+    from hpc_advise.kernels.fused_moe import op
+
+    jobs = []
+    for shape in shapes:
+        e, h, i, k = fb.SHAPES[shape][:4]
+        mode = fb.MODES[shape][0]
+        jobs += [multi_tile_compile_job(shape, mode, c) for t in ts
+                 for c in prefill_retune_candidates(op, t, k, e, h, i, mode)]  # fmt: skip
+    log(f"retune: precompiled {fb.precompile(jobs)} of {len(jobs)} jobs")
+    jsonl = Path(os.environ.get("OUT", ".")) / "fused_moe_prefill_retune_launches.jsonl"
+    entries = []
+
+    def decide(rows):
+        with open(jsonl, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        row, why = retune_decision(rows)
+        r0 = rows[0]
+        e, h, i, k = fb.SHAPES[r0["shape"]][:4]
+        log(f"  retune {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
+        entries.append(dict(E=e, H=h, I=i, top_k=k, mode=r0["mode"], T=r0["T"], config=row["config"],
+                            p50_us=round(row["call_us"], 2)))  # fmt: skip
+        fb.write_configs(entries[-1:], out, gpu)
+
+    prefill_tile_launches(shapes, ts, log=log, budget_s=budget_s, on_point=decide,
+                          cands_fn=prefill_retune_candidates, whole=True, rounds=RETUNE_ROUNDS, pick_last=True)  # fmt: skip
+    return entries
+
+
+def _accurate(
+    op, wts: dict, kw: dict, s: dict, cands: list[dict], where: str, log=print
+) -> list[dict | None]:
+    """One whole call of each config on routing set ``s``, its output against the first config's: per config
+    ``{"rel_diff": ..., "bitwise": ...}``, or None (logged) where it differs by more than fb.TUNE_MAX_REL_DIFF or
+    fails (a form that does not build or launch); the first config's own failure is raised."""
+    ref, out = None, []
+    for n, c in enumerate(cands):
+        try:
+            got = fb._ours_body(op, wts, kw, c)(s).clone()
+        except Exception as exc:
+            if n == 0:
+                raise
+            log(f"  {where} {json.dumps(c, sort_keys=True)}: dropped, {type(exc).__name__}: {str(exc)[:200]}")
+            out.append(None)
+            continue
+        ref = got if ref is None else ref
+        diff = float((got.float() - ref.float()).norm() / ref.float().norm().clamp(min=1e-30))
+        if diff > fb.TUNE_MAX_REL_DIFF:
+            log(f"  {where} {json.dumps(c, sort_keys=True)}: dropped, rel diff {diff:.2e} vs the first")
+            out.append(None)
+            continue
+        out.append({"rel_diff": diff, "bitwise": bool((got == ref).all())})
+    return out
 
 
 def prefill_tile_launches(
     shapes: list[str], ts: tuple[int, ...], log=print, budget_s: float | None = None, on_point=None,
-    cands_fn=None, whole: bool = False, rounds: int = PREFILL_TILE_ROUNDS,
+    cands_fn=None, whole: bool = False, rounds: int = PREFILL_TILE_ROUNDS, pick_last: bool = False,
 ) -> list[dict]:  # fmt: skip
     """--prefill-tiles, after the whole-call tune: µs of each GEMM launch alone (``_stage_times``: graph replay of
     one prepared call's gate/up and down launches) for every ``prefill_tile_candidates`` config (or ``cands_fn``'s)
     of a point, in ``rounds`` interleaved rounds (candidate order repeated, so a drift hits all alike),
-    median per launch; with ``whole`` also the whole call (``call_us``, graph replay) in the same rounds; rows
-    with each round's times. With ``budget_s``, later points are skipped once that many seconds have passed;
+    median per launch; with ``whole`` also the whole call (``call_us``, graph replay) in the same rounds, after
+    each candidate's output is checked against the first's (``_accurate``: dropped beyond fb.TUNE_MAX_REL_DIFF or
+    where it fails); with ``pick_last`` the first config (the pick) timed again at the end of every round (its row
+    last, ``again`` true); rows with each round's times. With ``budget_s``, later points are skipped once that many seconds have passed;
     ``on_point(rows)`` gets each point's rows as it finishes (a run cut short keeps them)."""
     import statistics
     import time
@@ -633,7 +761,14 @@ def prefill_tile_launches(
             s = fb.make_routings(t, k, eg, h, 1)[0]
             args = _launch_args(s, wts, kw, off)
             cands = (cands_fn or prefill_tile_candidates)(op, t, k, e, h, i, mode)
+            checks = _accurate(op, wts, kw, s, cands, f"{shape} T={t}", log) if whole else [{} for _ in cands]
+            cands, checks = (
+                [c for c, d in zip(cands, checks, strict=True) if d is not None],
+                [d for d in checks if d is not None],
+            )
             launches = [op._Launch(*args[:-1], c) for c in cands]
+            if pick_last:  # the pick again at the end of every round (same launch, timed last)
+                cands, launches, checks = cands + cands[:1], launches + launches[:1], checks + checks[:1]
             times = [[] for _ in cands]
             for _ in range(rounds):
                 for c, launch, got in zip(cands, launches, times, strict=True):
@@ -643,15 +778,17 @@ def prefill_tile_launches(
                         got[-1]["call_us"] = time_cuda(lambda: call(s), inner=2, reps=5).p50  # noqa: B023
             flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
             point = []
-            for c, got in zip(cands, times, strict=True):
-                row = dict(shape=shape, mode=mode, T=t, config=c, rounds=got)
+            for n, (c, got, check) in enumerate(zip(cands, times, checks, strict=True)):
+                row = dict(shape=shape, mode=mode, T=t, config=c, rounds=got, **check)
+                if pick_last and n == len(cands) - 1:
+                    row["again"] = True
                 for key in ("gate_up_us", "down_us") + (("call_us",) if whole else ()):
                     row[key] = statistics.median(r[key] for r in got)
                 row["gate_up_tflops"] = flops * 2 / 3 / (row["gate_up_us"] * 1e-6) / 1e12
                 row["down_tflops"] = flops / 3 / (row["down_us"] * 1e-6) / 1e12
                 diff = {key: v for key, v in c.items() if cands[0].get(key) != v}
                 log(
-                    f"  tiles {shape} T={t} {json.dumps(diff, sort_keys=True)}: gate/up {row['gate_up_us']:.1f} us "
+                    f"  tiles {shape} T={t} {'pick again' if row.get('again') else json.dumps(diff, sort_keys=True)}: gate/up {row['gate_up_us']:.1f} us "
                     f"({row['gate_up_tflops']:.0f} TF/s), down {row['down_us']:.1f} us ({row['down_tflops']:.0f} "
                     f"TF/s); rounds gate/up {[round(r['gate_up_us'], 1) for r in got]} down "
                     f"{[round(r['down_us'], 1) for r in got]}"
@@ -927,6 +1064,12 @@ def main() -> None:
         help="time the current prefill pick against its down GEMM as the ping-pong Gluon kernel (DN_GLUON 3)",
     )
     ap.add_argument(
+        "--prefill-retune",
+        action="store_true",
+        help="time the current prefill pick against one-key moves of its gate/up and down tiles in interleaved "
+        "rounds (launches alone and the whole call; the pick first and last) and ship by retune_decision",
+    )
+    ap.add_argument(
         "--launch-overhead",
         action="store_true",
         help="host vs GPU time of one eager call on the persistent, small-T and regular paths",
@@ -990,6 +1133,10 @@ def main() -> None:
     else:
         out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
     gpu = torch.cuda.get_device_name()
+    if args.prefill_retune:  # its own loop: interleaved rounds decide, not one timing per candidate
+        entries = prefill_retune(shapes, ts, out, gpu, budget_s=args.budget)
+        print(f"wrote {len(entries)} entries to {out}")
+        return
     if args.persistent:  # the --variants loop over the persistent candidates
         fb.variant_candidates = persistent_candidates
     if args.swap_ab:  # the --decode-forms loop over the swap-AB candidates

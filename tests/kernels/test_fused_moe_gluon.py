@@ -200,6 +200,86 @@ def test_pingpong_builds_for_sm90_with_three_partitions_and_no_spills():
     print(res)
 
 
+# the config keys tune --prefill-retune moves (one at a time; BLOCK_M 64 also with 4 gate/up stages)
+RETUNE_KEYS = {
+    "GU_STAGES", "GU_GROUP_M", "BLOCK_M", "GU_WARPS", "W_TMA", "GU_TILES",
+    "DN_STAGES", "DN_GROUP_M", "DN_GLUON_M", "DN_N", "DN_GLUON", "DN_WARPS",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("t", [4096, 16384])
+def test_prefill_retune_candidates_are_valid_moves_of_the_hy3_pick(t):
+    """tune --prefill-retune at Hy3: the shipped pick first, then distinct configs differing from it only in the
+    tile keys the retune moves, each passing the op's checks at the shape and at its precompile job's sizes; at
+    T = 16384 (ping-pong pick) the BLOCK_M 64 forms, gate/up stages 2 / 4 and the other consumer tile among them;
+    at T = 4096 (Triton down) the ping-pong forms."""
+    from hpc_advise.runtime.benches import fused_moe as fb
+    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
+
+    tune = _load_tuner()
+    e, h, i, k = HY3
+    cands = tune.prefill_retune_candidates(op, t, k, e, h, i, "tensor-static")
+    pick = _pick(t)
+    assert cands[0] == pick and len(cands) >= 10, cands
+    keyed = [json.dumps(c, sort_keys=True) for c in cands]
+    assert len(set(keyed)) == len(keyed)
+    moves = []
+    for c in cands[1:]:
+        changed = {key for key in set(c) | set(pick) if c.get(key) != pick.get(key)}
+        assert changed and changed <= RETUNE_KEYS, (t, c)
+        moves.append({key: c.get(key) for key in changed})
+        _forms(c)
+        _, _, _, inter, hidden = tune.multi_tile_compile_job("hy3", "tensor-static", c)
+        _forms(c, h=hidden, i=inter)
+    assert {"GU_TILES": 2} in moves and {"W_TMA": 1} in moves and {"GU_GROUP_M": 32} in moves, moves
+    if t == 16384:
+        assert pick["DN_GLUON"] == 3
+        for m in ({"BLOCK_M": 64}, {"BLOCK_M": 64, "GU_STAGES": 4}, {"GU_STAGES": 2}, {"GU_STAGES": 4},
+                  {"DN_GLUON_M": 128, "DN_N": 64}, {"DN_STAGES": 4}, {"DN_STAGES": 6}):  # fmt: skip
+            assert m in moves, (m, moves)
+    else:
+        assert sum(m.get("DN_GLUON") == 3 for m in moves) >= 3, moves
+    assert fb.MODES["hy3"][0] == "tensor-static"
+
+
+def _rows(pick_first, cand, pick_last):
+    """One point's retune rows from per-round whole-call µs: the pick, one candidate, the pick again."""
+    import statistics
+
+    def row(xs, **kw):
+        return dict(call_us=statistics.median(xs), rounds=[{"call_us": x} for x in xs], config=kw, **kw)
+
+    return [row(pick_first), row(cand, cand=1), row(pick_last, again=True)]
+
+
+def test_retune_decision_ships_only_a_median_and_majority_win():
+    """retune_decision: a candidate ships only if its median whole call is >= 2 % below the better of the pick's
+    two medians (first and last in each round) AND it beat that round's better pick timing in most rounds."""
+    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
+
+    decide = _load_tuner().retune_decision
+    pick = [7000, 7100, 6900, 7050, 7000]
+    row, why = decide(_rows(pick, [6800, 6850, 6700, 6800, 6750], pick))  # -2.9 %, wins 5 of 5
+    assert row.get("cand") == 1 and why.startswith("ships") and "5 of 5" in why, why
+    row, why = decide(_rows(pick, [6900, 6950, 6850, 6900, 6880], pick))  # -1.4 %: inside the noise
+    assert row.get("cand") is None and why.startswith("pick kept"), why
+    fast_last = [
+        6700,
+        6750,
+        6650,
+        6700,
+        6700,
+    ]  # the pick read slow first, fast last: the better median counts
+    row, why = decide(_rows(pick, [6800, 6850, 6700, 6800, 6750], fast_last))
+    assert row.get("cand") is None, why
+    dips = [7000, 7000, 6500, 6500, 7000]  # the pick's rounds dip where the candidate's do not
+    row, why = decide(_rows(dips, [6800, 7100, 6800, 6800, 7100], dips))  # median -2.9 %, faster in 1 of 5
+    assert row.get("cand") is None and "1 of 5" in why, why
+    first, _, last = _rows(pick, pick, pick)
+    row, why = decide([first, last])
+    assert row.get("again") is None and why == "no candidate"
+
+
 # ---------------------------------------------------------------------------------------------
 # H200
 
