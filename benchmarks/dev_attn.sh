@@ -20,11 +20,14 @@
 # STAGE=floor (carry .whl_profile): the stream floor's GPU tests, then the full grid with the floor beside ours.
 # STAGE=split (carry .whl_profile): the split's tests, --split on 4 bf16 8/1 cases, then sweep set 'split'.
 # STAGE=mprol (carry .whl_profile): merge / graph-replay GPU tests, --split on the same 4 cases, sweep set 'mprol'.
-# STAGE=mwarp (carry .whl_profile): merge / graph-replay GPU tests, sweep set 'mwarp', 'mwarp64<pick>', --split.
 # STAGE=mgrid (carry .whl_profile): merge / graph-replay / floor-tail GPU tests, --split with the three tails, the
 # merge A/B against benchmarks/_merge_before (AB_S). Sweep mgrid's calls (2026-11-30 04:55 / 05:01 UTC) also ran
 # --split with a folded merge and sweep set 'mgrid' (the folds: measured slower, removed; this script and the
 # options at 2ba5ab4): TEST_S=50 SPLIT_S=28 SWEEP_S=85 (96 s), then TEST_S=95 SPLIT_S=0 SWEEP_S=0 AB_S=100 (100 s).
+# STAGE=mwarp (sweep mwarp's call, 2026-11-30 05:20 UTC, TEST_S=30 SWEEP_S=80 SWEEP64_S=50 SPLIT_S=25, 68.5 s): the merge
+# GPU tests, sweep set 'mwarp' (one warp per merge program / 2 warps across the columns vs the default, bf16 8/1), the
+# 64/8 set for a pick >= 1 % faster (none was), --split with the better one; measured no faster, removed with its
+# constants (the stage and options at 73cb3b8).
 set -o pipefail
 T0=$SECONDS
 RES=/tmp/res
@@ -517,64 +520,6 @@ elif [ "${STAGE:-sweep}" = mgrid ]; then
   # pass, merge alone, ours - pass)
   grep -h "^|" "$RES/split/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,17,18,20-23
   true  # (a stage left out leaves no table: not a failure of the call)
-elif [ "${STAGE:-sweep}" = mwarp ]; then
-  # (carry .whl_profile) issue 5, sweep mwarp: the merge's reductions over its partials inside a warp (one warp per
-  # program, op.MERGE_WARPS 1, or 2 warps across the columns, op.MERGE_LANES 1: 1 / 3 CTA barriers after
-  # griddepcontrol.wait instead of 7, offline). Stage 1: the merge / graph-replay GPU tests. Stage 2: sweep set
-  # 'mwarp' (bf16 8/1: the default 3x against '-mw1-mr0' and '-ml1' 2x each, alternating). Stage 3: for the candidate
-  # of the lower geometric mean, if it is >= 1 % faster there, sweep set 'mwarp64<flag>' (bf16 64/8 and fp8 64/8:
-  # default, candidate, default). Stage 4: --split on 32 x 128 + 32 x 4K and 1 x 128K with that candidate.
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-  pack "installed"
-  timeout "${TEST_S:-35}" python3 -m pytest tests/kernels/test_decode_attention.py tests/runtime/test_decode_attention_floor.py \
-    -n 2 -k "${TEST_K:-narrow_and_wide or hoist or gpu_merge or cuda_graph or pass_then_merge}" \
-    -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
-  pack "tests done"
-  mkdir -p "$RES/sweep" "$RES/sweep64" "$RES/split"
-  HPC_ADVISE_RESULTS=$RES/sweep timeout "${SWEEP_S:-85}" python3 benchmarks/bench_decode_attention.py --sweep \
-    --sweep-set mwarp > "$RES/sweep.log" 2>&1
-  pack "sweep done"
-  # from the sweep's progress lines (they survive a cut): per case the mean of each form's timings against the
-  # default's, the geometric mean per candidate; prints the pick's flag and whether it is >= 1 % faster
-  PICK=$(python3 -c "import math, sys
-from hpc_advise.runtime.benches import decode_attention as da
-base = da.SWEEP_SETS['mwarp']['configs_by_heads'][('bf16', '8/1')][0][4]
-us = {}
-for line in open(sys.argv[1]):
-    t = line.split()
-    if t[:1] != ['sweep'] or ' 8/1 bf16 ' not in line or 'ERROR' in line or 'FAIL' in line or '(again)' in line:
-        continue
-    us.setdefault(' '.join(t[2:-11]), {}).setdefault(t[-5], []).append(float(t[-4]))
-mean = lambda v: sum(v) / len(v)
-best, best_g = da.MWARP_81[0], 0.0
-for f in da.MWARP_81:
-    r = [mean(v[base + f]) / mean(v[base]) for v in us.values() if base + f in v and base in v]
-    g = math.exp(sum(map(math.log, r)) / len(r)) - 1 if r else 0.0
-    print(f'8/1 {f}: {len(r)} cases, geomean {100 * g:+.2f} %, worst {100 * (max(r, default=1) - 1):+.2f} %', file=sys.stderr)
-    if r and g < best_g:
-        best, best_g = f, g
-print(best, int(best_g <= -0.01))" "$RES/sweep.log")
-  FLAG=${PICK% *}
-  echo "8/1 pick: $FLAG (>= 1 % faster: ${PICK#* })"
-  if [ "${PICK#* }" = 1 ]; then
-    HPC_ADVISE_RESULTS=$RES/sweep64 timeout "${SWEEP64_S:-70}" python3 benchmarks/bench_decode_attention.py --sweep \
-      --sweep-set "mwarp64$FLAG" > "$RES/sweep64.log" 2>&1
-    pack "sweep 64/8 done"
-  fi
-  CFG=$(python3 -c "import json, sys; from hpc_advise.runtime.benches import decode_attention as da
-print(json.dumps(da.variant_constants('nested' + sys.argv[1])))" "$FLAG")
-  echo "split with $CFG"
-  HPC_ADVISE_RESULTS=$RES/split timeout "${SPLIT_S:-30}" python3 benchmarks/bench_decode_attention.py --grid full \
-    --kv bf16 --heads 8/1 --peers '' --split --cases "32 x 128 + 32 x 4K,1 x 128K" --config "$CFG" > "$RES/split.log" 2>&1
-  pack "split done"
-  grep -i "Traceback" -A3 "$RES/sweep.log" "$RES/sweep64.log" "$RES/split.log" 2>/dev/null | head -8
-  # short tables last: sweep (case, heads, KV, variant, us, rel err); split (case, ours, floor, floor + tail,
-  # floor + duty tail, ours again, pass, merge alone, ours - pass)
-  grep -h "^sweep " "$RES/sweep.log" "$RES/sweep64.log" 2>/dev/null | cut -c14- | sed 's/nested-desc-w-pc32-s[24]-\(f16-\)\?pdl//'
-  grep -h "^|" "$RES/split/decode_attention.md" 2>/dev/null | cut -d'|' -f2,7,11,15,18,20-23
-  true
 elif [ "${STAGE:-sweep}" = sweep ]; then
   timeout "${SWEEP_S:-80}" python3 benchmarks/bench_decode_attention.py --sweep > "$RES/sweep.log" 2>&1
   pack "sweep done"

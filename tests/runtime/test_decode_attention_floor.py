@@ -248,7 +248,7 @@ def test_pass_then_merge_launch_is_our_call_bitwise():
         assert ((got.double() - ref).norm() / ref.norm()).item() < 5e-3, consts
 
 
-@pytest.mark.parametrize("name", ["split", "mprol", "mwarp", "mwarp64-mw1-mr0", "mwarp64-ml1"])
+@pytest.mark.parametrize("name", ["split", "mprol"])
 def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
     # each head count's entry 0 is what plan(kv_dtype=...) ships for that head count and KV dtype (timed first and
     # again last)
@@ -275,17 +275,6 @@ def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
         if name == "mprol":  # the default (hoisted merge loads) against the pre-mprol merge, alternating
             before = (*entries[0][:4], entries[0][4] + "-mh0")
             assert entries == [entries[0], before] * (2 if heads == "8/1" else 1), entries
-        if name.startswith(
-            "mwarp"
-        ):  # 8/1: D, C1, C2, D, C1, C2, D; 64/8: D, C (and D again, the sweep's repeat)
-            flags = da.MWARP_81 if heads == "8/1" else (name[len("mwarp64") :],)
-            cands = [(*entries[0][:4], entries[0][4] + f) for f in flags]
-            want = ([entries[0], *cands] * 3)[:7] if heads == "8/1" else [entries[0], *cands]
-            assert entries == want, entries
-    if name == "mwarp":
-        assert {f"mwarp64{f}" for f in da.MWARP_81} <= set(da.SWEEP_SETS)
-        assert da.variant_constants("nested-desc-w-pdl-mw1-mr0") == {"merge_warps": 1, "merge_maxnreg": 0}
-        assert da.variant_constants("nested-desc-w-pdl-ml1") == {"merge_lanes": 1}
     assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
         "wide_merge_block": 256,
         "merge_maxnreg": 0,

@@ -1276,7 +1276,6 @@ def _combine_segment(
     HOIST: tl.constexpr,  # planner loads before the wait (op.MERGE_HOIST); False: the form before sweep mprol
     NEXT: tl.constexpr,  # with HOIST, step i + 1's slots: 0 none (one step: p - lo < BLOCK_P), 1 after step i's
     # math, 2 before it
-    LANES: tl.constexpr = False,  # scalar column loads, so the warps split the columns (op.MERGE_LANES)
 ):
     """Query row ``r``, columns ``c * COLS ..`` of the split segment whose partials programs ``lo`` .. ``p`` of
     the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``. Every
@@ -1302,11 +1301,6 @@ def _combine_segment(
         if PDL:
             gdc_wait()
     offs_d = c * COLS + tl.arange(0, COLS)
-    if LANES:
-        # a hint only (the same values): with no 4-wide vectors along D, Triton puts the warps across the columns,
-        # so the reductions over the partials stay inside each warp (offline sm_90a: 3 CTA barriers after the
-        # wait instead of 7 at 2 warps; op.py's MERGE_LANES comment)
-        offs_d = tl.max_contiguous(offs_d, 1)
     m_run = tl.full([COLS], float("-inf"), dtype=tl.float32)  # kept as a vector
     w_sum = tl.zeros([COLS], dtype=tl.float32)
     acc = tl.zeros([COLS], dtype=tl.float32)
@@ -1386,7 +1380,6 @@ def merge_kernel(
     WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
     PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
     HOIST: tl.constexpr = False,  # planner loads before griddepcontrol.wait (op.MERGE_HOIST)
-    LANES: tl.constexpr = False,  # narrow programs: the warps across the columns (op.MERGE_LANES)
 ):
     # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
     # columns c * D_CHUNK .. of the group: G narrow programs, program p combining the segment that program p of
@@ -1422,5 +1415,4 @@ def merge_kernel(
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
                 stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, HOIST, NARROW_NEXT,
-                LANES,
             )  # fmt: skip

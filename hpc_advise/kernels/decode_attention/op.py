@@ -89,26 +89,17 @@ MERGE_MAXNREG = 64
 # -4.3 %; 32 x 128 + 32 x 4K 28.8 -> 27.6 us, 1 x 128K 28.2 -> 27.2), bf16 64/8 -0.1 % and fp8 64/8 -0.3 % (worst
 # +0.35 %, inside the default's own spread): 1 ships since.
 MERGE_HOIST = 1
-# Warps per merge program (merge_block <= 32; 4 above). 2: a narrow program's [16 partials, 64 columns] fp32 tile
-# sits on 2 warps along the partial axis (Triton's layout for 64 columns of 4-wide loads: 16 lanes across, the rest
-# and the second warp down), so its reductions over the partials (max of lse, sums of w and w * o) cross warps
-# through shared memory: 7 CTA barriers after griddepcontrol.wait on the narrow path, 538 SASS instructions (offline
-# sm_90a, bf16 group 8, 64 registers, no stack). 1: the same arithmetic per column on one warp, 1 barrier after the
-# wait (566 instructions uncapped: 96 registers, no stack, 21 programs/SM; at the 64-register cap 16 bytes of stack,
-# 32/SM: not timed, the spill sits after the wait). Timed by sweep mwarp (TUNING_LOG.md, "Sweep mwarp"; sweep set
-# 'mwarp', flag '-mw1-mr0').
-MERGE_WARPS = 2
-# Narrow merge programs' column loads (kernel._combine_segment's LANES). 0: 4-wide vectors along D, the warps down
-# the partial axis (above). 1: scalar loads (a contiguity hint, the same addresses and arithmetic), so Triton lays
-# the warps across the columns and a column's 16 partials over 16 lanes of one warp: at 2 warps 3 CTA barriers after
-# the wait instead of 7, but 706 SASS instructions instead of 538 (64 registers, no stack; offline sm_90a, bf16
-# group 8). Timed by sweep mwarp ('-ml1').
-MERGE_LANES = 0
 # The merge launch's grid (merge_grid; (G + 8 W) x GROUP x D / 64 programs, 6 400 at bf16 8/1, mostly idle) is not
 # its cost: sweep mgrid (H200, 2026-11-30 04:55-05:02 UTC, benchmarks/results/decode_attention_split_mgrid.md) timed
 # that grid doing nothing in the merge's slot at what one program costs, and parking its merging programs at their
 # wait at <= 0.3 us more. Folding a segment's columns into fewer, longer programs (bitwise the same merge) was slower
 # on bf16 8/1 (+2.8 % to +65 % in geometric mean, decode_attention_sweep_mgrid.md) and was removed (code at 2ba5ab4).
+# Nor are its barriers: a narrow program's reductions over its 16 partials cross its 2 warps (Triton puts the warps
+# down the partial axis: 7 CTA barriers after griddepcontrol.wait, offline sm_90a). Sweep mwarp (H200, 2026-11-30
+# 05:21 UTC, benchmarks/results/decode_attention_sweep_mwarp.md, bf16 8/1, default 3x vs 2x, alternating) timed one
+# warp per program (1 barrier, 96 registers uncapped) at -0.56 % in geometric mean, inside the default's spread, and
+# the 2 warps across the columns (scalar column loads: 3 barriers, 706 instead of 538 instructions) at +1.9 %: both
+# removed (code at 73cb3b8).
 # Dynamic schedule: what starting a segment costs (q load, page ids, pipeline fill, partial write), in
 # tiles. The planner balances tiles + seg_cost x segment starts per program instead of tiles alone, so a
 # program walking many short requests gets fewer tiles (0: tiles alone).
@@ -951,8 +942,7 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
         PDL=pdl,
         HOIST=bool(MERGE_HOIST),
-        LANES=bool(MERGE_LANES),
-        num_warps=MERGE_WARPS if plan.merge_block <= 32 else 4,
+        num_warps=2 if plan.merge_block <= 32 else 4,
         **launch,
     )
 

@@ -219,10 +219,6 @@ OP_CONSTANT_FLAGS = {
     "wc": ("wide_merge_cols", "WIDE_MERGE_COLS"),
     # '-mh0' / '-mh1': the merge programs' planner loads after / before their griddepcontrol.wait (op.MERGE_HOIST, 1 by default)
     "mh": ("merge_hoist", "MERGE_HOIST"),
-    # '-mw1': the merge programs on one warp instead of two (op.MERGE_WARPS); '-ml1': the narrow programs' warps
-    # across the columns (op.MERGE_LANES); sweep set 'mwarp'
-    "mw": ("merge_warps", "MERGE_WARPS"),
-    "ml": ("merge_lanes", "MERGE_LANES"),
 }
 OP_CONSTANT_KEYS = {key: const for key, const in OP_CONSTANT_FLAGS.values()}
 
@@ -234,7 +230,7 @@ def _constant_flag(flag: str) -> str | None:
 
 
 def variant_constants(variant: str) -> dict:
-    """The op.py constants a sweep variant sets ('-mrN', '-wpN', '-wcN', '-mhN', '-mwN', '-mlN'), as {config key: value}; {} for
+    """The op.py constants a sweep variant sets ('-mrN', '-wpN', '-wcN', '-mhN'), as {config key: value}; {} for
     none."""
     _, *flags = variant.split("-")
     return {OP_CONSTANT_FLAGS[f[:2]][0]: int(f[2:]) for f in flags if _constant_flag(f)}
@@ -323,37 +319,6 @@ SWEEP_SETS["mprol"] = dict(
         )
     },
 )
-
-
-def interleaved(entry: tuple, flags: tuple, rounds: int) -> list:
-    """Sweep entries: the default ``entry`` ``rounds`` + 1 times and ``entry`` with each of ``flags`` appended
-    ``rounds`` times, alternating: D, C1, C2, D, C1, C2, D, ..."""
-    cands = [(*entry[:4], entry[4] + f) for f in flags]
-    return [entry] + [e for _ in range(rounds) for e in [*cands, entry]]
-
-
-# 'mwarp' (issue 5, after sweep mgrid put 2.6-3.5 us of bf16 8/1's merge launch in its programs' work after
-# griddepcontrol.wait, where a narrow program's reductions over its partials cross its 2 warps through shared memory):
-# the merge launch with those reductions inside a warp, against the shipped form, on the 8 bf16 8/1 cases where the
-# rule is read: the default three times, each candidate twice, alternating. '-mw1-mr0': one warp per program
-# (op.MERGE_WARPS 1; uncapped, as at the 64-register cap one warp spills 16 bytes after the wait); '-ml1': 2 warps
-# across the columns (op.MERGE_LANES 1: scalar column loads). Offline sm_90a (bf16 group 8, op.py's comments): the
-# narrow path's CTA barriers after the wait 7 -> 1 / 3, its instructions 538 -> 566 / 706. 'mwarp64<flag>': the 8 bf16
-# 64/8 and 8 fp8 64/8 cases (the merge launch is shared by both attention kernels) for the 8/1 pick: default,
-# candidate, default (the sweep's repeat of entry 0).
-MWARP_81 = ("-mw1-mr0", "-ml1")
-SWEEP_SETS["mwarp"] = dict(
-    cases=[(name, 8, 1, "bf16") for name in CASES],
-    configs_by_heads={("bf16", "8/1"): interleaved(_BF16_8_1, MWARP_81, 2)},
-)
-for _flag in MWARP_81:
-    SWEEP_SETS["mwarp64" + _flag] = dict(
-        cases=[(name, 64, 8, kv) for kv in ("bf16", "fp8") for name in CASES],
-        configs_by_heads={
-            ("bf16", "64/8"): interleaved(_BF16_64_8, (_flag,), 1)[:2],
-            ("fp8", "64/8"): interleaved(_FP8_64_8, (_flag,), 1)[:2],
-        },
-    )
 
 
 def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
