@@ -28,6 +28,8 @@
 #                by default (--budget TUNE_BUDGET skips T = 4096 when T = 16384 took longer); then `--breakdown` at
 #                Hy3 BD_TS (default 16384) with the tuner's configs.json (<= BD_S) and, only where a pick changed,
 #                bench_fused_moe.py beside the peers on the changed points (<= BENCH_S); the short tables last.
+#                H200 2026-11-30 05:23 UTC: 111 s in all (tests 3/3 to 35 s, retune of 29 forms at T = 16384 and 4096
+#                to 103 s, breakdown to 111 s; no pick changed, so no bench).
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
