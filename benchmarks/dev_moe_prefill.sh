@@ -30,13 +30,6 @@
 #                bench_fused_moe.py beside the peers on the changed points (<= BENCH_S); the short tables last.
 #                H200 2026-11-30 05:23 UTC: 111 s in all (tests 3/3 to 35 s, retune of 29 forms at T = 16384 and 4096
 #                to 103 s, breakdown to 111 s; no pick changed, so no bench).
-#   STAGE=skip   (carry .whl_profile and .whl_moe) the ping-pong down's skip of the 64-row tiles of padding rows only:
-#                stage 0 the lead's verification tests ($OUT/lead_tests.log; decode attention <= LEAD_S, prefill
-#                tiles / persistent <= LEAD2_S); stage 1 the GPU tests of tests/kernels/test_fused_moe_gluon.py
-#                (-n 2, <= TEST_S); stage 2 `tune_fused_moe.py --skip-empty` at Hy3 $TS (default 16384): the pick
-#                (skipping) against the pick working every tile (DN_GLUON_ALL 1) in --prefill-retune's 5 interleaved
-#                rounds, skip_decision (<= TUNE_S); stage 3, only if it ships, bench_fused_moe.py beside the peers at
-#                Hy3 $TS (<= BENCH_S); the short tables last.
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -188,40 +181,6 @@ if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ] || [ "${STA
     [ "$STAGE" = retune ] || tune_table
     pack "all stages"
   fi
-elif [ "${STAGE:-sweep}" = skip ]; then
-  python3 -c "import torch, triton; print('versions: torch', torch.__version__, 'triton', triton.__version__, 'CUDA',
-torch.version.cuda, torch.cuda.get_device_name())"
-  export HPC_ADVISE_HOME=$RES/home
-  TS=${TS:-16384}
-  {
-    timeout "${LEAD_S:-60}" python3 -m pytest -v -m gpu tests/runtime/test_decode_attention_floor.py \
-      tests/kernels/test_decode_attention.py -k "narrow_and_wide or hoist or gpu_merge or cuda_graph or \
-pass_then_merge or gpu_floor or tail" -n 2 --timeout 150 -p no:cacheprovider -o addopts="" -rfEs
-    echo "lead tests 1 rc $?"
-    timeout "${LEAD2_S:-30}" python3 -m pytest -v -m gpu tests/kernels/test_fused_moe_prefill.py \
-      -k "tiles_and_persistent or persistent_programs" -n 1 --timeout 150 -p no:cacheprovider -o addopts="" -rfEs
-    echo "lead tests 2 rc $?"
-  } > "$RES/lead_tests.log" 2>&1
-  cp "$RES/lead_tests.log" "$OUT/lead_tests.log"
-  grep -E "passed|failed|error|rc " "$RES/lead_tests.log" | cut -c1-200 | tail -8
-  pack "stage 0 (lead tests)"
-  TESTS=tests/kernels/test_fused_moe_gluon.py TEST_SEL=gpu gpu_tests "${TEST_S:-40}"
-  grep -E "PASSED|FAILED|ERROR|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -8
-  pack "stage 1 (GPU tests)"
-  cp hpc_advise/kernels/fused_moe/configs.json "$RES/fused_moe_configs.json"
-  OUT=$RES timeout "${TUNE_S:-55}" python3 benchmarks/tune_fused_moe.py --skip-empty --shapes hy3 --ts "$TS" \
-    --out "$RES/fused_moe_configs.json" > "$RES/tune.log" 2>&1
-  echo "tune rc $?" >> "$RES/tune.log"
-  grep -E "precompiled|Error|dropped|rc " "$RES/tune.log" | cut -c1-200 | tail -6
-  pack "stage 2 (skip vs every tile)"
-  if grep -q "^  skip hy3 .*: ships" "$RES/tune.log"; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
-    BENCH_S=${BENCH_S:-45} bench_changed "hy3 $TS"
-    pack "stage 3 (bench)"
-  fi
-  grep "^  skip " "$RES/tune.log" | cut -c1-400
-  launch_table "$RES/fused_moe_prefill_skip_launches.jsonl"
-  pack "all stages"
 elif [ "${STAGE:-sweep}" = lag ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
   export HPC_ADVISE_HOME=$RES/home

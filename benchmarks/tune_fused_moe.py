@@ -12,7 +12,6 @@
     python benchmarks/tune_fused_moe.py --prefill-tiles [--shapes ...] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --pingpong [--shapes hy3] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --prefill-retune [--shapes hy3] [--ts 16384,4096]
-    python benchmarks/tune_fused_moe.py --skip-empty [--shapes hy3] [--ts 16384]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -74,10 +73,6 @@ checked against the pick's, then each GEMM launch alone and the whole call are t
 rounds with the pick first and again last in every round (rows in $OUT/fused_moe_prefill_retune_launches.jsonl),
 and ``retune_decision`` ships a candidate only if its median whole call is >= 2 % below the better of the pick's
 two medians and it beat the pick in most rounds (``prefill_retune``; whole calls spread up to 15 % in one process).
-
-``--skip-empty`` is ``--prefill-retune``'s loop on a ping-pong down pick (DN_GLUON 3) with one candidate: the pick,
-whose kernel skips the 64-row tiles of padding rows only, against the same pick working every tile (DN_GLUON_ALL 1,
-the baseline, timed first and last; rows in $OUT/fused_moe_prefill_skip_launches.jsonl); ``skip_decision``.
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
@@ -641,41 +636,6 @@ def prefill_retune_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-def skip_empty_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--skip-empty: where the pick runs the ping-pong down GEMM (DN_GLUON 3), that pick working every tile
-    (DN_GLUON_ALL 1: the baseline, first) and the pick itself (its kernel skips the tiles of padding rows only);
-    bitwise the same output. Else the pick alone (no candidate)."""
-    cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
-    if not cur.get("DN_GLUON", 0):
-        return [cur]
-    return [dict(cur, DN_GLUON_ALL=1), {key: v for key, v in cur.items() if key != "DN_GLUON_ALL"}]
-
-
-def skip_decision(rows: list[dict]) -> tuple[dict, str]:
-    """--skip-empty's rule (rows as ``retune_decision``'s: the baseline first and last, the skip between): the skip
-    ships by the tuner's rule, or, since it is bitwise the same output from strictly less work, where its down
-    launch alone beat the round's better baseline down in most rounds AND its median whole call is not above the
-    baseline's slower median (not slower than the baseline's own first/last spread). Returns (row, why)."""
-    row, why = retune_decision(rows)
-    if row is not rows[0] or len(rows) < 3:
-        return row, why
-    base, skip, again = rows
-    why = f"the tuner's rule not met ({why.split(': ', 1)[1]})"
-    wins = sum(
-        s["down_us"] < min(a["down_us"], b["down_us"])
-        for s, a, b in zip(skip["rounds"], base["rounds"], again["rounds"], strict=True)
-    )
-    worst = max(base["call_us"], again["call_us"])
-    why += (
-        f"; down alone {skip['down_us']:.1f} vs {min(base['down_us'], again['down_us']):.1f} us, faster in {wins} "
-        f"of {len(skip['rounds'])} rounds; whole call {skip['call_us']:.1f} vs the baseline's slower median "
-        f"{worst:.1f} us"
-    )
-    if 2 * wins > len(skip["rounds"]) and skip["call_us"] <= worst:
-        return skip, "ships (bitwise, less work): " + why
-    return base, "baseline kept: " + why
-
-
 def retune_decision(rows: list[dict], min_gain: float = fb.DECODE_FORM_MIN_GAIN) -> tuple[dict, str]:
     """--prefill-retune's rule over one point's interleaved rounds (``prefill_tile_launches`` with ``whole`` and
     ``pick_last``: rows[0] the pick timed first in every round, rows[-1] the pick again last, the candidates
@@ -711,42 +671,37 @@ RETUNE_ROUNDS = 5
 
 
 def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, budget_s: float | None = None,
-                   log=print, name: str = "retune") -> list[dict]:  # fmt: skip
+                   log=print) -> list[dict]:  # fmt: skip
     """--prefill-retune: precompile ``prefill_retune_candidates`` (``multi_tile_compile_job``), then per point the
     launches alone and the whole call in RETUNE_ROUNDS interleaved rounds, the pick first and again last in each
     (``prefill_tile_launches``; rows appended to $OUT/fused_moe_prefill_retune_launches.jsonl as each point
     finishes), and ``retune_decision``'s pick merged into ``out`` per point (configs.json as the tuner writes it;
-    p50_us = that config's median whole call). Returns the entries written. ``name`` "skip": --skip-empty's
-    candidates and rule instead (``skip_empty_candidates``, ``skip_decision``; fused_moe_prefill_skip_launches)."""
+    p50_us = that config's median whole call). Returns the entries written."""
     from hpc_advise.kernels.fused_moe import op
 
-    cands_fn, decision = {
-        "retune": (prefill_retune_candidates, retune_decision),
-        "skip": (skip_empty_candidates, skip_decision),
-    }[name]
     jobs = []
     for shape in shapes:
         e, h, i, k = fb.SHAPES[shape][:4]
         mode = fb.MODES[shape][0]
         jobs += [multi_tile_compile_job(shape, mode, c) for t in ts
-                 for c in cands_fn(op, t, k, e, h, i, mode)]  # fmt: skip
-    log(f"{name}: precompiled {fb.precompile(jobs)} of {len(jobs)} jobs")
-    jsonl = Path(os.environ.get("OUT", ".")) / f"fused_moe_prefill_{name}_launches.jsonl"
+                 for c in prefill_retune_candidates(op, t, k, e, h, i, mode)]  # fmt: skip
+    log(f"retune: precompiled {fb.precompile(jobs)} of {len(jobs)} jobs")
+    jsonl = Path(os.environ.get("OUT", ".")) / "fused_moe_prefill_retune_launches.jsonl"
     entries = []
 
     def decide(rows):
         with open(jsonl, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-        row, why = decision(rows)
+        row, why = retune_decision(rows)
         r0 = rows[0]
         e, h, i, k = fb.SHAPES[r0["shape"]][:4]
-        log(f"  {name} {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
+        log(f"  retune {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
         entries.append(dict(E=e, H=h, I=i, top_k=k, mode=r0["mode"], T=r0["T"], config=row["config"],
                             p50_us=round(row["call_us"], 2)))  # fmt: skip
         fb.write_configs(entries[-1:], out, gpu)
 
     prefill_tile_launches(shapes, ts, log=log, budget_s=budget_s, on_point=decide,
-                          cands_fn=cands_fn, whole=True, rounds=RETUNE_ROUNDS, pick_last=True)  # fmt: skip
+                          cands_fn=prefill_retune_candidates, whole=True, rounds=RETUNE_ROUNDS, pick_last=True)  # fmt: skip
     return entries
 
 
@@ -1109,12 +1064,6 @@ def main() -> None:
         help="time the current prefill pick against its down GEMM as the ping-pong Gluon kernel (DN_GLUON 3)",
     )
     ap.add_argument(
-        "--skip-empty",
-        action="store_true",
-        help="a ping-pong down pick (skipping the tiles of padding rows only) against the same pick working every "
-        "tile (DN_GLUON_ALL 1), --prefill-retune's rounds; skip_decision",
-    )
-    ap.add_argument(
         "--prefill-retune",
         action="store_true",
         help="time the current prefill pick against one-key moves of its gate/up and down tiles in interleaved "
@@ -1184,10 +1133,8 @@ def main() -> None:
     else:
         out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
     gpu = torch.cuda.get_device_name()
-    if args.prefill_retune or args.skip_empty:  # its own loop: interleaved rounds decide, not one timing each
-        entries = prefill_retune(
-            shapes, ts, out, gpu, budget_s=args.budget, name="skip" if args.skip_empty else "retune"
-        )
+    if args.prefill_retune:  # its own loop: interleaved rounds decide, not one timing per candidate
+        entries = prefill_retune(shapes, ts, out, gpu, budget_s=args.budget)
         print(f"wrote {len(entries)} entries to {out}")
         return
     if args.persistent:  # the --variants loop over the persistent candidates

@@ -7,7 +7,8 @@ partitions present (setmaxnreg to 232 registers for the two consumer warpgroups,
 stack at the accepted tiles, one wgmma group left in flight at the K loop's promotions, and the 128 x 128 tile the
 op refuses spilling. On the H200 (marked gpu): Hy3 at T = 4096 and 16384 bitwise the Triton down GEMM of the
 shipped pick (same products, same fp32 additions in the same order, same epilogue), ragged experts incl. empty
-ones, an EP rank with no rows, a CUDA-graph replay with fresh routing.
+ones, an EP rank with no rows, a CUDA-graph replay with fresh routing, row counts leaving 64-row tiles of padding
+only on two EP ranks.
 """
 
 from __future__ import annotations
@@ -87,23 +88,10 @@ def test_pingpong_refused_outside_its_form(change, kw, words):
         _forms(_cfg(**change), **kw)
 
 
-def test_all_tiles_baseline_key_needs_the_pingpong_and_is_dropped_by_the_triton_form():
-    """DN_GLUON_ALL (the kernel works the tiles of padding rows only too: the timing baseline of their skip) is a
-    0/1 key of the ping-pong kernel only; the Triton form drops it with the other ping-pong keys."""
-    _forms(_cfg(DN_GLUON_ALL=1))
-    with pytest.raises(FusedMoEError, match="needs DN_GLUON = 3"):
-        _forms(dict(PICK_16384, DN_GLUON_ALL=1))
-    with pytest.raises(FusedMoEError, match="must be 0 or 1"):
-        _forms(_cfg(DN_GLUON_ALL=2))
-    assert op.triton_down_form(_cfg(DN_GLUON_ALL=1)) == op.triton_down_form(_cfg())
-
-
 def test_pingpong_refused_on_the_small_t_and_persistent_paths():
     for path in (op.default_small_config(8, 8, 192, 4096, 1536), {"PATH": "persistent"}):
         with pytest.raises(FusedMoEError, match="regular prefill path key"):
             op.check_config(dict(path, DN_GLUON=3), False)
-        with pytest.raises(FusedMoEError, match="regular prefill path key"):
-            op.check_config(dict(path, DN_GLUON_ALL=1), False)
 
 
 def test_shipped_hy3_16384_pick_is_the_pingpong_form_and_its_triton_form():
@@ -161,12 +149,12 @@ from hpc_advise.kernels.fused_moe.kernel_gluon_down import MAXNREG, _down_pingpo
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 out = []
-for tm, bn, stages, skip in json.loads(sys.argv[1]):
+for tm, bn, stages in json.loads(sys.argv[1]):
     base = torch.empty(256, 256, dtype=torch.float8_e4m3fn)
     descs = [TensorDescriptor.from_tensor(base, [r, 128], gl.NVMMASharedLayout.get_default_for([r, 128], gl.float8e4nv))
              for r in (tm, bn)]
     types = [mangle_type(d) for d in descs] + "*fp32 *fp32 *i32 *i32 *i32 *fp32 *bf16 i32 i32 i32 fp32".split()
-    consts = dict(BLOCK_M=128, GROUP_M=8, STAGES=stages, SKIP=bool(skip), num_warps=4)
+    consts = dict(BLOCK_M=128, GROUP_M=8, STAGES=stages, num_warps=4)
     sig = dict(zip([a for a in fn.arg_names if a not in consts], types), **{c: "constexpr" for c in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a][0] == "*" or a in ("H", "I")}
     k = triton.compile(GluonASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
@@ -191,9 +179,8 @@ def test_pingpong_builds_for_sm90_with_three_partitions_and_no_spills():
     """64 x 128 (4 and 8 stages) and 128 x 64 per consumer build with no stack in 12 warps (4 + 4 + 1, rounded to
     warpgroups): the consumer warpgroups raise their registers to 232, the producer's lowers to 40; each consumer
     frees slots behind a barrier of its own 128 threads (two named barriers); the promotions wait with one wgmma
-    group in flight (``wait_group 1``) and drain with ``wait_group 0``. 128 x 128 spills (refused by the op). The
-    same without the skip of padding-only tiles (SKIP False, config DN_GLUON_ALL: the timing baseline)."""
-    jobs = [(64, 128, 4, 1), (64, 128, 8, 1), (128, 64, 6, 1), (128, 128, 4, 1), (64, 128, 6, 0)]
+    group in flight (``wait_group 1``) and drain with ``wait_group 0``. 128 x 128 spills (refused by the op)."""
+    jobs = [(64, 128, 4), (64, 128, 8), (128, 64, 6), (128, 128, 4)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
@@ -204,7 +191,7 @@ def test_pingpong_builds_for_sm90_with_three_partitions_and_no_spills():
         pytest.skip("triton's bundled ptxas is missing")
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    for (tm, bn, stages, _), r in zip(jobs, res, strict=True):
+    for (tm, bn, stages), r in zip(jobs, res, strict=True):
         assert r["warps"] == 12, r
         assert {232, 40} <= set(r["setmaxnreg"]), r
         assert r["waits"] == ["0", "1"], r
@@ -294,52 +281,6 @@ def test_retune_decision_ships_only_a_median_and_majority_win():
     assert row.get("again") is None and why == "no candidate"
 
 
-def _skip_rows(base_first, skip, base_last):
-    """--skip-empty rows from per-round (down µs, whole-call µs): the baseline, the skip, the baseline again."""
-    import statistics
-
-    def row(xs, **kw):
-        rounds = [{"down_us": d, "call_us": c} for d, c in xs]
-        med = {key: statistics.median(r[key] for r in rounds) for key in ("down_us", "call_us")}
-        return dict(rounds=rounds, config=kw, **med, **kw)
-
-    return [row(base_first), row(skip, cand=1), row(base_last, again=True)]
-
-
-def test_skip_decision_ships_a_faster_down_that_does_not_slow_the_call():
-    """skip_decision: the tuner's rule (>= 2 % whole call, most rounds), else the down launch alone faster than the
-    round's better baseline in most rounds and the median whole call not above the baseline's slower median."""
-    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
-
-    decide = _load_tuner().skip_decision
-    base = [(2230, 6950), (2240, 7000), (2225, 6990), (2235, 6960), (2230, 7010)]
-    row, why = decide(_skip_rows(base, [(d - 80, c - 160) for d, c in base], base))  # -2.3 % whole call
-    assert row.get("cand") == 1 and why.startswith("ships: "), why
-    row, why = decide(_skip_rows(base, [(d - 80, c - 50) for d, c in base], base))  # down -3.6 %, call -0.7 %
-    assert row.get("cand") == 1 and why.startswith("ships (bitwise") and "faster in 5 of 5" in why, why
-    slow_call = [(d - 80, c + 40) for d, c in base]  # a faster down, but the whole call above both baselines
-    row, why = decide(_skip_rows(base, slow_call, base))
-    assert row.get("cand") is None and why.startswith("baseline kept"), why
-    mixed = [(d + (-80 if n < 2 else 10), c - 20) for n, (d, c) in enumerate(base)]  # down faster in 2 of 5
-    row, why = decide(_skip_rows(base, mixed, base))
-    assert row.get("cand") is None and "faster in 2 of 5" in why, why
-
-
-def test_skip_empty_candidates_are_the_pingpong_pick_and_its_all_tiles_baseline():
-    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
-
-    cands = _load_tuner().skip_empty_candidates
-    e, h, i, k = HY3
-    first, skip = cands(op, 16384, k, e, h, i, "tensor-static")
-    assert skip == _pick(16384) and skip["DN_GLUON"] == 3 and first == dict(skip, DN_GLUON_ALL=1)
-    _forms(first)
-    assert cands(op, 16384, k, e, h, i, "block-dynamic") == [_pick_mode(16384, "block-dynamic")]
-
-
-def _pick_mode(t, mode):
-    return op.get_config(t, HY3[3], *HY3[:3], mode, mode.endswith("dynamic"), allow_small=False)
-
-
 # ---------------------------------------------------------------------------------------------
 # H200
 
@@ -400,20 +341,19 @@ def test_gpu_pingpong_ragged_empty_experts_ep_rank_and_graph_replay():
     check_graph_replay(p, call, out, seed=seed)
 
 
-# local experts' rows: last 128-row block with 1-64 rows (its second 64-row tile all padding: skipped), 65-127,
-# whole blocks, none
-SKIP_COUNTS = (1, 64, 65, 127, 128, 0, 129, 192, 200, 256, 3, 0, 70, 33, 100, 64)
+# local experts' rows: a last 128-row block with 1-64 rows (its second 64-row tile all padding), 65-127 rows, whole
+# blocks, none
+ROW_COUNTS = (1, 64, 65, 127, 128, 0, 129, 192, 200, 256, 3, 0, 70, 33, 100, 64)
 
 
 @pytest.mark.gpu
-def test_gpu_pingpong_skips_padding_tiles_bitwise_hy3_tp8():
-    """Hy3 TP8 rows (I = 192) on 16 local experts of 32 (EP rank 0) with the row counts of SKIP_COUNTS (slot 0),
-    slot 1 on the other rank or -1: the ping-pong down that skips the 64-row tiles of padding rows only is bitwise
-    the Triton down GEMM and the ping-pong that works every tile (DN_GLUON_ALL); then rank 1 of the same routing
-    (its local rows: slot 1's)."""
+def test_gpu_pingpong_ragged_row_counts_on_two_ep_ranks_hy3_tp8():
+    """Hy3 TP8 rows (I = 192) on 16 local experts of 32 (EP rank 0) with the row counts of ROW_COUNTS (slot 0),
+    slot 1 on the other rank or -1: the ping-pong down over 64-row tiles, some of them padding only, is bitwise the
+    Triton down GEMM; then rank 1 of the same routing (its local rows: slot 1's)."""
     seed = _seed()
     e, h, i, k = 16, 1024, 192, 2
-    counts = torch.tensor(SKIP_COUNTS)
+    counts = torch.tensor(ROW_COUNTS)
     assert ((counts % 128 >= 1) & (counts % 128 <= 64)).sum() >= 4 and (counts == 0).sum() >= 2
     t = int(counts.sum())
     ids = torch.empty((t, k), dtype=torch.int32)
@@ -426,5 +366,4 @@ def test_gpu_pingpong_skips_padding_tiles_bitwise_hy3_tp8():
         p = make_problem(t, e, h, i, k, "tensor-static", device="cuda", global_experts=2 * e, expert_offset=off,
                          ids=ids)  # fmt: skip
         tri, glu, _, _ = _pair(p, cfg, PINGPONG, seed)
-        every, _, _ = run_and_check(p, config=dict(cfg, **PINGPONG, DN_GLUON_ALL=1), seed=seed)
-        assert torch.equal(tri, glu) and torch.equal(every, glu), (off, seed)
+        assert torch.equal(tri, glu), (off, seed)

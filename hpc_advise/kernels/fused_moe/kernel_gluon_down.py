@@ -19,13 +19,6 @@ strided over the grid, program p taking tiles p, p + G, p + 2G, ... Three partit
   after issuing its last wgmma, then finishes its promotions and runs the tile's epilogue (the routing-weight
   scale and the DN_GLUON_M scattered bf16 row stores) while the other consumer's wgmmas run.
 
-Tiles of padding rows only are skipped: the router pads every expert's rows to BLOCK_M (128), so with 64-row
-tiles an expert with 1-64 rows in its last block leaves that block's second half all padding (Hy3 T = 16384:
-~4 % of the tiles). All three partitions read each tile's first sorted id (``_tile_origin``'s live) and agree on
-the program's live tiles; only those count as local tiles v, so the ring steps (v · n_k ..) and the order
-barrier's turns (v // 2) stay the same sequence in all three. Padding rows store nothing either way, so the output
-is bitwise the same. SKIP = False (config DN_GLUON_ALL, a timing baseline) works every tile as before.
-
 K loop numerics as ``_down_kernel``'s: each 128-wide K step is one fresh fp8 tensor-core partial (use_acc
 False) added to the fp32 accumulator in step order (0 + p0 + p1 + ...). Two partial tiles alternate so step
 k + 1's wgmma is in flight while step k's partial is added (``warpgroup_mma_wait(num_outstanding=1)``); a
@@ -71,24 +64,20 @@ def _tiles(num_padded_ptr, H, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _tile_origin(t, num_m, num_n, block_expert_ptr, sorted_ids_ptr, H, n_entries, BLOCK_M: gl.constexpr,
-                 TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
-    """(first A row, first w2 row of the [E·H, I] view, expert, first column, live) of used tile ``t``. Live:
-    the tile has a real row. An expert's run of sorted ids is its entries, then padding (id n_entries) up to the
-    next BLOCK_M, so a tile whose first id is padding is all padding; without SKIP every tile counts as live."""
+def _tile_origin(t, num_m, num_n, block_expert_ptr, H, BLOCK_M: gl.constexpr, TILE_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):  # fmt: skip
+    """(first A row, first w2 row of the [E·H, I] view, expert, first column) of used tile ``t``."""
     pid_m, pid_n = _tile_ids(t, num_m, num_n, GROUP_M)
     m0 = pid_m * TILE_M
     e = gl.load(block_expert_ptr + m0 // BLOCK_M)  # a used row block always has a local expert
     n0 = pid_n * BLOCK_N
-    live = gl.load(sorted_ids_ptr + m0) < n_entries if SKIP else True
-    return m0, e * H + n0, e, n0, live
+    return m0, e * H + n0, e, n0
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, a_s, b_s, ready, empty, num_padded_ptr, block_expert_ptr, sorted_ids_ptr, H, I,
-              n_entries, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              SKIP: gl.constexpr):  # fmt: skip
-    """The producer warp: every K step of the program's live tiles, in order, into ring slot g % STAGES (g: the
+def _producer(a_desc, w_desc, a_s, b_s, ready, empty, num_padded_ptr, block_expert_ptr, H, I,
+              BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """The producer warp: every K step of the program's tiles, in order, into ring slot g % STAGES (g: the
     program's running step count) once the consumers freed it (a fresh barrier passes the wait for parity 1,
     so the first STAGES steps go at once)."""
     TILE_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -98,17 +87,17 @@ def _producer(a_desc, w_desc, a_s, b_s, ready, empty, num_padded_ptr, block_expe
     nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
     g = 0
     for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        m0, w_row, e, n0, live = _tile_origin(t, num_m, num_n, block_expert_ptr, sorted_ids_ptr, H, n_entries,
-                                              BLOCK_M, TILE_M, BLOCK_N, GROUP_M, SKIP)  # fmt: skip
-        if live:
-            for k in range(n_k):
-                s = g % STAGES
-                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-                bar = ready.index(s)
-                mbarrier.expect(bar, nbytes)
-                tma.async_copy_global_to_shared(a_desc, [m0, k * BLOCK_K], bar, a_s.index(s))
-                tma.async_copy_global_to_shared(w_desc, [w_row, k * BLOCK_K], bar, b_s.index(s))
-                g += 1
+        m0, w_row, e, n0 = _tile_origin(
+            t, num_m, num_n, block_expert_ptr, H, BLOCK_M, TILE_M, BLOCK_N, GROUP_M
+        )
+        for k in range(n_k):
+            s = g % STAGES
+            mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(a_desc, [m0, k * BLOCK_K], bar, a_s.index(s))
+            tma.async_copy_global_to_shared(w_desc, [w_row, k * BLOCK_K], bar, b_s.index(s))
+            g += 1
 
 
 @gluon.jit
@@ -162,46 +151,33 @@ def _mainloop(a_s, b_s, ready, empty, order, turn, base, n_k, C: gl.constexpr, S
 @gluon.jit
 def _consumer(a_s, b_s, ready, empty, order, a2_scale_ptr, ws_ptr, sorted_ids_ptr, block_expert_ptr,
               num_padded_ptr, topk_w_ptr, y_ptr, H, I, n_entries, routed_scaling, BLOCK_M: gl.constexpr,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, C: gl.constexpr, SKIP: gl.constexpr,
-              layout: gl.constexpr):  # fmt: skip
-    """Consumer warpgroup C: the program's live tiles v = C, C + 2, ... (v counts the program's live tiles; its
-    turn v // 2 on the order barrier, ring steps from v · n_k), each a K loop, then the epilogue of
-    ``kernel._down_tile`` in its order: ((w · scaling) · a2) · ws[e], bf16 rows through the sorted ids. With SKIP
-    it walks all the program's tiles, as the producer does, to count the live ones; else only its own."""
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+    """Consumer warpgroup C: the program's local tiles C, C + 2, ... (K loop, then the epilogue of
+    ``kernel._down_tile`` in its order: ((w · scaling) · a2) · ws[e], bf16 rows through the sorted ids)."""
     TILE_M: gl.constexpr = a_s.type.shape[1]
     BLOCK_N: gl.constexpr = b_s.type.shape[1]
     num_m, num_n, n_tiles = _tiles(num_padded_ptr, H, TILE_M, BLOCK_N)
     n_k = gl.cdiv(I, BLOCK_K)
     grid = gl.num_programs(0)
     a2 = gl.load(a2_scale_ptr)
-    v = 0 if SKIP else C
-    for t in range(gl.program_id(0) + (0 if SKIP else C) * grid, n_tiles, (1 if SKIP else 2) * grid):
-        m0, w_row, e, n0, live = _tile_origin(t, num_m, num_n, block_expert_ptr, sorted_ids_ptr, H, n_entries,
-                                              BLOCK_M, TILE_M, BLOCK_N, GROUP_M, SKIP)  # fmt: skip
-        if live & (v % 2 == C) if SKIP else True:  # a live tile of this consumer (without SKIP: all its own)
-            _tile(a_s, b_s, ready, empty, order, a2, ws_ptr, sorted_ids_ptr, topk_w_ptr, y_ptr, H, n_entries,
-                  routed_scaling, m0, e, n0, v, n_k, C, STAGES, layout)  # fmt: skip
-        v += live.to(gl.int32) if SKIP else 2
-
-
-@gluon.jit
-def _tile(a_s, b_s, ready, empty, order, a2, ws_ptr, sorted_ids_ptr, topk_w_ptr, y_ptr, H, n_entries,
-          routed_scaling, m0, e, n0, v, n_k, C: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):  # fmt: skip
-    """The program's live tile ``v`` on consumer C (its turn v // 2, ring steps v · n_k ..): K loop, epilogue."""
-    TILE_M: gl.constexpr = a_s.type.shape[1]
-    BLOCK_N: gl.constexpr = b_s.type.shape[1]
-    acc = _mainloop(a_s, b_s, ready, empty, order, v // 2, v * n_k, n_k, C, STAGES, layout)
-    offs_m = m0 + gl.arange(0, TILE_M, layout=gl.SliceLayout(1, layout))
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    entry = gl.load(sorted_ids_ptr + offs_m)
-    row_ok = entry < n_entries
-    scale = gl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling
-    scale = scale * a2
-    scale = scale * gl.load(ws_ptr + e)
-    acc = acc * gl.expand_dims(scale, 1)
-    rows = gl.expand_dims(entry.to(gl.int64) * H, 1)
-    ok = gl.expand_dims(row_ok, 1) & gl.expand_dims(offs_n < H, 0)
-    gl.store(y_ptr + rows + gl.expand_dims(offs_n, 0), acc.to(gl.bfloat16), mask=ok)
+    turn = 0
+    for t in range(gl.program_id(0) + C * grid, n_tiles, 2 * grid):
+        m0, w_row, e, n0 = _tile_origin(
+            t, num_m, num_n, block_expert_ptr, H, BLOCK_M, TILE_M, BLOCK_N, GROUP_M
+        )
+        acc = _mainloop(a_s, b_s, ready, empty, order, turn, (2 * turn + C) * n_k, n_k, C, STAGES, layout)
+        offs_m = m0 + gl.arange(0, TILE_M, layout=gl.SliceLayout(1, layout))
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        entry = gl.load(sorted_ids_ptr + offs_m)
+        row_ok = entry < n_entries
+        scale = gl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling
+        scale = scale * a2
+        scale = scale * gl.load(ws_ptr + e)
+        acc = acc * gl.expand_dims(scale, 1)
+        rows = gl.expand_dims(entry.to(gl.int64) * H, 1)
+        ok = gl.expand_dims(row_ok, 1) & gl.expand_dims(offs_n < H, 0)
+        gl.store(y_ptr + rows + gl.expand_dims(offs_n, 0), acc.to(gl.bfloat16), mask=ok)
+        turn += 1
 
 
 @gluon.jit(do_not_specialize=["n_entries"])
@@ -222,7 +198,6 @@ def _down_pingpong_kernel(
     BLOCK_M: gl.constexpr,  # the router's row block (block_expert's unit)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
-    SKIP: gl.constexpr,  # skip the tiles of padding rows only (False: the timing baseline, config DN_GLUON_ALL)
     num_warps: gl.constexpr,  # 4: consumer 0 (the default partition)
 ):
     """Grid (SMs,): the persistent ping-pong down GEMM (module docstring)."""
@@ -247,12 +222,12 @@ def _down_pingpong_kernel(
         [
             (_consumer, (a_s, b_s, ready, empty, order, a2_scale_ptr, ws_ptr, sorted_ids_ptr, block_expert_ptr,
                          num_padded_ptr, topk_w_ptr, y_ptr, H, I, n_entries, routed_scaling, BLOCK_M, GROUP_M,
-                         STAGES, 0, SKIP, layout)),
+                         STAGES, 0, layout)),
             (_consumer, (a_s, b_s, ready, empty, order, a2_scale_ptr, ws_ptr, sorted_ids_ptr, block_expert_ptr,
                          num_padded_ptr, topk_w_ptr, y_ptr, H, I, n_entries, routed_scaling, BLOCK_M, GROUP_M,
-                         STAGES, 1, SKIP, layout)),
-            (_producer, (a_desc, w_desc, a_s, b_s, ready, empty, num_padded_ptr, block_expert_ptr, sorted_ids_ptr,
-                         H, I, n_entries, BLOCK_M, GROUP_M, STAGES, SKIP)),
+                         STAGES, 1, layout)),
+            (_producer, (a_desc, w_desc, a_s, b_s, ready, empty, num_padded_ptr, block_expert_ptr, H, I, BLOCK_M,
+                         GROUP_M, STAGES)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

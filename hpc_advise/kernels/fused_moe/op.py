@@ -223,7 +223,7 @@ def get_config(
 def _reject_small_only_keys(cfg: dict) -> None:
     if "H_GROUP" in cfg and not is_small(cfg):
         raise FusedMoEError("H_GROUP (h's quantization group width) is a small-T path key (PATH 'small')")
-    if (is_small(cfg) or is_persistent(cfg)) and any(cfg.get(k, 0) for k in GLUON_KEYS):
+    if (is_small(cfg) or is_persistent(cfg)) and any(cfg.get(k, 0) for k in ("DN_GLUON", "DN_GLUON_M")):
         raise FusedMoEError("DN_GLUON (the ping-pong Gluon down GEMM) is a regular prefill path key")
 
 
@@ -260,7 +260,6 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "DN_SWAP_AB",
         "GU_RED",
         "SCALE_LAG",
-        "DN_GLUON_ALL",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
@@ -298,13 +297,10 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
     multiples of 16). The small-T and persistent paths have their own checks and never take these keys."""
     _check_scale_forms(cfg, a1_group, a2_group, w_block, inter)
     _check_tile_forms(cfg, a1_group, a2_group, w_block, hidden, inter)
-    if any(cfg.get(k, 0) for k in GLUON_KEYS):
+    if cfg.get("DN_GLUON", 0) or cfg.get("DN_GLUON_M", 0):
         _check_gluon_form(cfg, a2_group, w_block, hidden, inter)
 
 
-# the ping-pong Gluon down kernel's keys (DN_GLUON = 3; DN_GLUON_M its tile height; DN_GLUON_ALL = 1 works the
-# tiles of padding rows only too, the timing baseline of their skip)
-GLUON_KEYS = ("DN_GLUON", "DN_GLUON_M", "DN_GLUON_ALL")
 # config keys the ping-pong Gluon down kernel (DN_GLUON = 3, kernel_gluon_down.py) has no form of
 GLUON_DOWN_EXCLUDES = (
     "PDL",
@@ -328,7 +324,7 @@ def _check_gluon_form(cfg: dict, a2_group: bool, w_block: bool, hidden: int, int
     inside one expert (H % DN_N == 0, 16-byte rows); the STAGES-deep ring in shared memory."""
     if not cfg.get("DN_GLUON", 0):
         raise FusedMoEError(
-            "the ping-pong Gluon down GEMM's keys DN_GLUON_M / DN_GLUON_ALL: each needs DN_GLUON = 3"
+            "DN_GLUON_M is the ping-pong Gluon down GEMM's tile height: it needs DN_GLUON = 3"
         )
     if w_block or a2_group:
         raise FusedMoEError(
@@ -452,7 +448,7 @@ def triton_down_form(cfg: dict) -> dict:
     same DN_N x BLOCK_M tile on 8 warps (the 4-warp consumer tile is the Gluon kernel's), the rest unchanged;
     bitwise the same result. A pick from configs.json takes it on devices the Gluon kernel does not serve
     (not SM90, or the CPU interpreter)."""
-    out = {k: v for k, v in cfg.items() if k not in GLUON_KEYS}
+    out = {k: v for k, v in cfg.items() if k not in ("DN_GLUON", "DN_GLUON_M")}
     if cfg.get("DN_GLUON", 0):
         out["DN_WARPS"] = 8
     return out
@@ -962,7 +958,6 @@ class _Launch:
             BLOCK_M=c["BLOCK_M"],
             GROUP_M=c["DN_GROUP_M"],
             STAGES=c["DN_STAGES"],
-            SKIP=not c.get("DN_GLUON_ALL", 0),
             num_warps=4,
             maxnreg=MAXNREG,
         )
