@@ -1123,15 +1123,7 @@ def main() -> None:
                 with open(Path(os.environ["OUT"]) / name, "a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in rows)
             return
-    name = "fused_moe_configs_persistent.json" if args.persistent else "fused_moe_configs.json"
-    if args.out:
-        out = Path(args.out)
-    elif os.environ.get("OUT"):
-        out = Path(os.environ["OUT"]) / name
-    elif args.persistent:  # opt-in only: never merged into the shipped table (docstring)
-        out = Path(name)
-    else:
-        out = Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
+    out = _output_path(args)
     gpu = torch.cuda.get_device_name()
     if args.prefill_retune:  # its own loop: interleaved rounds decide, not one timing per candidate
         entries = prefill_retune(shapes, ts, out, gpu, budget_s=args.budget)
@@ -1139,28 +1131,6 @@ def main() -> None:
         return
     if args.persistent:  # the --variants loop over the persistent candidates
         fb.variant_candidates = persistent_candidates
-    if args.swap_ab:  # the --decode-forms loop over the swap-AB candidates
-        fb.decode_form_candidates = swap_ab_candidates
-    if args.multi_tile:  # the --decode-forms loop over the multi-tile candidates, built at sizes they divide
-        fb.decode_form_candidates = multi_tile_candidates
-        fb.compile_job = multi_tile_compile_job
-    if args.prefill_tiles:  # the --decode-forms loop over the prefill tile forms, built at sizes they divide
-        fb.decode_form_candidates = prefill_tile_candidates
-        fb.compile_job = multi_tile_compile_job
-    if args.pingpong:  # the --decode-forms loop over the ping-pong down forms, built at sizes they divide
-        fb.decode_form_candidates = pingpong_candidates
-        fb.compile_job = multi_tile_compile_job
-    if args.fuse_quant:  # the --decode-forms loop over the FUSE_QUANT candidates, built at the shape's H
-        fb.decode_form_candidates = fuse_quant_candidates
-        fb.compile_job = fuse_quant_compile_job
-    if args.scale_lag:  # the --decode-forms loop over the SCALE_LAG candidates
-        fb.decode_form_candidates = scale_lag_candidates
-    if args.occupancy:  # the --decode-forms loop over the occupancy candidates
-        fb.decode_form_candidates = occupancy_candidates
-    if args.h_group:  # the --decode-forms loop over the 1x64 forms (FUSE_QUANT ones built at the shape's H)
-        fb.decode_form_candidates = h_group_candidates
-        fb.compile_job = fuse_quant_compile_job
-        fb.TUNE_MAX_REL_DIFF = H_GROUP_MAX_REL_DIFF
     # merged after every point, so a run cut short by its time limit keeps the points it finished
     entries = fb.tune(
         shapes,
@@ -1170,38 +1140,69 @@ def main() -> None:
         variants=args.variants or args.persistent,
         route_reduce=args.route_reduce,
         prefill_variants=args.prefill_variants,
-        decode_forms=any(
-            (
-                args.decode_forms,
-                args.swap_ab,
-                args.multi_tile,
-                args.prefill_tiles,
-                args.pingpong,
-                args.fuse_quant,
-                args.scale_lag,
-                args.occupancy,
-                args.h_group,
-            )
-        ),
+        decode_forms=_use_form_loop(args),
         on_entry=lambda done: fb.write_configs(done[-1:], out, gpu),
     )
     fb.write_configs(entries, out, gpu)
     print(f"wrote {len(entries)} entries to {out}")
-    if (
-        args.prefill_tiles or args.pingpong
-    ):  # then each GEMM launch alone, interleaved rounds (rows appended under $OUT per point)
-        name = "pingpong" if args.pingpong else "tiles"
-        jsonl = Path(os.environ.get("OUT", ".")) / f"fused_moe_prefill_{name}_launches.jsonl"
+    if args.prefill_tiles or args.pingpong:  # then each GEMM launch alone, interleaved rounds
+        _time_prefill_launches(shapes, ts, args)
 
-        def keep(rows):
-            with open(jsonl, "a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
 
-        prefill_tile_launches(
-            shapes, ts, budget_s=args.budget, on_point=keep,
-            cands_fn=pingpong_candidates if args.pingpong else None, whole=args.pingpong,
-            rounds=PINGPONG_ROUNDS if args.pingpong else PREFILL_TILE_ROUNDS,
-        )  # fmt: skip
+def _output_path(args) -> Path:
+    """Where the tuned table goes: --out, else under $OUT on the device machine, else the shipped configs.json
+    (the persistent candidates never go there: opt-in only, module docstring)."""
+    name = "fused_moe_configs_persistent.json" if args.persistent else "fused_moe_configs.json"
+    if args.out:
+        return Path(args.out)
+    if os.environ.get("OUT"):
+        return Path(os.environ["OUT"]) / name
+    if args.persistent:
+        return Path(name)
+    return Path(__file__).resolve().parents[1] / "hpc_advise/kernels/fused_moe/configs.json"
+
+
+# flags whose candidates run through the --decode-forms loop: flag -> (candidate list, compile job or None for
+# the default one); the FUSE_QUANT-type forms are built at the shape's H, the tile forms at sizes they divide
+_FORM_LOOPS = {
+    "swap_ab": (swap_ab_candidates, None),
+    "multi_tile": (multi_tile_candidates, multi_tile_compile_job),
+    "prefill_tiles": (prefill_tile_candidates, multi_tile_compile_job),
+    "pingpong": (pingpong_candidates, multi_tile_compile_job),
+    "fuse_quant": (fuse_quant_candidates, fuse_quant_compile_job),
+    "scale_lag": (scale_lag_candidates, None),
+    "occupancy": (occupancy_candidates, None),
+    "h_group": (h_group_candidates, fuse_quant_compile_job),
+}
+
+
+def _use_form_loop(args) -> bool:
+    """Point the --decode-forms loop at the candidates of the flag given (_FORM_LOOPS); whether it runs."""
+    for flag, (candidates, job) in _FORM_LOOPS.items():
+        if getattr(args, flag):
+            fb.decode_form_candidates = candidates
+            if job is not None:
+                fb.compile_job = job
+    if args.h_group:  # the 1x64 forms' own accuracy guard
+        fb.TUNE_MAX_REL_DIFF = H_GROUP_MAX_REL_DIFF
+    return args.decode_forms or any(getattr(args, flag) for flag in _FORM_LOOPS)
+
+
+def _time_prefill_launches(shapes, ts, args) -> None:
+    """After --prefill-tiles / --pingpong: each GEMM launch alone in interleaved rounds, rows appended under $OUT
+    per point."""
+    name = "pingpong" if args.pingpong else "tiles"
+    jsonl = Path(os.environ.get("OUT", ".")) / f"fused_moe_prefill_{name}_launches.jsonl"
+
+    def keep(rows):
+        with open(jsonl, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    prefill_tile_launches(
+        shapes, ts, budget_s=args.budget, on_point=keep,
+        cands_fn=pingpong_candidates if args.pingpong else None, whole=args.pingpong,
+        rounds=PINGPONG_ROUNDS if args.pingpong else PREFILL_TILE_ROUNDS,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -265,6 +265,13 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
     if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
         raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
+    _check_program_keys(cfg)
+    return cfg
+
+
+def _check_program_keys(cfg: dict) -> None:
+    """The keys that shape the GEMM programs rather than their tiles: the gate/up register cap, tiles per
+    program, persistent programs per SM and the down GEMM's kernel (Triton or the ping-pong Gluon one)."""
     # a register cap for the gate/up build (0: none): ptxas allocates registers in steps of 8, 255 at most
     cap = cfg.get("GU_MAXNREG", 0)
     if type(cap) is not int or (cap and not (MAXNREG_MIN <= cap <= 248 and cap % 8 == 0)):
@@ -283,7 +290,6 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         raise FusedMoEError(
             f"DN_GLUON={cfg['DN_GLUON']!r} must be 0 (Triton down GEMM) or 3 (persistent ping-pong Gluon down GEMM)"
         )
-    return cfg
 
 
 def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int) -> None:
