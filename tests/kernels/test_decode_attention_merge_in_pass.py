@@ -249,9 +249,137 @@ def test_update_replans_counts_in_place():
         assert mip_rows(p)[0] == [0] * 11
 
 
+def gate_on(p) -> bool:
+    """The merge gate's decision of plan p's last update (bounds[3, 1]: 1 = the in-pass merge runs)."""
+    return bool(p.bounds[3, 1].item())
+
+
+def widest_split(p0) -> int:
+    """Programs first .. last of the widest split segment of a merge_in_pass=0 plan (0 if none is split)."""
+    return max((q - f + 1 for f, (q, _) in launch_merges(p0).items()), default=0)
+
+
+def run_gated(lens, *, hq, hkv, d, page, n=None, kv_dtype=BF16, tuned=False, **plan_kw):
+    """One random case planned with merge_in_pass=0, then gated (merge_gate) and ungated at N = n (default: the
+    widest split segment's width, so the gate opens; ``tuned``: op.py's tuned form for the KV dtype), all run once (workspaces and outputs NaN first). The gated
+    plan is the ungated one where its gate is on, else the N = 0 plan (the same ranges, descriptors, merge duties,
+    wide list; no segment counted for the pass); outputs bitwise the same where one build runs both (the
+    interpreter; the ungated N plan also when the gate is on), else (two GPU builds) within 1e-3 Frobenius as in
+    compare_to_launch_merge. Returns (gated plan, N)."""
+    q, k, v, table, seq_lens = make_case(lens, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype)
+    ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=page)
+    common = dict(page_size=page, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, **plan_kw)
+    if tuned:
+        common["kv_dtype"] = kv_dtype
+    p0 = op.plan(seq_lens, table, merge_in_pass=0, **common)
+    n = widest_split(p0) if n is None else n
+    plans = [p0]
+    plans += [op.plan(seq_lens, table, merge_in_pass=n, merge_gate=g, **common) for g in (False, True)]
+    outs = []
+    for p in plans:
+        p.ws_o.fill_(float("nan"))
+        p.ws_lse.fill_(float("nan"))
+        out = torch.full_like(q, float("nan"))
+        op.run(p, q, k, v, out=out)
+        assert rel_err(out, ref) <= TOL[kv_dtype]
+        outs.append(out)
+    _, ungated, gated = plans
+    on = gate_on(gated)
+    assert on == (widest_split(p0) <= n)
+    twin = ungated if on else p0
+    for name in ("prog_start", "merge_first", "merge_bh", "merge_seg", "wide_list"):
+        assert torch.equal(getattr(gated, name), getattr(twin, name)), name
+    assert torch.equal(gated.prog_desc[:, :7], twin.prog_desc[:, :7])
+    if on:
+        assert mip_rows(gated)[:3] == mip_rows(ungated)[:3]
+        assert set(gated.merge_first.tolist()) == {-1}  # the merge launch has nothing to do
+    else:
+        assert not any(mip_rows(gated)[1])  # no segment counted for the pass
+    exact = on or not torch.cuda.is_available()
+    if exact:
+        assert torch.equal(outs[2], outs[1] if on else outs[0])
+    else:
+        diff = ((outs[2].double() - outs[0].double()).norm() / outs[0].double().norm()).item()
+        assert diff <= 1e-3, diff
+    return gated, n
+
+
+def test_merge_gate_on_when_every_split_is_short():
+    # splits over 2 .. 4 programs: at N = the widest (4) every one merges in the pass, bitwise the ungated N
+    p, n = run_gated([1, 63, 64, 65, 97, 300, 700], num_programs=13, n=None, **SMALL)
+    assert gate_on(p) and n >= 3, n
+
+
+def test_merge_gate_off_when_a_split_is_wider():
+    # the same lengths at N = 2: the segments over 3 and 4 programs would need the launch, so none merges in the
+    # pass (ungated N = 2 would take the 2-program ones): plan and output those of N = 0
+    p, _ = run_gated([1, 63, 64, 65, 97, 300, 700], num_programs=13, n=2, **SMALL)
+    assert not gate_on(p)
+
+
+def test_merge_gate_static_schedule():
+    # 3 programs per split segment: the gate opens at N = 3, closes at 2
+    for n, want in ((3, True), (2, False)):
+        p, _ = run_gated([1, 17, 33, 64, 65, 97], n=n, schedule="static", static_splits=3, **SMALL)
+        assert gate_on(p) == want
+
+
+def test_merge_gate_flips_across_updates():
+    # one gated plan at N = 4 updated: splits over <= 4 programs (on), a long request's over 5 (off), <= 4 again;
+    # each call against the reference, counters back at 0, the merge duties those of a fresh plan of N = 0 when off
+    q, k, v, table, _ = make_case([700, 700, 700], hq=4, hkv=2, d=64, page=16)
+    common = dict(page_size=16, num_q_heads=4, num_kv_heads=2, head_dim=64, num_programs=11, **KNOBS)
+    p = op.plan(
+        torch.tensor([65, 40, 97], dtype=torch.int32, device=q.device),
+        table,
+        merge_in_pass=4,
+        merge_gate=True,
+        **common,
+    )
+    seen = []
+    for ls in ([65, 40, 97], [700, 40, 2], [65, 40, 97]):
+        sl = torch.tensor(ls, dtype=torch.int32, device=q.device)
+        p.update(sl, table)
+        out = torch.full_like(q, float("nan"))
+        op.run(p, q, k, v, out=out)
+        assert rel_err(out, decode_attention_reference(q, k, v, table, sl, page_size=16)) <= TOL[BF16]
+        assert mip_rows(p)[0] == [0] * 11
+        p0 = op.plan(sl, table, merge_in_pass=0, **common)
+        assert gate_on(p) == (widest_split(p0) <= 4)
+        if not gate_on(p):
+            assert torch.equal(p.merge_first, p0.merge_first) and not any(mip_rows(p)[1])
+        seen.append(gate_on(p))
+    assert seen == [True, False, True], seen
+
+
+def test_sweep_set_gate_alternates_defaults_and_gated_forms():
+    # each head count's shipped default (entry 0, timed again last by the sweep) alternating with its gated forms;
+    # every '-mg' entry is a valid plan with merge_gate on at its N
+    from hpc_advise.runtime.benches import decode_attention as da
+
+    by_heads = da.SWEEP_SETS["gate"]["configs_by_heads"]
+    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS["gate"]["cases"]} == set(by_heads)
+    _, _, _, table, seq_lens = make_case([300, 70], hq=8, hkv=1, d=64, page=16)
+    for (kv, heads), entries in by_heads.items():
+        half = len(entries) // 2
+        assert entries[:half] == entries[half:] and "-mg" not in entries[0][4], (kv, heads)
+        kv_dtype, hkv = (FP8 if kv == "fp8" else BF16), int(heads.split("/")[1])
+        assert da.variant_config(*entries[0])["merge_in_pass"] == op.tuned_config(kv_dtype, hkv).get(
+            "merge_in_pass", 0
+        )
+        gated = [da.variant_config(*e) for e in entries[:half] if "-mg" in e[4]]
+        assert gated and all(c["merge_gate"] and c["merge_in_pass"] > 0 for c in gated), entries
+        for cfg in gated:
+            cfg = {k: cfg[k] for k in ("loop", "desc", "wide_merge", "merge_in_pass", "merge_gate")}
+            p = op.plan(seq_lens, table, page_size=16, num_q_heads=8, num_kv_heads=1, head_dim=64, **cfg)
+            assert p.merge_gate
+    assert da.variant_config(64, 2, 3, 4, "nested-desc")["merge_gate"] is False
+
+
 @pytest.mark.parametrize(
     "kw,msg",
     [
+        (dict(merge_gate=True), "merge_gate=True needs merge_in_pass > 0"),
         (dict(merge_in_pass=4, loop="flat"), "needs loop='nested'"),
         (dict(merge_in_pass=-1), "merge_in_pass must be an int in 0..64"),
         (dict(merge_in_pass=65), "merge_in_pass must be an int in 0..64"),
@@ -374,6 +502,51 @@ def test_gpu_wide_in_pass_real_sizes(lens, n):
     # merge in the pass; 20 calls of one plan racing to the counters, every result bitwise the first
     p, in_pass, _ = run_pair(lens, hq=64, hkv=8, d=128, page=64, n=n, calls=20, tuned=True)
     assert max(w for w, _ in in_pass_widths(p)) > 16, in_pass_widths(p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lens,hq,hkv,kv_dtype,on",
+    [
+        ([128] * 32 + [4096] * 32, 8, 1, BF16, True),  # bf16 8/1's miss with short splits only
+        ([65536] + [4096] * 15, 8, 1, BF16, False),  # the 64K request's segment over ~100 programs
+        ([131072], 64, 8, BF16, False),  # 64/8 (ships N = 32): segments over ~33 programs close the gate
+        ([4096] * 64, 8, 1, FP8, True),
+    ],
+)
+def test_gpu_merge_gate_real_sizes(lens, hq, hkv, kv_dtype, on):
+    # the tuned form at N = 32 gated against N = 32 ungated and N = 0
+    p, _ = run_gated(lens, hq=hq, hkv=hkv, d=128, page=64, n=32, kv_dtype=kv_dtype, tuned=True)
+    assert gate_on(p) == on
+
+
+@pytest.mark.gpu
+def test_gpu_merge_gate_cuda_graph_replay():
+    # bf16 8/1 gated at N = 32, captured once: short requests only (gate on), a 64K request among them (off),
+    # short only again (on); every replay bitwise the eager call, counters back at 0
+    page = 64
+    q, k, v, table, _ = make_case([65536] + [4096] * 15, hq=8, hkv=1, d=128, page=page)
+    lens_buf = torch.tensor([4096] * 16, dtype=torch.int32, device="cuda")
+    p = op.plan(
+        lens_buf,
+        table,
+        page_size=page,
+        num_q_heads=8,
+        num_kv_heads=1,
+        head_dim=128,
+        kv_dtype=BF16,
+        merge_in_pass=32,
+        merge_gate=True,
+    )
+    seen = []
+
+    def each(_):
+        assert mip_rows(p)[0] == [0] * p.grid_size()
+        seen.append(gate_on(p))
+
+    steps = ([4096] * 16, [65536] + [4096] * 15, [4096] * 8 + [2048] * 8)
+    check_graph_replay(p, q, k, v, table, lens_buf, steps, page=page, each=each)
+    assert seen == [True, False, True], seen
 
 
 @pytest.mark.gpu

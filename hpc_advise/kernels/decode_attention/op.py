@@ -142,6 +142,10 @@ WHOLE_GATE = 8
 # the launch (the behaviour before this knob).
 DEFAULT_MERGE_IN_PASS = 0
 MAX_MERGE_IN_PASS = 64
+# merge_gate (with merge_in_pass N): all or nothing per plan, decided by the planner on the GPU: segments merge in the
+# pass only if every split segment of the plan has <= N participants (the merge launch then has nothing to do), else
+# none does (the plan of merge_in_pass 0). bounds[3, 1] records the decision (1: merged in the pass).
+DEFAULT_MERGE_GATE = False
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
 # tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
 DEFAULT_PT_CHUNK = 0
@@ -321,7 +325,8 @@ class DecodePlan:
     position where each request starts: tiles + ``seg_cost`` per segment), ``wide_list[W]`` (programs whose
     merge goes to the merge launch's wide programs, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
     candidate plan's boundaries as cost position, first unit and its request; ``bounds[3, 0]`` is 1 if the
-    gate kept that plan, else the even split runs), ``region[max_batch, 2]`` (with ``whole_below``: the cost
+    gate kept that plan, else the even split runs; with ``merge_gate``, ``bounds[3, 1]`` is 1 if split segments
+    merge in the pass), ``region[max_batch, 2]`` (with ``whole_below``: the cost
     span of each request's region).
     """
 
@@ -352,6 +357,7 @@ class DecodePlan:
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
     transposed: bool = False  # nested loop: kernel_transposed's tile loop (tokens on the MMA's M side)
     merge_in_pass: int = 0  # nested loop: split segments of <= this many programs merge in the attention pass
+    merge_gate: bool = False  # merge_in_pass only if no split segment is wider (DEFAULT_MERGE_GATE)
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -445,6 +451,7 @@ class DecodePlan:
             SEARCH_STEPS=int(math.log2(block_b)) + 1,
             BLOCK_P=self.merge_block if self.wide_merge else 0,
             MERGE_IN_PASS=self.merge_in_pass,
+            MERGE_GATE=self.merge_gate,
             num_warps=4,
         )
         if self.loop == "flat":
@@ -532,6 +539,7 @@ def plan(
     whole_below: int | None = None,
     transposed: bool | None = None,
     merge_in_pass: int | None = None,
+    merge_gate: bool | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -559,6 +567,8 @@ def plan(
     merge_in_pass = (
         tuned.get("merge_in_pass", DEFAULT_MERGE_IN_PASS) if merge_in_pass is None else merge_in_pass
     )
+    explicit_gate = merge_gate is not None
+    merge_gate = tuned.get("merge_gate", DEFAULT_MERGE_GATE) if merge_gate is None else bool(merge_gate)
     transposed = tuned.get("transposed", False) if transposed is None else bool(transposed)
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
@@ -601,6 +611,9 @@ def plan(
     merge_in_pass = _int_in("merge_in_pass", merge_in_pass, MAX_MERGE_IN_PASS, " (participating programs)")
     if merge_in_pass and loop != "nested":
         _fail(f"merge_in_pass={merge_in_pass} needs loop='nested' (the flat loop merges in the launch only)")
+    if merge_gate and not merge_in_pass and explicit_gate:
+        _fail("merge_gate=True needs merge_in_pass > 0 (it gates the in-pass merge)")
+    merge_gate = merge_gate and merge_in_pass > 0  # a tuned gate with no in-pass merge has nothing to gate
     wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
     wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
     why_not = _transposed_unsupported(loop, prefetch, desc, pt_chunk, page_size, tile) if transposed else None
@@ -658,6 +671,7 @@ def plan(
         whole_below=whole_below,
         transposed=transposed,
         merge_in_pass=merge_in_pass,
+        merge_gate=merge_gate,
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
         bounds=torch.zeros(4, g + 1, **i32),
