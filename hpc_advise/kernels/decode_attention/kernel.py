@@ -55,7 +55,6 @@ def plan_kernel(
     SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
     BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list (0: no list)
     MERGE_IN_PASS: tl.constexpr = 0,  # > 0: split segments of at most this many programs merge in the pass
-    MERGE_GATE: tl.constexpr = False,  # MERGE_IN_PASS all or nothing: only if no split segment is wider
 ):
     # One program. Step 1: per-request unit counts and their prefix sum.
     offs_b = tl.arange(0, BLOCK_B)
@@ -223,55 +222,40 @@ def plan_kernel(
 
     # Step 3: merge duty. Program p merges the segment its range starts in when that segment began in
     # an earlier program (split) and ends inside p's range (p is its last participant).
-    if MERGE_IN_PASS > 0:
-        if MERGE_GATE:
-            # step 3a: the gate, one more pass over the programs for the widest split segment (participants of
-            # the segment each merging program closes); in-pass merges only if none exceeds MERGE_IN_PASS, else
-            # none (the merge launch then merges every split segment, as at MERGE_IN_PASS 0). Kept in bounds[3, 1].
-            widest = total * 0
-            run_carry = total * 0 - 1
-            for step in range(G_STEPS):
-                p = step * BLOCK_G + tl.arange(0, BLOCK_G)
-                _, _, _, _, _, _, _, _, _, duty, first, run_carry = _merge_head(
-                    p,
-                    G,
-                    splits,
-                    run_carry,
-                    prog_start_ptr,
-                    prog_b_ptr,
-                    req_start_ptr,
-                    seq_lens_ptr,
-                    NUM_KV_HEADS,
-                    TILE,
-                    STATIC,
-                )
-                widest = tl.maximum(widest, tl.max(tl.where(duty, p - first + 1, 0), axis=0))
-            gate_ok = widest <= MERGE_IN_PASS
-            tl.store(bounds_ptr + 3 * (G + 1) + 1, gate_ok.to(tl.int32))
     n_wide = total * 0
     run_carry = total * 0 - 1
     busy_carry = total * 0  # non-empty ranges before this step (MERGE_IN_PASS)
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
-        live, u_b, u_e, b, h, t0, tiles_b, lens_b, seg_start, duty, first, run_carry = _merge_head(
-            p,
-            G,
-            splits,
-            run_carry,
-            prog_start_ptr,
-            prog_b_ptr,
-            req_start_ptr,
-            seq_lens_ptr,
-            NUM_KV_HEADS,
-            TILE,
-            STATIC,
-        )
+        live = p < G
+        u_b = tl.load(prog_start_ptr + p, mask=live, other=0)
+        u_e = tl.load(prog_start_ptr + p + 1, mask=live, other=0)
+        b = tl.load(prog_b_ptr + p, mask=live, other=0)
+        h, t0, tiles_b, lens_b = _range_head(u_b, b, live, req_start_ptr, seq_lens_ptr, TILE)
+        seg_start = u_b - t0
+        duty = live & (u_b < u_e) & (t0 > 0) & (seg_start + tiles_b <= u_e)
+        if STATIC:
+            first = (b * NUM_KV_HEADS + h) * splits
+        else:
+            # the first participant of the segment p's range starts in is the last program whose range
+            # starts at or before the segment's first unit. The programs starting inside the segment (t0 > 0)
+            # are consecutive, p among them: the first participant is the one before the first of them.
+            # Found by a running max over the programs (units and segments are ordered), for any plan.
+            prev = tl.maximum(p - 1, 0)
+            has_prev = live & (p > 0)
+            u_p = tl.load(prog_start_ptr + prev, mask=has_prev, other=0)
+            b_p = tl.load(prog_b_ptr + prev, mask=has_prev, other=0)
+            h_p, t0_p, _, _ = _range_head(u_p, b_p, has_prev, req_start_ptr, seq_lens_ptr, TILE)
+            inside_prev = has_prev & (b_p == b) & (h_p == h) & (t0_p > 0)
+            opens_run = live & (t0 > 0) & (inside_prev == 0)
+            run = tl.associative_scan(tl.where(opens_run, p, -1), 0, _max_combine)
+            run = tl.maximum(run, run_carry)
+            run_carry = tl.max(run, axis=0)
+            first = run - 1
         if MERGE_IN_PASS > 0:
             # split segments of at most MERGE_IN_PASS programs are merged inside the attention pass by the
             # participant that arrives last (kernel._arrive_and_merge), the merge launches skip them
             in_pass = duty & (p - first + 1 <= MERGE_IN_PASS)
-            if MERGE_GATE:
-                in_pass = in_pass & gate_ok
             busy_carry = _plan_merge_in_pass(
                 prog_desc_ptr, p, live, G, u_b, u_e, t0, first, in_pass, busy_carry
             )
@@ -302,52 +286,6 @@ def plan_kernel(
         for w0 in range(0, W, BLOCK_G):
             k = w0 + tl.arange(0, BLOCK_G)
             tl.store(wide_list_ptr + k, k * 0 - 1, mask=(k >= n_wide) & (k < W))
-
-
-@triton.jit
-def _merge_head(
-    p,
-    G,
-    splits,
-    run_carry,
-    prog_start_ptr,
-    prog_b_ptr,
-    req_start_ptr,
-    seq_lens_ptr,
-    NUM_KV_HEADS: tl.constexpr,
-    TILE: tl.constexpr,
-    STATIC: tl.constexpr,
-):
-    """Step 3's reading of programs p (one step of its loop): (live, u_b, u_e, b, h, t0, tiles_b, lens_b,
-    seg_start, duty, first, run_carry). duty: p merges the segment its range starts in (that segment began in an
-    earlier program and ends inside p's range); first: that segment's first participant; run_carry: the running
-    max that finds it, for the next step."""
-    live = p < G
-    u_b = tl.load(prog_start_ptr + p, mask=live, other=0)
-    u_e = tl.load(prog_start_ptr + p + 1, mask=live, other=0)
-    b = tl.load(prog_b_ptr + p, mask=live, other=0)
-    h, t0, tiles_b, lens_b = _range_head(u_b, b, live, req_start_ptr, seq_lens_ptr, TILE)
-    seg_start = u_b - t0
-    duty = live & (u_b < u_e) & (t0 > 0) & (seg_start + tiles_b <= u_e)
-    if STATIC:
-        first = (b * NUM_KV_HEADS + h) * splits
-    else:
-        # the first participant of the segment p's range starts in is the last program whose range
-        # starts at or before the segment's first unit. The programs starting inside the segment (t0 > 0)
-        # are consecutive, p among them: the first participant is the one before the first of them.
-        # Found by a running max over the programs (units and segments are ordered), for any plan.
-        prev = tl.maximum(p - 1, 0)
-        has_prev = live & (p > 0)
-        u_p = tl.load(prog_start_ptr + prev, mask=has_prev, other=0)
-        b_p = tl.load(prog_b_ptr + prev, mask=has_prev, other=0)
-        h_p, t0_p, _, _ = _range_head(u_p, b_p, has_prev, req_start_ptr, seq_lens_ptr, TILE)
-        inside_prev = has_prev & (b_p == b) & (h_p == h) & (t0_p > 0)
-        opens_run = live & (t0 > 0) & (inside_prev == 0)
-        run = tl.associative_scan(tl.where(opens_run, p, -1), 0, _max_combine)
-        run = tl.maximum(run, run_carry)
-        run_carry = tl.max(run, axis=0)
-        first = run - 1
-    return live, u_b, u_e, b, h, t0, tiles_b, lens_b, seg_start, duty, first, run_carry
 
 
 @triton.jit

@@ -142,10 +142,6 @@ WHOLE_GATE = 8
 # the launch (the behaviour before this knob).
 DEFAULT_MERGE_IN_PASS = 0
 MAX_MERGE_IN_PASS = 64
-# merge_gate (with merge_in_pass N): all or nothing per plan, decided by the planner on the GPU: segments merge in the
-# pass only if every split segment of the plan has <= N participants (the merge launch then has nothing to do), else
-# none does (the plan of merge_in_pass 0). bounds[3, 1] records the decision (1: merged in the pass).
-DEFAULT_MERGE_GATE = False
 # Nested loop with page >= tile or page == tile / 2: 0 loads each tile's page id inside the tile loop; N > 0 loads the ids of N
 # tiles at once before an inner loop over them, so no load feeds the K/V addresses in that loop.
 DEFAULT_PT_CHUNK = 0
@@ -219,7 +215,11 @@ TUNED_BY_KV_DTYPE = {
 # 4K 30.6 -> 30.1 / 28.3) and slower next to long requests (2 x 32K + 30 x 4K 37.3 -> 39.2 / 38.7, 1 x 64K + 15 x 4K
 # 30.3 -> 31.3 / 33.9, 1 x 128K + 31 x 4K 47.8 -> 49.4 / 49.3, 1 x 128K 32.7 -> 33.4 / 33.1); fp8 8/1 (transposed,
 # 2/SM) the same pattern (64 x 4K 38.2 -> 35.5 / 35.6, 2 x 32K + 30 x 4K 32.2 -> 35.1 / 36.0). Geometric mean +0.2 /
-# -0.1 % (bf16), +0.3 / +2.4 % (fp8), 4 cases > 1 % slower at either N (up to +16 %): 8/1 keeps 0.
+# -0.1 % (bf16), +0.3 / +2.4 % (fp8), 4 cases > 1 % slower at either N (up to +16 %): 8/1 keeps 0. Gated all or nothing
+# per plan (sweep gate, 2026-11-30 05:52 UTC, benchmarks/results/decode_attention_sweep_gate.md: in the pass only if every
+# split is <= N programs, else the N = 0 plan, decided by plan_kernel on the GPU) bf16 8/1 was +1.67 % (N = 32) / +1.84 %
+# (16) in geometric mean: where the gate opens 32 x 128 + 32 x 4K 27.5 -> 28.6 us, where it closes the in-pass build of
+# the pass alone costs +0.8..2.5 % (1 x 128K 27.5 -> 28.2); 64/8 -0.02 %. Removed (code at be18c60).
 # Since sweep mipw (2026-11-29 22:27-22:29 UTC, benchmarks/results/decode_attention_sweep_mipw.md, one process; the
 # in-pass merge in chunks of 3 participants, kernel._merge_partials) merge_in_pass 32: the segments of the 64K / 128K
 # requests mixed with 4K ones (~17 programs each) and 2 x 32K + 30 x 4K's 32K ones merge in the pass instead of the
@@ -325,8 +325,7 @@ class DecodePlan:
     position where each request starts: tiles + ``seg_cost`` per segment), ``wide_list[W]`` (programs whose
     merge goes to the merge launch's wide programs, then -1s), ``bounds[4, G + 1]`` (with ``snap`` or ``whole_below``: the
     candidate plan's boundaries as cost position, first unit and its request; ``bounds[3, 0]`` is 1 if the
-    gate kept that plan, else the even split runs; with ``merge_gate``, ``bounds[3, 1]`` is 1 if split segments
-    merge in the pass), ``region[max_batch, 2]`` (with ``whole_below``: the cost
+    gate kept that plan, else the even split runs), ``region[max_batch, 2]`` (with ``whole_below``: the cost
     span of each request's region).
     """
 
@@ -357,7 +356,6 @@ class DecodePlan:
     whole_below: int = 0  # dynamic schedule: segments costing <= whole_below % of a share are never split
     transposed: bool = False  # nested loop: kernel_transposed's tile loop (tokens on the MMA's M side)
     merge_in_pass: int = 0  # nested loop: split segments of <= this many programs merge in the attention pass
-    merge_gate: bool = False  # merge_in_pass only if no split segment is wider (DEFAULT_MERGE_GATE)
     batch: int = 0
     seq_lens: torch.Tensor = field(repr=False, default=None)
     page_table: torch.Tensor = field(repr=False, default=None)
@@ -451,7 +449,6 @@ class DecodePlan:
             SEARCH_STEPS=int(math.log2(block_b)) + 1,
             BLOCK_P=self.merge_block if self.wide_merge else 0,
             MERGE_IN_PASS=self.merge_in_pass,
-            MERGE_GATE=self.merge_gate,
             num_warps=4,
         )
         if self.loop == "flat":
@@ -539,7 +536,6 @@ def plan(
     whole_below: int | None = None,
     transposed: bool | None = None,
     merge_in_pass: int | None = None,
-    merge_gate: bool | None = None,
     kv_dtype: torch.dtype | None = None,
     validate: bool = True,
 ) -> DecodePlan:
@@ -567,8 +563,6 @@ def plan(
     merge_in_pass = (
         tuned.get("merge_in_pass", DEFAULT_MERGE_IN_PASS) if merge_in_pass is None else merge_in_pass
     )
-    explicit_gate = merge_gate is not None
-    merge_gate = tuned.get("merge_gate", DEFAULT_MERGE_GATE) if merge_gate is None else bool(merge_gate)
     transposed = tuned.get("transposed", False) if transposed is None else bool(transposed)
     num_warps = tuned.get("num_warps") if num_warps is None else num_warps
     ctas_per_sm = tuned.get("ctas_per_sm") if ctas_per_sm is None else ctas_per_sm
@@ -611,9 +605,6 @@ def plan(
     merge_in_pass = _int_in("merge_in_pass", merge_in_pass, MAX_MERGE_IN_PASS, " (participating programs)")
     if merge_in_pass and loop != "nested":
         _fail(f"merge_in_pass={merge_in_pass} needs loop='nested' (the flat loop merges in the launch only)")
-    if merge_gate and not merge_in_pass and explicit_gate:
-        _fail("merge_gate=True needs merge_in_pass > 0 (it gates the in-pass merge)")
-    merge_gate = merge_gate and merge_in_pass > 0  # a tuned gate with no in-pass merge has nothing to gate
     wide_merge = DEFAULT_WIDE_MERGE if wide_merge is None else bool(wide_merge)
     wide_merge = wide_merge and merge_block < WIDE_MERGE_BLOCK
     why_not = _transposed_unsupported(loop, prefetch, desc, pt_chunk, page_size, tile) if transposed else None
@@ -671,7 +662,6 @@ def plan(
         whole_below=whole_below,
         transposed=transposed,
         merge_in_pass=merge_in_pass,
-        merge_gate=merge_gate,
         req_cost=torch.zeros(max_batch + 1, **i32),
         wide_list=torch.full((g // merge_block + 1 if wide_merge else 1,), -1, **i32),
         bounds=torch.zeros(4, g + 1, **i32),

@@ -131,7 +131,8 @@ SWEEP_TOL = {"bf16": 5e-3, "fp8": 2e-2}
 # tile (kernel TUNING_LOG.md, "What limits it"): 373-389 SASS instructions, 5 barriers, 16 wgmma; spills only outside the
 # loop at 168 registers, inside it at 128.
 _FP8T = "nested-desc-w-pc32-s4-f16-pdl-tr"
-# the shipped defaults with fewer than op.MANY_KV_HEADS KV heads (op.TUNED_BY_KV_DTYPE), as sweep entries
+# the shipped defaults with fewer than op.MANY_KV_HEADS KV heads (op.TUNED_BY_KV_DTYPE), as sweep entries; _FP8_8_1 is
+# fp8's nested-loop form, shipped for 8/1 until sweep t2 (since then op.TUNED_FEW_KV_HEADS: transposed, 2 programs/SM)
 _BF16_8_1 = (64, 2, 3, 4, "nested-desc-w-pc32-s2-pdl")
 _FP8_8_1 = (64, 3, 3, 4, "nested-desc-w-pc32-s4-f16-pdl")
 _T2_BF16 = ((2, 3), (3, 2))  # (programs per SM, stages) of the transposed bf16 candidates
@@ -320,24 +321,6 @@ SWEEP_SETS["mprol"] = dict(
     },
 )
 
-# 'gate' (issue 5): the in-pass merge all or nothing per plan ('-mipN-mg': op.plan(merge_in_pass=N, merge_gate=True),
-# merged in the pass only when no split segment has more than N participants, else the plan of N = 0) against each
-# head count's shipped default, alternating in one process: bf16 and fp8 8/1 (default 3x, N = 32 and 16 gated 2x
-# each; the rule is read on bf16 8/1), bf16 64/8 (the default, N = 32 ungated, 3x against N = 32 gated 2x).
-_GATE_8_1 = ("-mip32-mg", "-mip16-mg")
-SWEEP_SETS["gate"] = dict(
-    cases=[
-        (name, hq, hkv, kv)
-        for kv, hq, hkv in (("bf16", 8, 1), ("fp8", 8, 1), ("bf16", 64, 8))
-        for name in CASES
-    ],
-    configs_by_heads={
-        ("bf16", "8/1"): [_BF16_8_1, *[(*_BF16_8_1[:4], _BF16_8_1[4] + g) for g in _GATE_8_1]] * 2,
-        ("fp8", "8/1"): [_FP8_8_1, *[(*_FP8_8_1[:4], _FP8_8_1[4] + g) for g in _GATE_8_1]] * 2,
-        ("bf16", "64/8"): [_BF16_64_8, (*_BF16_64_8[:4], _BF16_64_8[4] + "-mg")] * 2,
-    },
-)
-
 
 def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) -> dict:
     """op.plan keyword arguments of one sweep entry (flags of op.py constants, OP_CONSTANT_FLAGS, are accepted and
@@ -353,7 +336,7 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
     known = (
         {"desc", "prefetch", "w", "f16", "pdl", "ws", "tr"} | set(merge) | set(chunk) | set(cost) | set(snap)
     )
-    known |= set(whole) | set(mip) | set(consts) | {"mg"}
+    known |= set(whole) | set(mip) | set(consts)
     unknown = set(flags) - known
     repeated = [g for g in (merge, chunk, cost, snap, whole, mip) if len(g) > 1]
     repeated += [[f for f in consts if f[:2] == h] for h in {f[:2] for f in consts}]
@@ -381,8 +364,6 @@ def variant_config(tile: int, ctas: int, stages: int, warps: int, variant: str) 
         # the nested loop's kernel, not whatever op.TUNED_* picks now (fp8 defaults to the transposed kernel)
         transposed="tr" in flags,
         merge_in_pass=int(mip[0][3:]) if mip else 0,
-        # '-mg': op.plan(merge_gate=True), the in-pass merge only where no split segment is wider than N
-        merge_gate="mg" in flags,
     )
 
 
@@ -888,8 +869,6 @@ def sweep(configs=SWEEP_CONFIGS, cases=SWEEP_CASES, fp8_configs=SWEEP_CONFIGS_FP
             # whole-segment candidate (bounds[3, 0]; '-' where the plan has none)
             plan_t, _ = _time([lambda p=plans[0], w=w: p.update(w.seq_lens, w.tables[0], validate=False)])
             kept = int(plans[0].bounds[3, 0]) if cfg.get("snap") or cfg.get("whole_below") else "-"
-            if cfg.get("merge_gate"):  # and whether the merge gate let the in-pass merge run (bounds[3, 1])
-                kept = f"{kept} g{int(plans[0].bounds[3, 1])}"
             rows.append(
                 run_row(
                     kind="kernel",
@@ -951,7 +930,6 @@ CONFIG_KEYS = (
     "whole_below",
     "transposed",
     "merge_in_pass",
-    "merge_gate",
     *OP_CONSTANT_KEYS,
 )
 # keys older sweeps' rows lack, with the value they ran with (None for op.py constants: op.py's value then)
@@ -968,7 +946,6 @@ OLD_SWEEP_DEFAULTS = {
     "whole_below": 0,
     "transposed": False,
     "merge_in_pass": 0,
-    "merge_gate": False,
 } | dict.fromkeys(OP_CONSTANT_KEYS)
 
 
