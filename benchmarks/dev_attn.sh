@@ -45,6 +45,17 @@ install_flashinfer() {  # FlashInfer 0.7.2 from .whl_attn (stripped zip + tvm-ff
   export PYTHONPATH=/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fiws MAX_JOBS=12 PATH=$PATH:/usr/local/cuda/bin
   mkdir -p /tmp/fiws && tar xzf .whl_attn/fiws/fi_cache.tgz -C /tmp/fiws
 }
+install_profile() {  # sqlite-utils & co. from .whl_profile (carry it), this checkout on the path
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+}
+# the tuned merge launch at real sizes (bf16 / fp8 8/1 1 x 128K, bf16 64/8 1 x 64K + 15 x 4K) and its CUDA-graph replay
+MERGE_TESTS=(
+  "tests/kernels/test_decode_attention.py::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]"
+  "tests/kernels/test_decode_attention.py::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]"
+  "tests/kernels/test_decode_attention.py::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]"
+  "tests/kernels/test_decode_attention.py::test_gpu_merge_launches_cuda_graph_replay"
+)
 warm_flashinfer() {  # in the background: the grids need it, tests and sweep do not
   (timeout 100 python3 benchmarks/bench_decode_attention.py --warm-flashinfer > "$RES/fi_warm.log" 2>&1) &
 }
@@ -233,8 +244,7 @@ elif [ "${STAGE:-sweep}" = merge1 ]; then
   # Sweep merge1's call (23:56-23:59 UTC, working tree of 98a076b, FI=1 TEST_S=75 AB_S=75 SWEEP_S=85, 143 s):
   # 10 tests passed in 54 s, stage 2 39 s (80 timings), stage 3 38 s (64).
   [ "${FI:-0}" = 1 ] && install_flashinfer
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
+  install_profile
   pack "installed"
   timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention.py \
     -k "${TEST_K:-merge_launches or cuda_graph}" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
@@ -347,7 +357,7 @@ elif [ "${STAGE:-sweep}" = mipw ]; then
   # LIMIT_S=226, 199 s in all): tests 70 s (the 8 at N = 4 passed, the 4 wide ones cut: alone, TEST_K=wide and about
   # TEST_S=90), sweep 72 s (40 timings), grid 53 s.
   install_flashinfer
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
+  install_profile
   pack "flashinfer installed"
   timeout "${TEST_S:-60}" python3 -m pytest -m gpu tests/kernels/test_decode_attention_merge_in_pass.py \
     ${TEST_K:+-k "$TEST_K"} -n 2 -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
@@ -427,15 +437,10 @@ elif [ "${STAGE:-sweep}" = floor ]; then
   # of test_decode_attention.py (the tuned merge launch at real sizes: bf16 / fp8 8/1 1 x 128K, bf16 64/8 1 x 64K +
   # 15 x 4K tuned; its CUDA-graph replay). Stage 2: the full grid, bf16 then fp8, 8/1 and 64/8, ours with today's
   # defaults, no peers and no static, the floor timed beside ours in the same process (--floor).
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
+  install_profile
   pack "installed"
-  T=tests/kernels/test_decode_attention.py
   timeout "${TEST_S:-40}" python3 -m pytest -q -m gpu tests/runtime/test_decode_attention_floor.py \
-    "$T::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]" \
-    "$T::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]" \
-    "$T::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]" \
-    "$T::test_gpu_merge_launches_cuda_graph_replay" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+    "${MERGE_TESTS[@]}" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
     > "$RES/gpu_tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
   pack "gpu tests done"
@@ -454,8 +459,7 @@ elif [ "${STAGE:-sweep}" = split ] || [ "$STAGE" = mprol ]; then
   # floor (+ tail), the pass alone, the merge launch alone, one process. Stage 3: sweep set 'split' (each head
   # count's bf16 default first and again last vs the merge launch uncapped / 16-column / 256-partial wide programs,
   # and on 8/1 the pass at 3 programs/SM and 32-token tiles x 4/SM; 8 bf16 8/1 then 8 bf16 64/8 cases).
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
+  install_profile
   pack "installed"
   T=tests/kernels/test_decode_attention.py
   if [ "$STAGE" = mprol ]; then
@@ -468,10 +472,7 @@ elif [ "${STAGE:-sweep}" = split ] || [ "$STAGE" = mprol ]; then
       -p no:cacheprovider -o addopts="" -rfE -v > "$RES/gpu_tests.log" 2>&1
   else
     timeout "${TEST_S:-40}" python3 -m pytest -q tests/runtime/test_decode_attention_floor.py -k "split or bitwise or merge_launches" \
-      "$T::test_gpu_merge_launches_real_sizes[lens0-8-1-kv_dtype0-None]" \
-      "$T::test_gpu_merge_launches_real_sizes[lens1-8-1-kv_dtype1-None]" \
-      "$T::test_gpu_merge_launches_real_sizes[lens3-64-8-kv_dtype3-None]" \
-      "$T::test_gpu_merge_launches_cuda_graph_replay" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
+      "${MERGE_TESTS[@]}" -n 2 -p no:cacheprovider -o addopts="" -rfE -v \
       > "$RES/gpu_tests.log" 2>&1
   fi
   grep -E "^(FAILED|ERROR)" "$RES/gpu_tests.log" | head; tail -1 "$RES/gpu_tests.log"
@@ -494,8 +495,7 @@ elif [ "${STAGE:-sweep}" = mgrid ]; then
   # graph-replay and floor-tail GPU tests. Stage 2: --split on a narrow-merge and a wide-merge bf16 8/1 miss: ours,
   # the floor, + the do-nothing tail on the merge grid, + it as one program, + the merge grid with its merging
   # programs parked at their wait (the duty tail), the pass alone, the merge alone. Stage 3: the merge A/B.
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_profile/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
+  install_profile
   pack "installed"
   timeout "${TEST_S:-50}" python3 -m pytest tests/kernels/test_decode_attention.py tests/runtime/test_decode_attention_floor.py \
     -n 2 -k "${TEST_K:-narrow_and_wide or hoist or gpu_merge or cuda_graph or pass_then_merge or gpu_floor or tail_forms}" \

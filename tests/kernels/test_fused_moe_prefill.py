@@ -72,6 +72,12 @@ def _ragged_prefill_run(mode, h, i, extra, monkeypatch):
     return p, cfg, seed, plain
 
 
+def _moe(p, **kw):
+    """fused_moe on make_problem's tensors; ``kw`` adds call arguments (out, config) or replaces the problem's
+    scale arguments (device copies for graph capture)."""
+    return fused_moe(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], **(p["kw"] | kw))
+
+
 @pytest.mark.parametrize(
     "mode,h,i,extra",
     [
@@ -106,14 +112,10 @@ def test_wide_k_steps_only_without_group_scales():
     group's scale to two groups), and above 256 everywhere."""
     p = make_problem(4, 4, 256, 128, 2, "block-dynamic", device="cpu")
     with pytest.raises(FusedMoEError, match="GU_K=256"):
-        fused_moe(
-            p["x"], p["w13"], p["w2"], p["weights"], p["ids"], config=dict(PREFILL_CFG, GU_K=256), **p["kw"]
-        )
+        _moe(p, config=dict(PREFILL_CFG, GU_K=256))
     q = make_problem(4, 4, 256, 128, 2, "tensor-dynamic", device="cpu")  # static weights, dynamic a2
     with pytest.raises(FusedMoEError, match="DN_K=256"):
-        fused_moe(
-            q["x"], q["w13"], q["w2"], q["weights"], q["ids"], config=dict(PREFILL_CFG, DN_K=256), **q["kw"]
-        )
+        _moe(q, config=dict(PREFILL_CFG, DN_K=256))
     with pytest.raises(FusedMoEError, match="BLOCK_K"):
         op.check_config(dict(PREFILL_CFG, GU_K=512), False, False)
     with pytest.raises(FusedMoEError, match="W_TMA=2"):
@@ -125,11 +127,10 @@ def test_scalar_scales_and_two_dots_need_group_aligned_tiles():
     half must lie in one 128-row group: refused for I = 192 (the up half straddles two groups) and for
     256-wide down tiles, with the reason."""
     p = make_problem(4, 4, 256, 192, 2, "block-dynamic", device="cpu")
-    args = (p["x"], p["w13"], p["w2"], p["weights"], p["ids"])
     with pytest.raises(FusedMoEError, match="W_SCALAR"):
-        fused_moe(*args, config=dict(PREFILL_CFG, W_SCALAR=1), **p["kw"])
+        _moe(p, config=dict(PREFILL_CFG, W_SCALAR=1))
     with pytest.raises(FusedMoEError, match="GU_TWO_DOTS"):
-        fused_moe(*args, config=dict(PREFILL_CFG, GU_TWO_DOTS=1), **p["kw"])
+        _moe(p, config=dict(PREFILL_CFG, GU_TWO_DOTS=1))
     with pytest.raises(FusedMoEError, match="W_SCALAR"):
         op.check_forms(dict(PREFILL_CFG, W_SCALAR=1, DN_N=256), True, True, True, 256, 256)
     with pytest.raises(FusedMoEError, match="FAST_ACC"):
@@ -142,16 +143,7 @@ def test_tma_forms_refuse_rows_that_are_not_16_byte_multiples(key):
     p = make_problem(4, 4, 128, 40, 2, "tensor-static", device="cpu")
     out = torch.full_like(p["x"], 7.0)
     with pytest.raises(FusedMoEError, match="16-byte rows"):
-        fused_moe(
-            p["x"],
-            p["w13"],
-            p["w2"],
-            p["weights"],
-            p["ids"],
-            out=out,
-            config=dict(PREFILL_CFG, **{key: 1}),
-            **p["kw"],
-        )
+        _moe(p, out=out, config=dict(PREFILL_CFG, **{key: 1}))
     assert (out == 7.0).all()
 
 
@@ -269,9 +261,7 @@ def test_gpu_weight_tma_empty_experts_and_graph_replay():
     cfg = dict(cfg, W_TMA=1, DN_A_TMA=1)
     run_and_check(p, config=cfg, seed=seed)
     out = torch.empty_like(p["x"])
-    call = lambda: fused_moe(
-        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
-    )
+    call = lambda: _moe(p, out=out, config=cfg)  # noqa: E731
     check_graph_replay(p, call, out, seed=seed)
 
 
@@ -389,9 +379,7 @@ def test_gpu_scale_lag_per_tensor_empty_experts_ep_rank_and_graph_replay():
     run_and_check(p, config=cfg, seed=seed)
     out = torch.empty_like(p["x"])
     kw = device_scales(p["kw"])
-    call = lambda: fused_moe(  # noqa: E731
-        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **kw
-    )
+    call = lambda: _moe(p, out=out, config=cfg, **kw)  # noqa: E731
     check_graph_replay(p, call, out, seed=seed)
     away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
     q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
@@ -458,16 +446,7 @@ def test_persistent_programs_refused_outside_their_forms():
         (dict(DN_PERSIST=1.0), "0 \\(off\\) or 1-8"),
     ):
         with pytest.raises(FusedMoEError, match=words):
-            fused_moe(
-                p["x"],
-                p["w13"],
-                p["w2"],
-                p["weights"],
-                p["ids"],
-                out=out,
-                config=dict(PREFILL_CFG, **extra),
-                **p["kw"],
-            )
+            _moe(p, out=out, config=dict(PREFILL_CFG, **extra))
     assert (out == 7.0).all()
 
 
@@ -607,9 +586,7 @@ def test_gpu_persistent_programs_empty_experts_ep_rank_and_graph_replay():
     p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
     run_and_check(p, config=cfg, seed=seed)
     out = torch.empty_like(p["x"])
-    call = lambda: fused_moe(  # noqa: E731
-        p["x"], p["w13"], p["w2"], p["weights"], p["ids"], out=out, config=cfg, **p["kw"]
-    )
+    call = lambda: _moe(p, out=out, config=cfg)  # noqa: E731
     check_graph_replay(p, call, out, seed=seed, replays=2)
     away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
     q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
