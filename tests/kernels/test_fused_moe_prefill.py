@@ -227,6 +227,27 @@ GPU_PREFILL = {  # name -> (E local, H, I, top_k, global experts, expert offset,
 }
 
 
+def _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays):
+    """GPU, T = 1024 on ``shape`` (a GPU_PREFILL entry) with ``cfg``: one expert takes every token and one the first
+    three rows, the rest none (checked against the reference); the call replays ``replays`` times from a CUDA graph
+    with fresh routing (static activation scales as device tensors: a host float would be copied inside the
+    capture); an EP rank without local tokens gives zeros."""
+    e, h, i, k, _, _, mode = shape
+    ids = torch.full((1024, k), -1, dtype=torch.int32, device="cuda")
+    ids[:, 0] = 7
+    ids[:3, 1] = 11
+    p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
+    run_and_check(p, config=cfg, seed=seed)
+    out = torch.empty_like(p["x"])
+    kw = device_scales(p["kw"])
+    call = lambda: _moe(p, out=out, config=cfg, **kw)  # noqa: E731
+    check_graph_replay(p, call, out, seed=seed, replays=replays)
+    away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
+    q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
+    got, _, _ = run_and_check(q, config=cfg, seed=seed)
+    assert (got == 0).all(), seed
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(GPU_PREFILL))
 @pytest.mark.parametrize("t", [1024, 4096])
@@ -370,21 +391,10 @@ def test_gpu_scale_lag_per_tensor_empty_experts_ep_rank_and_graph_replay():
     rest none; an EP rank without local tokens gives zeros; the call replays from a CUDA graph with fresh
     routing (the static activation scales as device tensors: a host float would be copied inside the capture)."""
     seed = _seed()
-    e, h, i, k, ge, off, mode = GPU_PREFILL["hy3-tp8"]
+    shape = GPU_PREFILL["hy3-tp8"]
+    e, h, i, k, _, _, mode = shape
     cfg = dict(op.get_config(1024, k, e, h, i, mode, False, allow_small=False), SCALE_LAG=1)
-    ids = torch.full((1024, k), -1, dtype=torch.int32, device="cuda")
-    ids[:, 0] = 7
-    ids[:3, 1] = 11
-    p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
-    run_and_check(p, config=cfg, seed=seed)
-    out = torch.empty_like(p["x"])
-    kw = device_scales(p["kw"])
-    call = lambda: _moe(p, out=out, config=cfg, **kw)  # noqa: E731
-    check_graph_replay(p, call, out, seed=seed)
-    away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
-    q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
-    got, _, _ = run_and_check(q, config=cfg, seed=seed)
-    assert (got == 0).all(), seed
+    _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -577,18 +587,8 @@ def test_gpu_persistent_programs_empty_experts_ep_rank_and_graph_replay():
     the used row count on the GPU, so a replay's new routing changes their loop bounds); an EP rank without local
     tokens gives zeros."""
     seed = _seed()
-    e, h, i, k, ge, off, mode = GPU_PREFILL["qwen3-30b-a3b"]
+    shape = GPU_PREFILL["qwen3-30b-a3b"]
+    e, h, i, k, _, _, mode = shape
     cfg = _one_tile(op.get_config(1024, k, e, h, i, mode, True, allow_small=False))
     cfg = dict(cfg, GU_PERSIST=1, DN_PERSIST=2, PDL=1, PREFETCH=0)
-    ids = torch.full((1024, k), -1, dtype=torch.int32, device="cuda")
-    ids[:, 0] = 7
-    ids[:3, 1] = 11
-    p = make_problem(1024, e, h, i, k, mode, device="cuda", ids=ids)
-    run_and_check(p, config=cfg, seed=seed)
-    out = torch.empty_like(p["x"])
-    call = lambda: _moe(p, out=out, config=cfg)  # noqa: E731
-    check_graph_replay(p, call, out, seed=seed, replays=2)
-    away = torch.randint(0, e, (1024, k), dtype=torch.int32, device="cuda")  # all on experts of rank 0
-    q = make_problem(1024, e, h, i, k, mode, device="cuda", global_experts=2 * e, expert_offset=e, ids=away)
-    got, _, _ = run_and_check(q, config=cfg, seed=seed)
-    assert (got == 0).all(), seed
+    _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays=2)
