@@ -25,6 +25,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,13 +62,18 @@ def time_cuda(
     inner: int = 10,
     reps: int = 30,
     warmup: int = 3,
+    settle_s: float = 0.0,
 ) -> Timing:
     """Time ``fn`` on the GPU; returns microseconds per call.
 
     graph=True: capture ``inner`` calls of ``fn`` in one CUDA graph, replay it ``reps`` times, each
     replay timed with CUDA events and divided by ``inner``. graph=False: ``inner`` back-to-back eager
     launches per event pair. ``fn`` must be capturable when graph=True (no host syncs, no allocation
-    that changes between calls).
+    that changes between calls). settle_s > 0: run the timed body back to back, untimed, for that many
+    seconds first, so the GPU's clocks settle at the state this load holds them in. A compute-bound load
+    on an H200 holds its power cap (700 W) after ~1 s: the SM clock falls from the 1980 MHz boost to
+    ~1630 MHz, and a call timed inside the first ~50 ms reads up to 13 % faster than it runs sustained
+    (benchmarks/results/spread_fused_moe.md).
     """
     import torch
 
@@ -94,6 +100,10 @@ def time_cuda(
             for _ in range(inner):
                 fn()
 
+    settle_end = time.perf_counter() + settle_s
+    while time.perf_counter() < settle_end:
+        body()
+        torch.cuda.synchronize()
     samples: list[float] = []
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)

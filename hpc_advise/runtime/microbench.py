@@ -55,9 +55,15 @@ class Case:
     size: int
     fast_accum: bool = False
     method: str = ""  # copy: a key of COPY_METHODS
+    settle_s: float = 0.1  # seconds of untimed calls first (``_spin_up``); >= 1 s: the sustained rate
 
     @property
     def label(self) -> str:
+        base = self._base_label
+        return base if self.settle_s == 0.1 else f"{base} after {self.settle_s:g} s"
+
+    @property
+    def _base_label(self) -> str:
         if self.kind == "copy":
             return f"copy {self.size / 2**30:g} GiB ({self.method})"
         extra = " fast-accum" if self.fast_accum else ""
@@ -133,7 +139,8 @@ def _gemm_fn(case: Case, device) -> tuple[Callable[[], object], Callable[[], Non
 
 
 def _spin_up(fn: Callable[[], object], seconds: float = 0.1) -> None:
-    """Run ``fn`` untimed for about ``seconds`` so an idle GPU's clocks are up before timing starts."""
+    """Run ``fn`` untimed for about ``seconds`` so an idle GPU's clocks are up before timing starts (0.1 s);
+    ~1.5 s or more of a compute-bound load brings the H200 to its power cap, the clocks it holds sustained."""
     import time
 
     import torch
@@ -165,7 +172,7 @@ def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
         fn()
         if not torch.equal(dst, src):
             raise RuntimeError(f"{case.label}: copy result differs")
-        _spin_up(fn)
+        _spin_up(fn, case.settle_s)
         t = time_cuda(fn, graph=graph, inner=10, reps=20)
         moved = 2 * case.size
         rate = _rate_timing(t, moved, 1e12)
@@ -182,7 +189,7 @@ def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
     try:
         fn, check = _gemm_fn(case, device)
         check()
-        _spin_up(fn)
+        _spin_up(fn, case.settle_s)
         flops = 2.0 * case.size**3
         est_ms = flops / 50e12 * 1e3 if case.dtype == "fp32" else flops / 500e12 * 1e3
         inner = max(1, min(10, int(20 / max(est_ms, 1e-3))))
@@ -195,6 +202,8 @@ def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
               "flops": flops, "latency_us_p50": t.p50}  # fmt: skip
     if case.dtype == "fp8":
         config["fast_accum"] = case.fast_accum
+    if case.settle_s != 0.1:
+        config["settle_s"] = case.settle_s
     torch.cuda.empty_cache()
     return run_row(
         kind="microbench", subject="gemm", provider=provider, config=config,

@@ -816,3 +816,8 @@ def test_tune_output_round_trips_through_config_lookup(tmp_path, monkeypatch):
         op._config_table.cache_clear()
     line = ["hy3", "tensor-static", 16, 40.0, 3.9, 95, 50, 80, 70, 2.0, 1.7, 1.2, ""]
     assert "min 95% of copy" in fb.summary([line], {"fp8_tflops": 1400.0})
+    prefill = ["hy3", "tensor-static", 16384, 7000.0, 690.0, 58.0, None, None, None, None, None, None, ""]
+    ceil = {"fp8_tflops": 1400.0, "fp8_tflops_sustained": 1190.0}
+    assert "690 TFLOP/s = 49% of 1410, 58% of the fp8 GEMM sustained now (1190; 1400 at boost" in fb.summary(
+        [prefill], ceil
+    )

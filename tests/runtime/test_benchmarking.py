@@ -1,4 +1,8 @@
-"""The GPU-free helpers of hpc_advise.runtime.benchmarking."""
+"""The helpers of hpc_advise.runtime.benchmarking (the GPU-free ones, and time_cuda's settling on a GPU)."""
+
+import time
+
+import pytest
 
 from hpc_advise.runtime import benchmarking as bm
 
@@ -38,3 +42,24 @@ def test_command_line_shows_python_dash_m(monkeypatch):
     assert bm.command_line().endswith("-m hpc_advise profile --bench all")
     monkeypatch.setattr(bm.sys, "argv", ["benchmarks/bench_router_gemm.py", "--grid", "full"])
     assert bm.command_line().endswith("benchmarks/bench_router_gemm.py --grid full")
+
+
+@pytest.mark.gpu
+def test_time_cuda_runs_the_load_for_settle_s_before_timing():
+    torch = pytest.importorskip("torch")
+    x = torch.ones(1024, device="cuda")
+    calls = []
+
+    def fn():
+        calls.append(1)
+        x.mul_(1.0)
+
+    bm.time_cuda(fn, graph=False, inner=2, reps=3, warmup=1)
+    plain = len(calls)
+    assert plain == 1 + 2 * 3
+    calls.clear()
+    t0 = time.perf_counter()
+    bm.time_cuda(fn, graph=False, inner=2, reps=3, warmup=1, settle_s=0.2)
+    assert time.perf_counter() - t0 >= 0.2
+    assert len(calls) > plain + 2 * 10  # at least ten settling bodies of 2 calls (each ~10 µs here)
+    assert (len(calls) - plain) % 2 == 0  # whole bodies only

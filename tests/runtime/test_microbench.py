@@ -43,3 +43,10 @@ def test_run_case_without_cuda_says_so():
         pytest.skip("this machine has CUDA")
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
         mb.run_case(mb.cases()[0])
+
+
+def test_a_settled_case_says_so_in_its_label():
+    quick = mb.Case("gemm", "fp8", 8192, fast_accum=True)
+    held = mb.Case("gemm", "fp8", 8192, fast_accum=True, settle_s=1.5)
+    assert quick.label == "gemm fp8 8192^3 fast-accum"
+    assert held.label == "gemm fp8 8192^3 fast-accum after 1.5 s"
