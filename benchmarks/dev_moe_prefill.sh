@@ -30,6 +30,14 @@
 #                bench_fused_moe.py beside the peers on the changed points (<= BENCH_S); the short tables last.
 #                H200 2026-11-30 05:23 UTC: 111 s in all (tests 3/3 to 35 s, retune of 29 forms at T = 16384 and 4096
 #                to 103 s, breakdown to 111 s; no pick changed, so no bench).
+#   STAGE=half   (carry .whl_profile; .whl_moe too for the bench) GU_HALF, 64-row gate/up tiles for the 128-row blocks
+#                whose rows 64.. are padding: stage 1 the GPU tests of $TESTS -k gu_half (-n 1, <= TEST_S); stage 2
+#                `tune_fused_moe.py --gu-half` (pick vs pick + GU_HALF, at BLOCK_M 64 picks the T = 16384 pick without
+#                and with it; launches alone + whole call in 5 interleaved rounds, the pick first and last; shipped by
+#                retune_decision into a copy of configs.json) at T = 16384 on SHAPES16 and T = 4096 on SHAPES4 (<= TUNE_S
+#                each); stage 3 `--breakdown` at Hy3 T = 16384 with the pick and with the pick + GU_HALF (<= BD_S each);
+#                stage 4, only where a pick changed and .whl_moe is there: bench_fused_moe.py beside the peers on the
+#                changed points (<= BENCH_S); the short tables last.
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -181,6 +189,50 @@ if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ] || [ "${STA
     [ "$STAGE" = retune ] || tune_table
     pack "all stages"
   fi
+elif [ "${STAGE:-sweep}" = half ]; then
+  export HPC_ADVISE_HOME=$RES/home
+  TEST_N=1 TEST_SEL=${TEST_SEL:-gu_half} gpu_tests "${TEST_S:-60}"
+  grep -E "PASSED|FAILED|ERROR|rel err|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -12
+  pack "stage 1 (GPU tests)"
+  CFG=hpc_advise/kernels/fused_moe/configs.json
+  cp "$CFG" "$RES/fused_moe_configs.json"
+  for point in "${SHAPES16:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b} 16384" "${SHAPES4:-hy3,qwen3-235b} 4096"; do
+    read -r pt_shapes pt_t <<< "$point"
+    OUT=$RES timeout "${TUNE_S:-75}" python3 benchmarks/tune_fused_moe.py --gu-half --shapes "$pt_shapes" --ts "$pt_t" \
+      --out "$RES/fused_moe_configs.json" >> "$RES/tune.log" 2>&1
+    echo "tune T=$pt_t rc $?" >> "$RES/tune.log"
+    grep -E "precompiled|Error|dropped|rc |  half " "$RES/tune.log" | cut -c1-300 | tail -8
+    pack "stage 2 (tune T=$pt_t)"
+  done
+  changed=$(changed_points "$CFG" "$RES/fused_moe_configs.json")
+  echo "changed picks: ${changed:-none}"
+  cp "$CFG" "$RES/configs_shipped.json"
+  for form in pick half; do  # stage 3: Hy3 T = 16384's launches alone, its pick and the pick + GU_HALF
+    if [ $form = half ]; then
+      python3 - "$RES/configs_shipped.json" "$CFG" <<'PY'
+import json, sys
+data = json.load(open(sys.argv[1]))
+for x in data["entries"]:
+    if (x["E"], x["H"], x["I"], x["mode"], x["T"]) == (192, 4096, 1536, "tensor-static", 16384):
+        x["config"]["GU_HALF"] = 1
+json.dump(data, open(sys.argv[2], "w"), indent=1)
+PY
+    fi
+    OUT=$RES timeout "${BD_S:-25}" python3 benchmarks/tune_fused_moe.py --breakdown --shapes hy3 --ts 16384 \
+      > "$RES/breakdown_$form.log" 2>&1
+    grep -o "breakdown.*padded [0-9]*" "$RES/breakdown_$form.log" | sed "s/^/$form /" | cut -c1-260
+  done
+  cp "$RES/configs_shipped.json" "$CFG"
+  pack "stage 3 (breakdown)"
+  if [ -n "$changed" ] && ls .whl_moe/*.whl > /dev/null 2>&1; then
+    cp "$RES/fused_moe_configs.json" "$CFG"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
+    bench_changed "$changed"
+    pack "stage 4 (bench)"
+  fi
+  grep "  half " "$RES/tune.log" | cut -c1-300
+  launch_table "$RES/fused_moe_prefill_half_launches.jsonl"
+  pack "all stages"
 elif [ "${STAGE:-sweep}" = lag ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
   export HPC_ADVISE_HOME=$RES/home

@@ -12,6 +12,7 @@
     python benchmarks/tune_fused_moe.py --prefill-tiles [--shapes ...] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --pingpong [--shapes hy3] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --prefill-retune [--shapes hy3] [--ts 16384,4096]
+    python benchmarks/tune_fused_moe.py --gu-half [--shapes ...] [--ts 16384,4096]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -73,6 +74,10 @@ checked against the pick's, then each GEMM launch alone and the whole call are t
 rounds with the pick first and again last in every round (rows in $OUT/fused_moe_prefill_retune_launches.jsonl),
 and ``retune_decision`` ships a candidate only if its median whole call is >= 2 % below the better of the pick's
 two medians and it beat the pick in most rounds (``prefill_retune``; whole calls spread up to 15 % in one process).
+
+``--gu-half`` is ``--prefill-retune`` with ``gu_half_candidates``: the pick against the same pick with GU_HALF (64-row
+gate/up tiles for the 128-row blocks whose rows 64.. are padding only; where the pick is BLOCK_M 64, the T = 16384
+pick without and with it); rows in $OUT/fused_moe_prefill_half_launches.jsonl, same rule.
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
@@ -636,6 +641,22 @@ def prefill_retune_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
+def gu_half_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--gu-half: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference and the rule's
+    baseline), then the same pick with GU_HALF (a 128-row block whose rows 64.. are padding only runs a 64-row gate/up
+    tile; bitwise the pick) where the pick is BLOCK_M 128; where it is not (BLOCK_M 64 at T = 4096), the T = 16384
+    pick of the shape without and with GU_HALF (BLOCK_M 128 pads each expert further, which is why 64 won there: the
+    half tiles take back part of that). Every form passing the op's checks."""
+    a2_group = mode.endswith("dynamic")
+    cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
+    base = (
+        cur if cur["BLOCK_M"] == 128 else op.get_config(16384, k, e, h, i, mode, a2_group, allow_small=False)
+    )
+    out = [base, dict(base, GU_HALF=1)] if base["BLOCK_M"] == 128 else []  # (Hy3 TP8: BLOCK_M 64 at every T)
+    out = [cur] + [c for c in out if c != cur and _valid_form(op, c, mode, h, i)]
+    return list({json.dumps(c, sort_keys=True): c for c in out}.values())
+
+
 def retune_decision(rows: list[dict], min_gain: float = fb.DECODE_FORM_MIN_GAIN) -> tuple[dict, str]:
     """--prefill-retune's rule over one point's interleaved rounds (``prefill_tile_launches`` with ``whole`` and
     ``pick_last``: rows[0] the pick timed first in every round, rows[-1] the pick again last, the candidates
@@ -671,22 +692,24 @@ RETUNE_ROUNDS = 5
 
 
 def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, budget_s: float | None = None,
-                   log=print) -> list[dict]:  # fmt: skip
-    """--prefill-retune: precompile ``prefill_retune_candidates`` (``multi_tile_compile_job``), then per point the
+                   log=print, cands_fn=None, name: str = "retune") -> list[dict]:  # fmt: skip
+    """--prefill-retune (--gu-half: ``cands_fn`` = ``gu_half_candidates``, ``name`` "half"): precompile
+    ``cands_fn``'s candidates (default ``prefill_retune_candidates``; ``multi_tile_compile_job``), then per point the
     launches alone and the whole call in RETUNE_ROUNDS interleaved rounds, the pick first and again last in each
-    (``prefill_tile_launches``; rows appended to $OUT/fused_moe_prefill_retune_launches.jsonl as each point
+    (``prefill_tile_launches``; rows appended to $OUT/fused_moe_prefill_<name>_launches.jsonl as each point
     finishes), and ``retune_decision``'s pick merged into ``out`` per point (configs.json as the tuner writes it;
     p50_us = that config's median whole call). Returns the entries written."""
     from hpc_advise.kernels.fused_moe import op
 
+    cands_fn = cands_fn or prefill_retune_candidates
     jobs = []
     for shape in shapes:
         e, h, i, k = fb.SHAPES[shape][:4]
         mode = fb.MODES[shape][0]
         jobs += [multi_tile_compile_job(shape, mode, c) for t in ts
-                 for c in prefill_retune_candidates(op, t, k, e, h, i, mode)]  # fmt: skip
-    log(f"retune: precompiled {fb.precompile(jobs)} of {len(jobs)} jobs")
-    jsonl = Path(os.environ.get("OUT", ".")) / "fused_moe_prefill_retune_launches.jsonl"
+                 for c in cands_fn(op, t, k, e, h, i, mode)]  # fmt: skip
+    log(f"{name}: precompiled {fb.precompile(jobs)} of {len(jobs)} jobs")
+    jsonl = Path(os.environ.get("OUT", ".")) / f"fused_moe_prefill_{name}_launches.jsonl"
     entries = []
 
     def decide(rows):
@@ -695,13 +718,13 @@ def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, 
         row, why = retune_decision(rows)
         r0 = rows[0]
         e, h, i, k = fb.SHAPES[r0["shape"]][:4]
-        log(f"  retune {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
+        log(f"  {name} {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
         entries.append(dict(E=e, H=h, I=i, top_k=k, mode=r0["mode"], T=r0["T"], config=row["config"],
                             p50_us=round(row["call_us"], 2)))  # fmt: skip
         fb.write_configs(entries[-1:], out, gpu)
 
     prefill_tile_launches(shapes, ts, log=log, budget_s=budget_s, on_point=decide,
-                          cands_fn=prefill_retune_candidates, whole=True, rounds=RETUNE_ROUNDS, pick_last=True)  # fmt: skip
+                          cands_fn=cands_fn, whole=True, rounds=RETUNE_ROUNDS, pick_last=True)  # fmt: skip
     return entries
 
 
@@ -1070,6 +1093,12 @@ def main() -> None:
         "rounds (launches alone and the whole call; the pick first and last) and ship by retune_decision",
     )
     ap.add_argument(
+        "--gu-half",
+        action="store_true",
+        help="time the current prefill pick against its gate/up GEMM with 64-row tiles for the 128-row blocks "
+        "whose rows 64.. are padding (GU_HALF) as --prefill-retune does (interleaved rounds, retune_decision)",
+    )
+    ap.add_argument(
         "--launch-overhead",
         action="store_true",
         help="host vs GPU time of one eager call on the persistent, small-T and regular paths",
@@ -1125,8 +1154,11 @@ def main() -> None:
             return
     out = _output_path(args)
     gpu = torch.cuda.get_device_name()
-    if args.prefill_retune:  # its own loop: interleaved rounds decide, not one timing per candidate
-        entries = prefill_retune(shapes, ts, out, gpu, budget_s=args.budget)
+    if (
+        args.prefill_retune or args.gu_half
+    ):  # its own loop: interleaved rounds decide, not one timing per candidate
+        half = {"cands_fn": gu_half_candidates, "name": "half"} if args.gu_half else {}
+        entries = prefill_retune(shapes, ts, out, gpu, budget_s=args.budget, **half)
         print(f"wrote {len(entries)} entries to {out}")
         return
     if args.persistent:  # the --variants loop over the persistent candidates

@@ -24,6 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
 from hpc_advise.kernels.fused_moe import op  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E402
@@ -591,4 +592,230 @@ def test_gpu_persistent_programs_empty_experts_ep_rank_and_graph_replay():
     e, h, i, k, _, _, mode = shape
     cfg = _one_tile(op.get_config(1024, k, e, h, i, mode, True, allow_small=False))
     cfg = dict(cfg, GU_PERSIST=1, DN_PERSIST=2, PDL=1, PREFETCH=0)
+    _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# half-height last row blocks (config GU_HALF): a 128-row block with padding only in rows 64.. runs a 64-row tile
+
+
+def _half_ids() -> torch.Tensor:
+    """[200, 3] routing over 6 local experts, padded to 128-row blocks: expert 0 none, 1 one row, 2 exactly 64,
+    3 65 (a full block), 4 192 (a full block, then 64), 5 130 (a full block, then 2); the other slots are -1 (on
+    another EP rank)."""
+    ids = torch.full((200, 3), -1, dtype=torch.int32)
+    ids[:192, 0] = 4
+    ids[192:, 0] = 5
+    ids[:64, 1] = 2
+    ids[64:129, 1] = 3
+    ids[129:, 1] = 5
+    ids[0, 2] = 1
+    ids[1:52, 2] = 5
+    return ids
+
+
+@pytest.fixture
+def exact_fp8_dot(monkeypatch):
+    """The interpreter's fp8 x fp8 dot summed exactly (float64: up to 128 products of two e4m3 values span fewer
+    than 53 bits), rounded once to fp32 and added to the accumulator. numpy's fp32 matmul sums in an order that
+    depends on the operands' shape, so a 64-row tile's row sums could differ in the last bit from the same rows
+    in a 128-row tile; the GPU's wgmma sums each row the same way at either height (checked bitwise on the H200)."""
+    import numpy as np
+    from triton.runtime import interpreter as itp
+
+    original = itp.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        fp8 = [x.dtype.primitive_bitwidth == 8 and x.dtype.is_floating() for x in (a, b)]
+        if not all(fp8) or a.data.shape[-1] > 128:
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        a64, b64 = (itp._convert_float(x.data, x.dtype, tl.float16, None).view(np.float16).astype(np.float64)
+                    for x in (a, b))  # fmt: skip
+        return itp.TensorHandle(np.matmul(a64, b64).astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(itp.InterpreterBuilder, "create_dot", create_dot)
+
+
+def _gate_up_h(p: dict, cfg: dict) -> tuple:
+    """(h as bytes, its group scales, padded row count) of one prepared call's gate/up launch, h and the scales
+    poisoned with NaN before it (fp8 e4m3 NaN 0x7f), so every row it must write shows."""
+    launch = op._Launch(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], p["kw"]["w13_scale"],
+                        p["kw"]["w2_scale"], p["kw"].get("a13_scale"), p["kw"].get("a2_scale"), None,
+                        p["kw"]["expert_offset"], cfg)  # fmt: skip
+    launch.prep(p["x"])
+    launch.inter.view(torch.uint8).fill_(0x7F)
+    launch.inter_s.fill_(float("nan"))
+    launch.gate_up(p["w13"], launch.inter, launch.inter_s, 0, 1)
+    return launch.inter.view(torch.uint8).clone(), launch.inter_s.clone(), int(launch.num_padded)
+
+
+@pytest.mark.parametrize(
+    "mode,i,extra",
+    [
+        ("tensor-static", 192, {}),  # per-tensor two dots (Hy3's form); I = 192: a ragged 2nd N tile
+        (
+            "block-dynamic",
+            256,
+            {"W_SCALAR": 1, "GU_TWO_DOTS": 1, "W_TMA": 1},
+        ),  # the block-scaled T = 16384 form
+        ("block-dynamic", 128, {}),  # merged gate|up dot, vector weight scales, group-scaled h
+    ],
+)
+def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_dot):
+    """GU_HALF against the full 128-row tiles (BLOCK_M 128, multi-CTA router): h and its group scales bitwise
+    (poisoned with NaN before, so a padding row the half tiles failed to store shows), every used row written, the
+    output bitwise and within the reference bound; the half tile runs on exactly the blocks whose rows 64.. are
+    padding (experts 1, 2 and the last blocks of 4 and 5, not 65-row expert 3)."""
+    from hpc_advise.kernels.fused_moe import kernel as K
+
+    monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)
+    monkeypatch.setattr(op, "ROUTE_CHUNK", 32)
+    seed = _seed()
+    p = make_problem(200, 6, 256, i, 3, mode, ids=_half_ids(), device="cpu")
+    cfg = dict(PREFILL_CFG, BLOCK_M=128, **extra)
+    full_h, full_s, used = _gate_up_h(p, cfg)
+    half_blocks = []  # the interpreter runs the kernel as Python: record each half tile's zero-row store
+    zero_rows = K._zero_rows_store
+
+    def spy(offs, *args):  # offs: the interpreter's tensor of the padding rows' indices
+        half_blocks.append(int(offs.handle.data[0]) // 128)
+        return zero_rows(offs, *args)
+
+    monkeypatch.setattr(K, "_zero_rows_store", spy)
+    half_h, half_s, used_half = _gate_up_h(p, dict(cfg, GU_HALF=1))
+    tiles_n = -(-i // cfg["GU_N"])
+    assert used == used_half == 7 * 128 and sorted(set(half_blocks)) == [0, 1, 4, 6], half_blocks
+    assert len(half_blocks) == 4 * tiles_n, half_blocks
+    assert torch.equal(full_h, half_h) and torch.equal(full_s.isnan(), half_s.isnan()), seed
+    assert torch.equal(full_s[~full_s.isnan()], half_s[~half_s.isnan()]), seed
+    assert not (half_h[:used] == 0x7F).any() and not (half_h[:used] == 0xFF).any(), (
+        seed
+    )  # every used row stored
+    if mode.endswith("dynamic"):
+        assert not half_s[:used].isnan().any(), seed
+    full, _, _ = run_and_check(p, config=cfg, seed=seed)
+    half, _, _ = run_and_check(p, config=dict(cfg, GU_HALF=1), seed=seed)
+    assert torch.equal(full, half), seed
+
+
+def test_gu_half_expert_parallel_rank_without_local_rows():
+    """An EP rank whose tokens all sit on other ranks: no used block, zeros out (GU_HALF on)."""
+    seed = _seed()
+    away = torch.randint(0, 6, (24, 3), dtype=torch.int32)  # experts 0..5; this rank holds 6..11
+    q = make_problem(24, 6, 256, 128, 3, "tensor-static", ids=away, expert_offset=6, device="cpu")
+    out, _, _ = run_and_check(q, config=dict(PREFILL_CFG, BLOCK_M=128, GU_HALF=1), seed=seed)
+    assert (out == 0).all(), seed
+
+
+def test_gu_half_refused_outside_its_form():
+    """Refused before any launch, with the reason: GU_HALF needs BLOCK_M 128, one unsplit gate/up tile per program
+    (no GU_TILES / GU_PERSIST / SPLIT_K), the regular path, and is 0 or 1."""
+    p = make_problem(4, 4, 256, 256, 2, "block-dynamic", device="cpu")
+    out = torch.full_like(p["x"], 7.0)
+    base = dict(PREFILL_CFG, BLOCK_M=128, GU_HALF=1)
+    for extra, words in (
+        (dict(BLOCK_M=64), "BLOCK_M 128"),
+        (dict(SPLIT_K=2), "SPLIT_K 1"),
+        (dict(SPLIT_K=2, GU_RED=1), "SPLIT_K 1"),
+        (dict(GU_TILES=2), "GU_TILES 1"),
+        (dict(GU_PERSIST=1), "GU_PERSIST 0"),
+        (dict(GU_HALF=2), "GU_HALF=2 must be 0 or 1"),
+    ):
+        with pytest.raises(FusedMoEError, match=words):
+            _moe(p, out=out, config=dict(base, **extra))
+    with pytest.raises(FusedMoEError, match="regular path key"):
+        op.check_config({"PATH": "small", "GU_HALF": 1}, True, True)
+    assert (out == 7.0).all()
+
+
+def test_gu_half_candidates_are_valid_configs_of_every_shape():
+    """tune --gu-half on every bench shape: the current pick first; where the pick is BLOCK_M 128 (T = 16384 except
+    Hy3 TP8) the pick + GU_HALF alone; at T = 4096 (BLOCK_M 64 picks) the T = 16384 pick without and with GU_HALF;
+    nothing where no BLOCK_M 128 pick exists (Hy3 TP8). Each passes the op's checks at the shape and at its
+    precompile job's sizes."""
+    from hpc_advise.runtime.benches import fused_moe as fb
+    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
+
+    tune = _load_tuner()
+    for shape, (e, h, i, k, _, _) in fb.SHAPES.items():
+        mode = fb.MODES[shape][0]
+        a_group, block = mode.endswith("dynamic"), mode.startswith("block")
+        p16 = op.get_config(16384, k, e, h, i, mode, a_group, allow_small=False)
+        for t in (4096, 16384):
+            cands = tune.gu_half_candidates(op, t, k, e, h, i, mode)
+            pick = op.get_config(t, k, e, h, i, mode, a_group, allow_small=False)
+            if p16["BLOCK_M"] != 128:
+                want = [pick]
+            elif pick["BLOCK_M"] == 128:
+                want = [pick, dict(pick, GU_HALF=1)]
+            else:
+                want = [pick, p16, dict(p16, GU_HALF=1)]
+            assert cands == want, (shape, t, cands)
+            for c in cands:
+                op.check_forms(op.check_config(dict(c), a_group, a_group), a_group, a_group, block, h, i)
+                _, _, _, inter, hidden = tune.multi_tile_compile_job(shape, mode, c)
+                op.check_forms(c, a_group, a_group, block, hidden, inter)
+
+
+@pytest.mark.slow
+def test_gu_half_builds_for_sm90_as_the_full_tile():
+    """sm_90a builds of the T = 16384 gate/up tiles (per-tensor two dots, Hy3; block-scaled two dots with scalar
+    scales, the three block-scaled shapes; BLOCK_M 128, 8 warps, 3 stages) with GU_HALF: the 64-row tile's K loop is
+    a second pipelined copy (twice the async copies and wgmma ops), and the registers, stack and shared memory stay
+    the full tile's (255 / 0 and 8 bytes / 144 KB when written): the half tile adds no spill."""
+    pt = dict(SM90_GATE_UP, BLOCK_M=128, A_GROUP=False, W_BLOCK=False, A2_GROUP=False, TWO_DOTS=True)
+    blk = dict(SM90_GATE_UP, BLOCK_M=128, TWO_DOTS=True, W_SCALAR=True)
+    forms = [pt, dict(pt, HALF=True), blk, dict(blk, HALF=True)]
+    res = compile_sm90([_sm90_job("_gate_up_kernel", c, 8, 3) for c in forms])
+    print([(r["registers"], r["stack"], r["shared"], r["async_copies"], r["wgmma"]) for r in res])
+    for full, half in (res[:2], res[2:]):
+        assert half["async_copies"] == 2 * full["async_copies"] and half["wgmma"] == 2 * full["wgmma"], (
+            full,
+            half,
+        )
+        for key in ("registers", "stack", "shared"):
+            assert half[key] <= full[key], (key, full, half)
+    assert res[1]["stack"] == 0 and res[3]["stack"] <= 16, res
+
+
+GPU_HALF_SHAPES = {  # name -> GPU_PREFILL-style shape of the T = 16384 GU_HALF tests
+    "hy3": GPU_PREFILL["hy3"],
+    "qwen3-235b": (128, 4096, 1536, 8, 128, 0, "block-dynamic"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(GPU_HALF_SHAPES))
+def test_gpu_gu_half_bitwise_the_pick_at_t16384(shape):
+    """T = 16384 at the shipped pick (BLOCK_M 128: Hy3 per-tensor two dots with the ping-pong down, Qwen3-235B
+    block-scaled two dots): the pick + GU_HALF gives h, its scales and the output bitwise the pick's (the pick's
+    output within 2e-2 of the reference), with h poisoned with NaN before each gate/up launch; how many blocks are
+    half-height is printed."""
+    seed = _seed()
+    e, h, i, k, ge, off, mode = GPU_HALF_SHAPES[shape]
+    p = make_problem(16384, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    cfg = op.get_config(16384, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    assert cfg["BLOCK_M"] == 128, cfg
+    pick, _, err = run_and_check(p, config=cfg, seed=seed)
+    half = torch.full_like(pick, float("nan"))
+    _moe(p, out=half, config=dict(cfg, GU_HALF=1))
+    full_h, full_s, used = _gate_up_h(p, cfg)
+    half_h, half_s, _ = _gate_up_h(p, dict(cfg, GU_HALF=1))
+    rows = torch.bincount(p["ids"].flatten().long() - off, minlength=ge)[:e]
+    print(f"{shape} T=16384: rel err vs quantized ref {err:.2e}; {used} padded rows, "
+          f"{int(((rows % 128 > 0) & (rows % 128 <= 64)).sum())} of {e} experts end in a half block")  # fmt: skip
+    assert torch.equal(pick, half), seed
+    assert torch.equal(full_h[:used], half_h[:used]) and not (half_h[:used] == 0x7F).any(), seed
+    assert torch.equal(full_s[:used], half_s[:used]) or not mode.endswith("dynamic"), seed
+
+
+@pytest.mark.gpu
+def test_gpu_gu_half_skewed_routing_graph_replay_and_empty_ep_rank():
+    """Hy3's T = 16384 pick + GU_HALF at T = 1024: one expert takes every token (8 full blocks) and one the first
+    three rows (a half block), checked against the reference; CUDA-graph replay with fresh routing (~43 rows per
+    expert: half blocks everywhere); an EP rank without local tokens gives zeros."""
+    seed = _seed()
+    shape = GPU_PREFILL["hy3"]
+    e, h, i, k, _, _, mode = shape
+    cfg = dict(op.get_config(16384, k, e, h, i, mode, False, allow_small=False), GU_HALF=1)
     _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays=2)

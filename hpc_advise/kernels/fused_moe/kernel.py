@@ -815,6 +815,26 @@ def _gate_up_tile(
 
 
 @triton.jit
+def _half_rows(x, BLOCK_M: tl.constexpr):
+    """(x[:BLOCK_M/2], x[BLOCK_M/2:]) of a [BLOCK_M] vector, in registers (a layout change, no memory access)."""
+    return tl.split(tl.permute(tl.reshape(x, [2, BLOCK_M // 2]), [1, 0]))
+
+
+@triton.jit
+def _zero_rows_store(
+    offs_m, pid_n, out_ptr, outs_ptr, a2_scale_ptr, I, BLOCK_N: tl.constexpr, A2_GROUP: tl.constexpr
+):
+    """h (and, A2_GROUP, its group scales) of padding rows offs_m, N tile pid_n, exactly as a full gate/up tile
+    stores them: its gate and up sums of an all-zero A row are +0 (fp32 sums from +0), so this is the same epilogue
+    (``_silu_mul_quant_store``) on zeros: h 0, group scale SCALE_EPS / FP8_MAX."""
+    zero = tl.zeros([offs_m.shape[0], BLOCK_N], dtype=tl.float32)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _silu_mul_quant_store(
+        zero, zero, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
+    )
+
+
+@triton.jit
 def _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I):
     """Split pid_k's fp32 gate and up sums of rows offs_m, columns offs_n into part [SPLIT_K, P, 2I]."""
     base = part_ptr + (pid_k * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
@@ -882,6 +902,7 @@ def _gate_up_kernel(
     count_ptr=None,  # OUT_MODE 2: int32 [>= P/BLOCK_M · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
     SCALE_LAG: tl.constexpr = False,
     PERSIST: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N) / TILES, SPLIT_K), or with PERSIST (G,). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
@@ -906,7 +927,12 @@ def _gate_up_kernel(
     later, so its wgmma stays in flight while the scale math runs (``_gate_up_two_dots``; bitwise).
     PERSIST (config GU_PERSIST, SPLIT_K 1, one tile per step of the loop): a grid of G programs (a few per SM)
     that each take the used tiles p, p + G, ... in the grouped order (``_persistent_tiles``), one
-    ``_gate_up_tile`` each, in one flattened pipelined loop over (tile, K step) as with TILES."""
+    ``_gate_up_tile`` each, in one flattened pipelined loop over (tile, K step) as with TILES.
+    HALF (config GU_HALF; BLOCK_M 128, one tile, SPLIT_K 1, OUT_MODE 0): a block whose rows BLOCK_M/2.. are all
+    padding (the last block of an expert with <= BLOCK_M/2 rows in it; its sorted entries, already in registers, say
+    so: no extra load) runs the same ``_gate_up_tile`` at BLOCK_M/2 rows (half the MMA work) and stores its padding
+    rows BLOCK_M/2.. as the full tile computes them, zeros (``_zero_rows_store``): h and its scales bitwise the
+    full tile's."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -942,6 +968,22 @@ def _gate_up_kernel(
         if OUT_MODE == 2:  # this block's row of (block, N tile) counters
             cnt_ptr = count_ptr + pid_m * tl.cdiv(I, BLOCK_N)
         if TILES == 1:
+            if HALF:
+                tl.static_assert(SPLIT_K == 1 and OUT_MODE == 0 and BLOCK_M % 2 == 0)
+                entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
+                if tl.max((entry_hi < n_entries).to(tl.int32), axis=0) == 0:  # rows BLOCK_M/2.. all padding
+                    offs_lo = pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2)
+                    _gate_up_tile(
+                        pid_g, pid_k, offs_lo, e, entry_lo < n_entries, (entry_lo // top_k).to(tl.int64), xq_ptr, xs_ptr,
+                        a_scale_ptr, w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded,
+                        stride_wn, stride_we, stride_wse, stride_wsn, w_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP,
+                        W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC, TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+                        SCALE_LAG,
+                    )  # fmt: skip
+                    _zero_rows_store(
+                        offs_lo + BLOCK_M // 2, pid_g, out_ptr, outs_ptr, a2_scale_ptr, I, BLOCK_N, A2_GROUP
+                    )
+                    return
             _gate_up_tile(
                 pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
                 w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,

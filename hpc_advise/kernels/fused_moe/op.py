@@ -21,6 +21,8 @@ SiLU / quantization launch (bitwise the same). SCALE_LAG runs the gate/up GEMM a
 weights with a static activation scale: promotes) each K step's up product one step later, so that dot stays in
 flight across the step (bitwise the two-dot form). GU_MAXNREG (default 0: ptxas' choice) caps the gate/up kernel's registers per
 thread on the GPU (Triton's ``maxnreg``), so more programs fit on an SM (the same arithmetic in the same order, so bitwise).
+GU_HALF (BLOCK_M 128, one unsplit gate/up tile per program) runs the gate/up tile at 64 rows in a block whose rows
+64.. are padding only and stores those rows' h as the full tile does (bitwise the full tiles' h and output).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -225,6 +227,10 @@ def _reject_small_only_keys(cfg: dict) -> None:
         raise FusedMoEError("H_GROUP (h's quantization group width) is a small-T path key (PATH 'small')")
     if (is_small(cfg) or is_persistent(cfg)) and any(cfg.get(k, 0) for k in ("DN_GLUON", "DN_GLUON_M")):
         raise FusedMoEError("DN_GLUON (the ping-pong Gluon down GEMM) is a regular prefill path key")
+    if (is_small(cfg) or is_persistent(cfg)) and cfg.get("GU_HALF", 0):
+        raise FusedMoEError(
+            "GU_HALF (64-row gate/up tiles for the padding-half blocks) is a regular path key"
+        )
 
 
 def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
@@ -260,6 +266,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "DN_SWAP_AB",
         "GU_RED",
         "SCALE_LAG",
+        "GU_HALF",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
@@ -286,6 +293,19 @@ def _check_program_keys(cfg: dict) -> None:
         v = cfg.get(key, 0)
         if type(v) is not int or not 0 <= v <= PERSIST_MAX:
             raise FusedMoEError(f"{key}={v!r} must be 0 (off) or 1-{PERSIST_MAX} persistent programs per SM")
+    # GU_HALF: a 128-row block whose rows 64.. are padding only runs a 64-row gate/up tile (kernel._gate_up_kernel
+    # HALF): built into the one-tile, unsplit program with the fused epilogue only
+    if cfg.get("GU_HALF", 0) and (
+        cfg["BLOCK_M"] != 128
+        or cfg["SPLIT_K"] != 1
+        or cfg.get("GU_TILES", 1) != 1
+        or cfg.get("GU_PERSIST", 0)
+    ):
+        raise FusedMoEError(
+            "GU_HALF (64-row gate/up tiles for the padding-half blocks) needs BLOCK_M 128, SPLIT_K 1, GU_TILES 1 and "
+            f"GU_PERSIST 0, got BLOCK_M={cfg['BLOCK_M']}, SPLIT_K={cfg['SPLIT_K']}, GU_TILES={cfg.get('GU_TILES', 1)}, "
+            f"GU_PERSIST={cfg.get('GU_PERSIST', 0)}"
+        )
     if cfg.get("DN_GLUON", 0) not in (0, 3):
         raise FusedMoEError(
             f"DN_GLUON={cfg['DN_GLUON']!r} must be 0 (Triton down GEMM) or 3 (persistent ping-pong Gluon down GEMM)"
@@ -831,6 +851,7 @@ class _Launch:
             # 2 on the GPU: with the inline-PTX order pin (kernel._in_order), which the interpreter cannot run
             SCALE_LAG=(2 if w13.device.type == "cuda" else 1) if lag else 0,
             PERSIST=bool(persist),
+            HALF=bool(c.get("GU_HALF", 0)),
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
