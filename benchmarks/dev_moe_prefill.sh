@@ -199,7 +199,7 @@ elif [ "${STAGE:-sweep}" = half ]; then
   for point in "${SHAPES16:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b} 16384" "${SHAPES4:-hy3,qwen3-235b} 4096"; do
     read -r pt_shapes pt_t <<< "$point"
     OUT=$RES timeout "${TUNE_S:-75}" python3 benchmarks/tune_fused_moe.py --gu-half --shapes "$pt_shapes" --ts "$pt_t" \
-      --out "$RES/fused_moe_configs.json" >> "$RES/tune.log" 2>&1
+      --budget "${TUNE_BUDGET:-50}" --out "$RES/fused_moe_configs.json" >> "$RES/tune.log" 2>&1
     echo "tune T=$pt_t rc $?" >> "$RES/tune.log"
     grep -E "precompiled|Error|dropped|rc |  half " "$RES/tune.log" | cut -c1-300 | tail -8
     pack "stage 2 (tune T=$pt_t)"
