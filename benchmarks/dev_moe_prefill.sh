@@ -30,10 +30,11 @@
 #                bench_fused_moe.py beside the peers on the changed points (<= BENCH_S); the short tables last.
 #                H200 2026-11-30 05:23 UTC: 111 s in all (tests 3/3 to 35 s, retune of 29 forms at T = 16384 and 4096
 #                to 103 s, breakdown to 111 s; no pick changed, so no bench).
-#   STAGE=half   (carry .whl_profile; .whl_moe too for the bench) GU_HALF, 64-row gate/up tiles for the 128-row blocks
-#                whose rows 64.. are padding: stage 1 the GPU tests of $TESTS -k gu_half (-n 1, <= TEST_S); stage 2
-#                `tune_fused_moe.py --gu-half` (pick vs pick + GU_HALF, at BLOCK_M 64 picks the T = 16384 pick without
-#                and with it; launches alone + whole call in 5 interleaved rounds, the pick first and last; shipped by
+#   STAGE=half   (carry .whl_profile; .whl_moe too for the bench) GU_HALF / DN_HALF, 64-row gate/up / down tiles for
+#                the 128-row blocks whose rows 64.. are padding: stage 1 the GPU tests of $TESTS -k half (-n 1, <= TEST_S);
+#                stage 2 `tune_fused_moe.py --half-tiles` (pick vs pick + GU_HALF (+ DN_HALF), at BLOCK_M 64 picks the
+#                T = 16384 pick without and with them; launches alone + whole call in 5 interleaved rounds, the pick
+#                first and last; shipped by
 #                retune_decision into a copy of configs.json) at T = 16384 on SHAPES16 and T = 4096 on SHAPES4 (<= TUNE_S
 #                each); stage 3 `--breakdown` at Hy3 T = 16384 with the pick and with the pick + GU_HALF (<= BD_S each);
 #                stage 4, only where a pick changed and .whl_moe is there: bench_fused_moe.py beside the peers on the
@@ -191,14 +192,14 @@ if [ "${STAGE:-sweep}" = tiles ] || [ "${STAGE:-sweep}" = pingpong ] || [ "${STA
   fi
 elif [ "${STAGE:-sweep}" = half ]; then
   export HPC_ADVISE_HOME=$RES/home
-  TEST_N=1 TEST_SEL=${TEST_SEL:-gu_half} gpu_tests "${TEST_S:-60}"
+  TEST_N=1 TEST_SEL=${TEST_SEL:-half} gpu_tests "${TEST_S:-60}"
   grep -E "PASSED|FAILED|ERROR|rel err|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -12
   pack "stage 1 (GPU tests)"
   CFG=hpc_advise/kernels/fused_moe/configs.json
   cp "$CFG" "$RES/fused_moe_configs.json"
   for point in "${SHAPES16:-hy3,qwen3-235b,deepseek-v3-ep8,qwen3-30b-a3b} 16384" "${SHAPES4:-hy3,qwen3-235b} 4096"; do
     read -r pt_shapes pt_t <<< "$point"
-    OUT=$RES timeout "${TUNE_S:-75}" python3 benchmarks/tune_fused_moe.py --gu-half --shapes "$pt_shapes" --ts "$pt_t" \
+    OUT=$RES timeout "${TUNE_S:-75}" python3 benchmarks/tune_fused_moe.py --half-tiles --shapes "$pt_shapes" --ts "$pt_t" \
       --budget "${TUNE_BUDGET:-50}" --out "$RES/fused_moe_configs.json" >> "$RES/tune.log" 2>&1
     echo "tune T=$pt_t rc $?" >> "$RES/tune.log"
     grep -E "precompiled|Error|dropped|rc |  half " "$RES/tune.log" | cut -c1-300 | tail -8

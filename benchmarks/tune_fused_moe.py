@@ -12,7 +12,7 @@
     python benchmarks/tune_fused_moe.py --prefill-tiles [--shapes ...] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --pingpong [--shapes hy3] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --prefill-retune [--shapes hy3] [--ts 16384,4096]
-    python benchmarks/tune_fused_moe.py --gu-half [--shapes ...] [--ts 16384,4096]
+    python benchmarks/tune_fused_moe.py --half-tiles [--shapes ...] [--ts 16384,4096]
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -75,9 +75,10 @@ rounds with the pick first and again last in every round (rows in $OUT/fused_moe
 and ``retune_decision`` ships a candidate only if its median whole call is >= 2 % below the better of the pick's
 two medians and it beat the pick in most rounds (``prefill_retune``; whole calls spread up to 15 % in one process).
 
-``--gu-half`` is ``--prefill-retune`` with ``gu_half_candidates``: the pick against the same pick with GU_HALF (64-row
-gate/up tiles for the 128-row blocks whose rows 64.. are padding only; where the pick is BLOCK_M 64, the T = 16384
-pick without and with it); rows in $OUT/fused_moe_prefill_half_launches.jsonl, same rule.
+``--half-tiles`` is ``--prefill-retune`` with ``half_tile_candidates``: the pick against the same pick with GU_HALF
+(64-row gate/up tiles for the 128-row blocks whose rows 64.. are padding only) and GU_HALF + DN_HALF (the down tiles
+too; where the pick is BLOCK_M 64, the T = 16384 pick without and with them); rows in
+$OUT/fused_moe_prefill_half_launches.jsonl, same rule.
 
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
@@ -641,18 +642,21 @@ def prefill_retune_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-def gu_half_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--gu-half: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference and the rule's
-    baseline), then the same pick with GU_HALF (a 128-row block whose rows 64.. are padding only runs a 64-row gate/up
-    tile; bitwise the pick) where the pick is BLOCK_M 128; where it is not (BLOCK_M 64 at T = 4096), the T = 16384
-    pick of the shape without and with GU_HALF (BLOCK_M 128 pads each expert further, which is why 64 won there: the
-    half tiles take back part of that). Every form passing the op's checks."""
+def half_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
+    """--half-tiles: the config ``op.get_config`` picks now at a prefill T (first: the accuracy reference and the
+    rule's baseline), then where the pick is BLOCK_M 128 the same pick with GU_HALF (a 128-row block whose rows 64..
+    are padding only runs a 64-row gate/up tile; the pick's output bitwise) and, where its down GEMM is the Triton one,
+    with GU_HALF + DN_HALF (the same for the down tiles); where the pick is BLOCK_M 64 (T = 4096), the T = 16384 pick
+    of the shape without and with them (BLOCK_M 128 pads each expert further, which is why 64 won there: the half
+    tiles take back part of that). Forms equal to the pick are left out; every form passes the op's checks."""
     a2_group = mode.endswith("dynamic")
     cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
     base = (
         cur if cur["BLOCK_M"] == 128 else op.get_config(16384, k, e, h, i, mode, a2_group, allow_small=False)
     )
     out = [base, dict(base, GU_HALF=1)] if base["BLOCK_M"] == 128 else []  # (Hy3 TP8: BLOCK_M 64 at every T)
+    if out and not base.get("DN_GLUON", 0):
+        out.append(dict(base, GU_HALF=1, DN_HALF=1))
     out = [cur] + [c for c in out if c != cur and _valid_form(op, c, mode, h, i)]
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
@@ -693,7 +697,7 @@ RETUNE_ROUNDS = 5
 
 def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, budget_s: float | None = None,
                    log=print, cands_fn=None, name: str = "retune") -> list[dict]:  # fmt: skip
-    """--prefill-retune (--gu-half: ``cands_fn`` = ``gu_half_candidates``, ``name`` "half"): precompile
+    """--prefill-retune (--half-tiles: ``cands_fn`` = ``half_tile_candidates``, ``name`` "half"): precompile
     ``cands_fn``'s candidates (default ``prefill_retune_candidates``; ``multi_tile_compile_job``), then per point the
     launches alone and the whole call in RETUNE_ROUNDS interleaved rounds, the pick first and again last in each
     (``prefill_tile_launches``; rows appended to $OUT/fused_moe_prefill_<name>_launches.jsonl as each point
@@ -1093,10 +1097,10 @@ def main() -> None:
         "rounds (launches alone and the whole call; the pick first and last) and ship by retune_decision",
     )
     ap.add_argument(
-        "--gu-half",
+        "--half-tiles",
         action="store_true",
-        help="time the current prefill pick against its gate/up GEMM with 64-row tiles for the 128-row blocks "
-        "whose rows 64.. are padding (GU_HALF) as --prefill-retune does (interleaved rounds, retune_decision)",
+        help="time the current prefill pick against its GEMMs with 64-row tiles for the 128-row blocks whose rows "
+        "64.. are padding (GU_HALF, DN_HALF) as --prefill-retune does (interleaved rounds, retune_decision)",
     )
     ap.add_argument(
         "--launch-overhead",
@@ -1154,10 +1158,8 @@ def main() -> None:
             return
     out = _output_path(args)
     gpu = torch.cuda.get_device_name()
-    if (
-        args.prefill_retune or args.gu_half
-    ):  # its own loop: interleaved rounds decide, not one timing per candidate
-        half = {"cands_fn": gu_half_candidates, "name": "half"} if args.gu_half else {}
+    if args.prefill_retune or args.half_tiles:  # own loop: interleaved rounds decide, not one timing each
+        half = {"cands_fn": half_tile_candidates, "name": "half"} if args.half_tiles else {}
         entries = prefill_retune(shapes, ts, out, gpu, budget_s=args.budget, **half)
         print(f"wrote {len(entries)} entries to {out}")
         return

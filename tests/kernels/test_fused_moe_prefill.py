@@ -646,7 +646,24 @@ def _gate_up_h(p: dict, cfg: dict) -> tuple:
     launch.inter.view(torch.uint8).fill_(0x7F)
     launch.inter_s.fill_(float("nan"))
     launch.gate_up(p["w13"], launch.inter, launch.inter_s, 0, 1)
-    return launch.inter.view(torch.uint8).clone(), launch.inter_s.clone(), int(launch.num_padded)
+    used = int(launch.num_padded)
+    return (
+        launch.inter.view(torch.uint8).clone(),
+        launch.inter_s.clone(),
+        used,
+        launch.sorted_ids[:used] < launch.n,
+    )
+
+
+def _same_h(full: torch.Tensor, half: torch.Tensor, real: torch.Tensor) -> int:
+    """Asserts h of the full and the half-height gate/up tiles (``_gate_up_h``'s bytes) bitwise equal in every real
+    row and zero in every padding row; returns how many padding elements differ in the sign of that zero (the
+    down GEMM masks those rows' products: nothing reads them)."""
+    used = real.numel()
+    assert torch.equal(full[:used][real], half[:used][real])
+    pad_full, pad_half = full[:used][~real], half[:used][~real]
+    assert not ((pad_full & 0x7F) != 0).any() and not ((pad_half & 0x7F) != 0).any()  # +0 or -0 only
+    return int((pad_full != pad_half).sum())
 
 
 @pytest.mark.parametrize(
@@ -665,7 +682,8 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
     """GU_HALF against the full 128-row tiles (BLOCK_M 128, multi-CTA router): h and its group scales bitwise
     (poisoned with NaN before, so a padding row the half tiles failed to store shows), every used row written, the
     output bitwise and within the reference bound; the half tile runs on exactly the blocks whose rows 64.. are
-    padding (experts 1, 2 and the last blocks of 4 and 5, not 65-row expert 3)."""
+    padding (experts 1, 2 and the last blocks of 4 and 5, not 65-row expert 3). DN_HALF on top (the down GEMM's
+    tiles of those blocks at 64 rows, with one and two H tiles per program): the output bitwise."""
     from hpc_advise.kernels.fused_moe import kernel as K
 
     monkeypatch.setattr(op, "ROUTE_MULTI_MIN_ENTRIES", 1)
@@ -673,7 +691,7 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
     seed = _seed()
     p = make_problem(200, 6, 256, i, 3, mode, ids=_half_ids(), device="cpu")
     cfg = dict(PREFILL_CFG, BLOCK_M=128, **extra)
-    full_h, full_s, used = _gate_up_h(p, cfg)
+    full_h, full_s, used, real = _gate_up_h(p, cfg)
     half_blocks = []  # the interpreter runs the kernel as Python: record each half tile's zero-row store
     zero_rows = K._zero_rows_store
 
@@ -682,11 +700,12 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
         return zero_rows(offs, *args)
 
     monkeypatch.setattr(K, "_zero_rows_store", spy)
-    half_h, half_s, used_half = _gate_up_h(p, dict(cfg, GU_HALF=1))
+    half_h, half_s, used_half, _ = _gate_up_h(p, dict(cfg, GU_HALF=1))
     tiles_n = -(-i // cfg["GU_N"])
     assert used == used_half == 7 * 128 and sorted(set(half_blocks)) == [0, 1, 4, 6], half_blocks
     assert len(half_blocks) == 4 * tiles_n, half_blocks
-    assert torch.equal(full_h, half_h) and torch.equal(full_s.isnan(), half_s.isnan()), seed
+    assert _same_h(full_h, half_h, real) == 0 and torch.equal(full_h, half_h), seed  # exact sums: +0 rows too
+    assert torch.equal(full_s.isnan(), half_s.isnan()), seed
     assert torch.equal(full_s[~full_s.isnan()], half_s[~half_s.isnan()]), seed
     assert not (half_h[:used] == 0x7F).any() and not (half_h[:used] == 0xFF).any(), (
         seed
@@ -696,6 +715,21 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
     full, _, _ = run_and_check(p, config=cfg, seed=seed)
     half, _, _ = run_and_check(p, config=dict(cfg, GU_HALF=1), seed=seed)
     assert torch.equal(full, half), seed
+    # DN_HALF: the down tiles of the same four blocks at 64 rows (one H tile or two per program), output bitwise
+    dn_rows = []
+    down_tiles = K._down_tiles
+
+    def dn_spy(*args):  # args[2]: the tile's padded rows
+        dn_rows.append(int(args[2].shape[0]))
+        return down_tiles(*args)
+
+    monkeypatch.setattr(K, "_down_tiles", dn_spy)
+    for dn in ({"DN_HALF": 1}, {"DN_HALF": 1, "DN_TILES": 2}):
+        got, _, _ = run_and_check(p, config=dict(cfg, GU_HALF=1, **dn), seed=seed)
+        assert torch.equal(full, got), (dn, seed)
+    assert (dn_rows.count(64), dn_rows.count(128)) == (4 * 2 + 4, 3 * 2 + 3), (
+        dn_rows
+    )  # H = 256: 2 tiles of 128
 
 
 def test_gu_half_expert_parallel_rank_without_local_rows():
@@ -709,7 +743,8 @@ def test_gu_half_expert_parallel_rank_without_local_rows():
 
 def test_gu_half_refused_outside_its_form():
     """Refused before any launch, with the reason: GU_HALF needs BLOCK_M 128, one unsplit gate/up tile per program
-    (no GU_TILES / GU_PERSIST / SPLIT_K), the regular path, and is 0 or 1."""
+    (no GU_TILES / GU_PERSIST / SPLIT_K), the regular path, and is 0 or 1; DN_HALF BLOCK_M 128 and the Triton down
+    GEMM without persistent programs or the intermediate by TMA."""
     p = make_problem(4, 4, 256, 256, 2, "block-dynamic", device="cpu")
     out = torch.full_like(p["x"], 7.0)
     base = dict(PREFILL_CFG, BLOCK_M=128, GU_HALF=1)
@@ -720,19 +755,24 @@ def test_gu_half_refused_outside_its_form():
         (dict(GU_TILES=2), "GU_TILES 1"),
         (dict(GU_PERSIST=1), "GU_PERSIST 0"),
         (dict(GU_HALF=2), "GU_HALF=2 must be 0 or 1"),
+        (dict(GU_HALF=0, DN_HALF=1, BLOCK_M=64), "DN_HALF .* needs BLOCK_M 128"),
+        (dict(DN_HALF=1, DN_PERSIST=1), "without DN_PERSIST / DN_A_TMA"),
+        (dict(DN_HALF=1, DN_A_TMA=1), "without DN_PERSIST / DN_A_TMA"),
+        (dict(DN_HALF=2), "DN_HALF=2 must be 0 or 1"),
     ):
         with pytest.raises(FusedMoEError, match=words):
             _moe(p, out=out, config=dict(base, **extra))
-    with pytest.raises(FusedMoEError, match="regular path key"):
-        op.check_config({"PATH": "small", "GU_HALF": 1}, True, True)
+    for key in ("GU_HALF", "DN_HALF"):
+        with pytest.raises(FusedMoEError, match="regular path keys"):
+            op.check_config({"PATH": "small", key: 1}, True, True)
     assert (out == 7.0).all()
 
 
-def test_gu_half_candidates_are_valid_configs_of_every_shape():
-    """tune --gu-half on every bench shape: the current pick first; where the pick is BLOCK_M 128 (T = 16384 except
-    Hy3 TP8) the pick + GU_HALF alone; at T = 4096 (BLOCK_M 64 picks) the T = 16384 pick without and with GU_HALF;
-    nothing where no BLOCK_M 128 pick exists (Hy3 TP8). Each passes the op's checks at the shape and at its
-    precompile job's sizes."""
+def test_half_tile_candidates_are_valid_configs_of_every_shape():
+    """tune --half-tiles on every bench shape: the current pick first; where the pick is BLOCK_M 128 the pick + GU_HALF
+    and, with a Triton down GEMM, + GU_HALF + DN_HALF (those equal to the pick left out); at BLOCK_M 64 picks the
+    T = 16384 pick without and with them; nothing where no BLOCK_M 128 pick exists (Hy3 TP8). Each passes the op's
+    checks at the shape and at its precompile job's sizes."""
     from hpc_advise.runtime.benches import fused_moe as fb
     from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
 
@@ -742,14 +782,14 @@ def test_gu_half_candidates_are_valid_configs_of_every_shape():
         a_group, block = mode.endswith("dynamic"), mode.startswith("block")
         p16 = op.get_config(16384, k, e, h, i, mode, a_group, allow_small=False)
         for t in (4096, 16384):
-            cands = tune.gu_half_candidates(op, t, k, e, h, i, mode)
+            cands = tune.half_tile_candidates(op, t, k, e, h, i, mode)
             pick = op.get_config(t, k, e, h, i, mode, a_group, allow_small=False)
-            if p16["BLOCK_M"] != 128:
-                want = [pick]
-            elif pick["BLOCK_M"] == 128:
-                want = [pick, dict(pick, GU_HALF=1)]
-            else:
-                want = [pick, p16, dict(p16, GU_HALF=1)]
+            base = pick if pick["BLOCK_M"] == 128 else p16
+            want = [base, dict(base, GU_HALF=1)] + ([dict(base, GU_HALF=1, DN_HALF=1)] if block else [])
+            want = [pick] + [c for c in want if c != pick] if p16["BLOCK_M"] == 128 else [pick]
+            want = list(
+                {json.dumps(c, sort_keys=True): c for c in want}.values()
+            )  # a pick with GU_HALF: once
             assert cands == want, (shape, t, cands)
             for c in cands:
                 op.check_forms(op.check_config(dict(c), a_group, a_group), a_group, a_group, block, h, i)
@@ -758,7 +798,7 @@ def test_gu_half_candidates_are_valid_configs_of_every_shape():
 
 
 @pytest.mark.slow
-def test_gu_half_builds_for_sm90_as_the_full_tile():
+def test_half_tiles_build_for_sm90_as_the_full_tile():
     """sm_90a builds of the T = 16384 gate/up tiles (per-tensor two dots, Hy3; block-scaled two dots with scalar
     scales, the three block-scaled shapes; BLOCK_M 128, 8 warps, 3 stages) with GU_HALF: the 64-row tile's K loop is
     a second pipelined copy (twice the async copies and wgmma ops), and the registers, stack and shared memory stay
@@ -776,46 +816,63 @@ def test_gu_half_builds_for_sm90_as_the_full_tile():
         for key in ("registers", "stack", "shared"):
             assert half[key] <= full[key], (key, full, half)
     assert res[1]["stack"] == 0 and res[3]["stack"] <= 16, res
+    # DN_HALF on the block-scaled BLOCK_M 128 down tile (8 warps, 3 stages; 8 H tiles per program at DeepSeek-V3 EP8
+    # / Qwen3-30B T = 16384): no stack either way, registers at most the full tile's (239 / 200 when written)
+    dn = dict(SM90_DOWN, BLOCK_M=128, W_SCALAR=True)
+    forms = [dict(dn, TILES=8), dict(dn, TILES=8, HALF=True), dn, dict(dn, HALF=True)]
+    res = compile_sm90([_sm90_job("_down_kernel", c, 8, 3) for c in forms])
+    for full, half in (res[:2], res[2:]):
+        assert half["stack"] == 0 and half["wgmma"] == 2 * full["wgmma"], (full, half)
+        assert half["registers"] <= full["registers"] and half["shared"] <= full["shared"], (full, half)
 
 
-GPU_HALF_SHAPES = {  # name -> GPU_PREFILL-style shape of the T = 16384 GU_HALF tests
+GPU_HALF_SHAPES = {  # name -> GPU_PREFILL-style shape of the T = 16384 GU_HALF / DN_HALF tests
     "hy3": GPU_PREFILL["hy3"],
     "qwen3-235b": (128, 4096, 1536, 8, 128, 0, "block-dynamic"),
+    "deepseek-v3-ep8": GPU_PREFILL["deepseek-v3-ep8"],
 }
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(GPU_HALF_SHAPES))
-def test_gpu_gu_half_bitwise_the_pick_at_t16384(shape):
+def test_gpu_half_tiles_bitwise_the_pick_at_t16384(shape):
     """T = 16384 at the shipped pick (BLOCK_M 128: Hy3 per-tensor two dots with the ping-pong down, Qwen3-235B
-    block-scaled two dots): the pick + GU_HALF gives h, its scales and the output bitwise the pick's (the pick's
-    output within 2e-2 of the reference), with h poisoned with NaN before each gate/up launch; how many blocks are
-    half-height is printed."""
+    block-scaled two dots, DeepSeek-V3 EP8 the same with 8 down tiles per program) with all-128-row tiles: + GU_HALF
+    and (Triton down GEMM) + GU_HALF + DN_HALF give the output bitwise (within 2e-2 of the reference), and h every
+    real row bitwise and its padding rows zero, h poisoned with NaN before each gate/up launch; how many blocks are
+    half-height and how many padding zeros differ in sign is printed."""
     seed = _seed()
     e, h, i, k, ge, off, mode = GPU_HALF_SHAPES[shape]
     p = make_problem(16384, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
-    cfg = op.get_config(16384, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    pick = op.get_config(16384, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    cfg = dict(pick, GU_HALF=0, DN_HALF=0)
     assert cfg["BLOCK_M"] == 128, cfg
-    pick, _, err = run_and_check(p, config=cfg, seed=seed)
-    half = torch.full_like(pick, float("nan"))
-    _moe(p, out=half, config=dict(cfg, GU_HALF=1))
-    full_h, full_s, used = _gate_up_h(p, cfg)
-    half_h, half_s, _ = _gate_up_h(p, dict(cfg, GU_HALF=1))
+    full, _, err = run_and_check(p, config=cfg, seed=seed)
+    forms = [{"GU_HALF": 1}] + ([] if cfg.get("DN_GLUON", 0) else [{"GU_HALF": 1, "DN_HALF": 1}])
+    for form in forms:
+        half = torch.full_like(full, float("nan"))
+        _moe(p, out=half, config=dict(cfg, **form))
+        assert torch.equal(full, half), (form, seed)
+    full_h, full_s, used, real = _gate_up_h(p, cfg)
+    half_h, half_s, _, _ = _gate_up_h(p, dict(cfg, GU_HALF=1))
     rows = torch.bincount(p["ids"].flatten().long() - off, minlength=ge)[:e]
+    signs = _same_h(full_h, half_h, real)
     print(f"{shape} T=16384: rel err vs quantized ref {err:.2e}; {used} padded rows, "
-          f"{int(((rows % 128 > 0) & (rows % 128 <= 64)).sum())} of {e} experts end in a half block")  # fmt: skip
-    assert torch.equal(pick, half), seed
-    assert torch.equal(full_h[:used], half_h[:used]) and not (half_h[:used] == 0x7F).any(), seed
+          f"{int(((rows % 128 > 0) & (rows % 128 <= 64)).sum())} of {e} experts end in a half block; "
+          f"{signs} of {(used - int(real.sum())) * i} padding-row h elements -0 in one form, +0 in the other")  # fmt: skip
     assert torch.equal(full_s[:used], half_s[:used]) or not mode.endswith("dynamic"), seed
 
 
 @pytest.mark.gpu
-def test_gpu_gu_half_skewed_routing_graph_replay_and_empty_ep_rank():
-    """Hy3's T = 16384 pick + GU_HALF at T = 1024: one expert takes every token (8 full blocks) and one the first
-    three rows (a half block), checked against the reference; CUDA-graph replay with fresh routing (~43 rows per
-    expert: half blocks everywhere); an EP rank without local tokens gives zeros."""
+def test_gpu_half_tiles_skewed_routing_graph_replay_and_empty_ep_rank():
+    """Hy3's T = 16384 pick + GU_HALF at T = 1024 (then with its down GEMM's Triton form + DN_HALF): one expert takes
+    every token (8 full blocks) and one the first three rows (a half block), checked against the reference;
+    CUDA-graph replay with fresh routing (~43 rows per expert: half blocks everywhere); an EP rank without local
+    tokens gives zeros."""
     seed = _seed()
     shape = GPU_PREFILL["hy3"]
     e, h, i, k, _, _, mode = shape
     cfg = dict(op.get_config(16384, k, e, h, i, mode, False, allow_small=False), GU_HALF=1)
     _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays=2)
+    # DN_HALF with the Triton down GEMM of the pick's tile (the Gluon one has no such form)
+    _skewed_replay_and_empty_ep_rank(shape, dict(op.triton_down_form(cfg), DN_HALF=1), seed, replays=1)

@@ -1176,6 +1176,7 @@ def _down_kernel(
     SWAP_AB: tl.constexpr = False,
     TILES: tl.constexpr = 1,
     PERSIST: tl.constexpr = False,
+    HALF: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(H, BLOCK_N) / TILES,), or with PERSIST (G,): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
@@ -1191,7 +1192,10 @@ def _down_kernel(
     ``_gate_up_kernel``'s GU_TILES (op: TILES divides the H tiles; not with PREFETCH).
     PERSIST (config DN_PERSIST): G programs, each taking the used tiles p, p + G, ... in the grouped order
     (``_persistent_tiles``) in one flattened pipelined loop, as ``_gate_up_kernel``'s GU_PERSIST (op: not
-    with TILES > 1, PREFETCH or REDUCE)."""
+    with TILES > 1, PREFETCH or REDUCE).
+    HALF (config DN_HALF, not with PERSIST or A_TMA): a block whose rows BLOCK_M/2.. are all padding (its sorted
+    entries, already in registers, say so) runs the same tiles at BLOCK_M/2 rows (``_down_tiles``); padding rows
+    store nothing in either form, so y is bitwise the full tiles'."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N) // TILES, GROUP_M)  # pid_n: tile group
     if PREFETCH:
@@ -1227,21 +1231,53 @@ def _down_kernel(
         if e < 0:
             return
         e = e.to(tl.int64)
-        if TILES == 1:
+        if HALF:  # config DN_HALF: a block whose rows BLOCK_M/2.. are padding only runs BLOCK_M/2-row tiles
+            tl.static_assert(not A_TMA and BLOCK_M % 2 == 0)
+            entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
+            if tl.max((entry_hi < n_entries).to(tl.int32), axis=0) == 0:
+                _down_tiles(
+                    pid_n, pid_m, pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2), e, entry_lo, inter_ptr, inter_s_ptr,
+                    a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I, n_entries, routed_scaling, stride_we, stride_wn,
+                    stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr, stride_out, top_k, expert_offset,
+                    num_experts, w_desc, a_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, EVEN_K, FAST_ACC,
+                    REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB, TILES,
+                )  # fmt: skip
+                return
+        _down_tiles(
+            pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+            stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+            W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB, TILES,
+        )  # fmt: skip
+
+
+@triton.jit
+def _down_tiles(
+    pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+    stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, EVEN_K: tl.constexpr,
+    FAST_ACC: tl.constexpr, REDUCE: tl.constexpr, K_PAD: tl.constexpr, W_TMA: tl.constexpr,
+    W_SCALAR: tl.constexpr, A_TMA: tl.constexpr, SWAP_AB: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """The down program's tile group pid_n of block pid_m: one ``_down_tile``, or (TILES > 1) TILES adjacent H tiles
+    in one loop that Triton flattens into a single pipelined loop over (tile, K step). ``offs_m`` / ``entry``: the
+    block's BLOCK_M padded rows and their sorted entries (DN_HALF: its first BLOCK_M rows of a larger block)."""
+    if TILES == 1:
+        _down_tile(
+            pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
+            stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+            W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+        )  # fmt: skip
+    else:
+        for t in tl.range(0, TILES, flatten=True):
             _down_tile(
-                pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+                pid_n * TILES + t, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
                 n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
                 stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
                 W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
             )  # fmt: skip
-        else:
-            for t in tl.range(0, TILES, flatten=True):
-                _down_tile(
-                    pid_n * TILES + t, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-                    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-                    stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
-                    W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
-                )  # fmt: skip
 
 
 @triton.jit

@@ -22,7 +22,8 @@ weights with a static activation scale: promotes) each K step's up product one s
 flight across the step (bitwise the two-dot form). GU_MAXNREG (default 0: ptxas' choice) caps the gate/up kernel's registers per
 thread on the GPU (Triton's ``maxnreg``), so more programs fit on an SM (the same arithmetic in the same order, so bitwise).
 GU_HALF (BLOCK_M 128, one unsplit gate/up tile per program) runs the gate/up tile at 64 rows in a block whose rows
-64.. are padding only and stores those rows' h as the full tile does (bitwise the full tiles' h and output).
+64.. are padding only and stores those rows' h as zeros (the full tiles' h in every real row, and their output);
+DN_HALF the same for the Triton down GEMM's tiles (padding rows store nothing; bitwise).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -227,9 +228,9 @@ def _reject_small_only_keys(cfg: dict) -> None:
         raise FusedMoEError("H_GROUP (h's quantization group width) is a small-T path key (PATH 'small')")
     if (is_small(cfg) or is_persistent(cfg)) and any(cfg.get(k, 0) for k in ("DN_GLUON", "DN_GLUON_M")):
         raise FusedMoEError("DN_GLUON (the ping-pong Gluon down GEMM) is a regular prefill path key")
-    if (is_small(cfg) or is_persistent(cfg)) and cfg.get("GU_HALF", 0):
+    if (is_small(cfg) or is_persistent(cfg)) and (cfg.get("GU_HALF", 0) or cfg.get("DN_HALF", 0)):
         raise FusedMoEError(
-            "GU_HALF (64-row gate/up tiles for the padding-half blocks) is a regular path key"
+            "GU_HALF / DN_HALF (64-row tiles for the padding-half blocks) are regular path keys"
         )
 
 
@@ -267,6 +268,7 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "GU_RED",
         "SCALE_LAG",
         "GU_HALF",
+        "DN_HALF",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
@@ -305,6 +307,14 @@ def _check_program_keys(cfg: dict) -> None:
             "GU_HALF (64-row gate/up tiles for the padding-half blocks) needs BLOCK_M 128, SPLIT_K 1, GU_TILES 1 and "
             f"GU_PERSIST 0, got BLOCK_M={cfg['BLOCK_M']}, SPLIT_K={cfg['SPLIT_K']}, GU_TILES={cfg.get('GU_TILES', 1)}, "
             f"GU_PERSIST={cfg.get('GU_PERSIST', 0)}"
+        )
+    # DN_HALF: the same for the Triton down GEMM (kernel._down_kernel HALF), not its persistent or A-by-TMA forms
+    # (the TMA block is BLOCK_M rows) nor the Gluon down GEMM
+    down_keys = {k: cfg.get(k, 0) for k in ("DN_PERSIST", "DN_A_TMA", "DN_GLUON")}
+    if cfg.get("DN_HALF", 0) and (cfg["BLOCK_M"] != 128 or any(down_keys.values())):
+        raise FusedMoEError(
+            "DN_HALF (64-row down tiles for the padding-half blocks) needs BLOCK_M 128 and the Triton down GEMM "
+            f"without DN_PERSIST / DN_A_TMA, got BLOCK_M={cfg['BLOCK_M']}, {down_keys}"
         )
     if cfg.get("DN_GLUON", 0) not in (0, 3):
         raise FusedMoEError(
@@ -942,6 +952,7 @@ class _Launch:
             SWAP_AB=bool(c.get("DN_SWAP_AB", 0)),
             TILES=tiles,
             PERSIST=bool(persist),
+            HALF=bool(c.get("DN_HALF", 0)),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
             **self.launch_kw,
