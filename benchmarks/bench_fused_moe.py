@@ -20,7 +20,7 @@ NOTES = """\
 Timing: CUDA-graph replay (hpc_advise.runtime.benchmarking.time_cuda), p50 over the replays (16 calls
 per graph for T <= 128, fewer for larger T). For T <= 128 the graph cycles through 8 random routings so
 the activated experts' weights come from HBM. For T >= 1024 every provider (and the fp8 GEMM ceiling)
-first replays untimed for 1.5 s: an H200 under a compute-bound load holds its 700 W power cap at ~1630
+first replays untimed for 3 s: an H200 under a compute-bound load holds its 700 W power cap at ~1630
 MHz SM clock after ~1 s, and a call timed in the first ~50 ms at the 1980 MHz boost reads up to 13%
 faster than it runs sustained (benchmarks/results/spread_fused_moe.md); '% ceiling' for T >= 1024 is
 against that sustained GEMM rate, and the summary also gives % of the 1410 TFLOP/s of issue 7. TB/s = bytes of the experts actually activated (fp8
@@ -49,7 +49,7 @@ def main() -> None:
     def write(rows, table, ceil, final=False):
         notes = NOTES + (
             f"\nCeilings measured in this run: device copy {ceil['copy_tbps']:.2f} TB/s (1 GiB bf16, read + write, graph),"
-            f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s after 0.1 s and {ceil['fp8_tflops_sustained']:.0f} after 1.5 s of its own load"
+            f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s after 0.1 s and {ceil['fp8_tflops_sustained']:.0f} after {fb.PREFILL_SETTLE_S:g} s of its own load"
             " (torch._scaled_mm 8192^3, fast accumulation; hpc_advise.runtime.microbench).\n"
             f"fbgemm: {rows[0]['versions'].get('fbgemm_status', 'not tried')}\n"
             + ("" if final else "PARTIAL: the run stopped before the whole grid was measured.\n")

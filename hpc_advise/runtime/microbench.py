@@ -140,7 +140,7 @@ def _gemm_fn(case: Case, device) -> tuple[Callable[[], object], Callable[[], Non
 
 def _spin_up(fn: Callable[[], object], seconds: float = 0.1) -> None:
     """Run ``fn`` untimed for about ``seconds`` so an idle GPU's clocks are up before timing starts (0.1 s);
-    ~1.5 s or more of a compute-bound load brings the H200 to its power cap, the clocks it holds sustained."""
+    ~3 s of a compute-bound load bring the H200 to its power cap, the clocks it holds sustained."""
     import time
 
     import torch

@@ -47,6 +47,6 @@ def test_run_case_without_cuda_says_so():
 
 def test_a_settled_case_says_so_in_its_label():
     quick = mb.Case("gemm", "fp8", 8192, fast_accum=True)
-    held = mb.Case("gemm", "fp8", 8192, fast_accum=True, settle_s=1.5)
+    held = mb.Case("gemm", "fp8", 8192, fast_accum=True, settle_s=3.0)
     assert quick.label == "gemm fp8 8192^3 fast-accum"
-    assert held.label == "gemm fp8 8192^3 fast-accum after 1.5 s"
+    assert held.label == "gemm fp8 8192^3 fast-accum after 3 s"
