@@ -571,8 +571,9 @@ def prefill_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     a2_group = mode.endswith("dynamic")
     cur = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
     # the one-tile form of the pick (a candidate itself where the pick ships tiles), without PREFETCH (no multi-tile
-    # or persistent prefetch form)
-    tile_keys = ("PREFETCH", "GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST")
+    # or persistent prefetch form) and the half-height tiles (GU_HALF / DN_HALF: no persistent, no gate/up multi-tile
+    # form)
+    tile_keys = ("PREFETCH", "GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST", "GU_HALF", "DN_HALF")
     base = {key: v for key, v in cur.items() if key not in tile_keys}
     gus = [] if _prefill_gate_up_spills(base, mode) else _tile_counts(-(-i // base["GU_N"]), (2, 3, 4))
     dns = _tile_counts(-(-h // base["DN_N"]), (2, 4, 8))
@@ -620,17 +621,20 @@ def prefill_retune_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: 
     cur = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
     out = [dict(cur, GU_STAGES=s) for s in (2, 3, 4)] + [dict(cur, GU_GROUP_M=g) for g in (4, 8, 16, 32)]
     other_m = 192 - cur["BLOCK_M"] if cur["BLOCK_M"] in (64, 128) else None
+    full = {
+        key: v for key, v in cur.items() if key not in ("GU_HALF", "DN_HALF")
+    }  # (no half tiles at 64 / 2 tiles)
     if other_m:
-        out.append(dict(cur, BLOCK_M=other_m, GU_WARPS=8))
+        out.append(dict(full, BLOCK_M=other_m, GU_WARPS=8))
         if other_m == 64:
-            out.append(dict(cur, BLOCK_M=64, GU_WARPS=8, GU_STAGES=4))
+            out.append(dict(full, BLOCK_M=64, GU_WARPS=8, GU_STAGES=4))
     out.append(dict(cur, W_TMA=1 - cur.get("W_TMA", 0)))
     if (
         not _prefill_gate_up_spills(cur, mode)
         and cur.get("GU_TILES", 1) == 1
         and not cur.get("GU_PERSIST", 0)
     ):
-        out.append(dict(cur, GU_TILES=2))
+        out.append(dict(full, GU_TILES=2))
     if cur.get("DN_GLUON", 0):
         out += [dict(cur, DN_STAGES=s) for s in (4, 5, 6)] + [dict(cur, DN_GROUP_M=g) for g in (4, 8, 16)]
         tm, bn = cur.get("DN_GLUON_M", 0) or cur["BLOCK_M"], cur["DN_N"]

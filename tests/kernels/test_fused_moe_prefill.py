@@ -42,6 +42,9 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
     run_and_check,
 )
 
+# the half-height tile keys (GU_HALF, DN_HALF; tests at the end of the file), dropped where a test varies a form
+# they have none of (DN_A_TMA, BLOCK_M 64, persistent programs)
+HALF_KEYS = ("GU_HALF", "DN_HALF")
 # promotion every 256 against every 128 (per-tensor): measured 4.1e-3 - 5.0e-3 on the H200 (5.0003e-3 for one seed on
 # 2026-11-30, so the tuner's 5e-3 accuracy guard may drop such a form at tune time); bounded below what no promotion
 # at all (FAST_ACC) reads, 1.1-1.2e-2, so a form that silently stopped promoting fails
@@ -259,6 +262,9 @@ def test_gpu_weight_tma_real_prefill_shapes(shape, t):
     e, h, i, k, ge, off, mode = GPU_PREFILL[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     cfg = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
+    cfg = {
+        key: v for key, v in cfg.items() if key not in HALF_KEYS
+    }  # no DN_A_TMA / BLOCK_M 64 half-tile form
     plain, _, _ = run_and_check(p, config=dict(cfg, W_TMA=0, DN_A_TMA=0), seed=seed)
     tma, _, err = run_and_check(p, config=dict(cfg, W_TMA=1, DN_A_TMA=1), seed=seed)
     print(f"{shape} T={t} W_TMA + DN_A_TMA rel err vs quantized ref {err:.2e}")
@@ -471,7 +477,8 @@ def test_prefill_tile_candidates_are_valid_configs_of_every_shape():
     from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
 
     tune = _load_tuner()
-    one_tile = {"GU_TILES": 1, "DN_TILES": 1, "GU_PERSIST": 0, "DN_PERSIST": 0}  # the keys' defaults
+    # the keys' defaults (the half-tile keys: dropped from the forms, GU_HALF has no multi-tile / persistent form)
+    one_tile = {"GU_TILES": 1, "DN_TILES": 1, "GU_PERSIST": 0, "DN_PERSIST": 0, "GU_HALF": 0, "DN_HALF": 0}
     for shape, (e, h, i, k, _, _) in fb.SHAPES.items():
         mode = fb.MODES[shape][0]
         a_group, block = mode.endswith("dynamic"), mode.startswith("block")
@@ -552,10 +559,10 @@ def test_prefill_tiles_compile_pipelined_for_sm90(tmp_path, monkeypatch):
 
 
 def _one_tile(cfg: dict) -> dict:
-    """``cfg`` with one tile per GEMM program (the form the multi-tile and persistent ones are compared with)."""
-    return {
-        key: v for key, v in cfg.items() if key not in ("GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST")
-    }
+    """``cfg`` with one tile per GEMM program (the form the multi-tile and persistent ones are compared with), all
+    128 rows high (the half-height tiles have no persistent form)."""
+    drop = ("GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST", *HALF_KEYS)
+    return {key: v for key, v in cfg.items() if key not in drop}
 
 
 GPU_TILE_POINTS = {  # name -> (GPU_PREFILL shape, T, forms against the tuned pick)
@@ -636,9 +643,12 @@ def exact_fp8_dot(monkeypatch):
     monkeypatch.setattr(itp.InterpreterBuilder, "create_dot", create_dot)
 
 
-def _gate_up_h(p: dict, cfg: dict) -> tuple:
-    """(h as bytes, its group scales, padded row count) of one prepared call's gate/up launch, h and the scales
-    poisoned with NaN before it (fp8 e4m3 NaN 0x7f), so every row it must write shows."""
+def _gate_up_h(p: dict, cfg: dict) -> dict:
+    """One prepared call's gate/up launch, h and its scales poisoned with NaN before it (fp8 e4m3 NaN 0x7f), so every
+    row it must write shows: ``h`` / ``s`` the bytes of h and the group scales of the real rows in entry order (the
+    GPU router orders one expert's entries within a chunk by its atomics' arrival, so a row's place in the padded
+    order may differ between two launches; the entry it holds does not), ``h_pad`` / ``s_pad`` those of the padding
+    rows, ``used`` the padded row count."""
     launch = op._Launch(p["x"], p["w13"], p["w2"], p["weights"], p["ids"], p["kw"]["w13_scale"],
                         p["kw"]["w2_scale"], p["kw"].get("a13_scale"), p["kw"].get("a2_scale"), None,
                         p["kw"]["expert_offset"], cfg)  # fmt: skip
@@ -647,23 +657,24 @@ def _gate_up_h(p: dict, cfg: dict) -> tuple:
     launch.inter_s.fill_(float("nan"))
     launch.gate_up(p["w13"], launch.inter, launch.inter_s, 0, 1)
     used = int(launch.num_padded)
-    return (
-        launch.inter.view(torch.uint8).clone(),
-        launch.inter_s.clone(),
-        used,
-        launch.sorted_ids[:used] < launch.n,
-    )
+    ids = launch.sorted_ids[:used]
+    real = ids < launch.n
+    order = torch.argsort(ids[real])
+    h, s = launch.inter.view(torch.uint8)[:used], launch.inter_s[:used].view(torch.int32)  # bits (NaN == NaN)
+    return {"h": h[real][order], "s": s[real][order], "h_pad": h[~real], "s_pad": s[~real], "used": used}
 
 
-def _same_h(full: torch.Tensor, half: torch.Tensor, real: torch.Tensor) -> int:
-    """Asserts h of the full and the half-height gate/up tiles (``_gate_up_h``'s bytes) bitwise equal in every real
-    row and zero in every padding row; returns how many padding elements differ in the sign of that zero (the
-    down GEMM masks those rows' products: nothing reads them)."""
-    used = real.numel()
-    assert torch.equal(full[:used][real], half[:used][real])
-    pad_full, pad_half = full[:used][~real], half[:used][~real]
-    assert not ((pad_full & 0x7F) != 0).any() and not ((pad_half & 0x7F) != 0).any()  # +0 or -0 only
-    return int((pad_full != pad_half).sum())
+def _same_h(full: dict, half: dict) -> int:
+    """Asserts h and its scales of the full and the half-height gate/up tiles (``_gate_up_h``) bitwise equal for every
+    real row, every h byte written (no fp8 NaN), and every padding row's h zero (+0 or -0) with the same scales;
+    returns how many padding elements differ in the sign of that zero (the down GEMM masks those rows' products:
+    nothing reads them)."""
+    assert full["used"] == half["used"]
+    assert torch.equal(full["h"], half["h"]) and torch.equal(full["s"], half["s"])
+    assert not ((full["h"] & 0x7F) == 0x7F).any()
+    assert not ((full["h_pad"] & 0x7F) != 0).any() and not ((half["h_pad"] & 0x7F) != 0).any()
+    assert torch.equal(full["s_pad"], half["s_pad"])
+    return int((full["h_pad"] != half["h_pad"]).sum())
 
 
 @pytest.mark.parametrize(
@@ -691,7 +702,7 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
     seed = _seed()
     p = make_problem(200, 6, 256, i, 3, mode, ids=_half_ids(), device="cpu")
     cfg = dict(PREFILL_CFG, BLOCK_M=128, **extra)
-    full_h, full_s, used, real = _gate_up_h(p, cfg)
+    full_h = _gate_up_h(p, cfg)
     half_blocks = []  # the interpreter runs the kernel as Python: record each half tile's zero-row store
     zero_rows = K._zero_rows_store
 
@@ -700,18 +711,14 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
         return zero_rows(offs, *args)
 
     monkeypatch.setattr(K, "_zero_rows_store", spy)
-    half_h, half_s, used_half, _ = _gate_up_h(p, dict(cfg, GU_HALF=1))
+    half_h = _gate_up_h(p, dict(cfg, GU_HALF=1))
     tiles_n = -(-i // cfg["GU_N"])
-    assert used == used_half == 7 * 128 and sorted(set(half_blocks)) == [0, 1, 4, 6], half_blocks
+    assert full_h["used"] == 7 * 128 and sorted(set(half_blocks)) == [0, 1, 4, 6], half_blocks
     assert len(half_blocks) == 4 * tiles_n, half_blocks
-    assert _same_h(full_h, half_h, real) == 0 and torch.equal(full_h, half_h), seed  # exact sums: +0 rows too
-    assert torch.equal(full_s.isnan(), half_s.isnan()), seed
-    assert torch.equal(full_s[~full_s.isnan()], half_s[~half_s.isnan()]), seed
-    assert not (half_h[:used] == 0x7F).any() and not (half_h[:used] == 0xFF).any(), (
-        seed
-    )  # every used row stored
-    if mode.endswith("dynamic"):
-        assert not half_s[:used].isnan().any(), seed
+    assert _same_h(full_h, half_h) == 0, seed  # the interpreter's exact sums: the padding zeros' signs too
+    if mode.endswith("dynamic"):  # every row's group scales written
+        assert not half_h["s"].view(torch.float32).isnan().any(), seed
+        assert not half_h["s_pad"].view(torch.float32).isnan().any(), seed
     full, _, _ = run_and_check(p, config=cfg, seed=seed)
     half, _, _ = run_and_check(p, config=dict(cfg, GU_HALF=1), seed=seed)
     assert torch.equal(full, half), seed
@@ -838,9 +845,10 @@ GPU_HALF_SHAPES = {  # name -> GPU_PREFILL-style shape of the T = 16384 GU_HALF 
 def test_gpu_half_tiles_bitwise_the_pick_at_t16384(shape):
     """T = 16384 at the shipped pick (BLOCK_M 128: Hy3 per-tensor two dots with the ping-pong down, Qwen3-235B
     block-scaled two dots, DeepSeek-V3 EP8 the same with 8 down tiles per program) with all-128-row tiles: + GU_HALF
-    and (Triton down GEMM) + GU_HALF + DN_HALF give the output bitwise (within 2e-2 of the reference), and h every
-    real row bitwise and its padding rows zero, h poisoned with NaN before each gate/up launch; how many blocks are
-    half-height and how many padding zeros differ in sign is printed."""
+    and (Triton down GEMM) + GU_HALF + DN_HALF give the output bitwise (within 2e-2 of the reference); h and its scales
+    bitwise for every real row (compared by entry: the GPU router's row order within an expert follows its atomics,
+    so it differs between launches) and every padding row's h zero, h poisoned with NaN before each gate/up launch;
+    how many experts end in a half block and how many padding zeros differ in sign is printed."""
     seed = _seed()
     e, h, i, k, ge, off, mode = GPU_HALF_SHAPES[shape]
     p = make_problem(16384, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
@@ -853,14 +861,16 @@ def test_gpu_half_tiles_bitwise_the_pick_at_t16384(shape):
         half = torch.full_like(full, float("nan"))
         _moe(p, out=half, config=dict(cfg, **form))
         assert torch.equal(full, half), (form, seed)
-    full_h, full_s, used, real = _gate_up_h(p, cfg)
-    half_h, half_s, _, _ = _gate_up_h(p, dict(cfg, GU_HALF=1))
-    rows = torch.bincount(p["ids"].flatten().long() - off, minlength=ge)[:e]
-    signs = _same_h(full_h, half_h, real)
-    print(f"{shape} T=16384: rel err vs quantized ref {err:.2e}; {used} padded rows, "
-          f"{int(((rows % 128 > 0) & (rows % 128 <= 64)).sum())} of {e} experts end in a half block; "
-          f"{signs} of {(used - int(real.sum())) * i} padding-row h elements -0 in one form, +0 in the other")  # fmt: skip
-    assert torch.equal(full_s[:used], half_s[:used]) or not mode.endswith("dynamic"), seed
+    full_h = _gate_up_h(p, cfg)
+    half_h = _gate_up_h(p, dict(cfg, GU_HALF=1))
+    ids = p["ids"][(p["ids"] >= off) & (p["ids"] < off + e)].long() - off  # this rank's slots
+    rows = torch.bincount(ids, minlength=e)
+    print(f"{shape} T=16384: rel err vs quantized ref {err:.2e}; {full_h['used']} padded rows, "
+          f"{int(((rows % 128 > 0) & (rows % 128 <= 64)).sum())} of {e} experts end in a half block")  # fmt: skip
+    signs = _same_h(full_h, half_h)
+    print(
+        f"{shape}: {signs} of {full_h['h_pad'].numel()} padding-row h elements -0 in one form, +0 in the other"
+    )
 
 
 @pytest.mark.gpu

@@ -347,6 +347,7 @@ GLUON_DOWN_EXCLUDES = (
     "DN_A_TMA",
     "W_SCALAR",
     "DN_PERSIST",
+    "DN_HALF",
 )
 # the ping-pong kernel's TMA ring: at most this many bytes (228 KiB per SM less barriers and the compiler's scratch)
 GLUON_SMEM = 200 * 1024
