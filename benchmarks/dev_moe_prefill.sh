@@ -38,7 +38,8 @@
 #                retune_decision into a copy of configs.json) at T = 16384 on SHAPES16 and T = 4096 on SHAPES4 (<= TUNE_S
 #                each); stage 3 `--breakdown` at Hy3 T = 16384 with the pick and with the pick + GU_HALF (<= BD_S each);
 #                stage 4, only where a pick changed and .whl_moe is there: bench_fused_moe.py beside the peers on the
-#                changed points (<= BENCH_S); the short tables last.
+#                changed points (<= BENCH_S); the short tables last. H200 2026-11-30 07:10 / 07:19 UTC: 146 / 152 s
+#                (tests to 29-31 s, tune of 6 / 7 points to 84-85 s, breakdowns to 95 s, bench cut by BENCH_S=55 in call 2).
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage

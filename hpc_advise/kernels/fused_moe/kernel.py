@@ -931,8 +931,8 @@ def _gate_up_kernel(
     HALF (config GU_HALF; BLOCK_M 128, one tile, SPLIT_K 1, OUT_MODE 0): a block whose rows BLOCK_M/2.. are all
     padding (the last block of an expert with <= BLOCK_M/2 rows in it; its sorted entries, already in registers, say
     so: no extra load) runs the same ``_gate_up_tile`` at BLOCK_M/2 rows (half the MMA work) and stores its padding
-    rows BLOCK_M/2.. as the full tile computes them, zeros (``_zero_rows_store``): h and its scales bitwise the
-    full tile's."""
+    rows BLOCK_M/2.. as the full tile computes them, zeros (``_zero_rows_store``): h of every real row and the
+    scales bitwise the full tile's, every padding row's h zero, the output bitwise."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
