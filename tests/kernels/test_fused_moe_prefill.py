@@ -739,6 +739,16 @@ def test_gu_half_bitwise_the_full_tiles(mode, i, extra, monkeypatch, exact_fp8_d
     )  # H = 256: 2 tiles of 128
 
 
+def test_unfused_baseline_runs_a_half_tile_pick():
+    """moe_unfused (the benchmark's baseline) given a GU_HALF / DN_HALF config, as the bench passes the shipped pick:
+    its gate/up writes fp32 rows (no fused epilogue), so it runs the full tiles (the 2026-11-30 07:40 UTC bench's
+    unfused rows failed at compile time on every half-tile pick before); within the quantized reference's bound."""
+    p = make_problem(200, 6, 256, 128, 3, "tensor-static", ids=_half_ids(), device="cpu")
+    run_and_check(
+        p, config=dict(PREFILL_CFG, BLOCK_M=128, GU_HALF=1, DN_HALF=1), fn=op.moe_unfused, seed=_seed()
+    )
+
+
 def test_gu_half_expert_parallel_rank_without_local_rows():
     """An EP rank whose tokens all sit on other ranks: no used block, zeros out (GU_HALF on)."""
     seed = _seed()

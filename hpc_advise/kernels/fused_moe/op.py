@@ -862,7 +862,7 @@ class _Launch:
             # 2 on the GPU: with the inline-PTX order pin (kernel._in_order), which the interpreter cannot run
             SCALE_LAG=(2 if w13.device.type == "cuda" else 1) if lag else 0,
             PERSIST=bool(persist),
-            HALF=bool(c.get("GU_HALF", 0)),
+            HALF=bool(c.get("GU_HALF", 0)) and out_mode == 0,  # fp32 outputs (moe_unfused) run full tiles
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
             **self.launch_kw,
