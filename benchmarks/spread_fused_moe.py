@@ -173,9 +173,9 @@ def main() -> None:
         smi_proc.wait()
     smi = read_smi(smi_path) if smi_proc is not None else []
 
-    spans = [("first 2 s", t_load, t_load + 2), ("2-10 s", t_load + 2, t_load + 10),
-             ("10-25 s", t_load + 10, t_load + 25), (f"25-{args.seconds:.0f} s", t_load + 25, t_load + args.seconds),
-             ("after rest (1 s)", t_rest, t_rest + 1.0)]  # fmt: skip
+    edges = [0.0] + [x for x in (2.0, 10.0, 25.0) if x < args.seconds] + [args.seconds]
+    spans = [(f"{a:g}-{b:g} s", t_load + a, t_load + b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    spans.append(("after rest (1 s)", t_rest, t_rest + 1.0))
     table = [(name, window(replays, smi, a, b)) for name, a, b in spans]
     env = environment()
     with (out_dir / f"spread_fused_moe_{args.tag}.jsonl").open("w") as f:
