@@ -139,7 +139,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -533,19 +532,9 @@ def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-def multi_tile_compile_job(shape: str, mode: str, cfg: dict, unfused: bool = False) -> tuple:
-    """``fb.compile_job`` at an I and H the config's tile counts divide: the kernels are built at a small
-    I and H (their sizes are not specialized beyond divisibility by 16 and by the K step), where 3 gate/up
-    or 4 down tiles per program would not divide the tiles (refused, then compiled inside the timing)."""
-    mode, cfg, unfused, inter, hidden = _fb_compile_job(shape, mode, cfg, unfused)
-    gu, dn = cfg.get("GU_TILES", 1), cfg.get("DN_TILES", 1)
-    if gu > 1:  # keep I % 128 == 0 iff the shape's I has it (the scalar-scale and group forms depend on it)
-        inter = math.lcm(cfg["GU_N"] * gu, 128) if inter % 128 == 0 else cfg["GU_N"] * gu
-    if dn > 1:
-        hidden = math.lcm(cfg["DN_N"] * dn, hidden)
-    return (mode, cfg, unfused, inter, hidden)
-
-
+# ``fb.compile_job`` builds multi-tile programs at an I and H their tile counts divide (the name the tile loops and
+# their tests use)
+multi_tile_compile_job = fb.compile_job
 _fb_compile_job = fb.compile_job
 
 

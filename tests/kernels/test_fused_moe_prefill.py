@@ -896,3 +896,21 @@ def test_gpu_half_tiles_skewed_routing_graph_replay_and_empty_ep_rank():
     _skewed_replay_and_empty_ep_rank(shape, cfg, seed, replays=2)
     # DN_HALF with the Triton down GEMM of the pick's tile (the Gluon one has no such form)
     _skewed_replay_and_empty_ep_rank(shape, dict(op.triton_down_form(cfg), DN_HALF=1), seed, replays=1)
+
+
+def test_bench_precompiles_the_shipped_multi_tile_picks_at_sizes_they_divide():
+    """The bench's precompile (``benches.fused_moe.compile_job``) builds every shipped prefill pick with several
+    tiles per program at an I / H its tile counts divide (before, the DN_TILES 8 picks were refused at H = 256 and
+    compiled inside the first timed call), keeping I % 128 == 0 as the shape has it."""
+    from hpc_advise.runtime.benches import fused_moe as fb
+
+    names = {v[:3]: name for name, v in fb.SHAPES.items()}
+    table = json.loads(op.CONFIG_PATH.read_text())["entries"]
+    multi = [x for x in table if x["config"].get("DN_TILES", 1) > 1 or x["config"].get("GU_TILES", 1) > 1]
+    assert multi  # DeepSeek-V3 EP8 and Qwen3-30B at T = 16384 ship DN_TILES 8
+    for x in multi:
+        cfg = x["config"]
+        _, _, _, inter, hidden = fb.compile_job(names[(x["E"], x["H"], x["I"])], x["mode"], cfg)
+        assert hidden % (cfg["DN_N"] * cfg.get("DN_TILES", 1)) == 0, x
+        assert inter % (cfg["GU_N"] * cfg.get("GU_TILES", 1)) == 0, x
+        assert (inter % 128 == 0) == (x["I"] % 128 == 0), x

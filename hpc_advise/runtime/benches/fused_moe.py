@@ -28,6 +28,7 @@ same run (for T >= 1024 the GEMM timed after the same settling).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -242,11 +243,19 @@ def compile_job(shape: str, mode: str, cfg: dict, unfused: bool = False) -> tupl
     """(mode, config, unfused?, I, H) of one precompile job for ``shape``: the regular and small-T
     kernels build at H = 256 and I = 256 (192 where the shape's I is not a multiple of 128) and serve the
     real shapes (``precompile``); the persistent kernel's constexpr G_PAD (its prologue's tile of one
-    hidden row, next power of two of H / 128) depends on H, so its jobs build at the shape's own H."""
+    hidden row, next power of two of H / 128) depends on H, so its jobs build at the shape's own H. Multi-tile
+    programs (GU_TILES / DN_TILES) build at an I / H their tile counts divide (op refuses the others), keeping
+    I % 128 == 0 iff the shape's I has it (the scalar-scale and group forms depend on it)."""
     from hpc_advise.kernels.fused_moe.op_persistent import is_persistent
 
     e, h, i = SHAPES[shape][:3]
-    return (mode, cfg, unfused, 256 if i % 128 == 0 else 192, h if is_persistent(cfg) else 256)
+    inter, hidden = (256 if i % 128 == 0 else 192), (h if is_persistent(cfg) else 256)
+    gu, dn = cfg.get("GU_TILES", 1), cfg.get("DN_TILES", 1)
+    if gu > 1:
+        inter = math.lcm(cfg["GU_N"] * gu, 128) if inter % 128 == 0 else cfg["GU_N"] * gu
+    if dn > 1:
+        hidden = math.lcm(cfg["DN_N"] * dn, hidden)
+    return (mode, cfg, unfused, inter, hidden)
 
 
 def _compile_worker(jobs: list[tuple]) -> int:
