@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
-from hpc_advise.runtime.benchmarking import environment, results_dir  # noqa: E402
+from hpc_advise.runtime.benchmarking import capture_graph, environment, results_dir  # noqa: E402
 
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 
@@ -129,8 +129,6 @@ def main() -> None:
     ap.add_argument("--tag", default="a")
     args = ap.parse_args()
 
-    import torch
-
     from hpc_advise.kernels.fused_moe import op
 
     out_dir = results_dir()
@@ -151,16 +149,7 @@ def main() -> None:
     gemm_start = fp8_gemm_tflops()
     for _ in range(2):
         call()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            call()
-    torch.cuda.synchronize()
+    graph = capture_graph(call, inner)
     t_load = time.time()
     replays = replay_loop(graph, inner, args.seconds, "load", flops)
     gemm_end = fp8_gemm_tflops()

@@ -4,6 +4,7 @@
   CUDA-graph replays (default: one graph holding ``inner`` back-to-back calls, so launch gaps vanish)
   or as event-timed eager launches. Inputs are the caller's business: rotate buffers larger than L2
   when the working set would otherwise stay cached.
+- ``capture_graph(fn, inner)``: the CUDA graph ``time_cuda`` replays (``fn`` warmed up on a side stream first).
 - ``rotating(inputs, body)``: a call that runs ``body`` on the next of several input sets each time, so
   timed repetitions (and the calls captured in one CUDA graph) cycle through data larger than L2.
 - ``run_row(...)``: one measurement as a knowledge-base ``runs`` row (the schema of
@@ -55,6 +56,24 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     return q(0.2), q(0.5), q(0.8)
 
 
+def capture_graph(fn: Callable[[], object], inner: int = 1):
+    """A CUDA graph of ``inner`` back-to-back calls of ``fn``, which first runs once on a side stream (allocator,
+    lazy initialisation) so that the capture records only the calls' kernels. Returns the graph, synchronized."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
 def time_cuda(
     fn: Callable[[], object],
     *,
@@ -81,16 +100,7 @@ def time_cuda(
         fn()
     torch.cuda.synchronize()
     if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()  # warm-up on the capture stream (allocator, lazy init)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(inner):
-                fn()
-        torch.cuda.synchronize()
+        g = capture_graph(fn, inner)
         g.replay()
         torch.cuda.synchronize()
         body = g.replay

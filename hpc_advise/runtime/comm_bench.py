@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable
 
 from hpc_advise.advisor import comm_model
-from hpc_advise.runtime.benchmarking import Timing, _percentiles, environment, run_row
+from hpc_advise.runtime.benchmarking import Timing, _percentiles, capture_graph, environment, run_row
 from hpc_advise.runtime.dist_run import MULTICAST_OFF, join_within, multicast_off
 
 OPS = tuple(comm_model.OP_NAMES)  # torch.distributed's names; the advisor's are the values
@@ -165,15 +165,7 @@ def _time_op_graph(fn, iters: int, warmup: int, nbytes: int) -> list[float]:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
+    graph = capture_graph(fn, inner)
     graph.replay()
     torch.cuda.synchronize()
     pairs = [
