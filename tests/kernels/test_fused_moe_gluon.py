@@ -94,10 +94,12 @@ def test_pingpong_refused_on_the_small_t_and_persistent_paths():
             op.check_config(dict(path, DN_GLUON=3), False)
 
 
-def test_shipped_hy3_16384_pick_is_the_pingpong_form_and_its_triton_form():
-    """configs.json (H200 call 2, 2026-11-30 05:10 UTC) ships DN_GLUON 3 at Hy3 T = 16384; its Triton form (the
-    fallback off SM90) is the same tile on 8 warps, and both pass the op's checks."""
-    pick = _pick(16384)
+@pytest.mark.parametrize("t", [4096, 16384])
+def test_shipped_hy3_prefill_picks_are_the_pingpong_form_and_its_triton_form(t):
+    """configs.json ships DN_GLUON 3 at Hy3 T = 16384 (H200 call 2, 2026-11-30 05:10 UTC) and T = 4096 (08:18 UTC,
+    energy_fused_moe_hy3_4096_pingpong.md); the Triton form (the fallback off SM90) is the same tile on 8 warps, and
+    both pass the op's checks."""
+    pick = _pick(t)
     assert pick["DN_GLUON"] == 3 and pick["DN_GLUON_M"] * pick["DN_N"] <= 8192, pick
     _forms(pick)
     tri = op.triton_down_form(pick)
@@ -213,9 +215,10 @@ RETUNE_KEYS |= HALF_KEYS
 @pytest.mark.parametrize("t", [4096, 16384])
 def test_prefill_retune_candidates_are_valid_moves_of_the_hy3_pick(t):
     """tune --prefill-retune at Hy3: the shipped pick first, then distinct configs differing from it only in the
-    tile keys the retune moves, each passing the op's checks at the shape and at its precompile job's sizes; at
-    T = 16384 (ping-pong pick) the BLOCK_M 64 forms, gate/up stages 2 / 4 and the other consumer tile among them;
-    at T = 4096 (Triton down) the ping-pong forms."""
+    tile keys the retune moves, each passing the op's checks at the shape and at its precompile job's sizes. Both
+    picks run the ping-pong down (T = 4096 since 2026-11-30 08:18 UTC): at T = 16384 the BLOCK_M 64 forms, gate/up
+    stages 2 / 4 and the other consumer tile among the moves, at T = 4096 (BLOCK_M 64) BLOCK_M 128 and the other
+    ring depths."""
     from hpc_advise.runtime.benches import fused_moe as fb
     from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
 
@@ -235,13 +238,14 @@ def test_prefill_retune_candidates_are_valid_moves_of_the_hy3_pick(t):
         _, _, _, inter, hidden = tune.multi_tile_compile_job("hy3", "tensor-static", c)
         _forms(c, h=hidden, i=inter)
     assert {"GU_TILES": 2} in moves and {"W_TMA": 1} in moves and {"GU_GROUP_M": 32} in moves, moves
+    assert pick["DN_GLUON"] == 3
     if t == 16384:
-        assert pick["DN_GLUON"] == 3
-        for m in ({"BLOCK_M": 64}, {"BLOCK_M": 64, "GU_STAGES": 4}, {"GU_STAGES": 2}, {"GU_STAGES": 4},
-                  {"DN_GLUON_M": 128, "DN_N": 64}, {"DN_STAGES": 4}, {"DN_STAGES": 6}):  # fmt: skip
-            assert m in moves, (m, moves)
+        wanted = ({"BLOCK_M": 64}, {"BLOCK_M": 64, "GU_STAGES": 4}, {"GU_STAGES": 2}, {"GU_STAGES": 4},
+                  {"DN_GLUON_M": 128, "DN_N": 64}, {"DN_STAGES": 4}, {"DN_STAGES": 6})  # fmt: skip
     else:
-        assert sum(m.get("DN_GLUON") == 3 for m in moves) >= 3, moves
+        wanted = ({"BLOCK_M": 128}, {"GU_STAGES": 2}, {"GU_STAGES": 3}, {"DN_STAGES": 4}, {"DN_STAGES": 5})
+    for m in wanted:
+        assert m in moves, (m, moves)
     assert fb.MODES["hy3"][0] == "tensor-static"
 
 

@@ -45,6 +45,15 @@ from tests.kernels.test_fused_moe import (  # noqa: E402
 # the half-height tile keys (GU_HALF, DN_HALF; tests at the end of the file), dropped where a test varies a form
 # they have none of (DN_A_TMA, BLOCK_M 64, persistent programs)
 HALF_KEYS = ("GU_HALF", "DN_HALF")
+
+
+def _triton_full_tiles(cfg: dict) -> dict:
+    """A tuned pick as the Triton kernels' full-height tiles: no half-height blocks and, where the pick runs the
+    ping-pong Gluon down GEMM (Hy3 T = 4096 / 16384), the Triton down GEMM of the same tile (``op.triton_down_form``):
+    the forms these tests vary (TMA operands, multi-tile and persistent programs) are the Triton kernels'."""
+    return op.triton_down_form({key: v for key, v in cfg.items() if key not in HALF_KEYS})
+
+
 # promotion every 256 against every 128 (per-tensor): measured 4.1e-3 - 5.0e-3 on the H200 (5.0003e-3 for one seed on
 # 2026-11-30, so the tuner's 5e-3 accuracy guard may drop such a form at tune time); bounded below what no promotion
 # at all (FAST_ACC) reads, 1.1-1.2e-2, so a form that silently stopped promoting fails
@@ -261,10 +270,7 @@ def test_gpu_weight_tma_real_prefill_shapes(shape, t):
     seed = _seed()
     e, h, i, k, ge, off, mode = GPU_PREFILL[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
-    cfg = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False)
-    cfg = {
-        key: v for key, v in cfg.items() if key not in HALF_KEYS
-    }  # no DN_A_TMA / BLOCK_M 64 half-tile form
+    cfg = _triton_full_tiles(op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"), allow_small=False))
     plain, _, _ = run_and_check(p, config=dict(cfg, W_TMA=0, DN_A_TMA=0), seed=seed)
     tma, _, err = run_and_check(p, config=dict(cfg, W_TMA=1, DN_A_TMA=1), seed=seed)
     print(f"{shape} T={t} W_TMA + DN_A_TMA rel err vs quantized ref {err:.2e}")
@@ -560,9 +566,9 @@ def test_prefill_tiles_compile_pipelined_for_sm90(tmp_path, monkeypatch):
 
 def _one_tile(cfg: dict) -> dict:
     """``cfg`` with one tile per GEMM program (the form the multi-tile and persistent ones are compared with), all
-    128 rows high (the half-height tiles have no persistent form)."""
-    drop = ("GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST", *HALF_KEYS)
-    return {key: v for key, v in cfg.items() if key not in drop}
+    128 rows high and the Triton down GEMM (``_triton_full_tiles``)."""
+    drop = ("GU_TILES", "DN_TILES", "GU_PERSIST", "DN_PERSIST")
+    return {key: v for key, v in _triton_full_tiles(cfg).items() if key not in drop}
 
 
 GPU_TILE_POINTS = {  # name -> (GPU_PREFILL shape, T, forms against the tuned pick)
