@@ -27,9 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from spread_fused_moe import read_smi, replay_loop, start_smi  # noqa: E402
+from spread_fused_moe import add_problem_args, bench_problem, read_smi, replay_loop, start_smi  # noqa: E402
 
-from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
 from hpc_advise.runtime.benchmarking import capture_graph, environment, results_dir  # noqa: E402
 
 SKIP_S = 1.0  # each window's first second is not counted (the previous graph's load hands over)
@@ -86,8 +85,7 @@ def measure(graph, inner: int, seconds: float, energy) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="hy3", choices=sorted(fb.SHAPES))
-    ap.add_argument("--t", type=int, default=4096)
+    add_problem_args(ap, 4096)
     ap.add_argument(
         "--variant", action="append", default=[], help="JSON config keys over the pick (repeatable)"
     )
@@ -102,11 +100,9 @@ def main() -> None:
     smi_path = out_dir / f"energy_fused_moe_{args.tag}_smi.csv"
     smi_proc = start_smi(smi_path)
     energy = energy_reader()
-    e, h, i, k, eg, off = fb.SHAPES[args.shape]
-    mode = fb.MODES[args.shape][0]
-    wts = fb.make_weights(e, h, i, mode)
-    s = fb.make_routings(args.t, k, eg, h, 1)[0]
-    kw = fb._kwargs(wts, mode, off)
+    pb = bench_problem(args.shape, args.t)
+    e, h, i, k, _, _ = pb["dims"]
+    mode, wts, s, kw = pb["mode"], pb["wts"], pb["s"], pb["kw"]
     pick = op.get_config(args.t, k, e, h, i, mode, wts["block"], allow_small=False)
     variants = [("pick", pick)] + [(v, dict(pick, **json.loads(v))) for v in args.variant]
     built = {name: graphs(op, s, wts, kw, cfg, 2) for name, cfg in variants}

@@ -7,7 +7,7 @@ Why: the same Hy3 T = 16384 prefill config read ~6380 µs in the bench's process
 CUDA graph of the call (the bench's inputs: ``benches.fused_moe.make_weights`` / ``make_routings``, the shipped
 pick) back to back for ``--seconds``, times every replay with CUDA events, rests ``--rest`` seconds and times a
 few replays again, while ``nvidia-smi`` samples SM clock, power, temperature and the clock-event reasons every
-100 ms. The fp8 GEMM ceiling (``torch._scaled_mm`` 8192³, fast accumulation) is timed at the start and at the
+100 ms. The fp8 GEMM ceiling (``microbench.run_case``: torch._scaled_mm 8192³) is timed at the start and at the
 end, in the same state. Writes spread_fused_moe_<tag>.jsonl (every replay and every nvidia-smi sample) and .md
 (windows: median µs, TFLOP/s, mean SM clock and power) under benchmarks/results/ or $OUT.
 """
@@ -61,29 +61,28 @@ def read_smi(path: Path) -> list[dict]:
     return rows
 
 
-def fp8_gemm_tflops(reps: int = 20) -> float:
-    """torch._scaled_mm 8192³ (fast accumulation), median TFLOP/s over ``reps`` event-timed calls."""
-    import torch
+def fp8_gemm_tflops() -> float:
+    """The profile's fp8 GEMM ceiling now (``microbench``: torch._scaled_mm 8192³, fast accumulation, 0.1 s spin)."""
+    from hpc_advise.runtime.microbench import Case, run_case
 
-    n = 8192
-    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device="cuda")
+    return run_case(Case("gemm", "fp8", 8192, fast_accum=True))["p50"]
 
-    def mm():
-        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
 
-    for _ in range(3):
-        mm()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        mm()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e-3)
-    return 2 * n**3 / statistics.median(times) / 1e12
+def add_problem_args(ap: argparse.ArgumentParser, t: int) -> None:
+    """--shape / --t: one bench shape at one token count."""
+    ap.add_argument("--shape", default="hy3", choices=sorted(fb.SHAPES))
+    ap.add_argument("--t", type=int, default=t)
+
+
+def bench_problem(shape: str, t: int) -> dict:
+    """The fused-MoE bench's inputs for ``shape`` at ``t`` tokens (its weights, first routing and call keywords):
+    dims (E, H, I, top_k, E global, offset), mode, wts, s, kw."""
+    dims = fb.SHAPES[shape]
+    e, h, i, k, eg, off = dims
+    mode = fb.MODES[shape][0]
+    wts = fb.make_weights(e, h, i, mode)
+    return {"dims": dims, "mode": mode, "wts": wts, "s": fb.make_routings(t, k, eg, h, 1)[0],
+            "kw": fb._kwargs(wts, mode, off)}  # fmt: skip
 
 
 def replay_loop(graph, inner: int, seconds: float, phase: str, flops: float) -> list[dict]:
@@ -122,8 +121,7 @@ def window(replays: list[dict], smi: list[dict], t0: float, t1: float) -> dict |
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="hy3", choices=sorted(fb.SHAPES))
-    ap.add_argument("--t", type=int, default=16384)
+    add_problem_args(ap, 16384)
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--rest", type=float, default=10.0)
     ap.add_argument("--tag", default="a")
@@ -134,12 +132,10 @@ def main() -> None:
     out_dir = results_dir()
     smi_path = out_dir / f"spread_fused_moe_{args.tag}_smi.csv"
     smi_proc = start_smi(smi_path)
-    e, h, i, k, eg, off = fb.SHAPES[args.shape]
-    mode = fb.MODES[args.shape][0]
-    wts = fb.make_weights(e, h, i, mode)
-    s = fb.make_routings(args.t, k, eg, h, 1)[0]
+    pb = bench_problem(args.shape, args.t)
+    e, h, i, k, eg, off = pb["dims"]
+    mode, wts, s, kw = pb["mode"], pb["wts"], pb["s"], pb["kw"]
     flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
-    kw = fb._kwargs(wts, mode, off)
 
     def call():
         return op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], **kw)
@@ -182,7 +178,7 @@ def main() -> None:
         f"- GPU: {env.get('gpu', '?')}; versions: torch {env.get('torch', '?')}, triton {env.get('triton', '?')}",
         f"- command: `python3 benchmarks/spread_fused_moe.py --shape {args.shape} --t {args.t} "
         f"--seconds {args.seconds:g} --rest {args.rest:g} --tag {args.tag}`",
-        f"- fp8 GEMM ceiling (torch._scaled_mm 8192³, fast acc.): {gemm_start:.0f} TFLOP/s before the load, "
+        f"- fp8 GEMM ceiling (microbench: torch._scaled_mm 8192³, fast acc.): {gemm_start:.0f} TFLOP/s before the load, "
         f"{gemm_end:.0f} right after it",
         "",
         "| window | replays | µs / call (p50) | TFLOP/s | % of 1410 | SM MHz | power W | max °C | clock-event reasons |",
