@@ -40,6 +40,8 @@
 #                stage 4, only where a pick changed and .whl_moe is there: bench_fused_moe.py beside the peers on the
 #                changed points (<= BENCH_S); the short tables last. H200 2026-11-30 07:10 / 07:19 UTC: 146 / 152 s
 #                (tests to 29-31 s, tune of 6 / 7 points to 84-85 s, breakdowns to 95 s, bench cut by BENCH_S=55 in call 2).
+#   STAGE=sustained  the tuner's prefill decisions in sustained windows (--half-tiles on POINTS_HALF, --prefill-retune
+#                on POINTS_RETUNE, PART=tune) and the peers' bench of the changed points (PART=bench); see the stage.
 # Stage times on the H200 (2026-11-29): sweep call 61 s in all (tests 25 s, 150 candidates compiled +
 # timed 28 s); bench call 123 s (tests cut at 45 s after 33 passed, re-sweep of 172 candidates 29 s,
 # bench with peers 46 s). Carry .whl_profile (and .whl_moe for the bench). Results: $OUT/prefill.tgz, re-packed after every stage
@@ -234,6 +236,42 @@ PY
   fi
   grep "  half " "$RES/tune.log" | cut -c1-300
   launch_table "$RES/fused_moe_prefill_half_launches.jsonl"
+  pack "all stages"
+elif [ "${STAGE:-sweep}" = sustained ]; then
+  # The tuner's prefill decisions in sustained windows (every whole call timed after fb.PREFILL_SETTLE_S of its own
+  # load, fb.SUSTAINED_ROUNDS interleaved rounds): PART=tune runs `--half-tiles` on the points POINTS_HALF and
+  # `--prefill-retune` on POINTS_RETUNE ("shapes T" pairs separated by ';'), each merged into the working copy's
+  # configs.json as it finishes (so a later point's pick reads an earlier point's result), then the short tables;
+  # PART=bench: the GPU tests of $TESTS -k "$TEST_SEL" and bench_fused_moe.py beside the peers on BENCH_POINTS
+  # ("shapes T,T") with the working tree's configs.json. Carry .whl_profile (and .whl_moe for the bench).
+  export HPC_ADVISE_HOME=$RES/home
+  CFG=hpc_advise/kernels/fused_moe/configs.json
+  cp "$CFG" "$RES/configs_shipped.json"
+  if [ "${PART:-tune}" = tune ]; then
+    run_points() {  # $1 = tuner flag, $2 = "shapes T;shapes T"
+      local pt pt_shapes pt_t
+      IFS=';' read -ra pts <<< "$2"
+      for pt in "${pts[@]}"; do
+        read -r pt_shapes pt_t <<< "$pt"
+        OUT=$RES timeout "${TUNE_S:-200}" python3 benchmarks/tune_fused_moe.py "$1" --shapes "$pt_shapes" --ts "$pt_t" \
+          --out "$CFG" >> "$RES/tune.log" 2>&1
+        echo "tune $1 $pt_shapes T=$pt_t rc $?" >> "$RES/tune.log"
+        grep -E "precompiled|Error|rc |  (half|retune) " "$RES/tune.log" | cut -c1-300 | tail -4
+        cp "$CFG" "$RES/fused_moe_configs.json"
+        pack "$1 $pt"
+      done
+    }
+    run_points --half-tiles "${POINTS_HALF:-qwen3-235b 16384;hy3,deepseek-v3-ep8 4096}"
+    run_points --prefill-retune "${POINTS_RETUNE:-qwen3-235b 16384;hy3 16384}"
+    echo "changed picks: $(changed_points "$RES/configs_shipped.json" "$CFG")"
+    for f in half retune; do [ -f "$RES/fused_moe_prefill_${f}_launches.jsonl" ] && launch_table "$RES/fused_moe_prefill_${f}_launches.jsonl"; done
+  else
+    TEST_N=1 gpu_tests "${TEST_S:-90}"
+    grep -E "PASSED|FAILED|ERROR|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -12
+    pack "GPU tests"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl
+    bench_changed "$BENCH_POINTS"
+  fi
   pack "all stages"
 elif [ "${STAGE:-sweep}" = lag ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_moe/*.whl

@@ -73,7 +73,9 @@ GU_TILES 2, the ping-pong down's stages / GROUP_M / consumer tile) with no singl
 checked against the pick's, then each GEMM launch alone and the whole call are timed in RETUNE_ROUNDS interleaved
 rounds with the pick first and again last in every round (rows in $OUT/fused_moe_prefill_retune_launches.jsonl),
 and ``retune_decision`` ships a candidate only if its median whole call is >= 2 % below the better of the pick's
-two medians and it beat the pick in most rounds (``prefill_retune``; whole calls spread up to 15 % in one process).
+two medians and it beat the pick in most rounds (``prefill_retune``). Whole calls at a prefill T are timed after
+``fb.PREFILL_SETTLE_S`` of their own load (the H200's sustained clocks under its power cap; short windows spread up
+to 15 % in one process), and so are ``tune``'s prefill finalists (``fb.sustained_finalists``).
 
 ``--half-tiles`` is ``--prefill-retune`` with ``half_tile_candidates``: the pick against the same pick with GU_HALF
 (64-row gate/up tiles for the 128-row blocks whose rows 64.. are padding only) and GU_HALF + DN_HALF (the down tiles
@@ -659,8 +661,8 @@ def retune_decision(rows: list[dict], min_gain: float = fb.DECODE_FORM_MIN_GAIN)
     ``pick_last``: rows[0] the pick timed first in every round, rows[-1] the pick again last, the candidates
     between, each with ``call_us`` = the median whole call and ``rounds``). The baseline is the better of the pick's
     two medians; the fastest candidate ships only if its median is ``min_gain`` below that AND it beat the round's
-    better pick timing in more than half of the rounds (whole calls spread up to 15 % in one process). Returns
-    (the row to ship, why)."""
+    better pick timing in more than half of the rounds (a drift of the GPU's state between rounds hits all alike).
+    Returns (the row to ship, why)."""
     pick, again, cands = rows[0], rows[-1], rows[1:-1]
     base = min(pick["call_us"], again["call_us"])
     if not cands:
@@ -682,10 +684,11 @@ def retune_decision(rows: list[dict], min_gain: float = fb.DECODE_FORM_MIN_GAIN)
 
 # interleaved rounds of the launch-alone timings (one config drifted up to 14% in one process on the H200)
 PREFILL_TILE_ROUNDS = 3
-# --pingpong: more rounds (call 1's whole-call rounds spread up to 15 % at Hy3 T = 16384)
-PINGPONG_ROUNDS = 5
-# --prefill-retune: the rounds its rule reads (pick first and last in each; retune_decision)
-RETUNE_ROUNDS = 5
+# --pingpong and --prefill-retune / --half-tiles (whose rule reads them: pick first and last in each round,
+# retune_decision): the whole call is timed sustained (fb.PREFILL_SETTLE_S first), where two processes agreed
+# within 0.2 % (spread_fused_moe.md; the 5 short-window rounds these modes took before spread up to 15 %)
+PINGPONG_ROUNDS = fb.SUSTAINED_ROUNDS
+RETUNE_ROUNDS = fb.SUSTAINED_ROUNDS
 
 
 def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, budget_s: float | None = None,
@@ -758,7 +761,9 @@ def prefill_tile_launches(
     """--prefill-tiles, after the whole-call tune: µs of each GEMM launch alone (``_stage_times``: graph replay of
     one prepared call's gate/up and down launches) for every ``prefill_tile_candidates`` config (or ``cands_fn``'s)
     of a point, in ``rounds`` interleaved rounds (candidate order repeated, so a drift hits all alike),
-    median per launch; with ``whole`` also the whole call (``call_us``, graph replay) in the same rounds, after
+    median per launch; with ``whole`` also the whole call (``call_us``, graph replay after fb.PREFILL_SETTLE_S of its
+    own load at a prefill T, timed before the launches alone so that they run in the same sustained clock state)
+    in the same rounds, after
     each candidate's output is checked against the first's (``_accurate``: dropped beyond fb.TUNE_MAX_REL_DIFF or
     where it fails); with ``pick_last`` the first config (the pick) timed again at the end of every round (its row
     last, ``again`` true); rows with each round's times. With ``budget_s``, later points are skipped once that many seconds have passed;
@@ -780,6 +785,7 @@ def prefill_tile_launches(
                 continue
             s = fb.make_routings(t, k, eg, h, 1)[0]
             args = _launch_args(s, wts, kw, off)
+            settle = fb.PREFILL_SETTLE_S if t >= fb.PREFILL_T_MIN else 0.0
             cands = (cands_fn or prefill_tile_candidates)(op, t, k, e, h, i, mode)
             checks = _accurate(op, wts, kw, s, cands, f"{shape} T={t}", log) if whole else [{} for _ in cands]
             cands, checks = (
@@ -792,10 +798,13 @@ def prefill_tile_launches(
             times = [[] for _ in cands]
             for _ in range(rounds):
                 for c, launch, got in zip(cands, launches, times, strict=True):
+                    call_us = None
+                    if whole:  # first, sustained: the launches alone are then timed in the same clock state
+                        call = fb._ours_body(op, wts, kw, c)
+                        call_us = time_cuda(lambda: call(s), inner=2, reps=5, settle_s=settle).p50  # noqa: B023
                     got.append(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
                     if whole:
-                        call = fb._ours_body(op, wts, kw, c)
-                        got[-1]["call_us"] = time_cuda(lambda: call(s), inner=2, reps=5).p50  # noqa: B023
+                        got[-1]["call_us"] = call_us
             flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
             point = []
             for n, (c, got, check) in enumerate(zip(cands, times, checks, strict=True)):

@@ -920,3 +920,40 @@ def test_bench_precompiles_the_shipped_multi_tile_picks_at_sizes_they_divide():
         assert hidden % (cfg["DN_N"] * cfg.get("DN_TILES", 1)) == 0, x
         assert inter % (cfg["GU_N"] * cfg.get("GU_TILES", 1)) == 0, x
         assert (inter % 128 == 0) == (x["I"] % 128 == 0), x
+
+
+def test_tuner_decides_prefill_points_on_sustained_finalists_mock_gpu_timer(monkeypatch):
+    """``benches.fused_moe.sustained_finalists`` (the tuner's prefill decision input): the short screen's
+    SUSTAINED_FINALISTS fastest, and the current pick when asked, are re-timed after PREFILL_SETTLE_S of their own
+    load in SUSTAINED_ROUNDS interleaved rounds, and the medians of those rounds replace the short figures. The GPU
+    timer is mocked (no GPU on CI): each call reports a fixed sustained time and the settle it was asked for."""
+    import statistics
+
+    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.benchmarking import Timing
+
+    order, sustained = (
+        [],
+        {"a": [7400, 7300, 7350], "b": [7100, 7500, 7450], "c": [7600] * 3, "d": [7000] * 3},
+    )
+
+    def fake_time(fn, t, settle_s=0.0):
+        assert settle_s == fb.PREFILL_SETTLE_S and t == 4096
+        name = fn()
+        order.append(name)
+        v = sustained[name][sum(x == name for x in order) - 1]
+        return Timing(v, v, v, 5), None
+
+    monkeypatch.setattr(fb, "_time", fake_time)
+    monkeypatch.setattr(fb, "SUSTAINED_FINALISTS", 2)
+    calls = {n: (lambda n=n: n) for n in "abcd"}
+    # short screen: b and c read fastest (boost windows), a is the current pick, d read slow
+    timed = [(6600.0, {"n": "a"}, calls["a"]), (6300.0, {"n": "b"}, calls["b"]),
+             (6400.0, {"n": "c"}, calls["c"]), (6900.0, {"n": "d"}, calls["d"])]  # fmt: skip
+    got = fb.sustained_finalists(timed, 4096, keep_first=True, where="x", log=lambda *_: None)
+    assert [c["n"] for _, c, _ in got] == ["a", "b", "c"]  # the pick stays first, d was screened out
+    assert order == ["a", "b", "c"] * fb.SUSTAINED_ROUNDS  # interleaved rounds
+    assert [us for us, _, _ in got] == [statistics.median(sustained[n]) for n in "abc"]
+    order.clear()
+    got = fb.sustained_finalists(timed, 4096, keep_first=False, where="x", log=lambda *_: None)
+    assert [c["n"] for _, c, _ in got] == ["b", "c"] and len(order) == 2 * fb.SUSTAINED_ROUNDS

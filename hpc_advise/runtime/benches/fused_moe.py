@@ -75,6 +75,13 @@ FP8_PEAK_TFLOPS = 1410.0  # measured on an H200 (shared/DESIGN.md §7), reported
 # against the 1980 MHz boost: benchmarks/results/spread_fused_moe.md; the call time settles within ~3 s)
 PREFILL_T_MIN = 1024
 PREFILL_SETTLE_S = 3.0
+# The tuner decides prefill points in the same sustained state: the SUSTAINED_FINALISTS fastest candidates of
+# its short screen (and, in its old-vs-new modes, the current pick) are timed again, each after PREFILL_SETTLE_S
+# of its own load, in SUSTAINED_ROUNDS interleaved rounds. Short windows after other configs read the same
+# change from -4 % to +9 % (Hy3 T = 4096, the ping-pong down; sustained: -5 %, energy_fused_moe_hy3_4096_pingpong.md);
+# two processes' sustained windows agreed within 0.2 % (benchmarks/results/spread_fused_moe.md).
+SUSTAINED_FINALISTS = 3
+SUSTAINED_ROUNDS = 3
 
 
 def _fp8():
@@ -880,6 +887,41 @@ def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
     return lambda s: op.fused_moe(s["x"], wts["w13"], wts["w2"], s["w"], s["ids"], config=cfg, **kw)
 
 
+def sustained_rounds(
+    fns: list[Callable[[], object]], t: int, rounds: int = SUSTAINED_ROUNDS
+) -> list[list[float]]:
+    """p50 µs of each call in ``fns`` (one point's candidates) timed after PREFILL_SETTLE_S of its own load, in
+    ``rounds`` interleaved rounds (the order repeated, so a drift of the GPU's state hits all alike): per call,
+    its rounds' p50s."""
+    per: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, got in zip(fns, per, strict=True):
+            got.append(_time(fn, t, PREFILL_SETTLE_S)[0].p50)
+    return per
+
+
+def sustained_finalists(timed: list[tuple], t: int, keep_first: bool, where: str, log=print) -> list[tuple]:
+    """``tune``'s decision input at a prefill point: of ``timed`` ((short-window p50, config, call) per candidate,
+    in candidate order) the SUSTAINED_FINALISTS fastest, plus the first (the current pick) with ``keep_first``,
+    each re-timed by ``sustained_rounds``; returns (median sustained p50, config, call) per finalist in candidate
+    order (so a kept first candidate stays first, the baseline of the old-vs-new rule)."""
+    import json
+    import statistics
+
+    keep = sorted(range(len(timed)), key=lambda n: timed[n][0])[:SUSTAINED_FINALISTS]
+    keep = sorted(set(keep) | ({0} if keep_first else set()))
+    per = sustained_rounds([timed[n][2] for n in keep], t)
+    out = []
+    for n, rounds in zip(keep, per, strict=True):
+        med = statistics.median(rounds)
+        log(
+            f"  sustained {where}: {timed[n][0]:.1f} us short -> {med:.1f} us after {PREFILL_SETTLE_S:g} s, rounds "
+            f"{[round(r, 1) for r in rounds]} {json.dumps(timed[n][1], sort_keys=True)}"
+        )
+        out.append((med, timed[n][1], timed[n][2]))
+    return out
+
+
 def tune(
     shapes=None,
     ts=TUNE_TS,
@@ -899,8 +941,11 @@ def tune(
     ``route_reduce``, ``route_reduce_candidates``; with ``prefill_variants``,
     ``prefill_variant_candidates`` (accuracy bar PREFILL_VARIANT_MAX_REL_DIFF); with ``decode_forms``,
     ``decode_form_candidates``. In these old-vs-new modes a new candidate replaces the current pick only if
-    it is PREFILL_VARIANT_MIN_GAIN (prefill) / DECODE_FORM_MIN_GAIN (the others) faster. ``on_entry(entries)`` is called after each
-    point (so a run cut short keeps the points it finished)."""
+    it is PREFILL_VARIANT_MIN_GAIN (prefill) / DECODE_FORM_MIN_GAIN (the others) faster. At prefill points
+    (T >= PREFILL_T_MIN) every candidate is screened in short windows and the decision is taken on
+    ``sustained_finalists`` (the fastest few, and the current pick in the old-vs-new modes, timed after
+    PREFILL_SETTLE_S of their own load; p50_us is then that sustained median). ``on_entry(entries)`` is called
+    after each point (so a run cut short keeps the points it finished)."""
     old_vs_new = variants or route_reduce or prefill_variants or decode_forms
     # a new candidate must beat the current pick (timed first and again last) by more than the noise
     min_gain = PREFILL_VARIANT_MIN_GAIN if prefill_variants else DECODE_FORM_MIN_GAIN if old_vs_new else None
@@ -971,7 +1016,9 @@ def tune(
                         + (f" rel diff vs first {diff:.2e}" if prefill_variants else "")
                     )
                     timed.append((timing.p50, c, fn))
-                if old_vs_new and timed:
+                if t >= PREFILL_T_MIN and timed:
+                    timed = sustained_finalists(timed, t, old_vs_new, f"{shape} {mode} T={t}", log)
+                elif old_vs_new and timed:
                     # the first candidate (the current pick) was timed first, which read up to 11% slow
                     # in the benchmark's first pass: time it again last and keep the faster of the two
                     again = _time(timed[0][2], t)[0].p50
