@@ -59,7 +59,8 @@ counts divide (``multi_tile_compile_job``).
 ``--prefill-tiles`` times, per point (T >= 1024), the config ``op.get_config`` picks now against the same pick
 with multi-tile (GU_TILES, DN_TILES) and persistent (GU_PERSIST, DN_PERSIST) GEMM programs, whose flattened
 (tile, K step) loop overlaps one tile's epilogue with the next tile's loads (``prefill_tile_candidates``), through
-the ``--decode-forms`` loop (whole call, one process, current pick re-timed last, merged only if >= 2% faster),
+the ``--decode-forms`` loop (whole call, one process; at a prefill T the decision is ``tune``'s sustained one:
+finalists and the pick re-timed after ``fb.PREFILL_SETTLE_S``, merged only if >= ``fb.SUSTAINED_MIN_GAIN`` faster),
 then each GEMM launch alone for the same candidates in interleaved rounds (``prefill_tile_launches``; rows in
 $OUT/fused_moe_prefill_tiles_launches.jsonl).
 
@@ -72,8 +73,8 @@ of its gate/up and down tiles (``prefill_retune_candidates``: stages, GROUP_M, t
 GU_TILES 2, the ping-pong down's stages / GROUP_M / consumer tile) with no single-timing pass: each output is
 checked against the pick's, then each GEMM launch alone and the whole call are timed in RETUNE_ROUNDS interleaved
 rounds with the pick first and again last in every round (rows in $OUT/fused_moe_prefill_retune_launches.jsonl),
-and ``retune_decision`` ships a candidate only if its median whole call is >= 2 % below the better of the pick's
-two medians and it beat the pick in most rounds (``prefill_retune``). Whole calls at a prefill T are timed after
+and ``retune_decision`` ships a candidate only if its median whole call is >= ``fb.SUSTAINED_MIN_GAIN`` (1 %) below
+the better of the pick's two medians and it beat the pick in most rounds (``prefill_retune``). Whole calls at a prefill T are timed after
 ``fb.PREFILL_SETTLE_S`` of their own load (the H200's sustained clocks under its power cap; short windows spread up
 to 15 % in one process), and so are ``tune``'s prefill finalists (``fb.sustained_finalists``).
 
@@ -691,6 +692,29 @@ PINGPONG_ROUNDS = fb.SUSTAINED_ROUNDS
 RETUNE_ROUNDS = fb.SUSTAINED_ROUNDS
 
 
+def ship_point(rows: list[dict], out: Path, gpu: str, name: str = "retune", log=print) -> dict:
+    """``retune_decision`` (at fb.SUSTAINED_MIN_GAIN) over one point's rows, its pick merged into ``out`` as a
+    configs.json entry (p50_us = that config's median whole call); returns the entry."""
+    row, why = retune_decision(rows, fb.SUSTAINED_MIN_GAIN)
+    r0 = rows[0]
+    e, h, i, k = fb.SHAPES[r0["shape"]][:4]
+    log(f"  {name} {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
+    entry = dict(E=e, H=h, I=i, top_k=k, mode=r0["mode"], T=r0["T"], config=row["config"],
+                 p50_us=round(row["call_us"], 2))  # fmt: skip
+    fb.write_configs([entry], out, gpu)
+    return entry
+
+
+def decide_from(jsonl: Path, out: Path, gpu: str) -> list[dict]:
+    """--decide: ``ship_point`` again over every point of a --prefill-retune / --half-tiles rows file (the rule
+    re-applied to committed measurements, no GPU); returns the entries written."""
+    points: dict[tuple, list[dict]] = {}
+    for line in jsonl.read_text().splitlines():
+        r = json.loads(line)
+        points.setdefault((r["shape"], r["mode"], r["T"]), []).append(r)
+    return [ship_point(rows, out, gpu, jsonl.stem) for rows in points.values()]
+
+
 def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, budget_s: float | None = None,
                    log=print, cands_fn=None, name: str = "retune") -> list[dict]:  # fmt: skip
     """--prefill-retune (--half-tiles: ``cands_fn`` = ``half_tile_candidates``, ``name`` "half"): precompile
@@ -715,13 +739,7 @@ def prefill_retune(shapes: list[str], ts: tuple[int, ...], out: Path, gpu: str, 
     def decide(rows):
         with open(jsonl, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-        row, why = retune_decision(rows)
-        r0 = rows[0]
-        e, h, i, k = fb.SHAPES[r0["shape"]][:4]
-        log(f"  {name} {r0['shape']} {r0['mode']} T={r0['T']}: {why}; {row['config']}")
-        entries.append(dict(E=e, H=h, I=i, top_k=k, mode=r0["mode"], T=r0["T"], config=row["config"],
-                            p50_us=round(row["call_us"], 2)))  # fmt: skip
-        fb.write_configs(entries[-1:], out, gpu)
+        entries.append(ship_point(rows, out, gpu, name, log))
 
     prefill_tile_launches(shapes, ts, log=log, budget_s=budget_s, on_point=decide,
                           cands_fn=cands_fn, whole=True, rounds=RETUNE_ROUNDS, pick_last=True)  # fmt: skip
@@ -1139,7 +1157,20 @@ def main() -> None:
         action="store_true",
         help="time the current pick against the one-launch persistent decode path (T <= 16)",
     )
+    ap.add_argument(
+        "--decide",
+        default=None,
+        metavar="JSONL",
+        help="re-apply the --prefill-retune rule to the rows file of such a run and merge its picks into --out "
+        "(default: the shipped configs.json; no GPU)",
+    )
     args = ap.parse_args()
+    if args.decide:
+        path, out = Path(args.decide), _output_path(args)
+        gpu = json.loads(out.read_text()).get("gpu", "unknown") if out.exists() else "unknown"  # the table's GPU
+        entries = decide_from(path, out, gpu)
+        print(f"wrote {len(entries)} entries from {path}")
+        return
     import torch
 
     shapes = [s for s in args.shapes.split(",") if s]

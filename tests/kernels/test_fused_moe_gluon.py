@@ -287,6 +287,35 @@ def test_retune_decision_ships_only_a_median_and_majority_win():
     assert row.get("again") is None and why == "no candidate"
 
 
+def test_decide_replays_the_rule_over_a_rows_file_into_a_configs_table(tmp_path):
+    """--decide (``decide_from``): the retune rule, at the sustained bar (fb.SUSTAINED_MIN_GAIN, 1 %), re-applied to
+    a rows file as a --prefill-retune run writes it; a shipping point's candidate and a kept point's pick land in
+    the table with their median whole call, other entries untouched."""
+    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
+
+    tune = _load_tuner()
+    e, h, i, k = HY3
+    pick = [7200, 7250, 7230]
+    ships = _rows(pick, [7100, 7120, 7110], pick)  # -1.5 %, 3 of 3: ships at 1 %, not at the old 2 %
+    kept = _rows(pick, [7190, 7180, 7300], pick)  # -0.4 %
+    lines = []
+    for t, rows in ((16384, ships), (4096, kept)):
+        for r in rows:
+            r.update(shape="hy3", mode="tensor-static", T=t)
+            lines.append(json.dumps(r))
+    src = tmp_path / "retune_launches.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    other = dict(E=1, H=2, I=3, top_k=1, mode="tensor-static", T=1, config={"BLOCK_M": 16}, p50_us=1.0)
+    out = tmp_path / "configs.json"
+    out.write_text(json.dumps({"version": 1, "gpu": "G", "entries": [other]}))
+    entries = tune.decide_from(src, out, "G")
+    table = {x["T"]: x for x in json.loads(out.read_text())["entries"]}
+    assert table[16384]["config"] == {"cand": 1} and table[16384]["p50_us"] == 7110
+    assert table[4096]["config"] == {} and table[4096]["p50_us"] == 7230
+    assert table[1] == other and len(entries) == 2
+    assert (table[16384]["E"], table[16384]["H"], table[16384]["I"], table[16384]["top_k"]) == (e, h, i, k)
+
+
 # ---------------------------------------------------------------------------------------------
 # H200
 

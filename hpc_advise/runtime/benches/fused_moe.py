@@ -82,6 +82,11 @@ PREFILL_SETTLE_S = 3.0
 # two processes' sustained windows agreed within 0.2 % (benchmarks/results/spread_fused_moe.md).
 SUSTAINED_FINALISTS = 3
 SUSTAINED_ROUNDS = 3
+# In those windows a new prefill pick must be this much faster than the current one (the 2 % of the short-window
+# rules was their noise). H200 2026-11-30 09:45 UTC, --half-tiles / --prefill-retune at 4 points: the pick timed
+# first and again last in every round differed by +0.1 to +0.4 % in median at three, -1.6 % at DeepSeek-V3 EP8
+# T = 4096 (a 0.9 ms call); retune_decision also asks for a win in most rounds.
+SUSTAINED_MIN_GAIN = 0.01
 
 
 def _fp8():
@@ -944,7 +949,7 @@ def tune(
     it is PREFILL_VARIANT_MIN_GAIN (prefill) / DECODE_FORM_MIN_GAIN (the others) faster. At prefill points
     (T >= PREFILL_T_MIN) every candidate is screened in short windows and the decision is taken on
     ``sustained_finalists`` (the fastest few, and the current pick in the old-vs-new modes, timed after
-    PREFILL_SETTLE_S of their own load; p50_us is then that sustained median). ``on_entry(entries)`` is called
+    PREFILL_SETTLE_S of their own load; p50_us is then that sustained median), with SUSTAINED_MIN_GAIN. ``on_entry(entries)`` is called
     after each point (so a run cut short keeps the points it finished)."""
     old_vs_new = variants or route_reduce or prefill_variants or decode_forms
     # a new candidate must beat the current pick (timed first and again last) by more than the noise
@@ -1027,7 +1032,8 @@ def tune(
                     )
                     timed[0] = (min(timed[0][0], again), timed[0][1], timed[0][2])
                 best = min(timed, key=lambda x: x[0])[:2] if timed else None
-                if min_gain and best and best[0] > timed[0][0] * (1 - min_gain):
+                gain = SUSTAINED_MIN_GAIN if min_gain and t >= PREFILL_T_MIN else min_gain
+                if gain and best and best[0] > timed[0][0] * (1 - gain):
                     best = timed[0][:2]  # within run-to-run noise of the current pick: keep it
                 if best:
                     log(f"  {shape} {mode} T={t}: {best[0]:.1f} us {best[1]}")
