@@ -253,6 +253,7 @@ elif [ "${STAGE:-sweep}" = sustained ]; then
       IFS=';' read -ra pts <<< "$2"
       for pt in "${pts[@]}"; do
         read -r pt_shapes pt_t <<< "$pt"
+        [ -n "$pt_t" ] || continue
         OUT=$RES timeout "${TUNE_S:-200}" python3 benchmarks/tune_fused_moe.py "$1" --shapes "$pt_shapes" --ts "$pt_t" \
           --out "$CFG" >> "$RES/tune.log" 2>&1
         echo "tune $1 $pt_shapes T=$pt_t rc $?" >> "$RES/tune.log"
