@@ -243,7 +243,8 @@ elif [ "${STAGE:-sweep}" = sustained ]; then
   # `--prefill-retune` on POINTS_RETUNE ("shapes T" pairs separated by ';'), each merged into the working copy's
   # configs.json as it finishes (so a later point's pick reads an earlier point's result), then the short tables;
   # PART=bench: the GPU tests of $TESTS -k "$TEST_SEL" and bench_fused_moe.py beside the peers on BENCH_POINTS
-  # ("shapes T,T") with the working tree's configs.json. Carry .whl_profile (and .whl_moe for the bench).
+  # ("shapes T,T") with the working tree's configs.json; PART=tune THEN_BENCH=1 does the same right after the tune
+  # on the points whose pick changed. Carry .whl_profile (and .whl_moe for the bench).
   export HPC_ADVISE_HOME=$RES/home
   CFG=hpc_advise/kernels/fused_moe/configs.json
   cp "$CFG" "$RES/configs_shipped.json"
@@ -264,9 +265,12 @@ elif [ "${STAGE:-sweep}" = sustained ]; then
     }
     run_points --half-tiles "${POINTS_HALF:-qwen3-235b 16384;hy3,deepseek-v3-ep8 4096}"
     run_points --prefill-retune "${POINTS_RETUNE:-qwen3-235b 16384;hy3 16384}"
-    echo "changed picks: $(changed_points "$RES/configs_shipped.json" "$CFG")"
+    changed=$(changed_points "$RES/configs_shipped.json" "$CFG")
+    echo "changed picks: $changed"
     for f in half retune; do [ -f "$RES/fused_moe_prefill_${f}_launches.jsonl" ] && launch_table "$RES/fused_moe_prefill_${f}_launches.jsonl"; done
-  else
+    BENCH_POINTS=${THEN_BENCH:+$changed}  # THEN_BENCH=1: PART=bench's steps on the changed points, same call
+  fi
+  if [ -n "${BENCH_POINTS:-}" ]; then
     TEST_N=1 gpu_tests "${TEST_S:-90}"
     grep -E "PASSED|FAILED|ERROR|rc " "$RES/gpu_tests.log" | cut -c1-220 | tail -12
     pack "GPU tests"
