@@ -772,6 +772,19 @@ def _accurate(
     return out
 
 
+def _round_times(op, wts: dict, kw: dict, s: dict, cfg: dict, launch, whole: bool, settle: float) -> dict:
+    """One round of ``prefill_tile_launches`` for one config: with ``whole`` the whole call first (graph replay after
+    ``settle`` seconds of its own load), then each GEMM launch alone (``_stage_times``) in the clock state it left."""
+    from hpc_advise.runtime.benchmarking import time_cuda
+
+    call_us = None
+    if whole:
+        call = fb._ours_body(op, wts, kw, cfg)
+        call_us = time_cuda(lambda: call(s), inner=2, reps=5, settle_s=settle).p50
+    got = _stage_times(launch, wts["w13"], wts["w2"], s["x"])
+    return dict(got, call_us=call_us) if whole else got
+
+
 def prefill_tile_launches(
     shapes: list[str], ts: tuple[int, ...], log=print, budget_s: float | None = None, on_point=None,
     cands_fn=None, whole: bool = False, rounds: int = PREFILL_TILE_ROUNDS, pick_last: bool = False,
@@ -792,7 +805,6 @@ def prefill_tile_launches(
     import torch
 
     from hpc_advise.kernels.fused_moe import op
-    from hpc_advise.runtime.benchmarking import time_cuda
 
     rows, t0 = [], time.monotonic()
     for shape in shapes:
@@ -816,13 +828,7 @@ def prefill_tile_launches(
             times = [[] for _ in cands]
             for _ in range(rounds):
                 for c, launch, got in zip(cands, launches, times, strict=True):
-                    call_us = None
-                    if whole:  # first, sustained: the launches alone are then timed in the same clock state
-                        call = fb._ours_body(op, wts, kw, c)
-                        call_us = time_cuda(lambda: call(s), inner=2, reps=5, settle_s=settle).p50  # noqa: B023
-                    got.append(_stage_times(launch, wts["w13"], wts["w2"], s["x"]))
-                    if whole:
-                        got[-1]["call_us"] = call_us
+                    got.append(_round_times(op, wts, kw, s, c, launch, whole, settle))
             flops, _ = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
             point = []
             for n, (c, got, check) in enumerate(zip(cands, times, checks, strict=True)):
@@ -1167,7 +1173,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.decide:
         path, out = Path(args.decide), _output_path(args)
-        gpu = json.loads(out.read_text()).get("gpu", "unknown") if out.exists() else "unknown"  # the table's GPU
+        gpu = (
+            json.loads(out.read_text()).get("gpu", "unknown") if out.exists() else "unknown"
+        )  # the table's GPU
         entries = decide_from(path, out, gpu)
         print(f"wrote {len(entries)} entries from {path}")
         return

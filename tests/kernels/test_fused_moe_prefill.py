@@ -957,3 +957,28 @@ def test_tuner_decides_prefill_points_on_sustained_finalists_mock_gpu_timer(monk
     order.clear()
     got = fb.sustained_finalists(timed, 4096, keep_first=False, where="x", log=lambda *_: None)
     assert [c["n"] for _, c, _ in got] == ["b", "c"] and len(order) == 2 * fb.SUSTAINED_ROUNDS
+
+
+def test_tuner_keeps_the_current_prefill_pick_unless_beaten_by_the_sustained_bar_mock_gpu_timer(monkeypatch):
+    """``benches.fused_moe._decide`` at a prefill T in an old-vs-new mode: the current pick (first candidate) stays
+    unless a finalist's sustained median beats it by SUSTAINED_MIN_GAIN; in a plain tune the fastest wins. The GPU
+    timer is mocked (no GPU on CI)."""
+    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.benchmarking import Timing
+
+    def decide(sustained, min_gain):
+        def fake_time(fn, t, settle_s=0.0):
+            v = sustained[fn()]
+            return Timing(v, v, v, 5), None
+
+        monkeypatch.setattr(fb, "_time", fake_time)
+        timed = [(1.0, {"n": n}, lambda n=n: n) for n in sustained]
+        return fb._decide(timed, 16384, min_gain, "x", log=lambda *_: None)
+
+    gain = fb.SUSTAINED_MIN_GAIN
+    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - gain / 2)}, 0.02)[1] == {"n": "pick"}
+    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - 2 * gain)}, 0.02)[1] == {"n": "new"}
+    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - gain / 2)}, None) == (
+        1000.0 * (1 - gain / 2),
+        {"n": "new"},
+    )

@@ -927,6 +927,27 @@ def sustained_finalists(timed: list[tuple], t: int, keep_first: bool, where: str
     return out
 
 
+def _decide(timed: list[tuple], t: int, min_gain: float | None, where: str, log=print) -> tuple[float, dict]:
+    """``tune``'s pick of one point from ``timed`` ((p50 µs, config, call) per candidate, in candidate order):
+    (µs, config) of the fastest. At a prefill T the figures are ``sustained_finalists``'; in the old-vs-new modes
+    (``min_gain`` set) the first candidate is the current pick, which stays unless beaten by ``min_gain``
+    (SUSTAINED_MIN_GAIN at a prefill T); at decode T it is timed again last and keeps the faster of its two."""
+    prefill = t >= PREFILL_T_MIN
+    if prefill:
+        timed = sustained_finalists(timed, t, bool(min_gain), where, log)
+    elif min_gain:
+        # the first candidate (the current pick) was timed first, which read up to 11% slow
+        # in the benchmark's first pass: time it again last and keep the faster of the two
+        again = _time(timed[0][2], t)[0].p50
+        log(f"  cand {where} first re-timed last: {timed[0][0]:.2f} -> {again:.2f} us")
+        timed[0] = (min(timed[0][0], again), timed[0][1], timed[0][2])
+    best = min(timed, key=lambda x: x[0])[:2]
+    gain = SUSTAINED_MIN_GAIN if min_gain and prefill else min_gain
+    if gain and best[0] > timed[0][0] * (1 - gain):
+        best = timed[0][:2]  # within run-to-run noise of the current pick: keep it
+    return best
+
+
 def tune(
     shapes=None,
     ts=TUNE_TS,
@@ -1021,20 +1042,7 @@ def tune(
                         + (f" rel diff vs first {diff:.2e}" if prefill_variants else "")
                     )
                     timed.append((timing.p50, c, fn))
-                if t >= PREFILL_T_MIN and timed:
-                    timed = sustained_finalists(timed, t, old_vs_new, f"{shape} {mode} T={t}", log)
-                elif old_vs_new and timed:
-                    # the first candidate (the current pick) was timed first, which read up to 11% slow
-                    # in the benchmark's first pass: time it again last and keep the faster of the two
-                    again = _time(timed[0][2], t)[0].p50
-                    log(
-                        f"  cand {shape} {mode} T={t} first re-timed last: {timed[0][0]:.2f} -> {again:.2f} us"
-                    )
-                    timed[0] = (min(timed[0][0], again), timed[0][1], timed[0][2])
-                best = min(timed, key=lambda x: x[0])[:2] if timed else None
-                gain = SUSTAINED_MIN_GAIN if min_gain and t >= PREFILL_T_MIN else min_gain
-                if gain and best and best[0] > timed[0][0] * (1 - gain):
-                    best = timed[0][:2]  # within run-to-run noise of the current pick: keep it
+                best = _decide(timed, t, min_gain, f"{shape} {mode} T={t}", log) if timed else None
                 if best:
                     log(f"  {shape} {mode} T={t}: {best[0]:.1f} us {best[1]}")
                     entries.append(
