@@ -13,6 +13,7 @@
     python benchmarks/tune_fused_moe.py --pingpong [--shapes hy3] [--ts 4096,16384]
     python benchmarks/tune_fused_moe.py --prefill-retune [--shapes hy3] [--ts 16384,4096]
     python benchmarks/tune_fused_moe.py --half-tiles [--shapes ...] [--ts 16384,4096]
+    python benchmarks/tune_fused_moe.py --decide ROWS.jsonl [--out configs.json]   (no GPU)
     python benchmarks/tune_fused_moe.py --launch-overhead [--shapes ...] [--ts 1]
     python benchmarks/tune_fused_moe.py --fuse-quant [--shapes ...] [--ts 1,4]
     python benchmarks/tune_fused_moe.py --scale-lag [--shapes ...] [--ts 1,16,64,128]
@@ -77,6 +78,10 @@ and ``retune_decision`` ships a candidate only if its median whole call is >= ``
 the better of the pick's two medians and it beat the pick in most rounds (``prefill_retune``). Whole calls at a prefill T are timed after
 ``fb.PREFILL_SETTLE_S`` of their own load (the H200's sustained clocks under its power cap; short windows spread up
 to 15 % in one process), and so are ``tune``'s prefill finalists (``fb.sustained_finalists``).
+
+``--decide ROWS.jsonl`` re-applies that rule (``ship_point``) to the rows file a --prefill-retune / --half-tiles run
+wrote (e.g. the committed benchmarks/results/fused_moe_prefill_sustained_*_launches.jsonl) and merges the picks into
+--out (default: the shipped configs.json); no GPU.
 
 ``--half-tiles`` is ``--prefill-retune`` with ``half_tile_candidates``: the pick against the same pick with GU_HALF
 (64-row gate/up tiles for the 128-row blocks whose rows 64.. are padding only) and GU_HALF + DN_HALF (the down tiles
