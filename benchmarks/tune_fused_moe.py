@@ -320,18 +320,9 @@ def _graph_gpu_us(call) -> float:
     """GPU µs of one call from a CUDA graph: the call runs once eagerly on a side stream (with plans on,
     that records the side stream's plan), is captured on that stream (a cached plan is replayed inside
     the capture, with buffers of the graph's own) and the graph is replayed, timed with events."""
-    import torch
+    from hpc_advise.runtime.benchmarking import capture_graph, time_cuda
 
-    from hpc_advise.runtime.benchmarking import time_cuda
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        call()
+    graph = capture_graph(call, same_stream=True)
     return time_cuda(graph.replay, graph=False, inner=1, reps=50, warmup=3).p50
 
 

@@ -56,9 +56,11 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     return q(0.2), q(0.5), q(0.8)
 
 
-def capture_graph(fn: Callable[[], object], inner: int = 1):
+def capture_graph(fn: Callable[[], object], inner: int = 1, same_stream: bool = False):
     """A CUDA graph of ``inner`` back-to-back calls of ``fn``, which first runs once on a side stream (allocator,
-    lazy initialisation) so that the capture records only the calls' kernels. Returns the graph, synchronized."""
+    lazy initialisation) so that the capture records only the calls' kernels. ``same_stream``: capture on that
+    side stream too (torch's own capture stream otherwise), for calls that cache per-stream state in the warm-up
+    (the fused MoE's launch plans). Returns the graph, synchronized."""
     import torch
 
     stream = torch.cuda.Stream()
@@ -67,7 +69,7 @@ def capture_graph(fn: Callable[[], object], inner: int = 1):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=stream if same_stream else None):
         for _ in range(inner):
             fn()
     torch.cuda.synchronize()
