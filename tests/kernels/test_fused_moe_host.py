@@ -372,6 +372,27 @@ def test_gpu_graph_capture_with_a_cached_plan(shape, t):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape,t", [("deepseek-v3-ep8", 1), ("hy3-tp8", 128)])
+def test_gpu_capture_graph_same_stream_replays_the_warmup_plan(shape, t):
+    """benchmarking.capture_graph(same_stream=True), as the tuner's --launch-overhead times a call: the
+    warm-up records the side stream's plan, the capture on that stream replays it (one record, one hit),
+    and graph replays with new routing give the unplanned call's output bitwise."""
+    from hpc_advise.runtime.benchmarking import capture_graph
+
+    w, kw, (r0, r1), (want0, want1) = _gpu_wants(shape, t)
+    static = dict(x=r0["x"].clone(), w=r0["w"].clone(), ids=r0["ids"].clone())
+    out = torch.empty_like(want0)
+    graph = capture_graph(lambda: _gpu_call(w, kw, static, out), same_stream=True)
+    assert (op._PLANS.records, op._PLANS.hits) == (1, 1)
+    for r, want in ((r1, want1), (r0, want0)):
+        static["x"].copy_(r["x"]), static["w"].copy_(r["w"]), static["ids"].copy_(r["ids"])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape,t", [("hy3-tp8", 16), ("hy3-tp8", 128)])
 def test_gpu_two_streams_get_their_own_plans(shape, t):
     """Calls on two streams at once: a plan (and kept buffers) per stream, every output bitwise the
