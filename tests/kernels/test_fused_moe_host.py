@@ -339,6 +339,17 @@ def _gpu_wants(shape: str, t: int):
     return wts[0], kws[0], routings, wants
 
 
+def _replays_match(graph, static, out, cases):
+    """Each (routing, want) of ``cases``: the routing copied into the graph's static inputs, ``out`` poisoned
+    with NaN, one replay, and ``out`` bitwise ``want``."""
+    for r, want in cases:
+        static["x"].copy_(r["x"]), static["w"].copy_(r["w"]), static["ids"].copy_(r["ids"])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,t", [("deepseek-v3-ep8", 1), ("hy3-tp8", 16), ("hy3-tp8", 128)])
 def test_gpu_graph_capture_with_a_cached_plan(shape, t):
@@ -362,12 +373,7 @@ def test_gpu_graph_capture_with_a_cached_plan(shape, t):
     with torch.cuda.stream(side):
         eager = _gpu_call(w, kw, r1)  # the side stream's kept buffers (the graph holds its own)
     torch.cuda.synchronize()  # the graph shares the side stream's arrival counters (op_small._counters)
-    for r, want in ((r1, want1), (r0, want0)):
-        static["x"].copy_(r["x"]), static["w"].copy_(r["w"]), static["ids"].copy_(r["ids"])
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, want)
+    _replays_match(graph, static, out, ((r1, want1), (r0, want0)))
     assert torch.equal(eager, want1)
 
 
@@ -384,12 +390,7 @@ def test_gpu_capture_graph_same_stream_replays_the_warmup_plan(shape, t):
     out = torch.empty_like(want0)
     graph = capture_graph(lambda: _gpu_call(w, kw, static, out), same_stream=True)
     assert (op._PLANS.records, op._PLANS.hits) == (1, 1)
-    for r, want in ((r1, want1), (r0, want0)):
-        static["x"].copy_(r["x"]), static["w"].copy_(r["w"]), static["ids"].copy_(r["ids"])
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, want)
+    _replays_match(graph, static, out, ((r1, want1), (r0, want0)))
 
 
 @pytest.mark.gpu
