@@ -33,8 +33,8 @@ def _grid_notes(args, cfg, best_fp8, by_heads) -> list[str]:
     """The notes under the grid's table: the copy ceiling, timing, our launch configuration and, with
     --floor / --split, what those columns mean."""
     notes = [
-        f"Copy ceiling measured in the same process: {da.bench.copy_tbps:.2f} TB/s (device-to-device "
-        "copy, bytes read + written). floor = KV bytes / ceiling; TB/s = KV bytes read (K and V, every "
+        f"Copy ceiling measured in the same process: {da.bench.copy_tbps:.2f} TB/s (a copy kernel, "
+        "torch.mul(x, 1, out=) in a CUDA graph, bytes read + written). floor = KV bytes / ceiling; TB/s = KV bytes read (K and V, every "
         "token once) / our p50. 'vs X' = X's time / ours (> 1: we are faster).",
         "Timing: CUDA-graph replay (events around each replay of a graph of rotated calls over distinct "
         "page tables; pool >> L2); rows in the .jsonl say 'graph' or 'eager' per provider. Plan excluded "

@@ -48,7 +48,8 @@ def main() -> None:
 
     def write(rows, table, ceil, final=False):
         notes = NOTES + (
-            f"\nCeilings measured in this run: device copy {ceil['copy_tbps']:.2f} TB/s (1 GiB bf16, read + write, graph),"
+            f"\nCeilings measured in this run: copy kernel {ceil['copy_tbps']:.2f} TB/s (torch.mul(x, 1, out=) in a CUDA"
+            " graph, 1 GiB bf16, bytes read + written),"
             f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s after 0.1 s and {ceil['fp8_tflops_sustained']:.0f} after {fb.PREFILL_SETTLE_S:g} s of its own load"
             " (torch._scaled_mm 8192^3, fast accumulation; hpc_advise.runtime.microbench).\n"
             f"fbgemm: {rows[0]['versions'].get('fbgemm_status', 'not tried')}\n"

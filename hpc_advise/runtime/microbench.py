@@ -211,6 +211,16 @@ def run_case(case: Case, env: dict[str, str] | None = None) -> dict:
     )  # fmt: skip
 
 
+def copy_ceiling(sizes=(1 << 30,), env: dict[str, str] | None = None) -> tuple[float, list[dict]]:
+    """The copy ceiling the kernel benchmarks divide by: the best p50 (TB/s, bytes read + written) of the
+    ``kernel`` copy (an elementwise copy kernel in a CUDA graph) over ``sizes`` (each far over L2), and its
+    rows. Not a graph-captured ``copy_``: that is a memcpy node served by the copy engines (2.71 TB/s on one
+    H200 beside 4.26 for the kernel and 4.23 for an eager ``copy_``, benchmarks/results/profile_bench_h200.md),
+    a path no SM kernel takes, so fractions of it read over 100 %."""
+    rows = [run_case(Case("copy", "bf16", n, method="kernel"), env) for n in sizes]
+    return max(float(r["p50"]) for r in rows), rows
+
+
 def measured_figures(rows: list[dict]) -> dict[str, float]:
     """Best p50 per figure (copy_bw_tbps, bf16_tflops, ...) over microbench rows: the machine's ceilings."""
     best: dict[str, float] = {}

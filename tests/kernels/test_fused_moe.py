@@ -814,8 +814,14 @@ def test_tune_output_round_trips_through_config_lookup(tmp_path, monkeypatch):
         assert op.get_config(16, 8, 192, 4096, 192, "tensor-static", False) == best
     finally:
         op._config_table.cache_clear()
-    line = ["hy3", "tensor-static", 16, 40.0, 3.9, 95, 50, 80, 70, 2.0, 1.7, 1.2, ""]
-    assert "min 95% of copy" in fb.summary([line], {"fp8_tflops": 1400.0})
+    # decode lines: the target judged against DESIGN §7's 4.12 TB/s, the worst point named, this run's copy kernel beside
+    lines = [
+        ["hy3", "tensor-static", 16, 40.0, 3.9, 94, 50, 80, 70, 2.0, 1.7, 1.2, ""],
+        ["qwen3-30b-a3b", "block-dynamic", 64, 40.0, 3.5, 84, 50, 80, 70, 2.0, 1.7, 1.2, ""],
+    ]
+    got = fb.summary(lines, {"copy_tbps": 4.16, "fp8_tflops": 1400.0})
+    want = "decode T=16..128, TP1 shapes: min 85% of 4.12 TB/s (qwen3-30b-a3b T=64; 84% of this run's copy kernel"
+    assert want + ", 4.16 TB/s) (target >= 95%)" in got
     prefill = ["hy3", "tensor-static", 16384, 7000.0, 690.0, 58.0, None, None, None, None, None, None, ""]
     ceil = {"fp8_tflops": 1400.0, "fp8_tflops_sustained": 1190.0}
     assert "690 TFLOP/s = 49% of 1410, 58% of the fp8 GEMM sustained now (1190; 1400 at boost" in fb.summary(

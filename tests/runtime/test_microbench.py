@@ -50,3 +50,23 @@ def test_a_settled_case_says_so_in_its_label():
     held = mb.Case("gemm", "fp8", 8192, fast_accum=True, settle_s=3.0)
     assert quick.label == "gemm fp8 8192^3 fast-accum"
     assert held.label == "gemm fp8 8192^3 fast-accum after 3 s"
+
+
+def test_copy_ceiling_times_the_copy_kernel_at_each_size_mocked_gpu(monkeypatch):
+    """No GPU here: run_case (the hardware boundary) is replaced. The kernel benchmarks' ceiling is the
+    elementwise copy kernel, never the graph-captured copy_ (a memcpy node on the copy engines), and the best
+    size wins."""
+    seen = []
+
+    def fake_run_case(case, env=None):
+        seen.append(case)
+        return {"p50": {1 << 30: 4.21, 2 << 30: 4.26}[case.size]}
+
+    monkeypatch.setattr(mb, "run_case", fake_run_case)
+    best, rows = mb.copy_ceiling((1 << 30, 2 << 30))
+    assert best == 4.26 and len(rows) == 2
+    assert [(c.kind, c.method, c.size) for c in seen] == [
+        ("copy", "kernel", 1 << 30),
+        ("copy", "kernel", 2 << 30),
+    ]
+    assert mb.COPY_METHODS["kernel"] == ("torch.mul(x, 1, out=)", True)

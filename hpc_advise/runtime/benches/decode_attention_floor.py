@@ -34,8 +34,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from hpc_advise.kernels.decode_attention.kernel import _next_segment, _range_desc, merge_duty
+from hpc_advise.runtime.benchmarking import DESIGN_COPY_TBPS
 
-COPY_TBPS = 4.12  # DESIGN.md §7: device-to-device copy on one H200 (2026-11-29), bytes read + written
+COPY_TBPS = DESIGN_COPY_TBPS  # the floor table's fixed reference (DESIGN.md §7)
 TAIL_BLOCK = 1024  # sums the tail's waiting program adds per step
 
 

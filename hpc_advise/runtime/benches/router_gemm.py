@@ -61,7 +61,9 @@ def _ceilings() -> tuple[float, float, float]:
         gpu = get_gpu(name)
         return gpu.rate("copy_bw_tbps") * 1e12, gpu.rate("bf16_tflops") * 1e12, l2
     except Exception:
-        return 4.12e12, 758e12, l2  # H200 measured (shared/DESIGN.md §7)
+        from hpc_advise.runtime.benchmarking import DESIGN_COPY_TBPS
+
+        return DESIGN_COPY_TBPS * 1e12, 758e12, l2  # H200 measured (shared/DESIGN.md §7)
 
 
 def _sets(N: int, K: int, M: int, l2_bytes: float, x32: bool, hot_w: bool = False):
