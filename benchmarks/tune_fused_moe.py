@@ -29,7 +29,7 @@ on the device machine, else hpc_advise/kernels/fused_moe/configs.json (the file 
 
 ``--variants`` times, per point, the config ``op.get_config`` picks now against the same with
 programmatic dependent launches and the new decode variants (``fb.variant_candidates``: split sums
-in the small-T path, PDL), old and new in one process, and keeps the fastest if it beats the current pick by >= 2% (the noise).
+in the small-T path, PDL), old and new in one process, decided by ``fb._decide``'s decode rule (below).
 
 ``--route-reduce`` times, per point, the config ``op.get_config`` picks now against the regular decode
 path with the ranked router (ROUTE), the top-k sum in the down kernel (DN_REDUCE) and both, plus
@@ -43,18 +43,20 @@ TMA weight tiles (W_TMA), scalar block scales (W_SCALAR), BLOCK_M 128 with separ
 ``--decode-forms`` times, per point (T <= 128), the config ``op.get_config`` picks now against the
 regular decode path with the prefill forms (TMA weight tiles, scalar block scales, the down GEMM's
 activation rows by TMA, and the tile choices their registers allow; ``fb.decode_form_candidates``), in one
-process; a form replaces the current pick only if >= 2% faster (``fb.DECODE_FORM_MIN_GAIN``).
+process; a form replaces the current pick only if it wins every one of ``fb.DECODE_ROUNDS`` interleaved rounds
+against it and is >= 1% faster in median (``fb.DECODE_ROUNDS_MIN_GAIN``; ``fb._decide``).
+That is the decode rule of every old-vs-new loop below too ("same rule"): the current pick and the short
+screen's ``fb.SUSTAINED_FINALISTS`` fastest candidates are timed again in ``fb.DECODE_ROUNDS`` interleaved rounds.
+Before 2026-11-30 it was the pick timed first and again last against one timing per candidate, with a 2 % bar.
 
 ``--swap-ab`` times, per point (T <= 128), the config ``op.get_config`` picks now against the regular
 pick with its GEMMs swapped (GU_SWAP_AB, DN_SWAP_AB: the weight tile as the MMA's M side, so 16 token
-rows reach wgmma; ``swap_ab_candidates``), through the ``--decode-forms`` loop (one process, current pick
-re-timed last, a swap merged only if >= 2% faster).
+rows reach wgmma; ``swap_ab_candidates``), through the ``--decode-forms`` loop (one process, same rule).
 
 ``--multi-tile`` times, per point (T <= 128), the config ``op.get_config`` picks now against the regular
 pick with multi-tile programs (GU_TILES, DN_TILES: a program computes that many adjacent N tiles of its
 block in one flattened, software-pipelined loop) and, at T <= 16 with long K loops, split-K summed in the
-gate/up kernel (GU_RED; ``multi_tile_candidates``), through the same loop (current
-pick re-timed last, merged only if >= 2% faster). Its candidates are precompiled at an H and I their tile
+gate/up kernel (GU_RED; ``multi_tile_candidates``), through the same loop (same rule). Its candidates are precompiled at an H and I their tile
 counts divide (``multi_tile_compile_job``).
 
 ``--prefill-tiles`` times, per point (T >= 1024), the config ``op.get_config`` picks now against the same pick
@@ -91,8 +93,7 @@ $OUT/fused_moe_prefill_half_launches.jsonl, same rule.
 ``--fuse-quant`` times, per point (T <= op_small.FUSE_T_MAX), the config ``op.get_config`` picks now
 against the same small-T pick with its quantization launch folded into the gate/up prologue (FUSE_QUANT 1,
 and 2: with the first K steps' weights prefetched to L2 before the prologue; with dynamic group scales also
-with FUSE_L1; with PDL where the pick has none; ``fuse_quant_candidates``), through the ``--decode-forms`` loop (one process, current pick re-timed
-last, merged only if >= 2% faster). Its candidates are precompiled at the shape's H (the prologue's tile
+with FUSE_L1; with PDL where the pick has none; ``fuse_quant_candidates``), through the ``--decode-forms`` loop (one process, same rule). Its candidates are precompiled at the shape's H (the prologue's tile
 depends on the K span: ``fuse_quant_compile_job``).
 
 ``--scale-lag`` times, per point (decode or prefill T), the config ``op.get_config`` picks now against the same
@@ -100,19 +101,16 @@ pick with its gate/up up products scaled (per-tensor: promoted) one K step late 
 flight across the step), on the regular path also the two-dot form alone (GU_TWO_DOTS, which the lag runs, so the
 two effects separate) and the lag with one gate/up stage fewer from 4 (two-dot TMA tiles: 2 programs per SM at 3
 stages); where the pick's tile spills with the lag (BLOCK_M 128 × GU_N 128) the nearest tile that does not, with
-and without it; through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
-faster; ``scale_lag_candidates``).
+and without it; through the ``--decode-forms`` loop (one process, same rule; ``scale_lag_candidates``).
 
 ``--occupancy`` times, per point (T <= 128), the config ``op.get_config`` picks now against the same regular pick
 with more resident programs or warps per SM (``occupancy_candidates``: fewer gate/up / down stages, a 128-register
-cap on a 2-stage gate/up, 8 warps), through the ``--decode-forms`` loop (one process, current pick re-timed last,
-merged only if >= 2% faster).
+cap on a 2-stage gate/up, 8 warps), through the ``--decode-forms`` loop (one process, same rule).
 
 ``--h-group`` times, per point (block-dynamic small-T picks, T <= H_GROUP_T_MAX), the config ``op.get_config``
 picks now against the same pick with h quantized in 1×64 groups (H_GROUP 64: 64-wide gate/up tiles whose
 epilogue quantizes their own columns, so twice the gate/up programs; the down kernel stepping K by 128 with
-two group scales per step), and FUSE_QUANT / split variants of that form, through the ``--decode-forms`` loop (one process, current pick re-timed last, merged only if >= 2%
-faster; ``h_group_candidates``). The 1×64 outputs differ from the 1×128 pick's by a few % (a finer, not a
+two group scales per step), and FUSE_QUANT / split variants of that form, through the ``--decode-forms`` loop (one process, same rule; ``h_group_candidates``). The 1×64 outputs differ from the 1×128 pick's by a few % (a finer, not a
 wrong, quantization: the tests hold them to the 1×64 reference), so the loop's accuracy bar against the first
 candidate is H_GROUP_MAX_REL_DIFF there.
 
@@ -132,7 +130,7 @@ functions (cProfile). Last it prints the markdown table (``overhead_table``).
 
 ``--persistent`` times, per point, the config ``op.get_config`` picks now against the one-launch
 persistent decode path's candidates (``persistent_candidates``), in one process, through the
-``--variants`` loop (the current pick re-timed last), and keeps the fastest if >= 2% faster than the current pick,
+``--variants`` loop (same rule),
 in a table of its own (``--out``, default fused_moe_configs_persistent.json here or under $OUT), never in the
 shipped configs.json: the persistent programs wait on each other's counters and assume the whole grid is
 resident, which a kernel on another stream (an EP collective, the other micro-batch) can break, and a hang is
@@ -447,7 +445,7 @@ def persistent_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str)
 
 
 def swap_ab_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--swap-ab: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
+    """--swap-ab: the config ``op.get_config`` picks now (first: the accuracy reference and the baseline of the decision),
     then the regular pick (where the current one is a small-T / persistent config) with the gate/up swap,
     the down swap and both; with both, the tile choices the swap changes: one gate/up stage fewer from 4
     (the swapped block-scaled 128-wide tile takes 140 KB of shared memory at 4 stages, 1 program per SM;
@@ -500,7 +498,7 @@ def _valid_form(op, cfg: dict, mode: str, h: int, i: int) -> bool:
 
 
 def multi_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--multi-tile: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
+    """--multi-tile: the config ``op.get_config`` picks now (first: the accuracy reference and the baseline of the decision),
     then the regular pick (with PDL where the current pick has it; the one tuned at 4·T where the small-T
     path serves T) with 2 / 3 / 4 gate/up tiles per program,
     with 2 / 4 / 8 down tiles per program (each where it divides that GEMM's tiles per block), and both
@@ -859,7 +857,7 @@ def prefill_tile_launches(
 
 
 def fuse_quant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--fuse-quant: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last),
+    """--fuse-quant: the config ``op.get_config`` picks now (first: the accuracy reference and the baseline of the decision),
     then, where that is a small-T PRE_Q pick and T <= FUSE_T_MAX, the same with FUSE_QUANT 1 and 2 (and with
     PDL on both launches where the pick has none: the down grid then launches while gate/up runs), and with
     dynamic group scales both also with FUSE_L1 (the loop's group-scale loads through L1: its sm_90a PTX is
@@ -892,7 +890,7 @@ def _lag_spills(cfg: dict) -> bool:
 
 
 def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--scale-lag: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then
+    """--scale-lag: the config ``op.get_config`` picks now (first: the accuracy reference and the baseline of the decision), then
     the same with SCALE_LAG where the path has the form (the regular path, any scales but FAST_ACC; the small-T
     path's PRE_Q loop with group or block scales); on the regular path also GU_TWO_DOTS alone (where the pick is
     the merged dot) and, from 4 gate/up stages, the lag at one stage fewer. Nothing else changes, so a gain is the
@@ -932,7 +930,7 @@ def scale_lag_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) 
 
 
 def occupancy_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--occupancy: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
+    """--occupancy: the config ``op.get_config`` picks now (first: the accuracy reference and the baseline of the decision), then,
     where that is a regular decode pick (BLOCK_M <= 32), the same with more programs or warps resident per SM.
     sm_90a (offline, triton 3.6, BLOCK_M 16, 128-wide block-scaled TMA tiles, scalar scales, 4 warps): the gate/up
     tile keeps 162-168 registers (swapped at 3-4 stages: 192), so at most 3 programs per SM by registers; shared
@@ -961,7 +959,7 @@ H_GROUP_MAX_REL_DIFF = 6e-2
 
 
 def h_group_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
-    """--h-group: the config ``op.get_config`` picks now (first: the accuracy reference, re-timed last), then,
+    """--h-group: the config ``op.get_config`` picks now (first: the accuracy reference and the baseline of the decision), then,
     where that is a small-T pick with dynamic intermediate scales at T <= H_GROUP_T_MAX, the pick with h in 1×64
     groups (H_GROUP 64, GU_N 64 with 4 warps and 4 stages as Hy3's 64-wide tiles) and the pick's down kernel
     with two groups per 128-wide K step (DN_K 128: its loads, stages and wgmma count), then that form with

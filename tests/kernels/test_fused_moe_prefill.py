@@ -951,12 +951,13 @@ def test_tuner_decides_prefill_points_on_sustained_finalists_mock_gpu_timer(monk
     timed = [(6600.0, {"n": "a"}, calls["a"]), (6300.0, {"n": "b"}, calls["b"]),
              (6400.0, {"n": "c"}, calls["c"]), (6900.0, {"n": "d"}, calls["d"])]  # fmt: skip
     got = fb.sustained_finalists(timed, 4096, keep_first=True, where="x", log=lambda *_: None)
-    assert [c["n"] for _, c, _ in got] == ["a", "b", "c"]  # the pick stays first, d was screened out
+    assert [c["n"] for _, c, *_ in got] == ["a", "b", "c"]  # the pick stays first, d was screened out
     assert order == ["a", "b", "c"] * fb.SUSTAINED_ROUNDS  # interleaved rounds
-    assert [us for us, _, _ in got] == [statistics.median(sustained[n]) for n in "abc"]
+    assert [us for us, *_ in got] == [statistics.median(sustained[n]) for n in "abc"]
+    assert [r for *_, r in got] == [sustained[n] for n in "abc"]  # each finalist's rounds
     order.clear()
     got = fb.sustained_finalists(timed, 4096, keep_first=False, where="x", log=lambda *_: None)
-    assert [c["n"] for _, c, _ in got] == ["b", "c"] and len(order) == 2 * fb.SUSTAINED_ROUNDS
+    assert [c["n"] for _, c, *_ in got] == ["b", "c"] and len(order) == 2 * fb.SUSTAINED_ROUNDS
 
 
 def test_tuner_keeps_the_current_prefill_pick_unless_beaten_by_the_sustained_bar_mock_gpu_timer(monkeypatch):
@@ -982,3 +983,37 @@ def test_tuner_keeps_the_current_prefill_pick_unless_beaten_by_the_sustained_bar
         1000.0 * (1 - gain / 2),
         {"n": "new"},
     )
+
+
+def test_tuner_decides_decode_points_on_interleaved_rounds_mock_gpu_timer(monkeypatch):
+    """``benches.fused_moe._decide`` at a decode T in an old-vs-new mode: the current pick (first candidate) and the
+    short screen's fastest are timed again in DECODE_ROUNDS interleaved rounds with no settle; a candidate ships only
+    at a median gain of DECODE_ROUNDS_MIN_GAIN and a win in every round. In a plain tune the fastest single timing
+    wins. The GPU timer is mocked (no GPU on CI): each call reports its scripted time of that round."""
+    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.benchmarking import Timing
+
+    def decide(rounds, min_gain=0.02):
+        seen = {n: 0 for n in rounds}
+
+        def fake_time(fn, t, settle_s=0.0):
+            assert settle_s == 0.0 and t == 128
+            name = fn()
+            seen[name] += 1
+            v = rounds[name][seen[name] - 1]
+            return Timing(v, v, v, 5), None
+
+        monkeypatch.setattr(fb, "_time", fake_time)
+        timed = [(rounds[n][0], {"n": n}, lambda n=n: n) for n in rounds]
+        got = fb._decide(timed, 128, min_gain, "x", log=lambda *_: None)
+        if min_gain:
+            assert all(v == fb.DECODE_ROUNDS for v in seen.values())  # every finalist, every round
+        return got[1]["n"]
+
+    n, pick = fb.DECODE_ROUNDS, [600.0] * fb.DECODE_ROUNDS
+    assert decide({"pick": pick, "new": [588.0] * n}) == "new"  # -2 % in every round
+    assert decide({"pick": pick, "new": [591.0] * n}) == "new"  # -1.5 %: under the old 2 % bar, over 1 %
+    assert decide({"pick": pick, "new": [597.0] * n}) == "pick"  # -0.5 %: noise
+    assert decide({"pick": pick, "new": [588.0] * (n - 1) + [601.0]}) == "pick"  # lost one round
+    assert decide({"pick": pick, "new": [601.0] * n}) == "pick"
+    assert decide({"pick": [600.0], "new": [597.0]}, min_gain=None) == "new"  # plain tune: the fastest timing

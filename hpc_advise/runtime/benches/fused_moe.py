@@ -94,6 +94,14 @@ SUSTAINED_ROUNDS = 3
 # first and again last in every round differed by +0.1 to +0.4 % in median at three, -1.6 % at DeepSeek-V3 EP8
 # T = 4096 (a 0.9 ms call); retune_decision also asks for a win in most rounds.
 SUSTAINED_MIN_GAIN = 0.01
+# Decode points in the old-vs-new modes are decided the same way without the settle (decode moves < 1 % under the
+# power cap): the finalists and the current pick in DECODE_ROUNDS interleaved rounds of short windows. A new pick
+# ships at a median gain of DECODE_ROUNDS_MIN_GAIN and a win in every round (chance alone: 1 in 2^5 per finalist).
+# Before 2026-11-30 a decode pick was timed first and again last against one timing per candidate, with a 2 % bar
+# (DECODE_FORM_MIN_GAIN), which kept Qwen3-235B T = 128's plain form against a swapped TMA form read 1.96 % faster
+# (benchmarks/results/fused_moe_decode_round4_tune_h200.log).
+DECODE_ROUNDS = 5
+DECODE_ROUNDS_MIN_GAIN = 0.01
 
 
 def _fp8():
@@ -870,12 +878,15 @@ def prefill_variant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode:
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-DECODE_FORM_MIN_GAIN = 0.02  # a decode form replaces the current pick only if this much faster (noise ~2%)
+DECODE_FORM_MIN_GAIN = (
+    0.02  # the short-window rules' bar (noise ~2%): --prefill-retune's default; tune's decode
+)
+# points use DECODE_ROUNDS_MIN_GAIN over DECODE_ROUNDS rounds since 2026-11-30
 
 
 def decode_form_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """Old vs new in one process at decode sizes (T <= 128): the config ``op.get_config`` picks now
-    (first: the accuracy reference, kept unless a candidate is DECODE_FORM_MIN_GAIN faster), the regular
+    (first: the accuracy reference, kept unless beaten by ``_decide``'s decode rule), the regular
     pick where that is a small-T / persistent config, then the regular pick with the prefill forms: TMA
     weight tiles (W_TMA), with block scales and I % 128 == 0 also one scalar weight scale per tile half
     (W_SCALAR: sm_90a BLOCK_M 16 gate/up 188 -> 162 registers, 128-row down 138 -> 96), the down GEMM's
@@ -903,59 +914,71 @@ def _ours_body(op, wts: dict, kw: dict, cfg: dict) -> Callable[[dict], object]:
 
 
 def sustained_rounds(
-    fns: list[Callable[[], object]], t: int, rounds: int = SUSTAINED_ROUNDS
+    fns: list[Callable[[], object]],
+    t: int,
+    rounds: int = SUSTAINED_ROUNDS,
+    settle_s: float = PREFILL_SETTLE_S,
 ) -> list[list[float]]:
-    """p50 µs of each call in ``fns`` (one point's candidates) timed after PREFILL_SETTLE_S of its own load, in
+    """p50 µs of each call in ``fns`` (one point's candidates) timed after ``settle_s`` of its own load, in
     ``rounds`` interleaved rounds (the order repeated, so a drift of the GPU's state hits all alike): per call,
     its rounds' p50s."""
     per: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
         for fn, got in zip(fns, per, strict=True):
-            got.append(_time(fn, t, PREFILL_SETTLE_S)[0].p50)
+            got.append(_time(fn, t, settle_s)[0].p50)
     return per
 
 
-def sustained_finalists(timed: list[tuple], t: int, keep_first: bool, where: str, log=print) -> list[tuple]:
-    """``tune``'s decision input at a prefill point: of ``timed`` ((short-window p50, config, call) per candidate,
-    in candidate order) the SUSTAINED_FINALISTS fastest, plus the first (the current pick) with ``keep_first``,
-    each re-timed by ``sustained_rounds``; returns (median sustained p50, config, call) per finalist in candidate
-    order (so a kept first candidate stays first, the baseline of the old-vs-new rule)."""
+def sustained_finalists(
+    timed: list[tuple],
+    t: int,
+    keep_first: bool,
+    where: str,
+    log=print,
+    rounds: int = SUSTAINED_ROUNDS,
+    settle_s: float = PREFILL_SETTLE_S,
+) -> list[tuple]:
+    """``tune``'s decision input: of ``timed`` ((short-window p50, config, call) per candidate, in candidate
+    order) the SUSTAINED_FINALISTS fastest, plus the first (the current pick) with ``keep_first``, each re-timed by
+    ``sustained_rounds`` (after ``settle_s`` of its own load: PREFILL_SETTLE_S at prefill, 0 at decode); returns
+    (median p50 of the rounds, config, call, the rounds' p50s) per finalist in candidate order (so a kept first
+    candidate stays first, the baseline of the old-vs-new rule)."""
     import json
     import statistics
 
     keep = sorted(range(len(timed)), key=lambda n: timed[n][0])[:SUSTAINED_FINALISTS]
     keep = sorted(set(keep) | ({0} if keep_first else set()))
-    per = sustained_rounds([timed[n][2] for n in keep], t)
+    per = sustained_rounds([timed[n][2] for n in keep], t, rounds, settle_s)
     out = []
-    for n, rounds in zip(keep, per, strict=True):
-        med = statistics.median(rounds)
+    for n, got in zip(keep, per, strict=True):
+        med = statistics.median(got)
         log(
-            f"  sustained {where}: {timed[n][0]:.1f} us short -> {med:.1f} us after {PREFILL_SETTLE_S:g} s, rounds "
-            f"{[round(r, 1) for r in rounds]} {json.dumps(timed[n][1], sort_keys=True)}"
+            f"  {'sustained' if settle_s else 'rounds'} {where}: {timed[n][0]:.1f} us short -> {med:.1f} us after "
+            f"{settle_s:g} s, rounds {[round(r, 1) for r in got]} {json.dumps(timed[n][1], sort_keys=True)}"
         )
-        out.append((med, timed[n][1], timed[n][2]))
+        out.append((med, timed[n][1], timed[n][2], got))
     return out
 
 
 def _decide(timed: list[tuple], t: int, min_gain: float | None, where: str, log=print) -> tuple[float, dict]:
     """``tune``'s pick of one point from ``timed`` ((p50 µs, config, call) per candidate, in candidate order):
-    (µs, config) of the fastest. At a prefill T the figures are ``sustained_finalists``'; in the old-vs-new modes
-    (``min_gain`` set) the first candidate is the current pick, which stays unless beaten by ``min_gain``
-    (SUSTAINED_MIN_GAIN at a prefill T); at decode T it is timed again last and keeps the faster of its two."""
+    (µs, config) of the fastest. At a prefill T the figures are ``sustained_finalists``'. In the old-vs-new modes
+    (``min_gain`` set) the first candidate is the current pick, which stays unless beaten: at a prefill T by
+    SUSTAINED_MIN_GAIN in sustained windows; at a decode T by DECODE_ROUNDS_MIN_GAIN in median over DECODE_ROUNDS
+    interleaved rounds of short windows, and in every one of them."""
     prefill = t >= PREFILL_T_MIN
     if prefill:
         timed = sustained_finalists(timed, t, bool(min_gain), where, log)
     elif min_gain:
-        # the first candidate (the current pick) was timed first, which read up to 11% slow
-        # in the benchmark's first pass: time it again last and keep the faster of the two
-        again = _time(timed[0][2], t)[0].p50
-        log(f"  cand {where} first re-timed last: {timed[0][0]:.2f} -> {again:.2f} us")
-        timed[0] = (min(timed[0][0], again), timed[0][1], timed[0][2])
-    best = min(timed, key=lambda x: x[0])[:2]
-    gain = SUSTAINED_MIN_GAIN if min_gain and prefill else min_gain
-    if gain and best[0] > timed[0][0] * (1 - gain):
-        best = timed[0][:2]  # within run-to-run noise of the current pick: keep it
-    return best
+        timed = sustained_finalists(timed, t, True, where, log, rounds=DECODE_ROUNDS, settle_s=0.0)
+    best = min(timed, key=lambda x: x[0])
+    if not min_gain or best is timed[0]:
+        return best[:2]
+    gain = SUSTAINED_MIN_GAIN if prefill else DECODE_ROUNDS_MIN_GAIN
+    every_round = prefill or all(b < p for b, p in zip(best[3], timed[0][3], strict=True))
+    if best[0] > timed[0][0] * (1 - gain) or not every_round:
+        return timed[0][:2]  # within run-to-run noise of the current pick: keep it
+    return best[:2]
 
 
 def tune(
@@ -976,14 +999,15 @@ def tune(
     reference) and the small-T path's candidates; with ``variants``, ``variant_candidates``; with
     ``route_reduce``, ``route_reduce_candidates``; with ``prefill_variants``,
     ``prefill_variant_candidates`` (accuracy bar PREFILL_VARIANT_MAX_REL_DIFF); with ``decode_forms``,
-    ``decode_form_candidates``. In these old-vs-new modes a new candidate replaces the current pick only if
-    it is PREFILL_VARIANT_MIN_GAIN (prefill) / DECODE_FORM_MIN_GAIN (the others) faster. At prefill points
-    (T >= PREFILL_T_MIN) every candidate is screened in short windows and the decision is taken on
-    ``sustained_finalists`` (the fastest few, and the current pick in the old-vs-new modes, timed after
-    PREFILL_SETTLE_S of their own load; p50_us is then that sustained median), with SUSTAINED_MIN_GAIN. ``on_entry(entries)`` is called
-    after each point (so a run cut short keeps the points it finished)."""
+    ``decode_form_candidates``. In these old-vs-new modes a new candidate replaces the current pick only if it
+    beats it by ``_decide``'s rule. Every candidate is screened in short windows; the decision is taken on
+    ``sustained_finalists`` (the fastest few, and the current pick in the old-vs-new modes): at prefill points
+    (T >= PREFILL_T_MIN) each timed after PREFILL_SETTLE_S of its own load, bar SUSTAINED_MIN_GAIN; at decode points
+    in the old-vs-new modes in DECODE_ROUNDS interleaved rounds, bar DECODE_ROUNDS_MIN_GAIN and a win in every
+    round. p50_us is then the median of those rounds. ``on_entry(entries)`` is called after each point (so a run
+    cut short keeps the points it finished)."""
     old_vs_new = variants or route_reduce or prefill_variants or decode_forms
-    # a new candidate must beat the current pick (timed first and again last) by more than the noise
+    # old-vs-new: the first candidate is the current pick, kept unless beaten by more than the noise (_decide)
     min_gain = PREFILL_VARIANT_MIN_GAIN if prefill_variants else DECODE_FORM_MIN_GAIN if old_vs_new else None
 
     def cands(t, k, e, h, i, mode):
