@@ -651,7 +651,10 @@ def half_tile_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) 
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
 
 
-def retune_decision(rows: list[dict], min_gain: float = fb.DECODE_FORM_MIN_GAIN) -> tuple[dict, str]:
+SHORT_WINDOW_MIN_GAIN = 0.02  # retune_decision's default bar: the noise of short-window timings (~2 %)
+
+
+def retune_decision(rows: list[dict], min_gain: float = SHORT_WINDOW_MIN_GAIN) -> tuple[dict, str]:
     """--prefill-retune's rule over one point's interleaved rounds (``prefill_tile_launches`` with ``whole`` and
     ``pick_last``: rows[0] the pick timed first in every round, rows[-1] the pick again last, the candidates
     between, each with ``call_us`` = the median whole call and ``rounds``). The baseline is the better of the pick's

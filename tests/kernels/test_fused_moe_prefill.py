@@ -967,19 +967,19 @@ def test_tuner_keeps_the_current_prefill_pick_unless_beaten_by_the_sustained_bar
     from hpc_advise.runtime.benches import fused_moe as fb
     from hpc_advise.runtime.benchmarking import Timing
 
-    def decide(sustained, min_gain):
+    def decide(sustained, old_vs_new):
         def fake_time(fn, t, settle_s=0.0):
             v = sustained[fn()]
             return Timing(v, v, v, 5), None
 
         monkeypatch.setattr(fb, "_time", fake_time)
         timed = [(1.0, {"n": n}, lambda n=n: n) for n in sustained]
-        return fb._decide(timed, 16384, min_gain, "x", log=lambda *_: None)
+        return fb._decide(timed, 16384, old_vs_new, "x", log=lambda *_: None)
 
     gain = fb.SUSTAINED_MIN_GAIN
-    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - gain / 2)}, 0.02)[1] == {"n": "pick"}
-    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - 2 * gain)}, 0.02)[1] == {"n": "new"}
-    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - gain / 2)}, None) == (
+    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - gain / 2)}, True)[1] == {"n": "pick"}
+    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - 2 * gain)}, True)[1] == {"n": "new"}
+    assert decide({"pick": 1000.0, "new": 1000.0 * (1 - gain / 2)}, False) == (
         1000.0 * (1 - gain / 2),
         {"n": "new"},
     )
@@ -993,7 +993,7 @@ def test_tuner_decides_decode_points_on_interleaved_rounds_mock_gpu_timer(monkey
     from hpc_advise.runtime.benches import fused_moe as fb
     from hpc_advise.runtime.benchmarking import Timing
 
-    def decide(rounds, min_gain=0.02):
+    def decide(rounds, old_vs_new=True):
         seen = {n: 0 for n in rounds}
 
         def fake_time(fn, t, settle_s=0.0):
@@ -1005,8 +1005,8 @@ def test_tuner_decides_decode_points_on_interleaved_rounds_mock_gpu_timer(monkey
 
         monkeypatch.setattr(fb, "_time", fake_time)
         timed = [(rounds[n][0], {"n": n}, lambda n=n: n) for n in rounds]
-        got = fb._decide(timed, 128, min_gain, "x", log=lambda *_: None)
-        if min_gain:
+        got = fb._decide(timed, 128, old_vs_new, "x", log=lambda *_: None)
+        if old_vs_new:
             assert all(v == fb.DECODE_ROUNDS for v in seen.values())  # every finalist, every round
         return got[1]["n"]
 
@@ -1016,4 +1016,6 @@ def test_tuner_decides_decode_points_on_interleaved_rounds_mock_gpu_timer(monkey
     assert decide({"pick": pick, "new": [597.0] * n}) == "pick"  # -0.5 %: noise
     assert decide({"pick": pick, "new": [588.0] * (n - 1) + [601.0]}) == "pick"  # lost one round
     assert decide({"pick": pick, "new": [601.0] * n}) == "pick"
-    assert decide({"pick": [600.0], "new": [597.0]}, min_gain=None) == "new"  # plain tune: the fastest timing
+    assert (
+        decide({"pick": [600.0], "new": [597.0]}, old_vs_new=False) == "new"
+    )  # plain tune: the fastest timing

@@ -98,7 +98,7 @@ SUSTAINED_MIN_GAIN = 0.01
 # power cap): the finalists and the current pick in DECODE_ROUNDS interleaved rounds of short windows. A new pick
 # ships at a median gain of DECODE_ROUNDS_MIN_GAIN and a win in every round (chance alone: 1 in 2^5 per finalist).
 # Before 2026-11-30 a decode pick was timed first and again last against one timing per candidate, with a 2 % bar
-# (DECODE_FORM_MIN_GAIN), which kept Qwen3-235B T = 128's plain form against a swapped TMA form read 1.96 % faster
+# (DECODE_FORM_MIN_GAIN, removed), which kept Qwen3-235B T = 128's plain form against a swapped TMA form read 1.96 % faster
 # (benchmarks/results/fused_moe_decode_round4_tune_h200.log).
 DECODE_ROUNDS = 5
 DECODE_ROUNDS_MIN_GAIN = 0.01
@@ -845,12 +845,11 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
 
 
 PREFILL_VARIANT_MAX_REL_DIFF = 5e-3  # a reduced-precision form must stay this close to the promoted pick
-PREFILL_VARIANT_MIN_GAIN = 0.02  # a new prefill form replaces the current pick only if this much faster
 
 
 def prefill_variant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
     """Old vs new in one process at prefill sizes (T·k > 2048): the config ``op.get_config`` picks now
-    (first: the accuracy reference, kept unless a candidate is PREFILL_VARIANT_MIN_GAIN faster), then
+    (first: the accuracy reference, kept unless beaten by ``_decide``'s prefill rule), then
     the forms around the two that won the 15:45 sweep on the H200 (results/
     fused_moe_prefill_variants_call1_h200.log). Block scales: the merged BLOCK_M 64 tile with TMA weight
     tiles and scalar weight scales (W_TMA, W_SCALAR; 178 instead of 246 registers on sm_90a), 4 stages,
@@ -876,12 +875,6 @@ def prefill_variant_candidates(op, t: int, k: int, e: int, h: int, i: int, mode:
         out += [g(cur) for g in grouped]
         out.append(dict(cur, BLOCK_M=192 - cur["BLOCK_M"]))  # 64 <-> 128
     return list({json.dumps(c, sort_keys=True): c for c in out}.values())
-
-
-DECODE_FORM_MIN_GAIN = (
-    0.02  # the short-window rules' bar (noise ~2%): --prefill-retune's default; tune's decode
-)
-# points use DECODE_ROUNDS_MIN_GAIN over DECODE_ROUNDS rounds since 2026-11-30
 
 
 def decode_form_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: str) -> list[dict]:
@@ -960,19 +953,19 @@ def sustained_finalists(
     return out
 
 
-def _decide(timed: list[tuple], t: int, min_gain: float | None, where: str, log=print) -> tuple[float, dict]:
+def _decide(timed: list[tuple], t: int, old_vs_new: bool, where: str, log=print) -> tuple[float, dict]:
     """``tune``'s pick of one point from ``timed`` ((p50 µs, config, call) per candidate, in candidate order):
     (µs, config) of the fastest. At a prefill T the figures are ``sustained_finalists``'. In the old-vs-new modes
-    (``min_gain`` set) the first candidate is the current pick, which stays unless beaten: at a prefill T by
+    (``old_vs_new``) the first candidate is the current pick, which stays unless beaten: at a prefill T by
     SUSTAINED_MIN_GAIN in sustained windows; at a decode T by DECODE_ROUNDS_MIN_GAIN in median over DECODE_ROUNDS
     interleaved rounds of short windows, and in every one of them."""
     prefill = t >= PREFILL_T_MIN
     if prefill:
-        timed = sustained_finalists(timed, t, bool(min_gain), where, log)
-    elif min_gain:
+        timed = sustained_finalists(timed, t, old_vs_new, where, log)
+    elif old_vs_new:
         timed = sustained_finalists(timed, t, True, where, log, rounds=DECODE_ROUNDS, settle_s=0.0)
     best = min(timed, key=lambda x: x[0])
-    if not min_gain or best is timed[0]:
+    if not old_vs_new or best is timed[0]:
         return best[:2]
     gain = SUSTAINED_MIN_GAIN if prefill else DECODE_ROUNDS_MIN_GAIN
     every_round = prefill or all(b < p for b, p in zip(best[3], timed[0][3], strict=True))
@@ -1007,8 +1000,6 @@ def tune(
     round. p50_us is then the median of those rounds. ``on_entry(entries)`` is called after each point (so a run
     cut short keeps the points it finished)."""
     old_vs_new = variants or route_reduce or prefill_variants or decode_forms
-    # old-vs-new: the first candidate is the current pick, kept unless beaten by more than the noise (_decide)
-    min_gain = PREFILL_VARIANT_MIN_GAIN if prefill_variants else DECODE_FORM_MIN_GAIN if old_vs_new else None
 
     def cands(t, k, e, h, i, mode):
         a2_group = mode.endswith("dynamic")
@@ -1076,7 +1067,7 @@ def tune(
                         + (f" rel diff vs first {diff:.2e}" if prefill_variants else "")
                     )
                     timed.append((timing.p50, c, fn))
-                best = _decide(timed, t, min_gain, f"{shape} {mode} T={t}", log) if timed else None
+                best = _decide(timed, t, old_vs_new, f"{shape} {mode} T={t}", log) if timed else None
                 if best:
                     log(f"  {shape} {mode} T={t}: {best[0]:.1f} us {best[1]}")
                     entries.append(
