@@ -14,12 +14,6 @@ SGLANG_BROKEN = FIXTURES / "sglang_bench_serving_broken.jsonl"
 VLLM_JSON = FIXTURES / "vllm_bench_serve.json"
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    """Never touch the user's real knowledge base."""
-    monkeypatch.setenv("HPC_ADVISE_HOME", str(tmp_path / "home"))
-
-
 @pytest.fixture
 def db_path(tmp_path) -> Path:
     return tmp_path / "kb.db"
