@@ -320,11 +320,17 @@ class KnowledgeBase:
         return self._rows("gpus", "SELECT * FROM gpus ORDER BY id")
 
     def add_trace(self, summary: dict, source: str) -> int:
-        """Store a trace summary (``TraceSummary.to_dict()``) and where it came from."""
+        """Store a trace summary (``TraceSummary.to_dict()``) and where it came from; the same summary of
+        the same source is stored once (its id is returned again)."""
         if not isinstance(summary, dict):
             raise ValueError("trace summary must be a dict")
         rec = {"source": str(source), "summary": _dumps(summary, "trace summary"), "created_at": now_iso()}
         with self._write():
+            hit = self.conn.execute(
+                "SELECT id FROM traces WHERE source = ? AND summary = ?", [rec["source"], rec["summary"]]
+            ).fetchone()
+            if hit:
+                return int(hit[0])
             return self._insert("traces", rec)
 
     def traces(self) -> list[dict]:

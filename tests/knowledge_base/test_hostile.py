@@ -167,3 +167,13 @@ def test_import_of_many_runs_prints_a_range_not_every_id(tmp_path):
     assert result.output.strip().endswith("ids 1-60 (60 rows)"), result.output
     con = sqlite3.connect(db)
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 60
+
+
+def test_the_same_trace_summary_is_stored_once(tmp_path):
+    kb = KnowledgeBase(tmp_path / "kb.db")
+    first = kb.add_trace({"requests": 5, "rate": 1.5}, "a.jsonl")
+    assert kb.add_trace({"rate": 1.5, "requests": 5}, "a.jsonl") == first
+    assert kb.add_trace({"requests": 6, "rate": 1.5}, "a.jsonl") != first
+    assert kb.add_trace({"requests": 5, "rate": 1.5}, "b.jsonl") != first
+    assert len(kb.traces()) == 3
+    kb.close()
