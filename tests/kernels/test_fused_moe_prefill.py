@@ -930,7 +930,7 @@ def test_tuner_decides_prefill_points_on_sustained_finalists_mock_gpu_timer(monk
     import statistics
 
     from hpc_advise.runtime.benches import fused_moe as fb
-    from hpc_advise.runtime.benchmarking import Timing
+    from hpc_advise.runtime.measure.harness import Timing
 
     order, sustained = (
         [],
@@ -965,7 +965,7 @@ def test_tuner_keeps_the_current_prefill_pick_unless_beaten_by_the_sustained_bar
     unless a finalist's sustained median beats it by SUSTAINED_MIN_GAIN; in a plain tune the fastest wins. The GPU
     timer is mocked (no GPU on CI)."""
     from hpc_advise.runtime.benches import fused_moe as fb
-    from hpc_advise.runtime.benchmarking import Timing
+    from hpc_advise.runtime.measure.harness import Timing
 
     def decide(sustained, old_vs_new):
         def fake_time(fn, t, settle_s=0.0):
@@ -991,7 +991,7 @@ def test_tuner_decides_decode_points_on_interleaved_rounds_mock_gpu_timer(monkey
     at a median gain of DECODE_ROUNDS_MIN_GAIN and a win in every round. In a plain tune the fastest single timing
     wins. The GPU timer is mocked (no GPU on CI): each call reports its scripted time of that round."""
     from hpc_advise.runtime.benches import fused_moe as fb
-    from hpc_advise.runtime.benchmarking import Timing
+    from hpc_advise.runtime.measure.harness import Timing
 
     def decide(rounds, old_vs_new=True):
         seen = {n: 0 for n in rounds}

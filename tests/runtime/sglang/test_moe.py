@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from tests.kernels.fp8_midpoint import reference_with_flips
-from tests.runtime.sglang_cpu import fresh_seed, import_sglang, record_ratio, tiny_model_dir
+from tests.runtime.sglang.helpers import fresh_seed, import_sglang, record_ratio, tiny_model_dir
 
 E, H, I, T, K = 4, 256, 128, 5, 2  # noqa: E741
 FP8 = torch.float8_e4m3fn
@@ -48,9 +48,9 @@ def sglang_moe(tmp_path):
     from sglang.srt.runtime_context import create_context, use_context
     from sglang.srt.server_args import prepare_server_args
 
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin
 
-    sglang_plugin.register()
+    plugin.register()
     args = prepare_server_args(
         [
             "--model-path",
@@ -233,7 +233,7 @@ def test_fp8_method_runs_our_runner_and_matches_triton_math(sglang_moe, block, p
 
 def test_uncovered_config_falls_back_to_triton_once(sglang_moe, caplog):
     _, gen = fresh_seed()
-    with caplog.at_level(logging.WARNING, logger="hpc_advise.runtime.sglang_moe"):
+    with caplog.at_level(logging.WARNING, logger="hpc_advise.runtime.sglang.moe"):
         for _ in range(2):
             method, layer = _method(False), _layer(False, gen)
             method.create_moe_runner(layer, _config(activation="gelu"))
@@ -249,11 +249,11 @@ def test_unsupported_loaded_weights_fall_back_at_first_apply(sglang_moe, caplog)
     layer.w13_input_scale = torch.nn.Parameter(torch.full((E,), 4.0 / 448), requires_grad=False)
     method.create_moe_runner(layer, _config())
     assert method.runner.runner_backend.value == "hpc_advise"
-    from hpc_advise.runtime import sglang_moe
+    from hpc_advise.runtime.sglang import moe
 
     calls = []
-    with caplog.at_level(logging.WARNING, logger="hpc_advise.runtime.sglang_moe"):
-        out = sglang_moe.apply_hook(
+    with caplog.at_level(logging.WARNING, logger="hpc_advise.runtime.sglang.moe"):
+        out = moe.apply_hook(
             lambda *a, **k: calls.append(a) or "triton-path",
             method,
             layer,
@@ -279,7 +279,7 @@ def test_backend_not_selected_leaves_sglang_alone(sglang_moe):
 def test_real_shapes_on_gpu(sglang_moe, shape):
     """Model shapes on the H200 through the same hooked Fp8MoEMethod and SGLang MoeRunner, against the
     triton path's math (our fp32 reference; SGLang's triton runner needs its sgl-kernel build). With
-    sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
+    sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sglang/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     from hpc_advise.kernels.fused_moe.reference import fused_moe_reference, quantize_weight
 
     experts, hidden, inter, top_k, block = {

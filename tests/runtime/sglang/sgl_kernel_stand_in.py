@@ -4,7 +4,7 @@ machine that has no sgl-kernel.
 On a CUDA machine SGLang 0.5.23 takes its CUDA branches at import time, and several of them import
 ``sgl_kernel`` at module level even in modules the runtime tests need (the KV pool, the fp8 MoE method,
 the linear layers). Found by importing every SGLang module the runtime tests import, with CUDA reported
-present and every missing package recorded (2026-11-29):
+present and every missing package recorded:
 
 - ``sglang/srt/layers/quantization/utils.py:27``: ``scalar_type.ScalarType, scalar_types`` (and module-level
   reads of ``scalar_types.uint4``, ``uint4b8``, ``uint8``, ``uint8b128`` in ``utils.py:521``, ``awq/awq.py:250``,
@@ -80,7 +80,7 @@ class SglKernelUnavailable(RuntimeError):
 
 def _message(name: str) -> str:
     return (
-        f"{name}: sgl-kernel is not installed on this machine; tests/runtime/sgl_kernel_stand_in.py "
+        f"{name}: sgl-kernel is not installed on this machine; tests/runtime/sglang/sgl_kernel_stand_in.py "
         "provides SGLang's import-time names only, so this path cannot be tested here"
     )
 

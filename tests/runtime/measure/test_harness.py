@@ -1,10 +1,10 @@
-"""The helpers of hpc_advise.runtime.benchmarking (the GPU-free ones, and time_cuda's settling on a GPU)."""
+"""The helpers of hpc_advise.runtime.measure.harness (the GPU-free ones, and time_cuda's settling on a GPU)."""
 
 import time
 
 import pytest
 
-from hpc_advise.runtime import benchmarking as bm
+from hpc_advise.runtime.measure import harness as bm
 
 
 def test_rotating_cycles_through_the_inputs_in_order():

@@ -2,7 +2,7 @@
 
 ``run_ranks(fn, world_size, backend=..., args=...)`` spawns ``world_size`` processes, each of which
 sets ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` (NVLink multicast off, as
-``comm_bench`` does), pins GPU ``rank`` under NCCL (one thread under gloo), joins a process group that
+``comm`` does), pins GPU ``rank`` under NCCL (one thread under gloo), joins a process group that
 meets through a FileStore in a fresh temporary folder (no TCP port to race for), calls
 ``fn(rank, world_size, *args)`` and saves its return value with ``torch.save``. The caller gets the
 values in rank order. Results travel through files, not a pipe, so a large result cannot block a child

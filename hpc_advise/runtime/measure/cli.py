@@ -169,7 +169,7 @@ def profile(
     if offline_gpu is not None:
         _offline(offline_gpu, db, as_json)
         return
-    from hpc_advise.runtime.profile_bench import parse_stages
+    from hpc_advise.runtime.measure.profile import parse_stages
 
     stages = parse_stages(bench) if bench is not None else ()
     try:
@@ -186,20 +186,20 @@ def profile(
             raise click.BadParameter(str(exc), param_hint="--model") from None
     report, measured, source = None, {}, ""
     if stages:
-        from hpc_advise.runtime import profile_bench
+        from hpc_advise.runtime.measure import profile as bench
 
-        problem = profile_bench.torch_cuda_problem()
+        problem = bench.torch_cuda_problem()
         if problem:
             _fail(problem, "run `hpc-advise profile` without --bench to store the NVML facts only")
         kb = _open_kb(db)
         try:
-            report = profile_bench.BenchReport()
-            steps = profile_bench.build_steps(stages, grid=grid, model=model_profile, report=report)
-            profile_bench.run_steps(steps, report, kb.add_runs)
+            report = bench.BenchReport()
+            steps = bench.build_steps(stages, grid=grid, model=model_profile, report=report)
+            bench.run_steps(steps, report, kb.add_runs)
         except BaseException:
             kb.close()
             raise
-        measured = profile_bench.measured_figures(report.rows)
+        measured = bench.measured_figures(report.rows)
         source = _measured_source(host, report.rows)
         if results_stem and report.rows:
             _write_results(results_stem, report, measured, source)
@@ -231,8 +231,8 @@ def profile(
 
 
 def _write_results(stem: str, report, measured: dict[str, float], source: str) -> None:
-    from hpc_advise.runtime.benchmarking import write_results
-    from hpc_advise.runtime.profile_bench import RESULT_HEADERS, results_table
+    from hpc_advise.runtime.measure.harness import write_results
+    from hpc_advise.runtime.measure.profile import RESULT_HEADERS, results_table
 
     notes = [
         f"Measured figures ({source}): " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(measured.items()))

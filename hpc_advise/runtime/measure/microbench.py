@@ -2,7 +2,7 @@
 tf32, fp32), each as a knowledge-base ``runs`` row (kind ``microbench``).
 
 - copy: buffers far larger than L2, three ways: ``dst.copy_(src)`` launched eagerly, the same captured
-  in a CUDA graph (a graph memcpy node: on one H200, 2026-11-29, this path gave 2.70 TB/s against
+  in a CUDA graph (a graph memcpy node: on one H200 this path gave 2.70 TB/s against
   about 4.2 for eager copies, so it is kept as its own row), and an elementwise kernel
   (``torch.mul(src, 1, out=dst)``) in a graph; bytes counted = bytes read + bytes written (2 x buffer),
   the convention of the device notes and of ``shared/DESIGN.md`` section 7; the figure is the best;
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hpc_advise.runtime.benchmarking import Timing, run_row, time_cuda
+from hpc_advise.runtime.measure.harness import Timing, run_row, time_cuda
 
 GRIDS: dict[str, dict[str, tuple]] = {
     "small": {"copy_bytes": (1 << 30,), "gemm_sizes": (8192,)},

@@ -2,7 +2,7 @@
 
 SGLang is installed with ``--no-deps`` plus ``requirements/sglang-cpu.txt``. One dependency cannot be
 installed there: torchvision. Its PyPI wheels are CUDA builds whose ``_C.so`` links
-``libtorch_cuda.so`` and fails to load against the CPU torch (checked 2026-11-29 with torchvision
+``libtorch_cuda.so`` and fails to load against the CPU torch (checked with torchvision
 0.28.0 and torch 2.13.0+cpu), and ``import sglang.srt.configs`` imports it at module level for two
 image-preprocessing configs (deepseek_ocr, nano_nemotron_vl) our code never touches. So, only when the
 real torchvision cannot be imported, ``import_sglang()`` installs a stand-in that provides the names
@@ -11,7 +11,7 @@ of it raises AttributeError. transformers is asked first whether torchvision is 
 False), so transformers never routes image processing through the stand-in. This is a packaging
 boundary of CPU-only CI (the same reason there is no GPU), not a mock of anything we test. On a GPU
 machine without sgl-kernel, ``import_sglang()`` also installs the import-only ``sgl_kernel`` stand-in of
-``tests/runtime/sgl_kernel_stand_in.py`` (SGLang's CUDA branches import it at module level).
+``tests/runtime/sglang/sgl_kernel_stand_in.py`` (SGLang's CUDA branches import it at module level).
 
 Also the runtime tests' random inputs: ``fresh_seed()`` draws a new seed per test (team rule: fresh
 inputs every run; ``HPC_ADVISE_TEST_SEED=N`` replays one), and ``assert_close_seeded`` puts it in the
@@ -31,7 +31,7 @@ import types
 import pytest
 import torch
 
-from tests.runtime import sgl_kernel_stand_in
+from tests.runtime.sglang import sgl_kernel_stand_in
 
 _STAND_IN_MODULES = (
     "torchvision",
@@ -59,7 +59,7 @@ class _StandInModule(types.ModuleType):
         if name.startswith("__"):
             raise AttributeError(name)
         raise AttributeError(
-            f"{self.__name__}.{name}: torchvision is a CPU-CI stand-in here (tests/runtime/sglang_cpu.py)"
+            f"{self.__name__}.{name}: torchvision is a CPU-CI stand-in here (tests/runtime/sglang/helpers.py)"
         )
 
 

@@ -19,7 +19,7 @@ import types
 import pytest
 import torch
 
-from tests.runtime.sglang_cpu import assert_close_seeded, fresh_seed, import_sglang, tiny_model_dir
+from tests.runtime.sglang.helpers import assert_close_seeded, fresh_seed, import_sglang, tiny_model_dir
 
 PAGE = 64
 HEAD_DIM = 64
@@ -144,7 +144,7 @@ def _batch(sg, idx, seq_lens, out_loc):
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
 def test_decode_matches_torch_native_on_real_pool(kv_dtype):
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     q_heads, kv_heads = 8, 2
@@ -177,7 +177,7 @@ def test_fp8_kv_scale_is_applied():
     """torch_native ignores fp8 KV scales, so a layer scale != 1 is checked against our reference."""
     sg = _sglang()
     from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     seq_lens = [65, 3]
@@ -216,7 +216,7 @@ def test_fp8_kv_scale_is_applied():
 
 def test_wrong_page_size_fails_clearly():
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(
@@ -228,7 +228,7 @@ def test_wrong_page_size_fails_clearly():
 
 def test_decode_only_backend_refuses_prefill_role():
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(
@@ -247,7 +247,7 @@ def test_decode_only_backend_refuses_prefill_role():
 
 def test_unsupported_group_fails_with_dispatch_reason():
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(sg, q_heads=64, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=128)
@@ -265,9 +265,9 @@ def _published_runner(sg, tmp_path, *, page_size=PAGE):
     from sglang.srt.runtime_context import attention_backends, create_context
     from sglang.srt.server_args import prepare_server_args
 
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin
 
-    sglang_plugin.register()
+    plugin.register()
     args = prepare_server_args(
         [
             "--model-path",
@@ -325,7 +325,7 @@ def test_sglang_builder_reports_wrong_page_size(tmp_path):
     sg = _sglang()
     from sglang.srt.runtime_context import use_context
 
-    from hpc_advise.runtime.sglang_attention import HpcAdviseBackendError
+    from hpc_advise.runtime.sglang.attention import HpcAdviseBackendError
 
     args, ctx, setup, attention_backends, ModelConfig = _published_runner(sg, tmp_path, page_size=16)
     with use_context(ctx):
@@ -348,7 +348,7 @@ def test_cuda_graph_metadata_path_matches_eager():
     init_forward_metadata_in_graph) on a padded batch, as SGLang's decode graph runner pads it: the
     padding row has req_pool_index 0 and the backend's seq_len fill value; real rows must equal eager."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     seq_lens = [40, 100, 7]
@@ -385,9 +385,9 @@ def test_decode_matches_torch_native_at_hy3_tp8_shape_on_gpu(kv_dtype):
     """Real sizes on the GPU: ours against SGLang's torch_native backend on the same CUDA pool, at Hy3's
     TP8 shard (8 query heads, 1 KV head, head_dim 128) with mixed lengths up to 8K. SGLang's triton
     backend needs a full ModelRunner (CUDA graphs, NCCL), so torch_native (the same math, no kernel of
-    its own) is the reference here too. On a GPU machine with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
+    its own) is the reference here too. On a GPU machine with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sglang/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     seq_lens = [8192, 17, 1000, 64 * 30 + 1, 4096, 1]
@@ -425,9 +425,9 @@ def test_decode_step_stores_new_token_through_sglang_on_gpu(kv_dtype):
     it. The pool must hold exactly the new K/V cast to the KV dtype at out_cache_loc and nothing else
     may change; the output must match torch_native reading the same pool afterwards. On a GPU machine
     with sgl-kernel missing: SGLang's module-level imports of it are met by
-    tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
+    tests/runtime/sglang/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     seq_lens = [3000, 1, 64, 65, 129]
@@ -472,9 +472,9 @@ def test_decode_step_stores_new_token_through_sglang_on_gpu(kv_dtype):
 def test_cuda_graph_capture_and_replay_on_gpu():
     """Capture metadata-in-graph + one layer's decode in a CUDA graph, replay it with other lengths and
     other requests (as SGLang's decode graph runner does), and compare with eager steps. On a GPU machine
-    with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
+    with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sglang/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     hd, bs = 128, 4
@@ -528,7 +528,7 @@ def test_context_limit_checked_at_start():
     """A longer context than the kernel takes fails when the backend is built (server start)."""
     sg = _sglang()
     from hpc_advise.kernels.decode_attention import op as decode_op
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=4, reqs=2, context=64)
@@ -541,7 +541,7 @@ def test_eager_batch_larger_than_one_plan_runs_in_chunks():
     """Eager decode batches above the kernel's per-plan batch limit (1024; 2 here so the test stays small)
     are planned and run in chunks, with the same result as one plan."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     seed, gen = fresh_seed()
     seq_lens = [9, 66, 1, 130, 20]
@@ -565,7 +565,7 @@ def test_eager_batch_larger_than_one_plan_runs_in_chunks():
 def test_other_kv_pool_classes_are_refused():
     """Subclasses of MHATokenToKVPool (page-major, fp4, mxfp8, no-op) lay the pool out differently."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend, HpcAdviseBackendError
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend, HpcAdviseBackendError
 
     class PageMajorLike(sg.mp.MHATokenToKVPool):
         pass

@@ -1,4 +1,4 @@
-"""hpc_advise.runtime.dist_run: results in rank order, multicast off in every rank, a failing rank's
+"""hpc_advise.runtime.measure.dist_run: results in rank order, multicast off in every rank, a failing rank's
 error reaches the caller (its peer blocked in a collective is ended, not left hanging), bad arguments."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpc_advise.runtime.dist_run import MULTICAST_OFF, run_ranks  # noqa: E402
+from hpc_advise.runtime.measure.dist_run import MULTICAST_OFF, run_ranks  # noqa: E402
 
 
 def _sum_and_env(rank: int, ws: int, scale: float) -> dict:

@@ -3,7 +3,7 @@
 Decode only. Select it with ``--decode-attention-backend hpc_advise --page-size 64``; SGLang then
 builds its ``HybridAttnBackend`` with this backend for decode and its own prefill backend (fa3 on
 SM90 by default, or ``--prefill-attention-backend``) for prefill/extend, so nothing of prefill runs
-here. Loaded lazily by the factory the plugin registers (``sglang_plugin.py``); imports SGLang.
+here. Loaded lazily by the factory the plugin registers (``plugin.py``); imports SGLang.
 
 What it does per step:
 - metadata (once per decode step, not per layer): the page table ``[bs, max_pages]`` is gathered from

@@ -14,7 +14,7 @@ Each timed iteration is timed on every rank (CUDA events on GPU, ``perf_counter`
 rank's time per iteration is kept (an element-wise MAX all-reduce of the samples), and the row holds
 its p20/p50/p80 in microseconds. Before timing, each op's result is checked on rank-dependent data.
 Timing ``eager`` (default) launches each call from Python, so small messages measure torch.distributed's
-per-call host cost too (~50 µs on an H200 host, 2026-11-29); ``graph`` (GPU only) captures up to 16
+per-call host cost too (~50 µs on an H200 host); ``graph`` (GPU only) captures up to 16
 back-to-back calls in one CUDA graph and times its replays, the device-side cost a CUDA-graph-captured
 decode step (SGLang's) pays. An op whose capture fails is timed eagerly, and its rows say why.
 Rows: kind ``comm``, subject = op, provider ``torch.distributed.<backend>``, config {op, bytes,
@@ -32,8 +32,8 @@ import time
 from collections.abc import Iterable
 
 from hpc_advise.advisor import comm_model
-from hpc_advise.runtime.benchmarking import Timing, _percentiles, capture_graph, environment, run_row
-from hpc_advise.runtime.dist_run import MULTICAST_OFF, join_within, multicast_off
+from hpc_advise.runtime.measure.dist_run import MULTICAST_OFF, join_within, multicast_off
+from hpc_advise.runtime.measure.harness import Timing, _percentiles, capture_graph, environment, run_row
 
 OPS = tuple(comm_model.OP_NAMES)  # torch.distributed's names; the advisor's are the values
 BUSBW_FACTOR = {op: comm_model.BUSBW_FACTOR[name] for op, name in comm_model.OP_NAMES.items()}

@@ -3,7 +3,7 @@ that exists, the communication benchmark), a progress bar over them, and what ea
 
 Stages: ``micro`` (copy + GEMMs, ``microbench.py``), ``kernels`` (``hpc_advise.runtime.benches.<name>.
 bench(grid='small')`` for each name in ``KERNEL_BENCHES``; a missing or broken module is skipped with
-its reason), ``comm`` (``comm_bench.measure`` at every GPU count the host allows). ``--bench`` alone means
+its reason), ``comm`` (``comm.measure`` at every GPU count the host allows). ``--bench`` alone means
 micro + kernels; ``--bench comm`` only the communication benchmark; ``--bench all`` everything. A step
 that raises is recorded as failed and the others still run. torch is imported only when steps are built.
 """
@@ -99,8 +99,8 @@ def build_steps(
     stages: tuple[str, ...], *, grid: str = "small", model=None, report: BenchReport
 ) -> list[Step]:
     """The steps for ``stages`` (kernel benchmarks that cannot be imported go to ``report.skipped``)."""
-    from hpc_advise.runtime import comm_bench, microbench
-    from hpc_advise.runtime.benchmarking import environment
+    from hpc_advise.runtime.measure import comm, microbench
+    from hpc_advise.runtime.measure.harness import environment
 
     env = environment()
     steps: list[Step] = []
@@ -112,11 +112,9 @@ def build_steps(
     if "comm" in stages:
         import torch
 
-        for ws in comm_bench.world_sizes(torch.cuda.device_count()):
+        for ws in comm.world_sizes(torch.cuda.device_count()):
             steps.append(
-                Step(
-                    "comm", f"comm {ws} GPU(s)", lambda ws=ws: comm_bench.measure(ws, device="cuda", env=env)
-                )
+                Step("comm", f"comm {ws} GPU(s)", lambda ws=ws: comm.measure(ws, device="cuda", env=env))
             )
     return steps
 
@@ -153,9 +151,9 @@ def run_steps(
 
 def measured_figures(rows: list[dict]) -> dict[str, float]:
     """Figures for the GPU profile's measured table from the rows of a bench run."""
-    from hpc_advise.runtime import comm_bench, microbench
+    from hpc_advise.runtime.measure import comm, microbench
 
-    return {**microbench.measured_figures(rows), **comm_bench.measured_figures(rows)}
+    return {**microbench.measured_figures(rows), **comm.measured_figures(rows)}
 
 
 RESULT_HEADERS = ["kind", "subject", "provider", "config", "metric", "p20", "p50", "p80", "unit"]

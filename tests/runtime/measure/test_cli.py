@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from hpc_advise.cli import main
 from hpc_advise.knowledge_base.store import KnowledgeBase
-from hpc_advise.runtime import microbench, profile_bench
+from hpc_advise.runtime.measure import microbench
+from hpc_advise.runtime.measure import profile as measure_profile
 from tests.advisor.nvml_fake import FakeGpu, FakeNvml
 
 
@@ -88,7 +89,7 @@ def test_unusable_knowledge_base_is_a_clear_error_fake_nvml(tmp_path, home, monk
 
 def test_bench_without_cuda_fails_before_writing_fake_nvml(home, tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    if profile_bench.torch_cuda_problem() is None:
+    if measure_profile.torch_cuda_problem() is None:
         pytest.skip("this machine has CUDA")
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus=[FakeGpu()]))
     db = tmp_path / "kb.db"
@@ -113,9 +114,9 @@ def test_offline_gpu_writes_nothing_and_overlays_kb(tmp_path, home):
 
 
 def test_parse_stages():
-    assert profile_bench.parse_stages("default") == ("micro", "kernels")
-    assert profile_bench.parse_stages("all") == ("micro", "kernels", "comm")
-    assert profile_bench.parse_stages("comm,micro") == ("micro", "comm")
+    assert measure_profile.parse_stages("default") == ("micro", "kernels")
+    assert measure_profile.parse_stages("all") == ("micro", "kernels", "comm")
+    assert measure_profile.parse_stages("comm,micro") == ("micro", "comm")
 
 
 def test_kernel_bench_discovery_and_failures(monkeypatch, capsys):
@@ -138,13 +139,13 @@ def test_kernel_bench_discovery_and_failures(monkeypatch, capsys):
     bad.bench = boom
     monkeypatch.setitem(sys.modules, "hpc_advise.runtime.benches.fake_ok", good)
     monkeypatch.setitem(sys.modules, "hpc_advise.runtime.benches.fake_bad", bad)
-    monkeypatch.setattr(profile_bench, "KERNEL_BENCHES", ("fake_missing", "fake_ok", "fake_bad"))
-    report = profile_bench.BenchReport()
-    steps = profile_bench._kernel_steps(None, report)
+    monkeypatch.setattr(measure_profile, "KERNEL_BENCHES", ("fake_missing", "fake_ok", "fake_bad"))
+    report = measure_profile.BenchReport()
+    steps = measure_profile._kernel_steps(None, report)
     assert [s.label for s in steps] == ["kernel fake_ok", "kernel fake_bad"]
     assert report.skipped[0][0] == "fake_missing" and "no benchmark module" in report.skipped[0][1]
     stored = []
-    profile_bench.run_steps(steps, report, lambda rows: stored.extend(rows) or [len(stored)])
+    measure_profile.run_steps(steps, report, lambda rows: stored.extend(rows) or [len(stored)])
     assert stored == [{"kind": "kernel", "grid": "small"}] and report.run_ids == [1]
     captured = capsys.readouterr()
     assert "bench chatter" not in captured.out and "bench chatter" in captured.err
@@ -158,12 +159,12 @@ def test_rows_the_knowledge_base_rejects_are_reported(tmp_path):
             "created_at": "2026-11-29T00:00:00+00:00"}  # fmt: skip
     bad = dict(good, p50=float("nan"))
     steps = [
-        profile_bench.Step("kernels", "bad", lambda: [good, bad]),
-        profile_bench.Step("kernels", "ok", lambda: [good]),
+        measure_profile.Step("kernels", "bad", lambda: [good, bad]),
+        measure_profile.Step("kernels", "ok", lambda: [good]),
     ]
-    report = profile_bench.BenchReport()
+    report = measure_profile.BenchReport()
     with KnowledgeBase(tmp_path / "kb.db") as kb:
-        profile_bench.run_steps(steps, report, kb.add_runs)
+        measure_profile.run_steps(steps, report, kb.add_runs)
         assert len(kb.runs()) == 1
     assert (
         report.done == ["ok"]
@@ -190,7 +191,7 @@ def test_measured_figures_from_rows():
             "p50": 1.0,
         },
     ]
-    assert profile_bench.measured_figures(rows) == {
+    assert measure_profile.measured_figures(rows) == {
         "copy_bw_tbps": 4.2, "fp8_tflops": 1300.0, "allreduce_busbw_gbps": 300.0, "comm_world_size": 2.0,
     }  # fmt: skip
 
@@ -201,9 +202,9 @@ def test_results_table_keeps_defining_config():
         "unit": "us", "p20": 1.0, "p50": 2.0, "p80": 3.0,
         "config": {"op": "all_reduce", "bytes": 4096, "world_size": 2, "busbw_gbps": 12.3456, "env": {"X": "1"}},
     }  # fmt: skip
-    (line,) = profile_bench.results_table([row])
+    (line,) = measure_profile.results_table([row])
     assert line[3] == "op=all_reduce bytes=4096 world_size=2 busbw_gbps=12.35"
-    assert line[5:8] == [1.0, 2.0, 3.0] and len(line) == len(profile_bench.RESULT_HEADERS)
+    assert line[5:8] == [1.0, 2.0, 3.0] and len(line) == len(measure_profile.RESULT_HEADERS)
 
 
 def test_help_does_not_import_torch():

@@ -1,4 +1,4 @@
-"""The import-only ``sgl_kernel`` stand-in (tests/runtime/sgl_kernel_stand_in.py): installed only where it
+"""The import-only ``sgl_kernel`` stand-in (tests/runtime/sglang/sgl_kernel_stand_in.py): installed only where it
 is needed, raises on any use, and covers every module-level ``sgl_kernel`` import of SGLang's CUDA
 branches in the modules the runtime GPU tests import (checked on CPU by reporting CUDA present to
 SGLang at import time in a subprocess: ``..._fake_cuda``)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime import sgl_kernel_stand_in as stand_in
+from tests.runtime.sglang import sgl_kernel_stand_in as stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,9 +33,9 @@ GPU_TEST_IMPORTS = (
     "sglang.srt.server_args",
     "sglang.srt.plugins",
     "sglang.srt.models.deepseek_v2",
-    "hpc_advise.runtime.sglang_attention",
-    "hpc_advise.runtime.sglang_moe",
-    "hpc_advise.runtime.sglang_router",
+    "hpc_advise.runtime.sglang.attention",
+    "hpc_advise.runtime.sglang.moe",
+    "hpc_advise.runtime.sglang.router",
 )
 
 
@@ -96,16 +96,16 @@ torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
 torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
     name="NVIDIA H200", major=9, minor=0, total_memory=141 << 30, multi_processor_count=132
 )
-from tests.runtime.sglang_cpu import import_sglang
-from tests.runtime import sgl_kernel_stand_in
+from tests.runtime.sglang.helpers import import_sglang
+from tests.runtime.sglang import sgl_kernel_stand_in
 
 import_sglang(*MODULES)
 assert sgl_kernel_stand_in.is_installed(), "stand-in not installed with CUDA reported present"
 from sglang.srt.utils.common import is_cuda
 assert is_cuda(), "SGLang did not see the reported GPU: its CUDA branches were not taken"
-from hpc_advise.runtime import sglang_plugin
-sglang_plugin.register()
-assert sglang_plugin.status()["errors"] == {}, sglang_plugin.status()
+from hpc_advise.runtime.sglang import plugin
+plugin.register()
+assert plugin.status()["errors"] == {}, plugin.status()
 print("IMPORTED", len([m for m in sys.modules if m.startswith("sglang")]))
 """
 

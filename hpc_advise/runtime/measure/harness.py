@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-# shared/DESIGN.md section 7: device copy on one H200 (2026-11-29), TB/s of bytes read + written. The fixed
+# shared/DESIGN.md section 7: device copy on one H200, TB/s of bytes read + written. The fixed
 # figure the issues' bandwidth targets are stated against (issue 5: 90 % of copy = 3.7 TB/s).
 DESIGN_COPY_TBPS = 4.12
 
@@ -272,7 +272,7 @@ def write_results(
     rows = list(rows)
     md = out / f"{stem}.md"
     jl = out / f"{stem}.jsonl"
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M %Z")
     versions = ", ".join(f"{k} {v}" for k, v in sorted(env.items()) if k not in ("gpu",))
     body = [
         f"# {title}",

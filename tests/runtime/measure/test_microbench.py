@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_advise.runtime import microbench as mb
-from hpc_advise.runtime.benchmarking import Timing
+from hpc_advise.runtime.measure import microbench as mb
+from hpc_advise.runtime.measure.harness import Timing
 
 
 def test_small_grid_covers_copy_methods_and_every_dtype():

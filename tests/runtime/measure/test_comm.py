@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_advise.runtime import comm_bench as cb
+from hpc_advise.runtime.measure import comm as cb
 
 
 def test_bus_bandwidth_formulas_by_hand():

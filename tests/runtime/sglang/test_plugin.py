@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from tests.runtime.sglang_cpu import assert_close_seeded, fresh_seed, import_sglang
+from tests.runtime.sglang.helpers import assert_close_seeded, fresh_seed, import_sglang
 
 ARGS = [
     "--model-path",
@@ -27,7 +27,7 @@ ARGS = [
 @pytest.fixture(autouse=True)
 def _sglang_importable():
     """Every test here may reach SGLang modules through our plugin: install the CPU stand-ins first
-    (tests/runtime/sglang_cpu.py), so each test passes alone too, not only after another one did it."""
+    (tests/runtime/sglang/helpers.py), so each test passes alone too, not only after another one did it."""
     import_sglang("sglang.srt.plugins")
 
 
@@ -45,19 +45,19 @@ def test_entry_point_discovered_and_run_by_load_plugins():
     found = plugins.load_plugins_by_group(plugins.GENERAL_PLUGINS_GROUP)
     assert "hpc_advise" in found, "entry point missing: pip install -e . (pyproject's sglang.srt.plugins)"
     func, dist = found["hpc_advise"]
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin
 
-    assert func is sglang_plugin.register and dist == "hpc-advise"
+    assert func is plugin.register and dist == "hpc-advise"
     plugins.load_plugins()  # SGLang's own loader: runs register(), then applies hooks
-    st = sglang_plugin.status()
+    st = plugin.status()
     assert st["sglang"] == "0.5.23" and st["registered"] and st["errors"] == {}
     assert set(st["features"]) >= {"attention", "moe"}
 
 
 def test_sglang_parser_accepts_our_names():
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin
 
-    sglang_plugin.register()
+    plugin.register()
     args = _parser().parse_args(ARGS)
     assert (args.decode_attention_backend, args.moe_runner_backend, args.page_size) == (
         "hpc_advise",
@@ -67,41 +67,41 @@ def test_sglang_parser_accepts_our_names():
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.layers.moe.utils import RegisteredMoeRunnerBackend, resolve_moe_runner_backend
 
-    assert ATTENTION_BACKENDS["hpc_advise"] is sglang_plugin.create_attention_backend
+    assert ATTENTION_BACKENDS["hpc_advise"] is plugin.create_attention_backend
     assert resolve_moe_runner_backend("hpc_advise") == RegisteredMoeRunnerBackend("hpc_advise")
 
 
 def test_moe_hooks_applied_to_fp8_method():
-    from hpc_advise.runtime import sglang_moe, sglang_plugin
+    from hpc_advise.runtime.sglang import moe, plugin
 
-    sglang_plugin.register()
+    plugin.register()
     from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
 
     for target, hook in (
-        (sglang_plugin.MOE_HOOKS[0][0], sglang_moe.create_moe_runner_hook),
-        (sglang_plugin.MOE_HOOKS[1][0], sglang_moe.apply_hook),
+        (plugin.MOE_HOOKS[0][0], moe.create_moe_runner_hook),
+        (plugin.MOE_HOOKS[1][0], moe.apply_hook),
     ):
-        assert sglang_plugin._runs_hook(target, hook), target
+        assert plugin._runs_hook(target, hook), target
     assert hasattr(Fp8MoEMethod.apply, "__wrapped__")
     # the checker is not vacuous: an unhooked SGLang method does not run our hook
-    assert not sglang_plugin._runs_hook(f"{sglang_plugin.FP8_METHOD}.create_weights", sglang_moe.apply_hook)
+    assert not plugin._runs_hook(f"{plugin.FP8_METHOD}.create_weights", moe.apply_hook)
 
 
 def test_unsupported_sglang_version_is_a_noop(monkeypatch, caplog):
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin
 
-    monkeypatch.setattr(sglang_plugin, "sglang_version", lambda: "0.5.22")
+    monkeypatch.setattr(plugin, "sglang_version", lambda: "0.5.22")
 
     def boom():
         raise AssertionError("must not register on an unsupported version")
 
-    monkeypatch.setattr(sglang_plugin, "_register_attention", boom)
-    with caplog.at_level(logging.WARNING, logger=sglang_plugin.__name__):
-        sglang_plugin.register()
+    monkeypatch.setattr(plugin, "_register_attention", boom)
+    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+        plugin.register()
     assert "0.5.22 is not supported" in caplog.text
-    assert sglang_plugin.status()["sglang"] == "0.5.22"
+    assert plugin.status()["sglang"] == "0.5.22"
     monkeypatch.undo()
-    sglang_plugin.register()  # restore this process's state for the other tests
+    plugin.register()  # restore this process's state for the other tests
 
 
 def test_hooks_that_do_not_take_withdraw_the_backend(monkeypatch):
@@ -109,14 +109,14 @@ def test_hooks_that_do_not_take_withdraw_the_backend(monkeypatch):
     import_sglang("sglang.srt.plugins.hook_registry")
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin
 
-    bogus = f"{sglang_plugin.FP8_METHOD}.no_such_method"
-    monkeypatch.setattr(sglang_plugin, "MOE_HOOKS", sglang_plugin.MOE_HOOKS + ((bogus, "apply_hook"),))
+    bogus = f"{plugin.FP8_METHOD}.no_such_method"
+    monkeypatch.setattr(plugin, "MOE_HOOKS", plugin.MOE_HOOKS + ((bogus, "apply_hook"),))
     try:
-        with pytest.raises(sglang_plugin.PluginInstallError, match="no_such_method"):
-            sglang_plugin.register()
-        assert "moe" in sglang_plugin.status()["errors"]
+        with pytest.raises(plugin.PluginInstallError, match="no_such_method"):
+            plugin.register()
+        assert "moe" in plugin.status()["errors"]
         with pytest.raises(SystemExit):
             _parser().parse_args(ARGS)  # argparse: invalid choice 'hpc_advise'
         from sglang.srt.layers.moe.utils import resolve_moe_runner_backend
@@ -126,21 +126,21 @@ def test_hooks_that_do_not_take_withdraw_the_backend(monkeypatch):
     finally:
         HookRegistry._hooks.pop(bogus, None)
         monkeypatch.undo()
-        sglang_plugin.register()
+        plugin.register()
     assert _parser().parse_args(ARGS).moe_runner_backend == "hpc_advise"
 
 
 def test_router_hooks_only_with_env(monkeypatch):
-    from hpc_advise.runtime import sglang_plugin, sglang_router
+    from hpc_advise.runtime.sglang import plugin, router
 
     monkeypatch.delenv("HPC_ADVISE_ROUTER_GEMM", raising=False)
-    sglang_plugin.register()
-    assert "router" not in sglang_plugin.status()["features"]
+    plugin.register()
+    assert "router" not in plugin.status()["features"]
     monkeypatch.setenv("HPC_ADVISE_ROUTER_GEMM", "1")
-    sglang_plugin.register()
-    assert "router" in sglang_plugin.status()["features"]
-    for target, fn, _ in sglang_plugin.ROUTER_HOOKS:
-        assert sglang_plugin._runs_hook(target, getattr(sglang_router, fn)), target
+    plugin.register()
+    assert "router" in plugin.status()["features"]
+    for target, fn, _ in plugin.ROUTER_HOOKS:
+        assert plugin._runs_hook(target, getattr(router, fn)), target
 
 
 def _router_tolerance(x, w):
@@ -154,7 +154,7 @@ def test_replicated_gate_gives_fp32_logits(monkeypatch):
     import_sglang("sglang.srt.layers.linear")
     from sglang.srt.layers.linear import ReplicatedLinear
 
-    from hpc_advise.runtime import sglang_router
+    from hpc_advise.runtime.sglang import router
 
     seed, gen = fresh_seed()
     gate = ReplicatedLinear(1024, 64, bias=False, params_dtype=torch.bfloat16, quant_config=None)
@@ -162,10 +162,10 @@ def test_replicated_gate_gives_fp32_logits(monkeypatch):
     x = torch.randn(3, 1024, generator=gen).to(torch.bfloat16)
     sglang_logits, _ = gate(x)
     assert sglang_logits.dtype == torch.bfloat16
-    sglang_router.install_on_gate(gate)
+    router.install_on_gate(gate)
     ours, bias = gate(x)
     assert bias is None and ours.dtype == torch.float32
-    want = sglang_router.gate_reference(gate.weight, x)
+    want = router.gate_reference(gate.weight, x)
     assert_close_seeded(ours, want, **_router_tolerance(x, gate.weight), seed=seed)
     assert (ours - want).abs().max() < (sglang_logits.float() - want).abs().max(), seed
 
@@ -174,18 +174,18 @@ def test_deepseek_fp32_moegate_hooked(monkeypatch):
     """SGLang's real MoEGate with an fp32 weight (router_fp32), through the AROUND hook on its forward."""
     monkeypatch.setenv("HPC_ADVISE_ROUTER_GEMM", "1")
     dv2 = import_sglang("sglang.srt.models.deepseek_v2")
-    from hpc_advise.runtime import sglang_plugin, sglang_router
+    from hpc_advise.runtime.sglang import plugin, router
 
-    sglang_plugin.register()
+    plugin.register()
     seed, gen = fresh_seed()
     cfg = types.SimpleNamespace(n_routed_experts=64, hidden_size=1024, router_fp32=True, topk_method="greedy")
     gate = dv2.MoEGate(cfg, None)
     gate.weight.data.copy_(torch.randn(64, 1024, generator=gen) * 0.02)
     x = torch.randn(4, 1024, generator=gen).to(torch.bfloat16)
     got = gate(x)
-    assert getattr(gate, sglang_router.MARK)[1] is not None, "our kernel did not serve the fp32 gate"
+    assert getattr(gate, router.MARK)[1] is not None, "our kernel did not serve the fp32 gate"
     assert_close_seeded(
-        got, sglang_router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight), seed=seed
+        got, router.gate_reference(gate.weight, x), **_router_tolerance(x, gate.weight), seed=seed
     )
 
 
@@ -193,16 +193,16 @@ def test_deepseek_fp32_moegate_hooked(monkeypatch):
 def test_hy3_fp32_gate_on_gpu():
     """Hy3's gate shape (192 experts x 4096, fp32 weight, fp32 input as hunyuan_v3 passes it) on the GPU
     through a real ReplicatedLinear with our forward: fp32-accurate against an fp64 product. With
-    sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
+    sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sglang/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     import_sglang("sglang.srt.layers.linear")
     from sglang.srt.layers.linear import ReplicatedLinear
 
-    from hpc_advise.runtime import sglang_router
+    from hpc_advise.runtime.sglang import router
 
     seed, _ = fresh_seed()
     gate = ReplicatedLinear(4096, 192, bias=False, params_dtype=torch.float32, quant_config=None).cuda()
     gate.weight.data.copy_(torch.randn(192, 4096, device="cuda") * 0.02)
-    sglang_router.install_on_gate(gate)
+    router.install_on_gate(gate)
     for m in (1, 128, 2048):
         x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16).to(torch.float32)
         got, _ = gate(x)
@@ -225,11 +225,11 @@ def test_gates_prepared_after_weight_loading():
     dv2 = import_sglang("sglang.srt.models.deepseek_v2")
     from sglang.srt.layers.linear import ReplicatedLinear
 
-    from hpc_advise.runtime import sglang_router
+    from hpc_advise.runtime.sglang import router
 
     model = torch.nn.Module()
     model.qwen_gate = ReplicatedLinear(1024, 64, bias=False, params_dtype=torch.bfloat16, quant_config=None)
-    sglang_router.install_on_gate(model.qwen_gate)
+    router.install_on_gate(model.qwen_gate)
     cfg = types.SimpleNamespace(n_routed_experts=64, hidden_size=1024, router_fp32=True, topk_method="greedy")
     model.fp32_gate = dv2.MoEGate(cfg, None)
     cfg_bf16 = types.SimpleNamespace(
@@ -241,11 +241,11 @@ def test_gates_prepared_after_weight_loading():
     seed, gen = fresh_seed()
     for p in model.parameters():
         p.data.copy_(torch.randn(p.shape, generator=gen))
-    sglang_router.after_load_hook(None, model)
+    router.after_load_hook(None, model)
     for gate in (model.qwen_gate, model.fp32_gate):
-        ptr, hi, lo = getattr(gate, sglang_router.MARK)
+        ptr, hi, lo = getattr(gate, router.MARK)
         assert ptr == gate.weight.data_ptr() and hi.dtype == lo.dtype == torch.bfloat16
         assert_close_seeded(
             hi.float() + lo.float() / 256, gate.weight.float(), atol=0, rtol=2**-15, seed=seed
         )
-    assert not hasattr(model.bf16_gate, sglang_router.MARK)  # SGLang's bf16 MoEGate path is already exact
+    assert not hasattr(model.bf16_gate, router.MARK)  # SGLang's bf16 MoEGate path is already exact

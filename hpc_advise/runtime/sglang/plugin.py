@@ -7,13 +7,13 @@ us by name; an empty whitelist that omits us turns everything here off.
 
 ``register()`` touches no CUDA and is a no-op (one log line) on any other SGLang version. It installs:
 
-- attention backend ``hpc_advise`` (decode only; ``sglang_attention.py``): added to
+- attention backend ``hpc_advise`` (decode only; ``attention.py``): added to
   ``ATTENTION_BACKENDS`` (``register_attention_backend``) and to the argument choices
   (``add_attention_backend_choices``). Use ``--decode-attention-backend hpc_advise --page-size 64``.
-- MoE runner ``hpc_advise`` (``sglang_moe.py``): ``register_moe_runner_core`` (name + runner core),
+- MoE runner ``hpc_advise`` (``moe.py``): ``register_moe_runner_core`` (name + runner core),
   the argument choice (``add_moe_runner_backend_choices``) and AROUND hooks on
   ``Fp8MoEMethod.create_moe_runner`` and ``Fp8MoEMethod.apply``.
-- with ``HPC_ADVISE_ROUTER_GEMM=1`` only: router GEMM hooks (``sglang_router.py``).
+- with ``HPC_ADVISE_ROUTER_GEMM=1`` only: router GEMM hooks (``router.py``).
 
 SGLang only logs hook failures. So ``register()`` applies the hooks itself (``apply_hooks`` is
 idempotent; ``load_plugins`` calls it again and skips what is done), checks that each target now runs
@@ -81,7 +81,7 @@ def sglang_version() -> str | None:
 
 def create_attention_backend(model_runner):
     """Factory registered under ``hpc_advise`` in SGLang's ``ATTENTION_BACKENDS``."""
-    from hpc_advise.runtime.sglang_attention import HpcAdviseAttnBackend
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
     return HpcAdviseAttnBackend(model_runner)
 
@@ -109,13 +109,13 @@ def _register_moe() -> list[tuple[str, object, str]]:
     from sglang.srt.arg_groups.choices import MOE_RUNNER_BACKEND_CHOICES, add_moe_runner_backend_choices
     from sglang.srt.layers.moe.moe_runner import runner as runner_mod
 
-    from hpc_advise.runtime import sglang_moe
+    from hpc_advise.runtime.sglang import moe
 
     if NAME not in runner_mod._CUSTOM_RUNNER_CORE_FACTORIES:
-        runner_mod.register_moe_runner_core(NAME, sglang_moe.HpcAdviseMoeRunnerCore)
+        runner_mod.register_moe_runner_core(NAME, moe.HpcAdviseMoeRunnerCore)
     if NAME not in MOE_RUNNER_BACKEND_CHOICES:
         add_moe_runner_backend_choices([NAME])
-    return [(target, getattr(sglang_moe, fn), "AROUND") for target, fn in MOE_HOOKS]
+    return [(target, getattr(moe, fn), "AROUND") for target, fn in MOE_HOOKS]
 
 
 def _withdraw_moe() -> None:
@@ -130,9 +130,9 @@ def _withdraw_moe() -> None:
 
 
 def _router_hooks() -> list[tuple[str, object, str]]:
-    from hpc_advise.runtime import sglang_router
+    from hpc_advise.runtime.sglang import router
 
-    return [(target, getattr(sglang_router, fn), kind) for target, fn, kind in ROUTER_HOOKS]
+    return [(target, getattr(router, fn), kind) for target, fn, kind in ROUTER_HOOKS]
 
 
 def _runs_hook(target: str, hook) -> bool:
