@@ -9,7 +9,7 @@ Tables: ``gpus`` (NVML facts), ``runs`` (one measurement each), ``notes`` (+ ``n
 ``note_runs``; full-text indexed by ``notes_fts``), ``traces`` (workload summaries),
 ``recommendations`` (advisor inputs/outputs and the fitted model's hash).
 
-A ``runs`` row is what ``hpc_advise.runtime.benchmarking.run_row()`` returns: kind, subject,
+A ``runs`` row is what ``hpc_advise.runtime.measure.harness.run_row()`` returns: kind, subject,
 provider, config (dict), metric, unit, p20/p50/p80, gpu, versions (dict), git_sha, command,
 created_at. Three optional keys: ``metrics`` (dict of further named values: serving imports keep
 mean/median/p99 TTFT, TPOT, ITL, E2E latency and the throughputs there, while ``metric``/``p50``

@@ -27,7 +27,7 @@ def kb(db_path):
 
 
 def kernel_row(**over) -> dict:
-    """A row shaped like ``hpc_advise.runtime.benchmarking.run_row()`` output."""
+    """A row shaped like ``hpc_advise.runtime.measure.harness.run_row()`` output."""
     row = {
         "kind": "kernel",
         "subject": "decode_attention",
