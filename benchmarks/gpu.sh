@@ -275,8 +275,9 @@ machine_facts
 pack
 
 # pytest -m gpu as every stage runs it (paths follow): 2 workers (more ran out of GPU memory), 100 s per test
-PYTEST_GPU=(python3 -m pytest -v -m gpu -n "${TEST_N:-2}" --timeout "${TEST_TIMEOUT:-100}"
-  --continue-on-collection-errors -p no:cacheprovider -o addopts="" -rfEs)
+PYTEST_GPU=(python3 -m pytest -v -m gpu -n "${TEST_N:-2}" --continue-on-collection-errors -p no:cacheprovider
+  -o addopts="" -rfEs)
+python3 -c "import pytest_timeout" 2> /dev/null && PYTEST_GPU+=(--timeout "${TEST_TIMEOUT:-100}")
 
 case $1 in
   env) ;;
@@ -383,7 +384,7 @@ print(len(rows), 'rows, world size $ws, graph $graph')"
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE/hpc" . \
       > "$RES/hpc_dist.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:$SITE/hpc
     step sglang_cpu_tests env CUDA_VISIBLE_DEVICES= python3 -m pytest -q -m "not gpu" "${files[@]}" -n 4 \
-      -p no:cacheprovider -o addopts="" -rfEs --timeout 100
+      -p no:cacheprovider -o addopts="" -rfEs
     tail -2 "$RES/sglang_cpu_tests.log" ;;
   ncu)
     shift
