@@ -26,6 +26,8 @@ Device stages (on the device machine, from the repository root; results in $OUT/
   sglang [run CMD...]          real SGLang 0.5.23 from .whl_sglang: the runtime's SGLang tests (GPU, then CPU
                                with CUDA hidden), or CMD with SGLang's model runner environment
   ncu TARGET...                Nsight Compute sections of diagnostics/ncu_targets.py workloads
+  run CMD...                   any command (a diagnostic, a sweep) in the same environment; what it writes to
+                               $HPC_ADVISE_RESULTS comes back in $OUT/run.tgz
   env                          machine facts only
 
 Carry stages (here, not on the device; write into the root of the checkout the device tool sends):
@@ -171,7 +173,7 @@ EOF
 case ${1:-} in
   ""|-h|--help|help) usage; exit 0 ;;
   carry) [ -n "${2:-}" ] || die "carry needs one of: profile, moe, attn, sglang, tree"; carry_stage "$2"; exit ;;
-  tests|bench|tune|sglang|ncu|env) ;;
+  tests|bench|tune|sglang|ncu|run|env) ;;
   *) die "unknown stage '$1' (bash benchmarks/gpu.sh --help lists them)" ;;
 esac
 
@@ -281,6 +283,11 @@ python3 -c "import pytest_timeout" 2> /dev/null && PYTEST_GPU+=(--timeout "${TES
 
 case $1 in
   env) ;;
+  run)
+    shift
+    [ $# -gt 0 ] || die "run needs a command"
+    step run "$@"
+    tail -40 "$RES/run.log" ;;
   tests)
     shift
     log=gpu_tests_full_h200
