@@ -38,7 +38,7 @@ Carry stages (here, not on the device; write into the root of the checkout the d
   carry tree                   .whl_tree: this worktree's HEAD (git archive); device stages then run that tree
 
 Environment: CARRY (folder holding the carried .whl_* folders; default the repository root), LIMIT_S (seconds
-per step; default 540), TEST_N (pytest workers; default 2); for carry stages PYTHON (default .venv/bin/python)
+per step; default 540; WARM_S for FlashInfer's warm-up, 200), TEST_N (pytest workers; default 2); for carry stages PYTHON (default .venv/bin/python)
 and CARRY_ROOT (default: the main checkout of this repository's worktrees).
 EOF
 }
@@ -230,7 +230,11 @@ setup_flashinfer() {  # FlashInfer from .whl_attn, with its JIT cache from an ea
 
 machine_facts() {
   {
-    echo "tree: $(cat "$ROOT/TREE_COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+    if [ -f "$ROOT/TREE_COMMIT" ]; then
+      echo "tree: $(cat "$ROOT/TREE_COMMIT") (carried)"
+    else  # the sent copy's .git can be stale, and its uncommitted edits are not in it
+      echo "tree: the sent checkout; its .git names $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo nothing)"
+    fi
     nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.mem,memory.used --format=csv
     [ "$(nvidia-smi -L | wc -l)" -gt 1 ] && nvidia-smi topo -m
     python3 - <<'EOF'
@@ -300,7 +304,8 @@ case $1 in
     case $what in
       decode_attention)
         if setup_flashinfer; then
-          step warm_flashinfer python3 benchmarks/bench_decode_attention.py --warm-flashinfer
+          # compiles FlashInfer's modules before the grid times them (minutes without a carried JIT cache)
+          LIMIT_S=${WARM_S:-200} step warm_flashinfer python3 benchmarks/bench_decode_attention.py --warm-flashinfer
           peers=()
         else
           echo "no .whl_attn: FlashInfer peers left out"
