@@ -37,9 +37,9 @@ Carry stages (here, not on the device; write into the root of the checkout the d
   carry sglang                 .whl_sglang: SGLang 0.5.23 (repacked) and the packages its imports need
   carry tree                   .whl_tree: this worktree's HEAD (git archive); device stages then run that tree
 
-Environment: CARRY (folder holding the carried .whl_* folders; default the repository root), LIMIT_S (seconds
-per step; default 540; WARM_S for FlashInfer's warm-up, 200), TEST_N (pytest workers; default 2); for carry stages PYTHON (default .venv/bin/python)
-and CARRY_ROOT (default: the main checkout of this repository's worktrees).
+Environment: CARRY (the folder holding the carried .whl_* folders; default the repository root), LIMIT_S
+(seconds per step; default 540), WARM_S (FlashInfer's warm-up; 200), TEST_N (pytest workers; default 2); for
+carry stages PYTHON (default .venv/bin/python) and CARRY_ROOT (default: the main checkout of these worktrees).
 EOF
 }
 
