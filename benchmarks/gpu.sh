@@ -65,7 +65,9 @@ carry_dest() {  # $1 folder name -> fresh folder in the carry root, ignored by g
   dest="$root/$1"
   if git -C "$root" rev-parse 2>/dev/null && ! git -C "$root" check-ignore -q "$dest/"; then
     exclude="$(git -C "$root" rev-parse --path-format=absolute --git-common-dir)/info/exclude"
-    mkdir -p "$(dirname "$exclude")" && echo "/$1/" >> "$exclude" && echo "added /$1/ to $exclude" >&2
+    mkdir -p "$(dirname "$exclude")"
+    [ -s "$exclude" ] && [ -n "$(tail -c1 "$exclude")" ] && echo >> "$exclude"
+    echo "/$1/" >> "$exclude" && echo "added /$1/ to $exclude" >&2
   fi
   rm -rf "$dest" && mkdir -p "$dest" && echo "$dest"
 }
