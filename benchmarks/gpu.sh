@@ -12,11 +12,11 @@ usage: bash benchmarks/gpu.sh STAGE [ARGS...]
 Device stages (on the device machine, from the repository root; results in $OUT/<stage>.tgz):
   tests [PATH...]              pytest -m gpu over PATH (default: tests); log gpu_tests_full_h200.log
                                (gpu_tests_h200.log when PATHs are given)
-  bench decode_attention [A]   bench_decode_attention.py --grid full --kv all [A]   (FlashInfer peers: .whl_attn)
+  bench decode_attention [A]   bench_decode_attention.py [A]: full grid, both KV dtypes  (FlashInfer: .whl_attn)
   bench fused_moe [decode|prefill] [A]
                                bench_fused_moe.py at T <= 128 on the five shapes, or T = 1024,4096,16384;
                                table fused_moe_decode / fused_moe_prefill           (fbgemm peer: .whl_moe)
-  bench router_gemm [A]        bench_router_gemm.py --grid full [A]
+  bench router_gemm [A]        bench_router_gemm.py [A]: full grid, the shipped configs
   bench traces [A]             bench_traces.py [A]                                  (CPU only)
   bench ep_moe [A]             bench_ep_moe.py on every GPU of the host (2 or more) -> ep_moe_h200x<N>
   bench comm                   hpc-advise profile --bench comm -> comm_h200x<N> (+ _graph, _ws1, _ws1_graph rows)
@@ -313,7 +313,7 @@ case $1 in
           echo "no .whl_attn: FlashInfer peers left out"
           peers=(--peers static,torch_fa2)
         fi
-        step bench_decode_attention python3 benchmarks/bench_decode_attention.py --grid full --kv all "${peers[@]}" "$@"
+        step bench_decode_attention python3 benchmarks/bench_decode_attention.py "${peers[@]}" "$@"
         tail -30 "$RES/bench_decode_attention.log"
         # FI_CACHE_OUT=1: FlashInfer's JIT cache after the grid, for .whl_attn/fiws/fi_cache.tgz
         [ -n "${FI_CACHE_OUT:-}" ] && [ -d /tmp/fiws ] && tar czf "$OUT/fi_cache.tgz" -C /tmp/fiws . ;;
@@ -321,10 +321,13 @@ case $1 in
         part=decode
         case ${1:-} in decode|prefill) part=$1; shift ;; esac
         [ -d "$CARRY/.whl_moe" ] || echo "no .whl_moe: the fbgemm peer is left out"
-        if [ "$part" = decode ]; then
-          args=(--shapes deepseek-v3-ep8,qwen3-30b-a3b,hy3-tp8,qwen3-235b,hy3 --ts 1,4,16,64,128)
-        else
-          args=(--ts 1024,4096,16384)
+        # the part's shapes and T unless given
+        args=()
+        if [ "$part" = decode ] && [[ " $* " != *" --shapes "* ]]; then
+          args+=(--shapes deepseek-v3-ep8,qwen3-30b-a3b,hy3-tp8,qwen3-235b,hy3)
+        fi
+        if [[ " $* " != *" --ts "* ]]; then
+          [ "$part" = decode ] && args+=(--ts 1,4,16,64,128) || args+=(--ts 1024,4096,16384)
         fi
         step "bench_fused_moe_$part" python3 benchmarks/bench_fused_moe.py "${args[@]}" "$@"
         # the bench writes fused_moe.{md,jsonl}; the results folder keeps one table per part
@@ -333,7 +336,7 @@ case $1 in
         done
         grep -v "^ *$" "$RES/bench_fused_moe_$part.log" | tail -30 ;;
       router_gemm)
-        step bench_router_gemm python3 benchmarks/bench_router_gemm.py --grid full "$@"
+        step bench_router_gemm python3 benchmarks/bench_router_gemm.py "$@"
         tail -30 "$RES/bench_router_gemm.log" ;;
       traces)
         step bench_traces python3 benchmarks/bench_traces.py "$@"
