@@ -188,7 +188,8 @@ command -v nvidia-smi > /dev/null || [ "$1 ${2:-}" = "bench traces" ] || die "no
 if [ -z "${GPU_SH_TREE:-}" ] && [ -f "$CARRY/.whl_tree/tree.tar.gz" ]; then
   TREE=$(mktemp -d /tmp/tree.XXXX)
   tar xzf "$CARRY/.whl_tree/tree.tar.gz" -C "$TREE" || die "cannot unpack $CARRY/.whl_tree/tree.tar.gz"
-  [ -f "$TREE/benchmarks/gpu.sh" ] || die "the carried tree ($(cat "$TREE/TREE_COMMIT" 2>/dev/null)) has no benchmarks/gpu.sh"
+  [ -f "$TREE/benchmarks/gpu.sh" ] \
+    || die "the carried tree ($(cat "$TREE/TREE_COMMIT" 2>/dev/null)) has no benchmarks/gpu.sh"
   echo "running the carried tree $(cat "$TREE/TREE_COMMIT" 2>/dev/null) in $TREE"
   GPU_SH_TREE=$TREE CARRY=$CARRY exec bash "$TREE/benchmarks/gpu.sh" "$@"
 fi
