@@ -69,6 +69,7 @@ def simulate(
     measure_from_s: float | None = None,
     measure_until_s: float | None = None,
     horizon_s: float | None = None,
+    origin_s: float | None = None,
 ) -> SimResult:
     """Replay ``workload`` through one replica.
 
@@ -80,13 +81,14 @@ def simulate(
     Measured requests: those arriving in [``measure_from_s``, ``measure_until_s``) of the trace's
     time (all when not given); the others are simulated (warm-up, drain) but not reported.
     ``horizon_s`` stops the simulation at that simulated time: requests not finished by then are
-    reported as such (their latencies are infinite).
+    reported as such (their latencies are infinite). Simulated time 0 is the trace time
+    ``origin_s`` (default: the first arrival), so replicas of one deployment share a clock.
     """
     if load <= 0 or not math.isfinite(load):
         raise WorkloadError(f"load factor must be a positive number, not {load}")
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"concurrency must be at least 1, not {concurrency}")
-    return _Replica(workload, cost, config).run(load, concurrency, measure_from_s, measure_until_s, horizon_s)
+    return _Replica(workload, cost, config).run(load, concurrency, measure_from_s, measure_until_s, horizon_s, origin_s)
 
 
 class _Replica:
@@ -95,7 +97,7 @@ class _Replica:
         self.cost = cost
         self.cfg = config
 
-    def run(self, load, concurrency, measure_from_s, measure_until_s, horizon_s) -> SimResult:  # noqa: C901
+    def run(self, load, concurrency, measure_from_s, measure_until_s, horizon_s, origin_s) -> SimResult:  # noqa: C901
         w, cfg, cost = self.w, self.cfg, self.cost
         n = len(w)
         pool = cfg.max_total_tokens
@@ -120,7 +122,7 @@ class _Replica:
         hoff = w.hash_offsets.tolist()
         hashes = w.hashes
         bsize = w.block_size or 0
-        t0 = float(w.arrival_s[0]) if n else 0.0
+        t0 = origin_s if origin_s is not None else (float(w.arrival_s[0]) if n else 0.0)
 
         # Per-request state.
         send_t = [_NAN] * n
@@ -556,6 +558,7 @@ class _Replica:
                     continue
                 if not ensure_free(n_run):
                     retract()
+                    batch_full = False  # the batch shrank
                 else:
                     ratio = max(ratio - decay, min_ratio)
                 stuck = False
