@@ -30,7 +30,7 @@ def agentic_workload(
     block: int = 512,
     rate: float = 5.5,
     system_blocks: int = 8,
-    growth_blocks: int = 10,
+    growth_blocks: int = 6,
     turns: float = 7.0,
     mean_out: float = 361.0,
     think_s: float = 20.0,

@@ -188,9 +188,9 @@ def test_measured_window_only():
 
 
 def test_radix_lru_evicts_oldest_unlocked_leaf():
-    c = BlockRadixCache()
-    a, _, _ = c.insert([1, 2], [4, 4], 2, now=0.0)
-    b, _, _ = c.insert([7], [4], 1, now=1.0)
+    c = BlockRadixCache(block_size=4)
+    a, _, _ = c.insert([1, 2], [0, 4, 8], 2, now=0.0)
+    b, _, _ = c.insert([7], [0, 4], 1, now=1.0)
     c.match([1, 2], now=2.0)  # A's path is used again
     assert c.evict(4) == 4
     assert c.match([7], now=3.0) == (0, 0)  # B went first
@@ -198,6 +198,19 @@ def test_radix_lru_evicts_oldest_unlocked_leaf():
     assert c.evictable == 0 and c.evict(100) == 0  # locked nodes stay
     c.dec_lock(a, now=4.0)
     assert c.evict(100) == 8 and c.total == 0
+
+
+def test_radix_splits_where_prompts_diverge():
+    c = BlockRadixCache(block_size=4)
+    a, covered, added = c.insert([1, 2, 3], [0, 4, 8, 11], 3, now=0.0)
+    assert (covered, added, c.total) == (11, 11, 11)
+    b, covered, added = c.insert([1, 2, 9], [0, 4, 8, 12], 3, now=1.0)
+    assert (covered, added, c.total) == (12, 4, 15)  # blocks 1, 2 stored once
+    node, tokens = c.match([1, 2, 5], now=2.0)
+    assert tokens == 8 and c.parent[a] == node == c.parent[b]
+    c.inc_lock(a)
+    assert c.evictable == 4  # only B's own block
+    assert c.evict(100) == 4 and c.total == 11
 
 
 def test_window_selection_finds_the_burst():

@@ -145,21 +145,22 @@ class _Replica:
         chains: dict[int, tuple[list, list]] = {}
 
         def chain(r: int) -> tuple[list, list]:
-            """(block hashes, block lengths) of request r's prompt, cached while it is in flight."""
+            """(block hashes, cum) of request r's prompt, cum[i] = tokens of its first i blocks;
+            kept while the request is in flight."""
             c = chains.get(r)
             if c is None:
                 h = hashes[hoff[r] : hoff[r + 1]].tolist()
                 nb = -(-inp[r] // bsize)
                 if len(h) > nb:
                     h = h[:nb]
-                lens = [bsize] * len(h)
+                cum = list(range(0, (len(h) + 1) * bsize, bsize))
                 if len(h) == nb and nb:
-                    lens[-1] = inp[r] - (nb - 1) * bsize
-                c = (h, lens)
+                    cum[-1] = inp[r]
+                c = (h, cum)
                 chains[r] = c
             return c
 
-        cache = BlockRadixCache()
+        cache = BlockRadixCache(bsize or 1)
         D = 0  # decode steps taken by the running batch
         n_run = 0
         running: set[int] = set()
@@ -283,14 +284,14 @@ class _Replica:
             """cache_unfinished_req: the blocks of r's prompt its KV now covers go into the tree and
             r's lock moves to the deepest of them."""
             nonlocal other_priv
-            h, lens = chain(r)
+            h, cum = chain(r)
             f = filled[r]
             nb = len(h)
             if f < inp[r]:
                 nb = min(nb, f // bsize)
             if nb == 0:
                 return
-            nd, covered, _ = cache.insert(h, lens, nb, now)
+            nd, covered, _ = cache.insert(h, cum, nb, now)
             if covered > shared[r]:
                 if nd != node[r]:
                     cache.inc_lock(nd)
