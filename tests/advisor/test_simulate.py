@@ -216,7 +216,7 @@ def test_radix_splits_where_prompts_diverge():
 def test_window_selection_finds_the_burst():
     t = np.concatenate([np.arange(0, 3600, 2.0), 1800 + np.arange(0, 300, 0.1)])
     w = workload([req(float(x), 100, 10) for x in np.sort(t)])
-    wins = select_windows(w, window_s=300, n_samples=2, warmup_s=60, seed=0)
+    wins = select_windows(w.arrival_s, w.input_len + w.output_len, window_s=300, n_samples=2, warmup_s=60, seed=0)
     assert wins[0].kind == "busiest" and 1790 <= wins[0].start_s <= 1810
     assert [x.kind for x in wins[1:]] == ["sample", "sample"]
     for s in wins[1:]:
@@ -236,6 +236,27 @@ def test_replicas_round_robin_and_prefix_affinity():
     hit_rr = simulate_replicas(w, cost, cfg, 3, policy="round_robin").summary()["cache_hit_rate"]
     hit_px = simulate_replicas(w, cost, cfg, 3, policy="prefix").summary()["cache_hit_rate"]
     assert hit_px > hit_rr
+
+
+@pytest.mark.parametrize("pool,mixed,page", [(60_000, False, 1), (60_000, True, 1), (150_000, False, 64)])
+def test_bookkeeping_under_pressure(pool, mixed, page):
+    # Agentic prompts into a small pool: eviction, chunking and retraction all happen; the run
+    # checks that the pool never over-commits and that everything is released at the end.
+    w = agentic_workload(150, seed=4, block=512, rate=3.0, mean_out=3000)
+    w = w.select(np.flatnonzero(w.input_len < pool // 3))
+    cfg = SchedulerConfig(max_total_tokens=pool, enable_mixed_chunk=mixed, page_size=page, chunked_prefill_size=4096)
+    cost = LinearStepCost(per_token_s=2e-5, decode_fixed_s=0.01, per_seq_s=1e-4)
+    r = simulate(w, cost, cfg)
+    assert r.finished.all() and r.retractions > 0
+    assert 0 < r.summary()["cache_hit_rate"] < 1
+
+
+def test_replicas_window():
+    w = agentic_workload(400, seed=6)
+    win = select_windows(w.arrival_s, w.input_len + w.output_len, window_s=20, n_samples=0, warmup_s=10)[0]
+    cost = LinearStepCost(per_token_s=1e-5, decode_fixed_s=0.01)
+    r = simulate_replicas(w, cost, SchedulerConfig(max_total_tokens=2_000_000), 2, window=win)
+    assert r.n_requests == win.n_requests and r.finished.all()
 
 
 def test_capacity_search_bisects():

@@ -485,6 +485,7 @@ class _Replica:
 
         # ------------------------------------------------------------------ the loop
         stuck = False
+        min_free = pool
         while True:
             if closed:
                 while incoming and incoming[0][0] <= t:
@@ -497,6 +498,8 @@ class _Replica:
             if t >= horizon:
                 break
             t_start = t
+            if free_tokens() < min_free:
+                min_free = free_tokens()
 
             batch = try_prefill()
             if batch is not None:
@@ -601,6 +604,15 @@ class _Replica:
                 if used > kv_peak:
                     kv_peak = used
 
+        # Bookkeeping checks: the pool never over-committed; a finished run holds nothing but cache.
+        if min_free < 0:
+            raise RuntimeError(f"simulator bookkeeping: KV pool over-committed by {-min_free} tokens")
+        if t < horizon and not waiting and chunked < 0 and n_run == 0:
+            if run_priv or other_priv or cache.evictable != cache.total:
+                raise RuntimeError(
+                    f"simulator bookkeeping: {run_priv + other_priv} private and "
+                    f"{cache.total - cache.evictable} locked tokens left after the last request"
+                )
         send = np.asarray(send_t)
         if closed:
             measured = np.ones(n, dtype=bool)

@@ -25,7 +25,7 @@ from hpc_advise.advisor.simulate.config import SchedulerConfig
 from hpc_advise.advisor.simulate.cost import StepCost
 from hpc_advise.advisor.simulate.engine import simulate
 from hpc_advise.advisor.simulate.metrics import SimResult, merge
-from hpc_advise.advisor.simulate.workload import Workload, WorkloadError
+from hpc_advise.advisor.simulate.workload import Window, Workload, WorkloadError
 
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS = 64
@@ -108,10 +108,28 @@ def simulate_replicas(
     policy: str = "auto",
     *,
     concurrency: int | None = None,
+    window: Window | None = None,
+    load: float = 1.0,
+    drain_s: float | None = None,
     **simulate_kw,
 ) -> SimResult:
     """Split with ``split_replicas``, simulate every replica (same config and cost), pool the results
-    with ``metrics.merge``. Other keywords go to ``simulate`` (load, measure window, horizon)."""
+    with ``metrics.merge``. With ``window`` only its requests (and its warm-up's) are replayed and its
+    own are measured; the run stops ``drain_s`` simulated seconds after the window's end (default:
+    max(120 s, twice the window's simulated length)), what is not finished by then counts as such.
+    Other keywords go to ``simulate``."""
+    if window is not None:
+        idx, start = window.indices(workload.arrival_s)
+        origin = float(workload.arrival_s[idx[0]]) if idx.size else window.start_s
+        workload = workload.select(idx)
+        length = (window.end_s - window.start_s) / load
+        drain = max(120.0, 2 * length) if drain_s is None else drain_s
+        simulate_kw.setdefault("measure_from_s", start)
+        simulate_kw.setdefault("measure_until_s", window.end_s)
+        simulate_kw.setdefault("origin_s", origin)
+        if concurrency is None:
+            simulate_kw.setdefault("horizon_s", (window.end_s - origin) / load + drain)
+    simulate_kw["load"] = load
     parts = split_replicas(workload, n_replicas, policy)
     per = None if concurrency is None else max(1, round(concurrency / n_replicas))
     origin = float(workload.arrival_s[0]) if len(workload) else 0.0

@@ -150,37 +150,39 @@ class Window:
 
 
 def select_windows(
-    workload: Workload,
+    arrival_s: np.ndarray,
+    tokens: np.ndarray,
     window_s: float = 300.0,
     n_samples: int = 2,
     warmup_s: float = 60.0,
     seed: int = 0,
 ) -> list[Window]:
-    """The busiest ``window_s`` of the trace (by prompt + output tokens arriving) and up to
-    ``n_samples`` other windows of that length drawn with ``seed``, not overlapping the busiest or
-    each other. A trace shorter than one window is one window: the whole trace, no warm-up."""
-    t = workload.arrival_s
+    """The busiest ``window_s`` of a trace (most ``tokens`` arriving: prompt + output per request)
+    and up to ``n_samples`` other windows of that length drawn with ``seed``, not overlapping the
+    busiest (with its warm-up) or each other. Takes bare arrays (sorted arrivals) so that a long
+    trace's windows are chosen before its requests are loaded. A trace shorter than one window is
+    one window: the whole trace, no warm-up."""
+    t = np.asarray(arrival_s, dtype=np.float64)
+    load = np.asarray(tokens, dtype=np.float64)
     if t.size == 0:
         raise WorkloadError("workload: no requests")
+    if load.size != t.size:
+        raise WorkloadError("select_windows: one token count per arrival")
     span = float(t[-1] - t[0])
-    if span <= window_s:
-        tokens = float((workload.input_len + workload.output_len).sum())
-        return [Window("busiest", float(t[0]), float(t[-1]) + 1e-9, 0.0, int(t.size), tokens / max(span, 1e-9))]
-    load = (workload.input_len + workload.output_len).astype(np.float64)
     cum = np.zeros(t.size + 1)
     np.cumsum(load, out=cum[1:])
+    if span <= window_s:
+        return [Window("busiest", float(t[0]), float(t[-1]) + 1e-9, 0.0, int(t.size), float(cum[-1]) / max(span, 1e-9))]
     # Candidate starts: every arrival that leaves a full window before the trace ends.
     starts = t[t <= t[-1] - window_s]
     ends = np.searchsorted(t, starts + window_s, side="left")
     begins = np.searchsorted(t, starts, side="left")
-    sums = cum[ends] - cum[begins]
-    best = int(np.argmax(sums))
+    best = int(np.argmax(cum[ends] - cum[begins]))
 
     def make(kind: str, s: float) -> Window:
         lo = int(np.searchsorted(t, s, side="left"))
         hi = int(np.searchsorted(t, s + window_s, side="left"))
-        w = min(warmup_s, s - float(t[0]))
-        return Window(kind, s, s + window_s, w, hi - lo, float(cum[hi] - cum[lo]) / window_s)
+        return Window(kind, s, s + window_s, min(warmup_s, s - float(t[0])), hi - lo, float(cum[hi] - cum[lo]) / window_s)
 
     out = [make("busiest", float(starts[best]))]
     rng = np.random.default_rng(seed)
