@@ -25,11 +25,17 @@ from hpc_advise.advisor.simulate import (  # noqa: E402
     select_windows,
     simulate,
 )
+from hpc_advise.advisor.simulate.replicas import simulate_replicas  # noqa: E402
+from hpc_advise.advisor.simulate.search import capacity_search  # noqa: E402
 from hpc_advise.advisor.traces import read_trace  # noqa: E402
 from tests.advisor.sim_fixtures import agentic_workload  # noqa: E402
 
 COST = LinearStepCost(
-    prefill_fixed_s=0.010, per_token_s=1.5e-5, per_pair_s=5e-12, decode_fixed_s=0.012, per_seq_s=1e-4,
+    prefill_fixed_s=0.010,
+    per_token_s=1.5e-5,
+    per_pair_s=5e-12,
+    decode_fixed_s=0.012,
+    per_seq_s=1e-4,
     per_kv_token_s=3e-9,
 )
 CONFIG = SchedulerConfig.for_gpu(141, max_total_tokens=900_000)
@@ -66,14 +72,39 @@ def main() -> None:
         h = w.hashes[w.hash_offsets[i] : w.hash_offsets[i + 1]].tolist()
         reused += sum(x in seen for x in h)
         seen.update(h)
-    print(f"synthetic agentic: mean input {w.input_len.mean():.0f}, output {w.output_len.mean():.0f}, "
-          f"{len(w) / (w.arrival_s[-1] - w.arrival_s[0]):.2f} req/s, {reused / w.hashes.size:.0%} of blocks seen before")
+    print(
+        f"synthetic agentic: mean input {w.input_len.mean():.0f}, output {w.output_len.mean():.0f}, "
+        f"{len(w) / (w.arrival_s[-1] - w.arrival_s[0]):.2f} req/s, {reused / w.hashes.size:.0%} of blocks seen before"
+    )
     run("synthetic agentic (open loop)", w, args.repeat)
     run("synthetic agentic (64 clients)", w, args.repeat, concurrency=64)
-    for win in select_windows(w.arrival_s, w.input_len + w.output_len, window_s=300, n_samples=1, warmup_s=60):
+    for win in select_windows(
+        w.arrival_s, w.input_len + w.output_len, window_s=300, n_samples=1, warmup_s=60
+    ):
         idx, _ = win.indices(w.arrival_s)
         print(" ", win.describe())
-        run(f"  {win.kind} window", w.select(idx), args.repeat, measure_from_s=win.start_s, measure_until_s=win.end_s)
+        run(
+            f"  {win.kind} window",
+            w.select(idx),
+            args.repeat,
+            measure_from_s=win.start_s,
+            measure_until_s=win.end_s,
+        )
+    # What recommend would do per surviving candidate: bisect the load factor on the busiest window
+    # under SLOs (TTFT p99 <= 10 s, TPOT p99 <= 80 ms), one replica.
+    busiest = select_windows(w.arrival_s, w.input_len + w.output_len, window_s=300, n_samples=0)[0]
+    t0 = time.perf_counter()
+    res = capacity_search(
+        lambda x: simulate_replicas(w, COST, CONFIG, 1, window=busiest, load=x).meets(10.0, 0.080),
+        lo=1 / 16,
+        hi=16,
+        rel_tol=0.05,
+    )
+    dt = time.perf_counter() - t0
+    print(
+        f"capacity search on the busiest window: load {res.load:.3f} (fails at {res.fail_at}), "
+        f"{len(res.evaluations)} simulations in {dt:.2f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def poisson_workload(n: int, rate: float, seed: int, mean_in: int = 1500, mean_o
     t = np.cumsum(rng.exponential(1.0 / rate, n))
     n_in = np.maximum(1, rng.exponential(mean_in, n)).astype(int)
     n_out = np.maximum(2, rng.exponential(mean_out, n)).astype(int)
-    return workload([req(float(a), int(b), int(c)) for a, b, c in zip(t, n_in, n_out)])
+    return workload([req(float(a), int(b), int(c)) for a, b, c in zip(t, n_in, n_out, strict=True)])
 
 
 def agentic_workload(

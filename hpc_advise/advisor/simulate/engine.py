@@ -88,14 +88,19 @@ def simulate(
         raise WorkloadError(f"load factor must be a positive number, not {load}")
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"concurrency must be at least 1, not {concurrency}")
-    return _Replica(workload, cost, config).run(load, concurrency, measure_from_s, measure_until_s, horizon_s, origin_s)
+    return _Replica(workload, cost, config).run(
+        load, concurrency, measure_from_s, measure_until_s, horizon_s, origin_s
+    )
 
 
 class _Replica:
-    def __init__(self, workload: Workload, cost: StepCost, config: SchedulerConfig) -> None:
+    def __init__(
+        self, workload: Workload, cost: StepCost, config: SchedulerConfig, bursts: bool = True
+    ) -> None:
         self.w = workload
         self.cost = cost
         self.cfg = config
+        self.bursts = bursts  # False: every decode step through the full loop (tests compare both)
 
     def run(self, load, concurrency, measure_from_s, measure_until_s, horizon_s, origin_s) -> SimResult:  # noqa: C901
         w, cfg, cost = self.w, self.cfg, self.cost
@@ -113,10 +118,13 @@ class _Replica:
         init_ratio, min_ratio, decay = cfg.new_token_ratios
         ratio = init_ratio
         horizon = math.inf if horizon_s is None else float(horizon_s)
+        bursts = self.bursts
 
         inp = w.input_len.tolist()
         out = w.output_len.tolist()
-        max_new = (w.output_len if w.max_new_tokens is None else np.maximum(w.max_new_tokens, w.output_len)).tolist()
+        max_new = (
+            w.output_len if w.max_new_tokens is None else np.maximum(w.max_new_tokens, w.output_len)
+        ).tolist()
         cached_tr = w.cached.tolist() if use_radix else [-1] * n
         hashed = use_radix and w.has_hashes
         hoff = w.hash_offsets.tolist()
@@ -339,6 +347,51 @@ class _Replica:
             D += 1
             clip_and_finish_after_step(now)
 
+        def burst() -> None:
+            """Decode steps while nothing but time can change: no finish or CLIP crossing due, no
+            arrival yet, the pool (with evictable cache) covering every step, and no prefill that
+            could be admitted (empty queue, or the batch marked full). Same per-step cost calls,
+            ratio decay, ITL samples and KV statistics as the loop, without its overhead."""
+            nonlocal t, D, run_priv, last_decode_t, ratio, n_decode_steps, kv_used_area, cache_area, area_t
+            nonlocal kv_peak
+            while fin_heap and fin_heap[0][1] != epoch[fin_heap[0][2]]:
+                heapq.heappop(fin_heap)
+            while clip_heap and clip_heap[0][1] != epoch[clip_heap[0][2]]:
+                heapq.heappop(clip_heap)
+            stop_d = (
+                min(fin_heap[0][0] if fin_heap else math.inf, clip_heap[0][0] if clip_heap else math.inf) - 1
+            )
+            if closed:
+                stop_t = incoming[0][0] if incoming else math.inf
+            else:
+                stop_t = arr[next_arr] if next_arr < n else math.inf
+            stop_t = min(stop_t, horizon)
+            room = free_tokens() + cache.evictable
+            decode_s = cost.decode_s
+            locked = cache.total - cache.evictable + other_priv
+            total = cache.total
+            bs = n_run
+            while D < stop_d and t < stop_t and room >= bs:
+                ratio = max(ratio - decay, min_ratio)
+                t_prev = t
+                t = t + decode_s(bs, seq_base + bs * D)
+                itl_gap.append(t - last_decode_t)
+                itl_w.append(bs)
+                last_decode_t = t
+                run_priv += bs
+                D += 1
+                room -= bs
+                n_decode_steps += 1
+                if t > meas_lo and t_prev < meas_hi:
+                    dt = min(t, meas_hi) - max(t_prev, meas_lo)
+                    used = locked + run_priv
+                    kv_used_area += used * dt
+                    cache_area += total * dt
+                    area_t += dt
+                    if used > kv_peak:
+                        kv_peak = used
+            ensure_free(0)  # the steps took free slots first, then evictable ones: evict those now
+
         def retract() -> None:
             nonlocal ratio, n_retract
             order = sorted(running, key=lambda r: (g0[r] + D - d0[r], -inp[r]), reverse=True)
@@ -498,6 +551,7 @@ class _Replica:
             if t >= horizon:
                 break
             t_start = t
+            may_burst = False
             if free_tokens() < min_free:
                 min_free = free_tokens()
 
@@ -532,7 +586,7 @@ class _Replica:
                 if ride:
                     pending_finished = 0
                     decode_tokens(t)
-                for r, pre, ext in batch:
+                for r, _, _ in batch:
                     if hashed and hoff[r + 1] > hoff[r]:
                         insert_prompt(r, t)
                     if r == chunked:
@@ -569,6 +623,7 @@ class _Replica:
                 t = t + cost.decode_s(n_run, seq_base + n_run * D)
                 n_decode_steps += 1
                 decode_tokens(t)
+                may_burst = bursts
             else:
                 # Idle: SGLang resets the new-token ratio; wait for the next arrival.
                 ratio = init_ratio
@@ -603,6 +658,8 @@ class _Replica:
                 area_t += dt
                 if used > kv_peak:
                     kv_peak = used
+            if may_burst and not pending_finished and chunked < 0 and n_run and (batch_full or not waiting):
+                burst()
 
         # Bookkeeping checks: the pool never over-committed; a finished run holds nothing but cache.
         if min_free < 0:

@@ -71,8 +71,21 @@ class SimResult:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_requests(cls, *, send_s, sched_s, first_s, finish_s, input_len, output_len, cached_tokens,
-                      rejected, itl_s, itl_weight, **totals) -> SimResult:
+    def from_requests(
+        cls,
+        *,
+        send_s,
+        sched_s,
+        first_s,
+        finish_s,
+        input_len,
+        output_len,
+        cached_tokens,
+        rejected,
+        itl_s,
+        itl_weight,
+        **totals,
+    ) -> SimResult:
         finished = ~np.isnan(finish_s)
         ttft = np.where(np.isnan(first_s), np.inf, first_s - send_s)
         e2e = np.where(finished, finish_s - send_s, np.inf)
@@ -83,9 +96,20 @@ class SimResult:
         for a in (ttft, e2e, tpot, queue):
             a[rejected] = np.nan
         return cls(
-            send_s=send_s, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, queue_s=queue, input_len=input_len,
-            output_len=output_len, cached_tokens=cached_tokens, rejected=rejected, finished=finished,
-            finish_s=finish_s, itl_s=itl_s, itl_weight=itl_weight, **totals,
+            send_s=send_s,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            e2e_s=e2e,
+            queue_s=queue,
+            input_len=input_len,
+            output_len=output_len,
+            cached_tokens=cached_tokens,
+            rejected=rejected,
+            finished=finished,
+            finish_s=finish_s,
+            itl_s=itl_s,
+            itl_weight=itl_weight,
+            **totals,
         )
 
     @property
@@ -147,7 +171,9 @@ class SimResult:
             "output_throughput": out_tok / dur if dur else 0.0,
             "goodput_req_s": float(good.sum()) / dur if dur else 0.0,
             "good_fraction": float(good.sum()) / n,
-            "cache_hit_rate": float(self.cached_tokens[~self.rejected].sum()) / served_in if served_in else 0.0,
+            "cache_hit_rate": float(self.cached_tokens[~self.rejected].sum()) / served_in
+            if served_in
+            else 0.0,
             "kv_used_mean": self.kv_used_mean / self.pool_tokens,
             "kv_used_peak": self.kv_used_peak / self.pool_tokens,
             "cache_tokens_mean": self.cache_tokens_mean / self.pool_tokens,
@@ -177,10 +203,19 @@ def merge(results: list[SimResult]) -> SimResult:
     cat = lambda name: np.concatenate([getattr(r, name) for r in results])  # noqa: E731
     k = len(results)
     return SimResult(
-        send_s=cat("send_s"), ttft_s=cat("ttft_s"), tpot_s=cat("tpot_s"), e2e_s=cat("e2e_s"),
-        queue_s=cat("queue_s"), input_len=cat("input_len"), output_len=cat("output_len"),
-        cached_tokens=cat("cached_tokens"), rejected=cat("rejected"), finished=cat("finished"),
-        finish_s=cat("finish_s"), itl_s=cat("itl_s"), itl_weight=cat("itl_weight"),
+        send_s=cat("send_s"),
+        ttft_s=cat("ttft_s"),
+        tpot_s=cat("tpot_s"),
+        e2e_s=cat("e2e_s"),
+        queue_s=cat("queue_s"),
+        input_len=cat("input_len"),
+        output_len=cat("output_len"),
+        cached_tokens=cat("cached_tokens"),
+        rejected=cat("rejected"),
+        finished=cat("finished"),
+        finish_s=cat("finish_s"),
+        itl_s=cat("itl_s"),
+        itl_weight=cat("itl_weight"),
         retractions=sum(r.retractions for r in results),
         prefill_steps=sum(r.prefill_steps for r in results),
         decode_steps=sum(r.decode_steps for r in results),

@@ -135,6 +135,8 @@ def simulate_replicas(
     origin = float(workload.arrival_s[0]) if len(workload) else 0.0
     simulate_kw.setdefault("origin_s", origin)
     results = [
-        simulate(workload.select(idx), cost, config, concurrency=per, **simulate_kw) for idx in parts if idx.size
+        simulate(workload.select(idx), cost, config, concurrency=per, **simulate_kw)
+        for idx in parts
+        if idx.size
     ]
     return merge(results)

@@ -39,7 +39,9 @@ class Workload:
         n = self.arrival_s.size
         for name in ("input_len", "output_len", "cached"):
             if getattr(self, name).size != n:
-                raise WorkloadError(f"workload: {name} has {getattr(self, name).size} values for {n} requests")
+                raise WorkloadError(
+                    f"workload: {name} has {getattr(self, name).size} values for {n} requests"
+                )
         if self.hash_offsets.size != n + 1:
             raise WorkloadError("workload: hash_offsets must have one more value than requests")
         if n and np.any(np.diff(self.arrival_s) < 0):
@@ -172,7 +174,16 @@ def select_windows(
     cum = np.zeros(t.size + 1)
     np.cumsum(load, out=cum[1:])
     if span <= window_s:
-        return [Window("busiest", float(t[0]), float(t[-1]) + 1e-9, 0.0, int(t.size), float(cum[-1]) / max(span, 1e-9))]
+        return [
+            Window(
+                "busiest",
+                float(t[0]),
+                float(t[-1]) + 1e-9,
+                0.0,
+                int(t.size),
+                float(cum[-1]) / max(span, 1e-9),
+            )
+        ]
     # Candidate starts: every arrival that leaves a full window before the trace ends.
     starts = t[t <= t[-1] - window_s]
     ends = np.searchsorted(t, starts + window_s, side="left")
@@ -182,7 +193,14 @@ def select_windows(
     def make(kind: str, s: float) -> Window:
         lo = int(np.searchsorted(t, s, side="left"))
         hi = int(np.searchsorted(t, s + window_s, side="left"))
-        return Window(kind, s, s + window_s, min(warmup_s, s - float(t[0])), hi - lo, float(cum[hi] - cum[lo]) / window_s)
+        return Window(
+            kind,
+            s,
+            s + window_s,
+            min(warmup_s, s - float(t[0])),
+            hi - lo,
+            float(cum[hi] - cum[lo]) / window_s,
+        )
 
     out = [make("busiest", float(starts[best]))]
     rng = np.random.default_rng(seed)
