@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ def _next_candidates(cfg: StandInConfig, prev: int) -> list[tuple[int, float]]:
     toks = [(prev * 31 + 17 * k + 1) % cfg.vocab for k in range(cfg.top)]
     scores = [-0.7 * k + cfg.logprob_noise * (k % 2) for k in range(cfg.top)]
     z = math.log(sum(math.exp(s) for s in scores))
-    return sorted(zip(toks, [s - z for s in scores]), key=lambda x: -x[1])
+    return sorted(zip(toks, [s - z for s in scores], strict=True), key=lambda x: -x[1])
 
 
 def _greedy(cfg: StandInConfig, prompt_ids: list[int], n: int) -> list[int]:
@@ -80,7 +81,7 @@ def _greedy(cfg: StandInConfig, prompt_ids: list[int], n: int) -> list[int]:
 def _prompt_ids(prompt) -> list[int]:
     if isinstance(prompt, list):
         return [int(x) for x in prompt]
-    return [hash(w) % 1000 for w in str(prompt).split()]
+    return [zlib.crc32(w.encode()) % 1000 for w in str(prompt).split()]  # stable across processes
 
 
 def build_app(cfg: StandInConfig):
@@ -99,7 +100,12 @@ def build_app(cfg: StandInConfig):
 
     async def server_info(request):
         return web.json_response(
-            {"model_path": cfg.model, "tp_size": 1, "attention_backend": "stand-in", "version": "0.0-stand-in"}
+            {
+                "model_path": cfg.model,
+                "tp_size": 1,
+                "attention_backend": "stand-in",
+                "version": "0.0-stand-in",
+            }
         )
 
     def too_long(n_prompt: int, max_tokens: int):
@@ -125,7 +131,9 @@ def build_app(cfg: StandInConfig):
         if len(ids) + max_tokens > cfg.max_context:
             return too_long(len(ids), max_tokens)
         if cfg.error_every and k % cfg.error_every == 0:
-            return web.json_response({"object": "error", "message": "stand-in failure"}, status=cfg.error_status)
+            return web.json_response(
+                {"object": "error", "message": "stand-in failure"}, status=cfg.error_status
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         drop = cfg.drop_every and k % cfg.drop_every == 0
@@ -141,7 +149,11 @@ def build_app(cfg: StandInConfig):
             chunk = {"id": f"cmpl-{k}", "object": "text_completion", "model": cfg.model,
                      "choices": [{"index": 0, "text": f" t{tok}", "finish_reason": None}]}  # fmt: skip
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        usage = {"prompt_tokens": len(ids), "completion_tokens": len(tokens), "total_tokens": len(ids) + len(tokens)}
+        usage = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(tokens),
+            "total_tokens": len(ids) + len(tokens),
+        }
         last = {"id": f"cmpl-{k}", "object": "text_completion", "choices": [], "usage": usage}
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(b"data: " + json.dumps(last).encode() + b"\n\n")
@@ -174,7 +186,9 @@ def build_app(cfg: StandInConfig):
                 top_lp.append([[c_lp, c_tok, None] for c_tok, c_lp in cands[:topn]])
             meta["input_token_logprobs"] = tok_lp
             meta["input_top_logprobs"] = top_lp
-        return web.json_response({"text": " ".join(f"t{t}" for t in out), "output_ids": out, "meta_info": meta})
+        return web.json_response(
+            {"text": " ".join(f"t{t}" for t in out), "output_ids": out, "meta_info": meta}
+        )
 
     app = web.Application()
     if cfg.html:

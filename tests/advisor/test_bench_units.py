@@ -129,7 +129,9 @@ def test_validate_rows_errors_and_terms():
     assert rows["ttft_p50"]["error"] == 0.0 and rows["ttft_p50"]["points_at"] is None
     assert rows["ttft_p99"]["error"] == pytest.approx(0.5)
     assert rows["ttft_p99"]["points_at"].startswith("queueing")  # p50 right, tail wrong
-    assert rows["tpot_p50"]["error"] == pytest.approx(1.0) and rows["tpot_p50"]["points_at"].startswith("decode")
+    assert rows["tpot_p50"]["error"] == pytest.approx(1.0) and rows["tpot_p50"]["points_at"].startswith(
+        "decode"
+    )
     assert rows["tpot_p99"]["points_at"].startswith("the p50 miss")
     assert rows["output_tok_s_per_gpu"]["error"] == 0.0
     with pytest.raises(V.ValidateError, match="no ranked configuration"):

@@ -38,13 +38,19 @@ def _print_target(t: dict) -> None:
             continue
         rows.append([name, _f(d.get("mean")), _f(d.get("median")), _ci(d.get("median_ci")), _f(d.get("p90")),
                      _ci(d.get("p90_ci")), _f(d.get("p99")), _ci(d.get("p99_ci"))])  # fmt: skip
-    click.echo(tabulate(rows, headers=["[ms]", "mean", "p50", "p50 95% CI", "p90", "p90 95% CI", "p99", "p99 95% CI"]))
+    click.echo(
+        tabulate(
+            rows, headers=["[ms]", "mean", "p50", "p50 95% CI", "p90", "p90 95% CI", "p99", "p99 95% CI"]
+        )
+    )
     line = (f"completed {s['completed']}/{s['requests']} in {s['duration_s']:.1f} s: "
             f"{s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} output tok/s, "
             f"{s['total_throughput']:.1f} total tok/s, mean concurrency {s['concurrency']:.1f}")  # fmt: skip
     click.echo(line)
     if "request_goodput" in s:
-        click.echo(f"goodput {s['request_goodput']:.2f} req/s ({100 * s['goodput_fraction']:.1f} % of requests meet the SLOs)")
+        click.echo(
+            f"goodput {s['request_goodput']:.2f} req/s ({100 * s['goodput_fraction']:.1f} % of requests meet the SLOs)"
+        )
     if s["failures"]:
         click.echo("failures: " + ", ".join(f"{k} {v}" for k, v in s["failures"].items()))
     if t["partial"]:
@@ -65,7 +71,9 @@ def _print_report(rep) -> None:
         rows = [[r["metric"], _f(r["candidate"], 2), _f(r["baseline"], 2), _f(r["diff"], 2),
                  _ci(r["ci"]) if r["ci"] else "", _f(100 * r["relative"]), r["verdict"]] for r in rep.ab]  # fmt: skip
         click.echo("A/B (candidate = --url, baseline = --baseline-url; difference = candidate - baseline):")
-        click.echo(tabulate(rows, headers=["metric", "candidate", "baseline", "diff", "95% CI", "diff %", "verdict"]))
+        click.echo(
+            tabulate(rows, headers=["metric", "candidate", "baseline", "diff", "95% CI", "diff %", "verdict"])
+        )
         click.echo()
     c = rep.consistency
     if c:
@@ -100,26 +108,61 @@ def _clean(o):
 @click.command("bench")
 @click.option("--url", required=True, help="OpenAI-compatible server (e.g. http://127.0.0.1:30000).")
 @click.option("--trace", required=True, help="Trace file (any format `hpc-advise trace` reads).")
-@click.option("--baseline-url", default=None, help="A/B: a second server; both get the same requests, interleaved.")
-@click.option("--rate-scale", type=float, default=1.0, show_default=True, help="Multiply the trace's arrival rate.")
+@click.option(
+    "--baseline-url", default=None, help="A/B: a second server; both get the same requests, interleaved."
+)
+@click.option(
+    "--rate-scale", type=float, default=1.0, show_default=True, help="Multiply the trace's arrival rate."
+)
 @click.option("--concurrency", type=int, default=None, help="Closed loop of N clients (timestamps ignored).")
 @click.option("--duration", "duration_s", type=float, default=None, help="Stop sending after S seconds.")
 @click.option("--requests", type=int, default=None, help="Send only the first N requests of the trace.")
 @click.option("--slo-ttft-ms", type=float, default=None)
 @click.option("--slo-tpot-ms", type=float, default=None)
-@click.option("--model", default=None, help="Model name to send and store (default: the server's /v1/models id).")
-@click.option("--tokenizer", default=None, help="Tokenizer (local path or cached HF id) for exact prompt lengths.")
-@click.option("--recommendation", "recommendation_id", type=int, default=None, help="Recommendation id this run measures.")
-@click.option("--gpu", default=None, help="GPU the server runs on (default: NVML when local, else the recommendation's).")
-@click.option("--label", default=None, help="Configuration label stored as the run's provider / bench_serving tag.")
+@click.option(
+    "--model", default=None, help="Model name to send and store (default: the server's /v1/models id)."
+)
+@click.option(
+    "--tokenizer", default=None, help="Tokenizer (local path or cached HF id) for exact prompt lengths."
+)
+@click.option(
+    "--recommendation",
+    "recommendation_id",
+    type=int,
+    default=None,
+    help="Recommendation id this run measures.",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="GPU the server runs on (default: NVML when local, else the recommendation's).",
+)
+@click.option(
+    "--label", default=None, help="Configuration label stored as the run's provider / bench_serving tag."
+)
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="bench_serving JSONL to append to (default: $HPC_ADVISE_HOME/bench/bench_serving.jsonl).")  # fmt: skip
 @click.option("--details", is_flag=True, help="Also write per-request ITLs and errors to the JSONL.")
 @click.option("--no-store", is_flag=True, help="Do not write the knowledge base (nor the default JSONL).")
-@click.option("--consistency-prompts", type=int, default=8, show_default=True, help="A/B: fixed prompts for output consistency (0 = off).")
+@click.option(
+    "--consistency-prompts",
+    type=int,
+    default=8,
+    show_default=True,
+    help="A/B: fixed prompts for output consistency (0 = off).",
+)
 @click.option("--consistency-tokens", type=int, default=32, show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request limit in seconds.")
-@click.option("--retries", type=int, default=3, show_default=True, help="Tries to reach the server before giving up.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Per-request limit in seconds.",
+)
+@click.option(
+    "--retries", type=int, default=3, show_default=True, help="Tries to reach the server before giving up."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--format", "fmt", default=None, help="Force the trace format.")
 @click.option("--skip-bad", is_flag=True, help="Skip malformed trace lines instead of stopping.")
@@ -156,7 +199,9 @@ def bench(url, trace, baseline_url, rate_scale, concurrency, duration_s, request
 @click.command("validate")
 @click.option("--recommendation", "recommendation_id", type=int, default=None, help="Recommendation id.")
 @click.option("--run", "run_id", type=int, default=None, help="A bench run id (its recommendation is used).")
-@click.option("--threshold", type=float, default=0.15, show_default=True, help="Relative error counted as a miss.")
+@click.option(
+    "--threshold", type=float, default=0.15, show_default=True, help="Relative error counted as a miss."
+)
 @click.option("--db", default=None, help="Knowledge-base file (default: hpc-advise kb path).")
 @click.option("--json", "as_json", is_flag=True)
 def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
@@ -172,9 +217,15 @@ def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
     try:
         with KnowledgeBase(db) as kb:
             run = find_run(kb, recommendation_id, run_id)
-            rid = recommendation_id if recommendation_id is not None else (run.get("config") or {}).get("recommendation_id")
+            rid = (
+                recommendation_id
+                if recommendation_id is not None
+                else (run.get("config") or {}).get("recommendation_id")
+            )
             if rid is None:
-                raise ValidateError(f"run {run_id} was not benched for a recommendation (bench --recommendation ID)")
+                raise ValidateError(
+                    f"run {run_id} was not benched for a recommendation (bench --recommendation ID)"
+                )
             try:
                 rec = kb.recommendation(int(rid))
             except KeyError:
@@ -188,6 +239,10 @@ def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
     click.echo(f"recommendation {out['recommendation_id']} ({out['configuration']}) vs run {out['run_id']}")
     rows = [[r["label"], _f(r["predicted"], 2), _f(r["measured"], 2), _ci(r["ci"]) if r["ci"] else "",
              "-" if r["error"] is None else f"{100 * r['error']:+.1f} %", r["points_at"] or ""] for r in out["rows"]]  # fmt: skip
-    click.echo(tabulate(rows, headers=["metric", "predicted", "measured", "measured 95% CI", "error", "miss points at"]))
+    click.echo(
+        tabulate(
+            rows, headers=["metric", "predicted", "measured", "measured 95% CI", "error", "miss points at"]
+        )
+    )
     for note in out["notes"]:
         click.echo(f"note: {note}", err=True)

@@ -135,7 +135,13 @@ def _classify(status: int, body: bytes) -> str:
 
 
 async def stream_completion(
-    s: aiohttp.ClientSession, url: str, model: str, prompt, max_tokens: int, res: Result, extra: dict | None = None
+    s: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    prompt,
+    max_tokens: int,
+    res: Result,
+    extra: dict | None = None,
 ) -> Result:
     """Send one streamed completion and fill ``res`` (never raises for a failed request)."""
     payload = {
@@ -155,7 +161,9 @@ async def stream_completion(
     done = False
     try:
         res.start = t0 = clock()
-        async with s.post(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"}) as r:
+        async with s.post(
+            url + "/v1/completions", data=data, headers={"Content-Type": "application/json"}
+        ) as r:
             if r.status != 200:
                 res.error = _classify(r.status, await r.read())
                 return res

@@ -30,12 +30,18 @@ from hpc_advise.advisor.bench.client import ServerError, session
 
 
 async def _generate(s: aiohttp.ClientSession, url: str, payload: dict) -> dict:
-    async with s.post(url + "/generate", data=orjson.dumps(payload), headers={"Content-Type": "application/json"}) as r:
+    async with s.post(
+        url + "/generate", data=orjson.dumps(payload), headers={"Content-Type": "application/json"}
+    ) as r:
         body = await r.read()
         if r.status == 404:
-            raise ServerError(f"{url}: no /generate endpoint (HTTP 404): output consistency needs SGLang's native API")
+            raise ServerError(
+                f"{url}: no /generate endpoint (HTTP 404): output consistency needs SGLang's native API"
+            )
         if r.status != 200:
-            raise ServerError(f"{url}/generate answered HTTP {r.status}: {body[:200].decode('utf-8', 'replace')}")
+            raise ServerError(
+                f"{url}/generate answered HTTP {r.status}: {body[:200].decode('utf-8', 'replace')}"
+            )
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -68,7 +74,7 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
     n = min(len(a), len(b))
     if n == 0:
         return (1.0 if len(a) == len(b) else 0.0), (None if len(a) == len(b) else 0)
-    same = [x == y for x, y in zip(a[:n], b[:n])]
+    same = [x == y for x, y in zip(a[:n], b[:n], strict=True)]
     first = next((i for i, s in enumerate(same) if not s), None)
     if first is None and len(a) != len(b):
         first = n

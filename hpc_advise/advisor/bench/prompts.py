@@ -81,7 +81,9 @@ def load_tokenizer(name: str):
         except ImportError:
             errors.append("transformers not installed")
         except Exception as exc:
-            errors.append(f"transformers: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            errors.append(
+                f"transformers: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
     else:
         errors.append("not a local path and not in the Hugging Face cache")
     raise TokenizerUnavailable(f"no tokenizer for {name!r} in local files ({'; '.join(errors)})")
@@ -107,7 +109,9 @@ class PromptBuilder:
     def _block(self, hash_id: int, size: int) -> np.ndarray:
         return self._tokens((hash_id << 1) | 1, size)
 
-    def indices(self, index: int, input_len: int, hash_ids: Sequence[int] | None, block_size: int | None) -> np.ndarray:
+    def indices(
+        self, index: int, input_len: int, hash_ids: Sequence[int] | None, block_size: int | None
+    ) -> np.ndarray:
         parts, have = [], 0
         if hash_ids is not None and block_size:
             for h in hash_ids:

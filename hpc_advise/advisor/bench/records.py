@@ -81,9 +81,12 @@ def bench_record(summary: dict, outcome, *, label: str | None, plan, concurrency
         rate_scale=rate_scale,
         failures=summary["failures"],
         skipped_too_long=summary["skipped_too_long"],
-        intervals={f"{st}_{name}_ms": (summary.get(key) or {}).get(f"{st}_ci")
-                   for key, name, _ in FAMILIES for st in ("median", "p90", "p99")
-                   if (summary.get(key) or {}).get(f"{st}_ci")},  # fmt: skip
+        intervals={
+            f"{st}_{name}_ms": (summary.get(key) or {}).get(f"{st}_ci")
+            for key, name, _ in FAMILIES
+            for st in ("median", "p90", "p99")
+            if (summary.get(key) or {}).get(f"{st}_ci")
+        },  # fmt: skip
     )
     return rec
 
@@ -119,7 +122,9 @@ def kb_row(record: dict, summary: dict, *, path: Path, lineno: int, gpu: str | N
             if ci and all(_finite(x) is not None for x in ci):
                 metrics[f"{st}_{name}_ms_ci_low"], metrics[f"{st}_{name}_ms_ci_high"] = ci
     if summary.get("output_throughput_ci"):
-        metrics["output_throughput_ci_low"], metrics["output_throughput_ci_high"] = summary["output_throughput_ci"]
+        metrics["output_throughput_ci_low"], metrics["output_throughput_ci_high"] = summary[
+            "output_throughput_ci"
+        ]
     metrics["requests"] = summary["requests"]
     metrics["skipped_too_long"] = summary["skipped_too_long"]
     for cause, n in summary["failures"].items():

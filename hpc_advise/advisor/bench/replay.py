@@ -119,7 +119,9 @@ class Progress:
         frac = done / self.total if self.total else 1.0
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         el = time.perf_counter() - self.t0
-        sys.stderr.write(f"\r[{bar}] {done}/{self.total} failed {failed} {el:6.1f} s {done / max(el, 1e-9):6.1f} req/s")
+        sys.stderr.write(
+            f"\r[{bar}] {done}/{self.total} failed {failed} {el:6.1f} s {done / max(el, 1e-9):6.1f} req/s"
+        )
         if final:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -159,7 +161,9 @@ class Replay:
 
     def _prompt(self, i: int):
         bs = int(self.plan.block_size[i])
-        return self.builder.prompt(i, int(self.plan.n_in[i]), self.plan.hash_ids(i) if bs else None, bs or None)
+        return self.builder.prompt(
+            i, int(self.plan.n_in[i]), self.plan.hash_ids(i) if bs else None, bs or None
+        )
 
     async def _one(self, s, k: int, i: int, scheduled: float, prompt) -> None:
         facts = self.targets[k]

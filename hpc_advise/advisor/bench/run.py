@@ -176,7 +176,7 @@ def run_bench(opts: BenchOptions) -> BenchReport:
         output = paths.home() / "bench" / "bench_serving.jsonl"
     report.output = str(output) if output else None
     rows = []
-    for k, (o, summary) in enumerate(zip(outcomes, summaries)):
+    for k, (o, summary) in enumerate(zip(outcomes, summaries, strict=True)):
         role = "candidate" if len(outcomes) == 2 and k == 0 else ("baseline" if k == 1 else None)
         reasons = _partial_reasons(summary, replay.interrupted)
         label = opts.label or ("baseline" if role == "baseline" else None)
@@ -212,6 +212,6 @@ def run_bench(opts: BenchOptions) -> BenchReport:
 
         with KnowledgeBase(opts.db) as kb:
             ids = kb.add_runs(rows)
-        for entry, run_id in zip(report.targets, ids):
+        for entry, run_id in zip(report.targets, ids, strict=True):
             entry["run_id"] = run_id
     return report

@@ -3,7 +3,8 @@ failures by cause, and the A/B difference of two runs over the same requests.
 
 Percentiles are numpy's linear interpolation (as SGLang's ``bench_serving``). A confidence interval
 is the 2.5th-97.5th percentile of the statistic over bootstrap resamples of the requests (seeded, so
-a run's report is reproducible); ITL resamples gaps. The number of resamples is ``BOOTSTRAP`` and
+a run's report is reproducible); a run's ITL interval resamples gaps, the A/B ITL interval
+resamples requests with all their gaps. The number of resamples is ``BOOTSTRAP`` and
 shrinks for very large samples so one interval costs at most ``BOOT_BUDGET`` values, processed in
 chunks to bound memory.
 
@@ -30,7 +31,7 @@ MIN_EFFECT = 0.02
 
 
 def _resamples(n: int, boot: int) -> int:
-    return max(100, min(boot, BOOT_BUDGET // max(n, 1)))
+    return max(50, min(boot, BOOT_BUDGET // max(n, 1)))
 
 
 def bootstrap(values: np.ndarray, stat: Callable[[np.ndarray], np.ndarray], boot: int = BOOTSTRAP,
@@ -117,7 +118,8 @@ def summarize(results: Sequence[Result], duration_s: float, slo_ttft_ms: float |
     }
     if n_ok:
         s["output_throughput_ci"] = tuple(
-            x / dur for x in bootstrap(cols["n_out"].astype(np.float64), lambda m: m.sum(axis=1), seed=seed + 4)
+            x / dur
+            for x in bootstrap(cols["n_out"].astype(np.float64), lambda m: m.sum(axis=1), seed=seed + 4)
         )
     if slo_ttft_ms is not None or slo_tpot_ms is not None:
         good = np.ones(n_ok, dtype=bool)
@@ -138,6 +140,10 @@ AB_METRICS = (("ttft", 50), ("ttft", 90), ("ttft", 99), ("tpot", 50), ("tpot", 9
               ("e2e", 50), ("e2e", 99), ("itl", 50), ("itl", 99))  # fmt: skip
 
 
+def _gaps_by_index(results: Sequence[Result]) -> dict[int, np.ndarray]:
+    return {r.index: np.frombuffer(r.itl, dtype=np.float64) for r in results if r.ok and len(r.itl)}
+
+
 def compare(a: Sequence[Result], b: Sequence[Result], duration_a: float, duration_b: float,
             min_effect: float = MIN_EFFECT, seed: int = 0) -> list[dict]:  # fmt: skip
     """Per metric: baseline (b) and candidate (a) values, difference a - b with its 95% interval,
@@ -150,17 +156,23 @@ def compare(a: Sequence[Result], b: Sequence[Result], duration_a: float, duratio
     rng_seed = seed
     for name, q in AB_METRICS:
         if name == "itl":
-            va, vb = all_itl(a) * 1000, all_itl(b) * 1000
-            if len(va) < 2 or len(vb) < 2:
+            # cluster bootstrap: resample the paired requests, take all their gaps (gaps of one
+            # request, and of requests in flight together, are not independent draws)
+            ga, gb = _gaps_by_index(a), _gaps_by_index(b)
+            pairs = [(ga[i], gb[i]) for i in common if len(ga.get(i, ())) and len(gb.get(i, ()))]
+            if len(pairs) < 2:
                 continue
-            est = float(np.percentile(va, q) - np.percentile(vb, q))
+            va = np.concatenate([p[0] for p in pairs]) * 1000
+            vb = np.concatenate([p[1] for p in pairs]) * 1000
+            base, cand = float(np.percentile(vb, q)), float(np.percentile(va, q))
+            est = cand - base
             rng = np.random.default_rng(rng_seed)
             diffs = []
             for _ in range(_resamples(len(va) + len(vb), 200)):
-                diffs.append(np.percentile(va[rng.integers(0, len(va), len(va))], q)
-                             - np.percentile(vb[rng.integers(0, len(vb), len(vb))], q))  # fmt: skip
+                pick = rng.integers(0, len(pairs), len(pairs))
+                diffs.append(np.percentile(np.concatenate([pairs[j][0] for j in pick]), q) * 1000
+                             - np.percentile(np.concatenate([pairs[j][1] for j in pick]), q) * 1000)  # fmt: skip
             lo, hi = np.percentile(diffs, [2.5, 97.5])
-            base, cand = float(np.percentile(vb, q)), float(np.percentile(va, q))
         else:
             va, vb = ca[name][ia] * 1000, cb[name][ib] * 1000
             keep = ~(np.isnan(va) | np.isnan(vb))

@@ -53,7 +53,11 @@ def find_run(kb, recommendation_id: int | None = None, run_id: int | None = None
             return kb.run(run_id)
         except KeyError:
             raise ValidateError(f"no run with id {run_id}") from None
-    runs = [r for r in kb.runs(kind="serving") if (r.get("config") or {}).get("recommendation_id") == recommendation_id]
+    runs = [
+        r
+        for r in kb.runs(kind="serving")
+        if (r.get("config") or {}).get("recommendation_id") == recommendation_id
+    ]
     if not runs:
         raise ValidateError(
             f"no bench run for recommendation {recommendation_id}: run "
@@ -126,7 +130,9 @@ def _notes(rec: dict, run: dict, cfg: dict) -> list[str]:
     if want and cfg.get("trace") and str(want) != str(cfg.get("trace")):
         notes.append(f"predicted for trace {want}, measured on {cfg['trace']}")
     if cfg.get("rate_scale") not in (None, 1, 1.0):
-        notes.append(f"measured at rate scale {cfg['rate_scale']}; the prediction is for the trace's own rate")
+        notes.append(
+            f"measured at rate scale {cfg['rate_scale']}; the prediction is for the trace's own rate"
+        )
     if cfg.get("max_concurrency") is not None and (rec.get("inputs") or {}).get("concurrency") is None:
         notes.append("measured in a closed loop; the prediction is for the trace's arrivals")
     if cfg.get("prompt_lengths") == "approximate":
