@@ -168,30 +168,37 @@ async def stream_completion(
                 res.error = _classify(r.status, await r.read())
                 return res
             last = t0
-            async for line in r.content:
-                if not line.startswith(b"data:"):
-                    continue
-                body = line[5:].strip()
-                if body == b"[DONE]":
-                    done = True
+            pending = b""
+            # whole reads, split into lines here: one await per network read, not per line
+            async for data in r.content.iter_any():
+                now = clock()
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    body = line[5:].strip()
+                    if body == b"[DONE]":
+                        done = True
+                        break
+                    obj = orjson.loads(body)
+                    choices = obj.get("choices")
+                    if choices and choices[0].get("text"):
+                        if res.ttft is None:
+                            res.ttft = now - t0
+                        else:
+                            res.itl.append(now - last)
+                        last = now
+                        n_chunks += 1
+                    usage = obj.get("usage")
+                    if usage:
+                        res.n_in = int(usage.get("prompt_tokens") or 0)
+                        res.n_out = int(usage.get("completion_tokens") or 0)
+                    if obj.get("error") or obj.get("object") == "error":
+                        res.error = "server_error"
+                        return res
+                if done:
                     break
-                obj = orjson.loads(body)
-                choices = obj.get("choices")
-                if choices and choices[0].get("text"):
-                    now = clock()
-                    if res.ttft is None:
-                        res.ttft = now - t0
-                    else:
-                        res.itl.append(now - last)
-                    last = now
-                    n_chunks += 1
-                usage = obj.get("usage")
-                if usage:
-                    res.n_in = int(usage.get("prompt_tokens") or 0)
-                    res.n_out = int(usage.get("completion_tokens") or 0)
-                if obj.get("error") or obj.get("object") == "error":
-                    res.error = "server_error"
-                    return res
             res.e2e = last - t0 if res.ttft is not None else clock() - t0
     except asyncio.TimeoutError:
         res.error = "timeout"

@@ -195,11 +195,10 @@ class Replay:
         for i in range(len(self.plan)):
             due = t_start + t[i] / scale
             wait = due - time.perf_counter()
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self._stop.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+            while wait > 0 and not self._stop.is_set():
+                # plain sleeps (a wait_for per request costs a task); stop() is seen within 0.2 s
+                await asyncio.sleep(min(wait, 0.2))
+                wait = due - time.perf_counter()
             if self._stop.is_set() or (end is not None and time.perf_counter() > end):
                 break
             prompt = self._prompt(i)

@@ -116,6 +116,12 @@ def summarize(results: Sequence[Result], duration_s: float, slo_ttft_ms: float |
         "tpot_ms": describe(cols["tpot"][~np.isnan(cols["tpot"])], seed=seed + 2),
         "itl_ms": describe(all_itl(results), seed=seed + 3),
     }
+    lag = [r.start - r.scheduled for r in results if r.start]
+    if lag:  # how late the client sent, against the plan (open loop): its own overhead
+        s["dispatch_lag_ms"] = {
+            "median": float(np.median(lag)) * 1000,
+            "p99": float(np.percentile(lag, 99)) * 1000,
+        }
     if n_ok:
         s["output_throughput_ci"] = tuple(
             x / dur
