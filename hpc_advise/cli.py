@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "recommend": "hpc_advise.advisor.cli:recommend",
     "predict": "hpc_advise.advisor.cli:predict",
     "launch": "hpc_advise.advisor.cli:launch",
+    "bench": "hpc_advise.advisor.bench.cli:bench",
+    "validate": "hpc_advise.advisor.bench.cli:validate",
     "runtime": "hpc_advise.runtime.cli:runtime",
 }
 
@@ -39,6 +41,8 @@ HELP = {
     "recommend": "Rank SGLang configurations for a trace, model and GPUs.",
     "predict": "Predict TTFT/TPOT/throughput for one configuration.",
     "launch": "Start SGLang with a recommended configuration.",
+    "bench": "Replay a trace against a live server (A/B, consistency); store the run.",
+    "validate": "Predicted vs measured for a recommendation, and what a miss points at.",
     "runtime": "Runtime: dispatch table and environment report.",
 }
 
