@@ -2,8 +2,9 @@
 from the KV-read roofline on a given decode batch, so backends can be compared on a trace's length mix.
 
 Rows come from three places (all knowledge-base ``runs`` rows, kind 'kernel'): the seed file
-``data/kernel_seed.jsonl`` (the team's reference H200 run, shared DESIGN §7), committed benchmark
-results ``benchmarks/results/*.jsonl`` of this checkout, and the knowledge base. For decode attention,
+``data/kernel_seed.jsonl`` (the team's reference H200 run, shared DESIGN §7), the kernel tables
+shipped in ``data/kernel_results/``, and the knowledge base: package data only, never a checkout's
+``benchmarks/results/``. For decode attention,
 each provider gets a non-negative least-squares model
 
     t_us = a + b * floor_us + c * tail_us
@@ -117,30 +118,18 @@ def seed_rows() -> list[dict]:
 SHIPPED_RESULTS = "kernel_results"
 
 
-def checkout_rows(root: Path | None = None) -> list[dict]:
-    """Committed kernel benchmark results: ``benchmarks/results/<name>.jsonl`` of this checkout (not
-    the *_run* / *_sweep* experiment files) when running from one, else the copies shipped in
-    ``data/kernel_results/`` (so an installed hpc-advise works offline with the same tables)."""
-    root = root or Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    texts: list[str] = []
-    if root.is_dir():
-        for path in sorted(root.glob("*.jsonl")):
-            if "_run" in path.stem or "_sweep" in path.stem:
-                continue
-            texts.append(path.read_text(encoding="utf-8"))
-    else:
-        shipped = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_RESULTS)
-        for entry in sorted(shipped.iterdir(), key=lambda e: e.name):
-            if entry.name.endswith(".jsonl"):
-                texts.append(entry.read_text(encoding="utf-8"))
+def shipped_rows() -> list[dict]:
+    """The kernel benchmark tables shipped in ``data/kernel_results/``: the same rows whether
+    hpc-advise runs from a checkout or from a wheel (a bench writes them with an explicit ship step;
+    the advisor never reads ``benchmarks/results/``)."""
+    shipped = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_RESULTS)
     rows: list[dict] = []
-    for text in texts:
-        for line in text.splitlines():
+    for entry in sorted(shipped.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".jsonl"):
+            continue
+        for line in entry.read_text(encoding="utf-8").splitlines():
             if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+                rows.append(json.loads(line))
     return rows
 
 
@@ -245,4 +234,4 @@ def _plan_costs(rows: list[dict]) -> dict[str, float]:
 
 
 def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
-    return fit_attention(seed_rows() + checkout_rows() + kb_rows(kb_path))
+    return fit_attention(seed_rows() + shipped_rows() + kb_rows(kb_path))

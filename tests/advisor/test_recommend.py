@@ -142,12 +142,12 @@ def test_plot_needs_the_extra_or_writes_png(advisor_home, tmp_path):  # noqa: F8
 
 
 def test_kernel_models_reproduce_measurements_and_the_long_tail_penalty():
-    """Fitted per-provider attention models (seed DESIGN §7 rows + committed benchmark results)
+    """Fitted per-provider attention models (seed DESIGN §7 rows + the shipped kernel tables)
     reproduce their rows, and a static split-k schedule pays for a long request where a dynamic one
     does not."""
-    from hpc_advise.advisor.op_efficiency import checkout_rows, fit_attention, seed_rows
+    from hpc_advise.advisor.op_efficiency import fit_attention, seed_rows, shipped_rows
 
-    rows = seed_rows() + checkout_rows()
+    rows = seed_rows() + shipped_rows()
     m = fit_attention(rows)
     bw = 4.12e6  # H200 profile copy bandwidth, bytes/us
     errors = {}
@@ -190,10 +190,10 @@ def test_case_names_parse(case, n, first):
     assert len(lens) == n and lens[0] >= first * 0.99
 
 
-def test_installed_copy_of_kernel_tables_is_used_without_a_checkout(tmp_path):
-    from hpc_advise.advisor.op_efficiency import checkout_rows, fit_attention, seed_rows
+def test_shipped_kernel_tables_fit_the_compared_backends():
+    from hpc_advise.advisor.op_efficiency import fit_attention, seed_rows, shipped_rows
 
-    shipped = checkout_rows(tmp_path / "no-such-dir")
+    shipped = shipped_rows()
     assert any(r.get("provider") == "hpc_advise_dynamic" for r in shipped)
     m = fit_attention(seed_rows() + shipped)
     assert (
@@ -201,6 +201,32 @@ def test_installed_copy_of_kernel_tables_is_used_without_a_checkout(tmp_path):
         and m.provider_for("flashinfer") == "fi_decode_tc"
     )
     assert m.provider_for("fa3") is None  # never measured: the advisor flags it instead of guessing
+
+
+def test_kernel_models_read_package_data_only(tmp_path, monkeypatch):
+    """Every file the kernel models read lies inside the package (seed and shipped tables): a
+    checkout's benchmarks/results/ is never read, so a checkout and a wheel give one answer."""
+    import scipy.optimize  # noqa: F401  (imported first: its import reads its own metadata)
+
+    import hpc_advise
+    from hpc_advise.advisor.op_efficiency import fit_attention, load_attention_model, seed_rows, shipped_rows
+
+    package = Path(hpc_advise.__file__).resolve().parent
+    read: list[Path] = []
+    for name in ("read_text", "read_bytes", "open", "glob", "iterdir"):
+        original = getattr(Path, name)
+
+        def spy(self, *a, _original=original, **k):
+            read.append(Path(self).resolve())
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(Path, name, spy)
+    loaded = load_attention_model(tmp_path / "no-kb.db")
+    monkeypatch.undo()
+    outside = [p for p in read if package not in p.parents and p != package]
+    assert read and not outside, outside
+    alone = fit_attention(seed_rows() + shipped_rows())
+    assert loaded.coef == alone.coef and loaded.n_rows == alone.n_rows
 
 
 def _qwen_ranker(rate_rps="trace"):
