@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 CHILD = r"""
 import json, os, resource, sys, threading, time
 import hpc_advise.advisor.traces as traces
-from hpc_advise.advisor.trace_blocks import default_workers
+from hpc_advise.advisor.traces.columns import default_workers
 
 def hwm_kib(pid="self"):
     # VmHWM: this process's own peak RSS (ru_maxrss would include the parent's, inherited at exec)

@@ -9,7 +9,7 @@ Per candidate (``candidates``), at the trace's mean lengths:
    ``--concurrency`` (default: the trace summary's context-spread concurrency);
 2. TPOT p50/p99: 48 decode batches are drawn from the trace's (isl, osl) sample at that concurrency
    (requests weighted by their output length, each at a uniform point of its decode, as
-   ``trace_summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
+   ``traces.summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
    roofline step time over the mean batch's, plus, per layer with KV cache, the attention backend's
    fitted kernel time (``op_efficiency``) minus the reference backend's (FlashInfer's decode kernel,
    the one the calibration data's engines mostly ran). Backends with no kernel measurement keep the
@@ -156,7 +156,7 @@ BATCH_BLOCK = 64  # requests per block of the batch sample (``_batches``)
 
 
 def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
-    """[N_BATCHES, batch] context lengths drawn as trace_summary.context_spread does. Batches of b
+    """[N_BATCHES, batch] context lengths drawn as traces.summary.context_spread does. Batches of b
     requests are the first b of the batches of b + 1 (columns come in blocks of BATCH_BLOCK, each
     from its own seeded stream): common random numbers, so predictions move smoothly with the batch
     size instead of redrawing it, which the capacity search's bisection relies on."""

@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hpc_advise.advisor.trace_cli import trace
 from hpc_advise.advisor.traces import Request, TraceError, TraceSummary, read_trace, summarize
+from hpc_advise.advisor.traces.cli import trace
 from tests.advisor.trace_helpers import assert_same, comparable
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
@@ -324,8 +325,13 @@ def test_example_generator_reproduces_the_shipped_traces(tmp_path):
     import subprocess
 
     out = tmp_path / "gen"
+    # this tree's package, not whichever hpc_advise the interpreter has installed
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parents[1])}
     subprocess.run(
-        [sys.executable, str(EXAMPLES / "generate.py"), "--out", str(out)], check=True, capture_output=True
+        [sys.executable, str(EXAMPLES / "generate.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        env=env,
     )
     for name in ("agentic_coding.jsonl", "chat_uniform.csv", "bursty.csv"):
         fresh, shipped = summarize(out / name), summarize(EXAMPLES / name)

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_advise.advisor import trace_blocks
-from hpc_advise.advisor.trace_fastpath import _datetimes, fast_columns, fast_csv_columns
-from hpc_advise.advisor.trace_formats import ReadOptions
-from hpc_advise.advisor.trace_parse import BadField, datetime_seconds
-from hpc_advise.advisor.trace_summary import Summarizer
 from hpc_advise.advisor.traces import REORDER_S, TraceError, read_trace, summarize
+from hpc_advise.advisor.traces import columns as trace_blocks
+from hpc_advise.advisor.traces.fastpath import _datetimes, fast_columns, fast_csv_columns
+from hpc_advise.advisor.traces.formats import ReadOptions
+from hpc_advise.advisor.traces.parse import BadField, datetime_seconds
+from hpc_advise.advisor.traces.summary import Summarizer
 from tests.advisor.trace_helpers import assert_same, comparable
 
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from hpc_advise.advisor import trace_parse
-from hpc_advise.advisor.trace_parse import datetime_seconds
 from hpc_advise.advisor.traces import Request, TraceError, read_trace, summarize
+from hpc_advise.advisor.traces import parse as trace_parse
+from hpc_advise.advisor.traces.parse import datetime_seconds
 
 
 def write(tmp_path, name, text):

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_advise.advisor.trace_cli import trace
-from hpc_advise.advisor.trace_writers import WRITERS
 from hpc_advise.advisor.traces import Request, summarize
+from hpc_advise.advisor.traces.cli import trace
+from hpc_advise.advisor.traces.writers import WRITERS
 from tests.advisor.trace_helpers import assert_same, comparable
 
 # What each format can carry: failures, cached tokens, prefix hashes (and their block size).

@@ -22,11 +22,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpc_advise.advisor.trace_check import BAD_EXAMPLES, MAX_TOKENS, REORDER_S, order_problem, request_problem
-from hpc_advise.advisor.trace_fastpath import fast_columns, fast_csv_columns
-from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions
-from hpc_advise.advisor.trace_io import TraceError, TraceSource
-from hpc_advise.advisor.trace_summary import Columns, to_columns
+from hpc_advise.advisor.traces.checks import (
+    BAD_EXAMPLES,
+    MAX_TOKENS,
+    REORDER_S,
+    order_problem,
+    request_problem,
+)
+from hpc_advise.advisor.traces.fastpath import fast_columns, fast_csv_columns
+from hpc_advise.advisor.traces.formats import FORMATS, ReadOptions
+from hpc_advise.advisor.traces.source import TraceError, TraceSource
+from hpc_advise.advisor.traces.summary import Columns, to_columns
 
 BLOCK_BYTES = 1 << 20  # 1 MiB: ~4x less peak memory than 4 MiB blocks, no slower
 START_POOL_AT = 12  # blocks: inputs up to 12 MiB never start worker processes
@@ -56,7 +62,7 @@ def parse_block(
     skip_bad: bool,
 ) -> Parsed:
     """Parse and check one block (runs in a worker process): the whole-block fast path when it
-    applies (``trace_fastpath``), else line by line. Without ``skip_bad`` it stops at the first bad
+    applies (``traces.fastpath``), else line by line. Without ``skip_bad`` it stops at the first bad
     line."""
     text = data.decode("utf-8", errors="replace")
     if first_line == 1:

@@ -18,9 +18,9 @@ from itertools import chain
 
 import numpy as np
 
-from hpc_advise.advisor.trace_check import MAX_TOKENS
-from hpc_advise.advisor.trace_parse import fast_loads
-from hpc_advise.advisor.trace_summary import Columns
+from hpc_advise.advisor.traces.checks import MAX_TOKENS
+from hpc_advise.advisor.traces.parse import fast_loads
+from hpc_advise.advisor.traces.summary import Columns
 
 _NUMBER = {int, float}
 _NONE = type(None)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from hpc_advise.advisor.trace_formats import FORMATS
-from hpc_advise.advisor.trace_io import TraceError
-from hpc_advise.advisor.trace_writers import DROPS_FAILED, WRITERS
+from hpc_advise.advisor.traces.formats import FORMATS
+from hpc_advise.advisor.traces.source import TraceError
+from hpc_advise.advisor.traces.writers import DROPS_FAILED, WRITERS
 
 _BAR = "█▏▎▍▌▋▊▉"
 

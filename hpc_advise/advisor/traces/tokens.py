@@ -15,7 +15,7 @@ import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
-from hpc_advise.advisor.trace_io import TraceError
+from hpc_advise.advisor.traces.source import TraceError
 
 
 def estimate_tokens(text: str) -> int:

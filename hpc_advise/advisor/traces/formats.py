@@ -20,7 +20,7 @@ Formats (field names as their producers write them):
   ``input_tokens``/``output_tokens`` too) or Batch API output lines (``custom_id``,
   ``response.status_code``, ``response.body``, ``error``).
 - ``sharegpt``   JSON array of ``{"id", "conversations": [{"from", "value"}]}``; see
-  ``trace_tokens`` for how text becomes tokens. Every assistant turn is one request whose input is
+  ``traces.tokens`` for how text becomes tokens. Every assistant turn is one request whose input is
   the whole conversation before it (what a chat server receives), its output that turn.
 - ``sglang-bench`` / ``vllm-bench``  ``python -m sglang.bench_serving --output-details`` JSONL and
   ``vllm bench serve --save-result`` JSON: per-request ``input_lens``, ``output_lens``, ``errors``,
@@ -33,8 +33,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from hpc_advise.advisor.trace_io import Request, TraceError, TraceSource
-from hpc_advise.advisor.trace_parse import (
+from hpc_advise.advisor.traces.parse import (
     BadField,
     csv_rows,
     datetime_seconds,
@@ -47,6 +46,7 @@ from hpc_advise.advisor.trace_parse import (
     parse_json_line,
     tokens,
 )
+from hpc_advise.advisor.traces.source import Request, TraceError, TraceSource
 
 Item = tuple[int, "Request | str"]
 
@@ -240,7 +240,7 @@ _ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bing", "bard", "model"}
 
 
 def read_sharegpt(source: TraceSource, options: ReadOptions, meta: dict) -> Iterator[Item]:
-    from hpc_advise.advisor.trace_tokens import estimate_tokens
+    from hpc_advise.advisor.traces.tokens import estimate_tokens
 
     count = options.count_tokens or estimate_tokens
     meta["token_counter"] = getattr(count, "description", "estimate")

@@ -1,10 +1,10 @@
 """Public API for traffic traces: ``read_trace`` (stream ``Request`` records from any supported
 format) and ``summarize`` (a ``TraceSummary`` in constant memory).
 
-Every record is checked (``trace_check``); a failing record is ``FILE:LINE: reason``: it stops
+Every record is checked (``traces.checks``); a failing record is ``FILE:LINE: reason``: it stops
 the read, or is counted in ``n_bad`` and skipped with ``skip_bad=True``.
 
-Formats and detection: ``trace_formats``; files: ``trace_io`` (gzip / zstd / bz2 / xz, ``-`` = stdin).
+Formats and detection: ``traces.formats``; files: ``traces.source`` (gzip / zstd / bz2 / xz, ``-`` = stdin).
 """
 
 from __future__ import annotations
@@ -16,11 +16,17 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpc_advise.advisor.trace_blocks import LINE_FORMATS, OrderCheck, parsed_blocks
-from hpc_advise.advisor.trace_check import BAD_EXAMPLES, MAX_TOKENS, REORDER_S, order_problem, request_problem
-from hpc_advise.advisor.trace_formats import FORMATS, ReadOptions, detect
-from hpc_advise.advisor.trace_io import Request, TraceError, TraceSource
-from hpc_advise.advisor.trace_summary import Summarizer, TraceSummary
+from hpc_advise.advisor.traces.checks import (
+    BAD_EXAMPLES,
+    MAX_TOKENS,
+    REORDER_S,
+    order_problem,
+    request_problem,
+)
+from hpc_advise.advisor.traces.columns import LINE_FORMATS, OrderCheck, parsed_blocks
+from hpc_advise.advisor.traces.formats import FORMATS, ReadOptions, detect
+from hpc_advise.advisor.traces.source import Request, TraceError, TraceSource
+from hpc_advise.advisor.traces.summary import Summarizer, TraceSummary
 
 __all__ = [
     "FORMATS",
@@ -140,7 +146,7 @@ def read_trace(
     messages call the file (default: the path)."""
     options = ReadOptions()
     if tokenizer:
-        from hpc_advise.advisor.trace_tokens import load_tokenizer
+        from hpc_advise.advisor.traces.tokens import load_tokenizer
 
         options.count_tokens = load_tokenizer(tokenizer)
     return TraceReader(path, fmt, skip_bad, options=options, name=name)
@@ -197,7 +203,7 @@ def summarize(
     *,
     tokenizer: str | None = None,
 ) -> TraceSummary:
-    """Summarize a trace (see ``trace_summary`` for every field's definition).
+    """Summarize a trace (see ``traces.summary`` for every field's definition).
 
     ``concurrency``: decode batch size for the context-spread figures (default 64).
     ``window_minutes``: summarize only the busiest window of that length (two passes over the file;

@@ -1,5 +1,5 @@
 """``TraceSummary`` (what the advisor and the knowledge base get) and ``Summarizer``, which builds it
-from a stream of ``Request`` records in constant memory (see ``trace_stats`` for the sketches).
+from a stream of ``Request`` records in constant memory (see ``traces.stats`` for the sketches).
 
 Definitions (the user-facing version is the reference section of ``examples/traces/README.md``):
 
@@ -28,8 +28,8 @@ from itertools import chain, islice
 
 import numpy as np
 
-from hpc_advise.advisor.trace_io import Request
-from hpc_advise.advisor.trace_stats import (
+from hpc_advise.advisor.traces.source import Request
+from hpc_advise.advisor.traces.stats import (
     QUANTILE_REL_ERROR,
     Arrivals,
     LengthSketch,

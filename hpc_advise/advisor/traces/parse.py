@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Iterator
 
-from hpc_advise.advisor.trace_io import TraceError, TraceSource
+from hpc_advise.advisor.traces.source import TraceError, TraceSource
 
 
 class BadField(ValueError):

@@ -13,7 +13,7 @@ import datetime as _dt
 import json
 from collections.abc import Callable, Iterable, Iterator
 
-from hpc_advise.advisor.trace_io import Request, TraceError
+from hpc_advise.advisor.traces.source import Request, TraceError
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
