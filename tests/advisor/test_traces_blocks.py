@@ -1,11 +1,11 @@
-"""The block-parallel summarize path gives the same summary and the same first error as the
-sequential reader, across block boundaries, in-process and in worker processes."""
+"""The read path (traces.columns): blocks of lines give the same summary and the same first error
+as one request at a time through the Summarizer, across block boundaries; the whole-block fast paths
+give the same requests as the per-line readers."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import resource
 
 import numpy as np
 import pytest
@@ -22,10 +22,12 @@ from tests.advisor.trace_helpers import assert_same, comparable
 
 
 def sequential(path, **kw):
-    """The summary through read_trace (per-request reader and checks), no blocks."""
+    """The summary of read_trace's records added one at a time (the Summarizer's own chunking), not
+    the read path's blocks."""
     reader = read_trace(path, **kw)
     s = Summarizer(reorder_s=REORDER_S)
-    s.consume(reader)
+    for request in reader:
+        s.add(request)
     summary = s.result(source=reader.name, fmt=reader.format, n_bad=reader.n_bad, concurrency=None)
     if reader.bad_examples:
         summary.notes.append("skipped: " + "; ".join(reader.bad_examples))
@@ -35,8 +37,6 @@ def sequential(path, **kw):
 @pytest.fixture
 def small_blocks(monkeypatch):
     monkeypatch.setattr(trace_blocks, "BLOCK_BYTES", 2000)
-    monkeypatch.setattr(trace_blocks, "START_POOL_AT", 2)  # workers from the 3rd block, parse from the 5th
-    monkeypatch.setattr(trace_blocks, "INPROCESS_BLOCKS", 4)
 
 
 def _mooncake_lines(n, rng, bad_every=None, jitter=0.0):
@@ -61,26 +61,19 @@ def _mooncake_lines(n, rng, bad_every=None, jitter=0.0):
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("workers", ["0", "2"])
-def test_blocks_match_sequential(tmp_path, small_blocks, monkeypatch, workers):
-    monkeypatch.setenv("HPC_ADVISE_TRACE_WORKERS", workers)
+def test_blocks_match_sequential(tmp_path, small_blocks):
     rng = np.random.default_rng()
     path = tmp_path / "t.jsonl"
     path.write_text(_mooncake_lines(400, rng, bad_every=37, jitter=5.0))
     assert path.stat().st_size > 10 * trace_blocks.BLOCK_BYTES
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     a = summarize(path, skip_bad=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    assert (spent > 0) == (workers == "2")  # worker processes (our direct children) really ran
     b = sequential(path, skip_bad=True)
     assert a.n_bad == b.n_bad == 400 // 37
     a_d, b_d = comparable(a), comparable(b)
     assert_same(a_d, b_d)
 
 
-def test_csv_blocks_keep_header_and_line_numbers(tmp_path, small_blocks, monkeypatch):
-    monkeypatch.setenv("HPC_ADVISE_TRACE_WORKERS", "0")
+def test_csv_blocks_keep_header_and_line_numbers(tmp_path, small_blocks):
     rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
     rows += [f"{i * 0.5},ChatGPT,{100 + i},{i % 50},{100 + i + i % 50},Conversation log" for i in range(600)]
     rows.insert(450, "17.5,ChatGPT,abc,3,3,Conversation log")  # line 451
@@ -95,9 +88,7 @@ def test_csv_blocks_keep_header_and_line_numbers(tmp_path, small_blocks, monkeyp
     assert_same(comparable(a), comparable(b))
 
 
-@pytest.mark.parametrize("workers", ["0", "2"])
-def test_first_error_in_file_order_across_blocks(tmp_path, small_blocks, monkeypatch, workers):
-    monkeypatch.setenv("HPC_ADVISE_TRACE_WORKERS", workers)
+def test_first_error_in_file_order_across_blocks(tmp_path, small_blocks):
     lines = [json.dumps({"t": i * 1.0, "in": 10, "out": 2}) for i in range(300)]
     lines[200] = json.dumps({"t": 150.0, "in": 10, "out": 2})  # 49 s late: line 201
     lines[250] = "not json"  # line 251

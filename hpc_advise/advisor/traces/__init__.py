@@ -1,10 +1,15 @@
-"""Public API for traffic traces: ``read_trace`` (stream ``Request`` records from any supported
-format) and ``summarize`` (a ``TraceSummary`` in constant memory).
+"""Traffic traces: ``read_trace`` (stream ``Request`` records from any supported format) and
+``summarize`` (a ``TraceSummary`` in constant memory), both over the one read path of
+``traces.columns``.
 
 Every record is checked (``traces.checks``); a failing record is ``FILE:LINE: reason``: it stops
 the read, or is counted in ``n_bad`` and skipped with ``skip_bad=True``.
 
-Formats and detection: ``traces.formats``; files: ``traces.source`` (gzip / zstd / bz2 / xz, ``-`` = stdin).
+Modules: ``source`` (the ``Request`` record, ``TraceError``, opening files: gzip / zstd / bz2 / xz,
+``-`` = stdin), ``formats`` (one reader per format, ``detect``), ``parse`` (field parsing shared by
+the readers), ``fastpath`` (whole-block parsing), ``columns`` (the read path), ``checks``, ``stats``
+(streaming sketches), ``summary`` (``TraceSummary``), ``tokens`` (text to token counts), ``writers``
+and ``cli`` (``hpc-advise trace``).
 """
 
 from __future__ import annotations
@@ -16,17 +21,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpc_advise.advisor.traces.checks import (
-    BAD_EXAMPLES,
-    MAX_TOKENS,
-    REORDER_S,
-    order_problem,
-    request_problem,
-)
-from hpc_advise.advisor.traces.columns import LINE_FORMATS, OrderCheck, parsed_blocks
+from hpc_advise.advisor.traces.checks import BAD_EXAMPLES, MAX_TOKENS, REORDER_S
+from hpc_advise.advisor.traces.columns import checked_columns
 from hpc_advise.advisor.traces.formats import FORMATS, ReadOptions, detect
 from hpc_advise.advisor.traces.source import Request, TraceError, TraceSource
-from hpc_advise.advisor.traces.summary import Summarizer, TraceSummary
+from hpc_advise.advisor.traces.summary import Columns, Summarizer, TraceSummary
 
 __all__ = [
     "FORMATS",
@@ -75,22 +74,29 @@ class TraceReader:
             self._source.close()
             raise
 
-    def _bad(self, line: int, reason: str) -> None:
-        if not self.skip_bad:
-            raise TraceError(reason, self.name, line)
-        self.n_bad += 1
-        if len(self.bad_examples) < BAD_EXAMPLES:
+    def _on_bad(self, count: int, problems: list[tuple[int, str]]) -> None:
+        self.n_bad += count
+        for line, reason in problems[: max(0, BAD_EXAMPLES - len(self.bad_examples))]:
             self.bad_examples.append(f"{self.name}:{line}: {reason}")
+
+    def columns(self) -> Iterator[Columns]:
+        """The checked requests as ``Columns`` chunks (once; ``summarize`` reads them this way)."""
+        source, self._source = self._source, None
+        if source is None:
+            raise TraceError("this trace reader was consumed; call read_trace again", self.name)
+        try:
+            yield from checked_columns(
+                source, self.format, self.options, self.skip_bad, self.meta, self._on_bad
+            )
+        finally:
+            source.close()
 
     def __iter__(self) -> TraceReader:
         return self
 
     def __next__(self) -> Request:
         if self._records is None:
-            source, self._source = self._source, None
-            if source is None:
-                raise TraceError("this trace reader was consumed; call read_trace again", self.name)
-            self._records = self._generate(source)
+            self._records = (r for cols in self.columns() for r in cols.requests())
         return next(self._records)
 
     def close(self) -> None:
@@ -100,37 +106,6 @@ class TraceReader:
         if self._source is not None:
             self._source.close()
             self._source = None
-
-    def _generate(self, source: TraceSource) -> Iterator[Request]:
-        max_t = -1.0
-        max_line = 0
-        bad = self._bad
-        limit = MAX_TOKENS
-        try:
-            for line, item in FORMATS[self.format].reader(source, self.options, self.meta):
-                if type(item) is str:
-                    bad(line, item)
-                    continue
-                t, n_in, n_out, cached = item[0], item[1], item[2], item[3]
-                # Fast path for the usual record; request_problem() words the reason.
-                if (
-                    not (0 <= n_in <= limit and 0 <= n_out <= limit)
-                    or cached is not None
-                    or (t is not None and t < 0)
-                ):
-                    problem = request_problem(t, n_in, n_out, cached)
-                    if problem:
-                        bad(line, problem)
-                        continue
-                if t is not None:
-                    if t < max_t - REORDER_S:
-                        bad(line, order_problem(t, max_t, max_line))
-                        continue
-                    if t > max_t:
-                        max_t, max_line = t, line
-                yield item
-        finally:
-            source.close()
 
 
 def read_trace(
@@ -152,34 +127,10 @@ def read_trace(
     return TraceReader(path, fmt, skip_bad, options=options, name=name)
 
 
-def _consume_blocks(reader: TraceReader, summarizer: Summarizer) -> None:
-    """Feed a line-based trace to ``summarizer`` through the block-parallel parser."""
-    source, reader._source = reader._source, None
-    if source is None:
-        raise TraceError("this trace reader was consumed; call read_trace again", reader.name)
-    try:
-        order = OrderCheck()
-        for parsed in parsed_blocks(source, reader.format, reader.options, reader.skip_bad):
-            cols = parsed.columns
-            keep, n_late, late = order.apply(cols)
-            problems = sorted(parsed.bad + late)
-            if problems and not reader.skip_bad:
-                line, reason = problems[0]
-                raise TraceError(reason, reader.name, line)
-            reader.n_bad += parsed.n_bad + n_late
-            for line, reason in problems[: max(0, BAD_EXAMPLES - len(reader.bad_examples))]:
-                reader.bad_examples.append(f"{reader.name}:{line}: {reason}")
-            summarizer.add_columns(cols if keep is None else cols.select(keep))
-    finally:
-        source.close()
-
-
 def _summarize_once(reader: TraceReader, concurrency, sample, time_range) -> tuple[TraceSummary, Summarizer]:
     summarizer = Summarizer(reorder_s=REORDER_S, sample=sample, time_range=time_range)
-    if reader.format in LINE_FORMATS:
-        _consume_blocks(reader, summarizer)
-    else:
-        summarizer.consume(reader)
+    for cols in reader.columns():
+        summarizer.add_columns(cols)
     summary = summarizer.result(
         source=reader.name, fmt=reader.format, n_bad=reader.n_bad, concurrency=concurrency, meta=reader.meta
     )

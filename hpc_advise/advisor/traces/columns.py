@@ -1,24 +1,20 @@
-"""Block-parallel parsing of line-based traces for ``summarize``.
+"""The one read path of every trace: the decoded input becomes checked ``Columns`` chunks.
 
-The decoded input is cut into blocks of whole lines (1 MiB); each block is parsed and checked into
-numpy ``Columns`` -- the first few in this process, the rest in worker processes when the input is
-large (JSON parsing is what costs; the statistics are vectorised and stay in the parent) -- and
-handed back in file order, at most ``2 x workers`` blocks in flight, so memory stays bounded. The parent applies the checks that
-need the whole history (timestamp order) and reports the first bad line in file order, exactly as
-the sequential reader does. CSV blocks after the first get the header line prepended.
-
-Workers: ``HPC_ADVISE_TRACE_WORKERS=N`` (default 0 = parse in this process; see
-``default_workers``); worker processes are started with ``spawn``.
+Line-based formats (``LINE_FORMATS``) are cut into blocks of whole lines (1 MiB), each parsed by the
+whole-block fast path when it applies (``fastpath``), else line by line through the format's reader;
+whole-document formats (ShareGPT, benchmark outputs) go through their reader in chunks of ``CHUNK``
+requests. Either way every request passes the same per-request checks (``checks.request_problem``)
+and every chunk the same timestamp-order check (``OrderCheck``, across chunks), in file order, in
+this process: worker processes were measured no faster on 2 CPUs (``benchmarks/bench_traces.py``),
+so there are none. ``summarize`` feeds the chunks to the summary; ``read_trace`` turns them back into
+``Request`` records. CSV blocks after the first get the header line prepended.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -35,8 +31,7 @@ from hpc_advise.advisor.traces.source import TraceError, TraceSource
 from hpc_advise.advisor.traces.summary import Columns, to_columns
 
 BLOCK_BYTES = 1 << 20  # 1 MiB: ~4x less peak memory than 4 MiB blocks, no slower
-START_POOL_AT = 12  # blocks: inputs up to 12 MiB never start worker processes
-INPROCESS_BLOCKS = 24
+CHUNK = 1 << 16  # requests per chunk of a whole-document format
 MAX_LINE_BYTES = 256 << 20
 LINE_FORMATS = {"canonical", "mooncake", "bailian", "azure", "burstgpt", "openai"}
 CSV_FORMATS = {"azure", "burstgpt"}
@@ -61,7 +56,7 @@ def parse_block(
     header: str | None,
     skip_bad: bool,
 ) -> Parsed:
-    """Parse and check one block (runs in a worker process): the whole-block fast path when it
+    """Parse and check one block of lines: the whole-block fast path when it
     applies (``traces.fastpath``), else line by line. Without ``skip_bad`` it stops at the first bad
     line."""
     text = data.decode("utf-8", errors="replace")
@@ -78,14 +73,21 @@ def parse_block(
         if cols is not None:
             return Parsed(cols)
     source = TraceSource.from_text(text, name, first_line)
+    return check_items(FORMATS[fmt].reader(source, options, {}), skip_bad)
+
+
+def check_items(items: Iterable, skip_bad: bool) -> Parsed:
+    """``Parsed`` of a format reader's ``(line, Request | reason)`` items: each request checked with
+    ``request_problem``. Without ``skip_bad`` it stops at the first bad line."""
     rows: list = []
     lines: list[int] = []
     bad: list[tuple[int, str]] = []
     n_bad = 0
     limit = MAX_TOKENS
-    for line, item in FORMATS[fmt].reader(source, options, {}):
+    for line, item in items:
         if type(item) is not str:
             t, n_in, n_out, cached = item[0], item[1], item[2], item[3]
+            # Fast path for the usual record; request_problem() words the reason.
             if (
                 not (0 <= n_in <= limit and 0 <= n_out <= limit)
                 or cached is not None
@@ -129,34 +131,21 @@ def iter_blocks(source: TraceSource) -> Iterator[tuple[int, bytes]]:
         line += block.count(b"\n")
 
 
-def default_workers() -> int:
-    """``HPC_ADVISE_TRACE_WORKERS`` if set, else 0 (one process): on the 2-CPU machine where
-    ``benchmarks/bench_traces.py`` ran, worker processes made 1 M-request summaries no faster."""
-    env = os.environ.get("HPC_ADVISE_TRACE_WORKERS")
-    if env is None:
-        return 0
-    try:
-        return max(0, int(env))
-    except ValueError:
-        raise TraceError(f"HPC_ADVISE_TRACE_WORKERS must be an integer, got {env!r}") from None
-
-
-def _context():
-    # spawn: safe whatever threads the caller runs, and the workers are our direct children (their
-    # CPU time and memory show in RUSAGE_CHILDREN).
-    return multiprocessing.get_context("spawn")
-
-
-def parsed_blocks(
-    source: TraceSource, fmt: str, options: ReadOptions, skip_bad: bool, workers: int | None = None
+def parsed_chunks(
+    source: TraceSource, fmt: str, options: ReadOptions, skip_bad: bool, meta: dict
 ) -> Iterator[Parsed]:
-    """Parsed blocks of ``source`` in file order.
-
-    The first ``INPROCESS_BLOCKS`` blocks are parsed here; when the input has more than
-    ``START_POOL_AT`` blocks, worker processes are started at that point (they boot while this
-    process parses the rest of the first blocks) and parse everything after them.
-    """
-    workers = default_workers() if workers is None else workers
+    """Parsed chunks of ``source`` in file order: blocks of lines for a line-based format, else
+    ``CHUNK`` requests at a time from the format's reader (which may fill ``meta``)."""
+    if fmt not in LINE_FORMATS:
+        items = FORMATS[fmt].reader(source, options, meta)
+        while True:
+            part = list(islice(items, CHUNK))
+            if not part:
+                return
+            parsed = check_items(part, skip_bad)
+            yield parsed
+            if parsed.n_bad and not skip_bad:
+                return
     blocks = iter_blocks(source)
     first = next(blocks, None)
     if first is None:
@@ -166,33 +155,37 @@ def parsed_blocks(
         header = first[1].split(b"\n", 1)[0].decode("utf-8", errors="replace").lstrip("\ufeff") + "\n"
     args = (fmt, options, source.name)
     yield parse_block(*args, first[1], first[0], None, skip_bad)
-    pool = None
-    try:
-        for index, (line, data) in enumerate(blocks, start=1):
-            if pool is None and workers > 1 and index == START_POOL_AT:
-                pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
-                for _ in range(workers):
-                    pool.submit(os.getpid)  # start the workers now
-            yield parse_block(*args, data, line, header, skip_bad)
-            if pool is not None and index + 1 >= INPROCESS_BLOCKS:
-                break
-        if pool is None:
-            return
-        pending: deque = deque()
-        for line, data in blocks:
-            pending.append(pool.submit(parse_block, *args, data, line, header, skip_bad))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-        pool.shutdown(wait=True)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+    for line, data in blocks:
+        yield parse_block(*args, data, line, header, skip_bad)
+
+
+def checked_columns(
+    source: TraceSource,
+    fmt: str,
+    options: ReadOptions,
+    skip_bad: bool,
+    meta: dict,
+    on_bad: Callable[[int, list[tuple[int, str]]], None],
+) -> Iterator[Columns]:
+    """The checked requests of ``source``, chunk by chunk. A bad line (malformed, refused by the
+    checks, or too far out of time order) raises ``TraceError`` at the first one in file order, or
+    with ``skip_bad`` is dropped and reported to ``on_bad(count, first few (line, reason))``."""
+    order = OrderCheck()
+    for parsed in parsed_chunks(source, fmt, options, skip_bad, meta):
+        cols = parsed.columns
+        keep, n_late, late = order.apply(cols)
+        problems = sorted(parsed.bad + late)
+        if problems and not skip_bad:
+            line, reason = problems[0]
+            raise TraceError(reason, source.name, line)
+        if parsed.n_bad or n_late:
+            on_bad(parsed.n_bad + n_late, problems)
+        yield cols if keep is None else cols.select(keep)
 
 
 class OrderCheck:
-    """Cross-block timestamp order check, vectorised (same rule and message as ``TraceReader``)."""
+    """Timestamp order across chunks, vectorised: a request more than ``REORDER_S`` before the latest
+    one so far is refused (``checks.order_problem`` words it); late ones do not move the latest."""
 
     def __init__(self) -> None:
         self.max_t = -1.0

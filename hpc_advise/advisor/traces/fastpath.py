@@ -96,6 +96,7 @@ def fast_columns(fmt: str, text: str, first_line: int, block_size: int | None = 
         failed = np.array(failed_list, dtype=bool)
 
     block_sizes: set = set()
+    each = None
     h_types = set(map(type, hash_lists))
     if h_types == {_NONE}:
         hash_counts = np.zeros(n_lines, dtype=np.int64)
@@ -108,6 +109,14 @@ def fast_columns(fmt: str, text: str, first_line: int, block_size: int | None = 
             if set(map(type, sizes)) != {int}:
                 return None
             block_sizes = set(sizes)
+            if len(block_sizes) > 1:
+                each = np.array(
+                    [
+                        0 if h is None else d.get("block_size", 512)
+                        for d, h in zip(objs, hash_lists, strict=True)
+                    ],
+                    dtype=np.int64,
+                )
         else:
             block_sizes = {block}
         if _NONE in h_types:
@@ -119,7 +128,7 @@ def fast_columns(fmt: str, text: str, first_line: int, block_size: int | None = 
             return None
         hashes = ids.astype(np.uint64)
     lines = np.arange(first_line, first_line + n_lines, dtype=np.int64)
-    return Columns(t, n_in, n_out, cached, failed, hash_counts, hashes, block_sizes, lines)
+    return Columns(t, n_in, n_out, cached, failed, hash_counts, hashes, block_sizes, lines, each)
 
 
 _CSV_FIELDS = {

@@ -23,6 +23,7 @@ Definitions (the user-facing version is the reference section of ``examples/trac
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import chain, islice
 
@@ -147,6 +148,8 @@ class Columns:
     hashes: np.ndarray
     block_sizes: set
     lines: np.ndarray | None = None
+    # per request, only when the chunk mixes block sizes (0 = no hash_ids)
+    each_block_size: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.t.size)
@@ -154,6 +157,38 @@ class Columns:
     def request_arrays(self) -> tuple[np.ndarray, ...]:
         """(t, n_in, n_out, cached, failed, hashes): the arrays a summary reads."""
         return self.t, self.n_in, self.n_out, self.cached, self.failed, self.hashes
+
+    def requests(self) -> Iterator[Request]:
+        """The chunk as ``Request`` records (``hash_ids`` as tuples of their 64-bit values)."""
+        block = next(iter(self.block_sizes)) if len(self.block_sizes) == 1 else None
+        each = None if self.each_block_size is None else self.each_block_size.tolist()
+        counts = self.hash_counts.tolist()
+        hashes = self.hashes.tolist()
+        pos = 0
+        for i, (t, n_in, n_out, cached, failed, k) in enumerate(
+            zip(
+                self.t.tolist(),
+                self.n_in.tolist(),
+                self.n_out.tolist(),
+                self.cached.tolist(),
+                self.failed.tolist(),
+                counts,
+                strict=True,
+            )
+        ):
+            ids = None
+            if k:
+                ids = tuple(hashes[pos : pos + k])
+                pos += k
+            yield Request(
+                None if t != t else t,
+                n_in,
+                n_out,
+                None if cached != cached else int(cached),
+                failed,
+                ids,
+                None if ids is None else (block if each is None else each[i]),
+            )
 
     def select(self, keep: np.ndarray) -> Columns:
         hashes = self.hashes[np.repeat(keep, self.hash_counts)] if self.hashes.size else self.hashes
@@ -167,6 +202,7 @@ class Columns:
             hashes,
             self.block_sizes,
             None if self.lines is None else self.lines[keep],
+            None if self.each_block_size is None else self.each_block_size[keep],
         )
 
 
@@ -198,6 +234,9 @@ def to_columns(chunk: list, lines: list[int] | None = None) -> Columns:
         hash_counts = np.fromiter(map(len, hash_lists), dtype=np.int64, count=n)
         hashes = _as_uint64(chain.from_iterable(hash_lists), int(hash_counts.sum()))
         block_sizes = set(columns[6]) - {None}
+    each = None
+    if len(block_sizes) > 1:
+        each = np.array([b or 0 for b in columns[6]], dtype=np.int64)
     return Columns(
         np.array(columns[0], dtype=np.float64),  # None -> NaN
         np.array(columns[1], dtype=np.int64),
@@ -208,6 +247,7 @@ def to_columns(chunk: list, lines: list[int] | None = None) -> Columns:
         hashes,
         block_sizes,
         None if lines is None else np.array(lines, dtype=np.int64),
+        each,
     )
 
 
