@@ -55,13 +55,14 @@ the highest-capacity candidate).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hpc_advise.advisor import capacity as cap
 from hpc_advise.advisor import features as F
-from hpc_advise.advisor.candidates import Candidate, Checked, check_all
-from hpc_advise.advisor.capacity import Capacity, assign_capacities, failed_condition
+from hpc_advise.advisor.candidates import Candidate, Checked, check_all, memory_check
+from hpc_advise.advisor.capacity import Capacity, failed_condition
 from hpc_advise.advisor.op_efficiency import AttentionModel, attention_terms
 from hpc_advise.advisor.perf_model import ServingModel, model_quants, prepare
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
@@ -223,6 +224,24 @@ class Ranker:
             parts = tuple(float(split[n][i]) for n in ("overhead_ms", "prefill_coef", "correction"))
             parts += (occupancy,)
             out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i], parts)
+        return out
+
+    def predict_checked(
+        self, checked: list[Checked], conc: dict, slo_tpot, slo_ttft, load: dict | None = None
+    ) -> list[tuple[Checked, Ranked | RowError]]:
+        """``(checked, its Ranked prediction)`` for candidates that fit in memory, at ``conc[c]``
+        requests per replica and ``load[c]`` times the trace's load (default 1); one batched set of
+        serving-model calls; a candidate the model cannot predict gets the ``RowError`` instead."""
+        preds = self.serving_predictions([chk.candidate for chk in checked], conc)
+        out: list[tuple[Checked, Ranked | RowError]] = []
+        for chk in checked:
+            c = chk.candidate
+            try:
+                pred = preds[self.pred_key(c, conc[c])]
+                x = (load or {}).get(c, 1.0)
+                out.append((chk, self.rank_one(chk, conc[c], pred, slo_tpot, slo_ttft, load=x)))
+            except RowError as exc:
+                out.append((chk, exc))
         return out
 
     def concurrency(self, cands: list[Candidate], fixed: float | None, load: dict | None = None) -> dict:
@@ -515,6 +534,63 @@ def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
     return out
 
 
+def at_load(ranker: Ranker, base: dict, load: dict, slo_tpot, slo_ttft, fixed, need_ranked=False) -> dict:
+    """{candidate: (failed condition or None, Ranked at that load or None)} for each candidate of
+    ``load`` at its multiple of the trace's load; ``base[c]`` is its prediction at the trace's load
+    (for rho, which is linear in the rate)."""
+    w = ranker.w
+    cands = list(load)
+    conc = ranker.concurrency(cands, fixed, load)
+    out, fits = {}, []
+    for c in cands:
+        rho = base[c].rho
+        if rho is not None and load[c] * rho >= 1.0:
+            out[c] = (cap.SATURATED, None)
+            continue
+        ok, _, mem = memory_check(c, ranker.model, ranker.gpu, conc[c], w.ctx_mean, w.ctx_p99)
+        if not ok:
+            out[c] = (cap.MEMORY, None)
+            continue
+        fits.append(Checked(c, True, "", mem))
+    if not fits or (not need_ranked and slo_tpot is None and slo_ttft is None):
+        out.update({chk.candidate: (None, None) for chk in fits})
+        return out
+    for chk, r in ranker.predict_checked(fits, conc, slo_tpot, slo_ttft, load):
+        if isinstance(r, RowError):
+            raise r
+        out[chk.candidate] = (failed_condition(r, slo_tpot, slo_ttft), r)
+    return out
+
+
+def assign_capacities(ranker: Ranker, ranked: list, slo_tpot, slo_ttft, fixed) -> None:
+    """Set ``r.capacity`` on every ranked candidate; one search per candidate less its MoE runner."""
+    reps: dict[Candidate, Ranked] = {}
+    for r in ranked:
+        reps.setdefault(replace(r.candidate, moe_runner=None), r)
+    base = {r.candidate: r for r in reps.values()}
+    at_one = {
+        c: None if r.meets_slo else (failed_condition(r, slo_tpot, slo_ttft) or cap.MEMORY)
+        for c, r in base.items()
+    }
+
+    def evaluate(load: dict) -> dict:
+        return {c: why for c, (why, _) in at_load(ranker, base, load, slo_tpot, slo_ttft, fixed).items()}
+
+    done = cap.search(evaluate, at_one)
+    w = ranker.w
+    over = "arrival rate" if w.rate_rps else "concurrency"
+    tok = {}
+    if w.rate_rps:  # in steady state a deployment that keeps up serves what arrives
+        tok = {c: x * w.rate_rps * w.osl_mean / c.n_gpus for c, (x, _, _) in done.items()}
+    else:  # Little's law at the capacity's concurrency
+        at = {c: x for c, (x, _, _) in done.items() if x > 0}
+        for c, (_, r) in at_load(ranker, base, at, slo_tpot, slo_ttft, fixed, need_ranked=True).items():
+            tok[c] = r.tok_s_per_gpu if r is not None else 0.0
+    found = {c: Capacity(x, over, tok.get(c, 0.0), why, fail_at) for c, (x, why, fail_at) in done.items()}
+    for r in ranked:
+        r.capacity = found[reps[replace(r.candidate, moe_runner=None)].candidate]
+
+
 def rank_candidates(
     ranker: Ranker,
     n_gpus: int,
@@ -533,15 +609,12 @@ def rank_candidates(
     excluded = [chk for chk in checked if not chk.ok]
     if not ok:
         return [], excluded
-    preds = ranker.serving_predictions([chk.candidate for chk in ok], conc)
     ranked = []
-    for chk in ok:
-        c = chk.candidate
-        try:
-            pred = preds[ranker.pred_key(c, conc[c])]
-            ranked.append(ranker.rank_one(chk, conc[c], pred, slo_tpot, slo_ttft))
-        except RowError as exc:
-            excluded.append(Checked(c, False, f"cannot predict: {exc}"))
+    for chk, r in ranker.predict_checked(ok, conc, slo_tpot, slo_ttft):
+        if isinstance(r, RowError):
+            excluded.append(Checked(chk.candidate, False, f"cannot predict: {r}"))
+        else:
+            ranked.append(r)
     slo_given = slo_tpot is not None or slo_ttft is not None
     assign_capacities(ranker, ranked, slo_tpot, slo_ttft, concurrency)
 

@@ -281,8 +281,7 @@ def test_slo_ranking_puts_capacity_first_in_a_closed_loop(advisor_home):  # noqa
     tokens/s there. With an SLO the ranking takes those within 5 % of the best max tokens/s per GPU
     by mean request latency, then the rest by max tokens/s per GPU. The tokens/s at 64 requests stays
     Little's law, concurrency * osl / (TTFT + osl * TPOT) per replica."""
-    from hpc_advise.advisor.capacity import evaluate
-    from hpc_advise.advisor.recommend import rank_candidates
+    from hpc_advise.advisor.recommend import at_load, rank_candidates
 
     ranker = _qwen_ranker(rate_rps=None)
     ranker_w_osl = ranker.w.osl_mean
@@ -297,9 +296,7 @@ def test_slo_ranking_puts_capacity_first_in_a_closed_loop(advisor_home):  # noqa
     # the max tokens/s per GPU is Little's law at x * 64 requests
     top = loose[0]
     base = {top.candidate: top}
-    ((why, at_x),) = evaluate(
-        ranker, base, {top.candidate: top.capacity.x}, 10_000.0, None, 64, True
-    ).values()
+    ((why, at_x),) = at_load(ranker, base, {top.candidate: top.capacity.x}, 10_000.0, None, 64, True).values()
     assert why is None and at_x.concurrency == pytest.approx(top.capacity.x * 64 / top.candidate.replicas)
     assert top.capacity.max_tok_s_per_gpu == pytest.approx(at_x.tok_s_per_gpu, rel=1e-12)
     best = max(r.max_tok_s_per_gpu for r in loose)
@@ -332,8 +329,8 @@ def test_capacity_is_a_pass_fail_edge_of_the_named_condition(advisor_home, slo_t
     candidates already miss it at the trace's rate (x < 1) and four TP1 replicas miss it even at
     1/64 of it (capacity 0: TPOT p99 ~28 ms at a handful of requests); with an 8 s TTFT p99 SLO it
     is the TTFT SLO (the prefill queue's wait grows with the rate), well before saturation."""
-    from hpc_advise.advisor.capacity import MEMORY, RESOLUTION, SATURATED, TPOT_SLO, TTFT_SLO, evaluate
-    from hpc_advise.advisor.recommend import rank_candidates
+    from hpc_advise.advisor.capacity import MEMORY, RESOLUTION, SATURATED, TPOT_SLO, TTFT_SLO
+    from hpc_advise.advisor.recommend import at_load, rank_candidates
 
     ranker = _qwen_ranker()
     ranked, _ = rank_candidates(ranker, 4, slo_tpot=slo_tpot, slo_ttft=slo_ttft)
@@ -345,15 +342,15 @@ def test_capacity_is_a_pass_fail_edge_of_the_named_condition(advisor_home, slo_t
     caps_x = {c: cap for c, cap in caps.items() if c not in zero}
     assert all(cap.x < 64 and cap.over == "arrival rate" for cap in caps.values())
     assert all(1 < cap.fail_at / cap.x <= 1 + RESOLUTION for cap in caps_x.values())
-    passing = evaluate(ranker, base, {c: cap.x for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None)
+    passing = at_load(ranker, base, {c: cap.x for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None)
     assert all(why is None for why, _ in passing.values()), passing
     for c, (_, at_x) in passing.items():  # predicted at x times the rate: rho, hence the queue, scales
         assert at_x is None or at_x.rho == pytest.approx(caps[c].x * base[c].rho, rel=1e-9)
     slo_given = slo_tpot is not None or slo_ttft is not None  # without SLOs: no prediction needed
     assert any(at_x is not None for _, at_x in passing.values()) == slo_given
-    edge = evaluate(ranker, base, {c: cap.fail_at for c, cap in caps.items()}, slo_tpot, slo_ttft, None)
+    edge = at_load(ranker, base, {c: cap.fail_at for c, cap in caps.items()}, slo_tpot, slo_ttft, None)
     assert {c: why for c, (why, _) in edge.items()} == {c: cap.limit for c, cap in caps.items()}
-    above = evaluate(
+    above = at_load(
         ranker, base, {c: cap.x * (1 + RESOLUTION) for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None
     )
     assert all(why is not None for why, _ in above.values()), above
