@@ -1,8 +1,9 @@
 """Goldens of the advisor's user-facing output: ``recommend --json`` for the three example traces x
 three models x {no SLO, one SLO pair} and ``trace summarize --json`` for each example trace, plus the
 text renderings (recommend with ``--show-excluded``, trace summarize, predict) so moving the rendering
-code is checked too. Stored under ``tests/advisor/goldens/`` and compared byte for byte (nothing
-normalised).
+code is checked too. Stored under ``tests/advisor/goldens/`` and compared byte for byte, with one
+field normalised: ``predict --json``'s ``model_key``, the fitted model's cache id (a hash of the
+training data and of the model code's bytes, so moving that code changes it and no prediction).
 
 Each command runs in-process through click's CliRunner (its stdout is byte-identical to the console
 script's) with ``HPC_ADVISE_HOME`` at a temp dir, the GPU given explicitly (no NVML probe), a fresh
@@ -18,6 +19,7 @@ Record them again after a deliberate change of output with
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -31,6 +33,7 @@ GOLDENS = Path(__file__).resolve().parent / "goldens"
 TRACES = ("agentic_coding.jsonl", "bursty.csv", "chat_uniform.csv")
 MODELS = ("hy3", "qwen3-235b-a22b", "deepseek-v3")
 SLOS = {"noslo": (), "slo": ("--slo-tpot-ms", "50", "--slo-ttft-ms", "2000")}
+MODEL_KEY = re.compile(r'^(  "model_key": )"[0-9a-f]{16}"', re.M)
 WRITE = os.environ.get("HPC_ADVISE_WRITE_GOLDENS") == "1"
 
 
@@ -72,8 +75,9 @@ def test_output_equals_the_golden(golden_home, name, args):
     db = golden_home / f"{name}.db"
     res = CliRunner().invoke(main, [*args, "--db", str(db)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
+    out = MODEL_KEY.sub(r'\1"<model key>"', res.stdout)
     path = GOLDENS / name
     if WRITE:
-        path.write_text(res.stdout, encoding="utf-8")
+        path.write_text(out, encoding="utf-8")
     assert path.is_file(), f"no golden {path.name}: record it with HPC_ADVISE_WRITE_GOLDENS=1"
-    assert res.stdout == path.read_text(encoding="utf-8"), f"{name} differs from its golden"
+    assert out == path.read_text(encoding="utf-8"), f"{name} differs from its golden"
