@@ -149,7 +149,7 @@ def model_show(db, as_json) -> None:
 
 def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None):
     from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload, rank_candidates
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
 
     prof_gpu, n, note = _resolve_target(gpu, gpus)
@@ -160,16 +160,16 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
         _fail(str(exc))
     serving, _ = _load_model(db)
     ranker = Ranker(
-        model_name, mdl, prof_gpu, Workload.from_summary(summary), serving, load_attention_model(db)
+        model_name, mdl, prof_gpu, TraceLoad.from_summary(summary), serving, load_attention_model(db)
     )
     ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
     return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
 
 
 def ranker_concurrency(summary) -> int:
-    from hpc_advise.advisor.recommend import Workload
+    from hpc_advise.advisor.recommend import TraceLoad
 
-    return Workload.from_summary(summary).default_concurrency
+    return TraceLoad.from_summary(summary).default_concurrency
 
 
 def _fmt(x: float) -> str:
@@ -467,7 +467,7 @@ def predict(
 
     from hpc_advise.advisor.candidates import Candidate, memory_check, support_reason
     from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.serving_data import RowError
 
     prof_gpu, n, note = _resolve_target(gpu, gpus)
@@ -487,7 +487,7 @@ def predict(
     if tp % attn_dp_size or tp % ep:
         _fail("--attn-dp-size and --ep must divide --tp")
     why = support_reason(c, mdl, prof_gpu)
-    w = Workload(isl, osl, np.array([[isl, osl]]), None, 0.0, isl + osl / 2, isl + osl, int(concurrency))
+    w = TraceLoad(isl, osl, np.array([[isl, osl]]), None, 0.0, isl + osl / 2, isl + osl, int(concurrency))
     serving, _ = _load_model(db)
     ranker = Ranker(model_name, mdl, prof_gpu, w, serving, load_attention_model(db))
     conc = max(concurrency / c.replicas, 1.0)

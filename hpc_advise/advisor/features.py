@@ -417,8 +417,9 @@ def total_us(parts: dict[str, float]) -> float:
 
 
 @dataclass(frozen=True)
-class Workload:
-    """A serving workload at a fixed concurrency: mean lengths and (optionally) a length sample."""
+class ClosedLoopLoad:
+    """A closed-loop serving point (a benchmark at a fixed concurrency): mean lengths, concurrency and
+    the prefix-cache reuse."""
 
     isl: float
     osl: float
@@ -426,7 +427,7 @@ class Workload:
     prefix_reuse: float = 0.0  # fraction of prompt tokens served from the prefix cache
 
 
-def roofline_serving(s: Shapes, rates: Rates, dep: Deployment, w: Workload) -> dict[str, float]:
+def roofline_serving(s: Shapes, rates: Rates, dep: Deployment, w: ClosedLoopLoad) -> dict[str, float]:
     """Roofline TPOT and TTFT (ms) of a closed-loop benchmark at ``w.concurrency`` (aggregated serving).
 
     TPOT = decode step at the mean context (isl + osl/2) + the prefill work that enters during one
@@ -508,7 +509,7 @@ BACKEND_FEATURES = {"sglang": "backend_sglang", "vllm": "backend_vllm", "trtllm"
 
 
 def feature_vector(
-    s: Shapes, rates: Rates, dep: Deployment, w: Workload, rf: dict[str, float], engine: str
+    s: Shapes, rates: Rates, dep: Deployment, w: ClosedLoopLoad, rf: dict[str, float], engine: str
 ) -> np.ndarray:
     """One row of FEATURE_NAMES for the calibration, from a ``roofline_serving`` result ``rf``."""
     step = rf["step_us"]

@@ -42,7 +42,6 @@ import json
 import math
 import os
 import pickle
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -89,40 +88,28 @@ TPOT_TERMS = (
 )
 TTFT_TERMS = ("const_ms", "layers", "prefill", "wait", "step", "collectives")
 
+
 # Checkpoints whose architecture equals a shipped profile's (same config.json shapes).
-ARCH_ALIASES = {"deepseek-v3.1": "deepseek-v3", "deepseek-v3.2": "deepseek-v3"}
-_QUANT_SUFFIX = re.compile(r"[-_](fp8|nvfp4|fp4|mxfp4|awq|gptq|int4|w4a16|instruct)$", re.I)
-
-
-@functools.lru_cache(maxsize=256)
 def resolve_model(name: str):
-    """A ModelProfile for a model name, HF id or config.json path; quantized re-uploads
-    ('nvidia/DeepSeek-R1-NVFP4', 'Qwen/Qwen3-235B-A22B-FP8') map to their base architecture."""
-    from hpc_advise.profiles import ProfileNotFound, get_model
+    """``profiles.resolve_model`` with the advisor's error type (``RowError``)."""
+    from hpc_advise.profiles import ProfileNotFound
+    from hpc_advise.profiles.resolve import resolve_model as resolve
 
     try:
-        return get_model(name)
-    except ProfileNotFound as first:
-        base = name.rsplit("/", 1)[-1]
-        for _ in range(3):
-            base = _QUANT_SUFFIX.sub("", base)
-        for cand in (base, ARCH_ALIASES.get(base.lower(), "")):
-            if cand:
-                try:
-                    return get_model(cand)
-                except ProfileNotFound:
-                    continue
-        raise RowError(f"no model profile for {name!r} ({first})") from None
-
-
-@functools.lru_cache(maxsize=64)
-def resolve_gpu(name: str):
-    from hpc_advise.profiles import ProfileNotFound, get_gpu
-
-    try:
-        return get_gpu(name)
+        return resolve(name)
     except ProfileNotFound as exc:
-        raise RowError(f"no GPU profile for {name!r} ({exc})") from None
+        raise RowError(str(exc)) from None
+
+
+def resolve_gpu(name: str):
+    """``profiles.resolve_gpu`` with the advisor's error type (``RowError``)."""
+    from hpc_advise.profiles import ProfileNotFound
+    from hpc_advise.profiles.resolve import resolve_gpu as resolve
+
+    try:
+        return resolve(name)
+    except ProfileNotFound as exc:
+        raise RowError(str(exc)) from None
 
 
 FOUR_BIT = ("nvfp4", "mxfp4", "int4_wo")
@@ -145,7 +132,7 @@ class Prepared:
     shapes: F.Shapes
     rates: F.Rates
     dep: F.Deployment
-    workload: F.Workload
+    workload: F.ClosedLoopLoad
     rf: dict
     feats: np.ndarray
     x_tpot: np.ndarray
@@ -176,7 +163,7 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
         raise RowError(str(exc)) from exc
     if p.dense_quant not in F.WEIGHT_BYTES or p.moe_quant not in F.WEIGHT_BYTES:
         raise RowError(f"unknown quantization {p.dense_quant}/{p.moe_quant}")
-    w = F.Workload(p.isl, p.osl, p.concurrency, prefix_reuse)
+    w = F.ClosedLoopLoad(p.isl, p.osl, p.concurrency, prefix_reuse)
     rf = F.roofline_serving(s, rates, dep, w)
     feats = F.feature_vector(s, rates, dep, w, rf, p.engine)
     x_tpot = np.array(

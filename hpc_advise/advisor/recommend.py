@@ -74,7 +74,11 @@ N_PROMPTS = 128  # sampled prompts whose prefill times the TTFT percentiles draw
 
 
 @dataclass
-class Workload:
+class TraceLoad:
+    """The load a trace offers, as the ranking reads it: mean lengths, an (isl, osl) sample, arrival
+    rate (None: no timestamps), prefix reuse, context mean / p99, and the concurrency assumed
+    without arrival times."""
+
     isl_mean: float
     osl_mean: float
     pairs: np.ndarray  # [n, 2] (isl, osl)
@@ -85,7 +89,7 @@ class Workload:
     default_concurrency: int
 
     @classmethod
-    def from_summary(cls, s) -> Workload:
+    def from_summary(cls, s) -> TraceLoad:
         pairs = np.asarray(s.sample or [], dtype=float).reshape(-1, 2)
         if pairs.shape[0] == 0:
             pairs = np.array([[s.isl["mean"], s.osl["mean"]]], dtype=float)
@@ -156,7 +160,7 @@ class Ranked:
 BATCH_BLOCK = 64  # requests per block of the batch sample (``_batches``)
 
 
-def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
+def _batches(w: TraceLoad, batch: int, seed: int = 0) -> np.ndarray:
     """[N_BATCHES, batch] context lengths drawn as traces.summary.context_spread does. Batches of b
     requests are the first b of the batches of b + 1 (columns come in blocks of BATCH_BLOCK, each
     from its own seeded stream): common random numbers, so predictions move smoothly with the batch
@@ -174,7 +178,9 @@ def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
 class Ranker:
     """Predicts every feasible candidate for one (model, GPU, workload)."""
 
-    def __init__(self, model_name: str, model, gpu, w: Workload, serving: ServingModel, attn: AttentionModel):
+    def __init__(
+        self, model_name: str, model, gpu, w: TraceLoad, serving: ServingModel, attn: AttentionModel
+    ):
         self.model_name, self.model, self.gpu, self.w = model_name, model, gpu, w
         self.serving, self.attn = serving, attn
         self.shapes = F.shapes_of(model)

@@ -72,7 +72,7 @@ def test_rates_use_datasheet_basis_for_every_gpu():
 def test_mixed_prefill_shares_the_decode_steps_weight_reads():
     s, r = F.shapes_of(get_model("qwen3-235b-a22b")), F.Rates.of(get_gpu("h100"))
     dep = F.Deployment(4, moe_ep=4, dense_quant="fp8", moe_quant="fp8", kv_bytes=1.0)
-    rf = F.roofline_serving(s, r, dep, F.Workload(isl=128, osl=128, concurrency=64))
+    rf = F.roofline_serving(s, r, dep, F.ClosedLoopLoad(isl=128, osl=128, concurrency=64))
     # one 128-token prompt per step: timed alone it re-reads the experts, mixed in it mostly adds FLOPs
     assert 0 < rf["interference_us"] < 0.5 * rf["interference_alone_us"]
     step = F.decode_step(s, r, dep, ctx_sum=64 * 192, batch=64)

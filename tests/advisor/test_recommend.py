@@ -232,11 +232,11 @@ def test_kernel_models_read_package_data_only(tmp_path, monkeypatch):
 def _qwen_ranker(rate_rps="trace"):
     from hpc_advise.advisor import perf_model as pm
     from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.traces import summarize
 
     serving, _ = pm.load_or_fit()
-    w = Workload.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    w = TraceLoad.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
     if rate_rps != "trace":
         w = dataclasses.replace(w, rate_rps=rate_rps)
     return Ranker(
@@ -464,11 +464,11 @@ def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F
     TTFT, never meet an SLO and rank after all others; the rest keep finite, queued TTFTs."""
     from hpc_advise.advisor import perf_model as pm
     from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload, rank_candidates
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
     from hpc_advise.advisor.traces import summarize
 
     serving, _ = pm.load_or_fit()
-    w = Workload.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    w = TraceLoad.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
 
     def ranked_at(rate):
         ranker = Ranker(
