@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hpc_advise.advisor.traces import Request, summarize
 from hpc_advise.advisor.traces.cli import trace
 from hpc_advise.advisor.traces.writers import WRITERS
-from tests.advisor.trace_helpers import assert_same, comparable
+from tests.advisor.traces.helpers import assert_same, comparable
 
 # What each format can carry: failures, cached tokens, prefix hashes (and their block size).
 CARRIES = {

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from hpc_advise.advisor.traces import Request, TraceError, TraceSummary, read_trace, summarize
 from hpc_advise.advisor.traces.cli import trace
-from tests.advisor.trace_helpers import assert_same, comparable
+from tests.advisor.traces.helpers import assert_same, comparable
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "traces"
 
 
 def write_lines(path: Path, objs) -> Path:

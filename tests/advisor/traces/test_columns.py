@@ -18,7 +18,7 @@ from hpc_advise.advisor.traces.fastpath import _datetimes, fast_columns, fast_cs
 from hpc_advise.advisor.traces.formats import ReadOptions
 from hpc_advise.advisor.traces.parse import BadField, datetime_seconds
 from hpc_advise.advisor.traces.summary import Summarizer
-from tests.advisor.trace_helpers import assert_same, comparable
+from tests.advisor.traces.helpers import assert_same, comparable
 
 
 def sequential(path, **kw):
