@@ -153,7 +153,7 @@ def _datetimes(values: tuple) -> np.ndarray | None:
             return None
         if not "1970" <= s[:4] <= "2261":  # datetime64[ns] spans 1677-2262; earlier is negative anyway
             return None
-    if any(s.endswith(_TZ_ZERO) for s in strs):  # UTC offsets of zero (Azure 2024 writes "+00:00")
+    if any(s.endswith(_TZ_ZERO) for s in strs):  # zero offsets (the Azure traces write "+00:00")
         strs = [_drop_zero_offset(s) for s in strs]
     if any(not s[19:].replace(".", "", 1).isdigit() and s[19:] != "" for s in strs):
         return None  # another time zone offset or odd text: leave it to the line reader

@@ -78,7 +78,7 @@ _day_cache: dict[str, int] = {}
 
 
 def datetime_seconds(value: str, name: str = "timestamp") -> float:
-    """Seconds since the epoch of ``YYYY-MM-DD[ T]HH:MM:SS[.fraction][Z|±HH:MM]`` (naive = UTC).
+    """Seconds since the epoch of ``YYYY-MM-DD[ T]HH:MM:SS[.fraction][Z|±HH:MM]`` (naive = offset +00:00).
 
     Any number of fractional digits is accepted (Azure's traces carry 7) and cut to nanoseconds;
     Python 3.10's ``fromisoformat`` does not accept that, hence this parser. The result is integer

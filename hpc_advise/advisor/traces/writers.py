@@ -2,7 +2,7 @@
 generator, round-trip tests).
 
 Each writer yields the lines (with newline) of the file. Times are written relative to nothing: they
-are the request's ``t`` as given (seconds; Mooncake in whole milliseconds, Azure as a UTC date-time
+are the request's ``t`` as given (seconds; Mooncake in whole milliseconds, Azure as a date-time at offset +00:00
 with microseconds). Fields a format cannot carry are dropped: ``cached`` outside canonical/OpenAI,
 ``hash_ids`` outside canonical/Mooncake/Bailian, ``failed`` outside canonical/BurstGPT/OpenAI.
 """
