@@ -1,7 +1,7 @@
 """Click commands of the advisor's model: ``model fit|eval|show``, ``recommend``, ``predict``, ``launch``.
 
 Click only: parse the options, resolve the GPU (``--gpu``/``--gpus`` or the NVML probe, else an
-announced H200 x 8 default), call the work (``perf_model``, ``candidates``, ``recommend``,
+announced H200 x 8 default), call the work (``serving_model``, ``candidates``, ``recommend``,
 ``launch``) and hand the result to ``report``, which renders it.
 """
 
@@ -30,7 +30,7 @@ def _fail(msg: str) -> None:
 
 
 def _load_model(db, refit=False):
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
 
     model, info = pm.load_or_fit(db, refit=refit)
     return model, info
@@ -38,8 +38,8 @@ def _load_model(db, refit=False):
 
 def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str]:
     """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default."""
-    from hpc_advise.advisor.perf_model import resolve_gpu
     from hpc_advise.advisor.serving_data import RowError
+    from hpc_advise.advisor.serving_model import resolve_gpu
 
     note = ""
     if gpu is None:
@@ -65,8 +65,8 @@ def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str
 
 
 def _resolve_model(name: str):
-    from hpc_advise.advisor.perf_model import resolve_model
     from hpc_advise.advisor.serving_data import RowError
+    from hpc_advise.advisor.serving_model import resolve_model
 
     try:
         return resolve_model(name)
@@ -112,7 +112,7 @@ def model_eval(db, by, as_json) -> None:
     vLLM row on Hopper); median/p90 APE of TPOT, TTFT."""
     from tabulate import tabulate
 
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
 
     points, _ = pm.training_points(db)
     preps, _ = pm.prepare_all(points)
@@ -148,7 +148,7 @@ def model_show(db, as_json) -> None:
 
 
 def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None):
-    from hpc_advise.advisor.op_efficiency import load_attention_model
+    from hpc_advise.advisor.kernel_models import load_attention_model
     from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
 
@@ -283,7 +283,7 @@ def recommend(
 
 
 def _predict_batch(path: str, db, as_json: bool) -> None:
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
     from hpc_advise.advisor.serving_data import RowError, point_from_csv_row, read_csv_rows
 
     serving, _ = _load_model(db)
@@ -386,7 +386,7 @@ def predict(
     import numpy as np
 
     from hpc_advise.advisor.candidates import Candidate, memory_check, support_reason
-    from hpc_advise.advisor.op_efficiency import load_attention_model
+    from hpc_advise.advisor.kernel_models import load_attention_model
     from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.serving_data import RowError
 

@@ -3,7 +3,7 @@ memory headroom, confidence flags and plain-language reasons.
 
 Per candidate (``candidates``), at the trace's mean lengths:
 
-1. the serving model (``perf_model``, engine sglang) predicts TPOT and TTFT at the candidate's
+1. the serving model (``serving_model``, engine sglang) predicts TPOT and TTFT at the candidate's
    concurrency. With arrival times in the trace, concurrency per replica is the fixed point of
    Little's law ``C = rate / replicas * (TTFT + osl * TPOT)`` (three iterations); without them it is
    ``--concurrency`` (default: the trace summary's context-spread concurrency);
@@ -11,7 +11,7 @@ Per candidate (``candidates``), at the trace's mean lengths:
    (requests weighted by their output length, each at a uniform point of its decode, as
    ``traces.summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
    roofline step time over the mean batch's, plus, per layer with KV cache, the attention backend's
-   fitted kernel time (``op_efficiency``) minus the reference backend's (FlashInfer's decode kernel,
+   fitted kernel time (``kernel_models``) minus the reference backend's (FlashInfer's decode kernel,
    the one the calibration data's engines mostly ran). Backends with no kernel measurement keep the
    reference time and are flagged;
 3. TTFT p50/p99: each sampled request's prefill is the calibrated prefill scaled by its roofline
@@ -60,12 +60,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from hpc_advise.advisor import capacity as cap
-from hpc_advise.advisor import features as F
+from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.candidates import Candidate, Checked, check_all, memory_check
 from hpc_advise.advisor.capacity import Capacity, failed_condition
-from hpc_advise.advisor.op_efficiency import AttentionModel, attention_terms
-from hpc_advise.advisor.perf_model import ServingModel, model_quants, prepare
+from hpc_advise.advisor.kernel_models import AttentionModel, attention_terms
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
+from hpc_advise.advisor.serving_model import ServingModel, model_quants, prepare
 
 REFERENCE_ATTENTION = "flashinfer"
 N_BATCHES = 48
@@ -297,7 +297,7 @@ class Ranker:
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
         floors, tails = [], []
         # the attention-kernel model was fitted on bytes over the measured copy bandwidth
-        # (op_efficiency), so its inputs use the same basis, not the serving model's datasheet rate
+        # (kernel_models), so its inputs use the same basis, not the serving model's datasheet rate
         bw = float(self.gpu.rate("copy_bw_tbps")) * 1e6
         for row in ctx:
             f, t = attention_terms(row, kv_heads, s.head_dim, elem, bw)

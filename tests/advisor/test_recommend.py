@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_advise.advisor.cli import recommend
-from hpc_advise.advisor.op_efficiency import attention_terms, lengths_of
+from hpc_advise.advisor.kernel_models import attention_terms, lengths_of
 from hpc_advise.knowledge_base.store import KnowledgeBase
 from tests.advisor.advisor_helpers import advisor_home  # noqa: F401
 
@@ -145,7 +145,7 @@ def test_kernel_models_reproduce_measurements_and_the_long_tail_penalty():
     """Fitted per-provider attention models (seed DESIGN §7 rows + the shipped kernel tables)
     reproduce their rows, and a static split-k schedule pays for a long request where a dynamic one
     does not."""
-    from hpc_advise.advisor.op_efficiency import fit_attention, seed_rows, shipped_rows
+    from hpc_advise.advisor.kernel_models import fit_attention, seed_rows, shipped_rows
 
     rows = seed_rows() + shipped_rows()
     m = fit_attention(rows)
@@ -191,7 +191,7 @@ def test_case_names_parse(case, n, first):
 
 
 def test_shipped_kernel_tables_fit_the_compared_backends():
-    from hpc_advise.advisor.op_efficiency import fit_attention, seed_rows, shipped_rows
+    from hpc_advise.advisor.kernel_models import fit_attention, seed_rows, shipped_rows
 
     shipped = shipped_rows()
     assert any(r.get("provider") == "hpc_advise_dynamic" for r in shipped)
@@ -209,7 +209,7 @@ def test_kernel_models_read_package_data_only(tmp_path, monkeypatch):
     import scipy.optimize  # noqa: F401  (imported first: its import reads its own metadata)
 
     import hpc_advise
-    from hpc_advise.advisor.op_efficiency import fit_attention, load_attention_model, seed_rows, shipped_rows
+    from hpc_advise.advisor.kernel_models import fit_attention, load_attention_model, seed_rows, shipped_rows
 
     package = Path(hpc_advise.__file__).resolve().parent
     read: list[Path] = []
@@ -230,8 +230,8 @@ def test_kernel_models_read_package_data_only(tmp_path, monkeypatch):
 
 
 def _qwen_ranker(rate_rps="trace"):
-    from hpc_advise.advisor import perf_model as pm
-    from hpc_advise.advisor.op_efficiency import load_attention_model
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.kernel_models import load_attention_model
     from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.traces import summarize
 
@@ -462,8 +462,8 @@ def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F
     middle of the widest gap between candidates (attention-DP groups each take 1/8 of the arrivals),
     so every candidate is >= 1.2x from it on its side. Saturated ones are flagged, have no finite
     TTFT, never meet an SLO and rank after all others; the rest keep finite, queued TTFTs."""
-    from hpc_advise.advisor import perf_model as pm
-    from hpc_advise.advisor.op_efficiency import load_attention_model
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.kernel_models import load_attention_model
     from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
     from hpc_advise.advisor.traces import summarize
 

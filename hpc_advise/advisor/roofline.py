@@ -5,7 +5,7 @@ Everything here is physics, no fitting: each operator's time is ``max(bytes / BW
 (its roofline floor) on one rank, from the GPU profile's datasheet bandwidth and tensor-core rates for
 every GPU (one basis, so fitted efficiencies transfer between GPUs; see ``Rates.of``; 4-bit weights
 compute at the bf16 rate on GPUs without FP4 tensor cores). Fitted corrections live elsewhere: kernel
-efficiencies per backend in ``op_efficiency`` and the end-to-end calibration in ``perf_model``.
+efficiencies per backend in ``kernel_models`` and the end-to-end calibration in ``serving_model``.
 
 Conventions (SGLang's): ``n_gpus`` GPUs serve one model replica; attention runs ``attn_dp`` data-parallel
 groups of ``attn_tp = n_gpus / attn_dp`` GPUs each; MoE experts are split ``moe_ep`` ways and each

@@ -2,7 +2,7 @@
 
 Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge base's serving runs):
 
-1. A non-negative linear model over the roofline's terms (``features``), pooled over engines, times
+1. A non-negative linear model over the roofline's terms (``roofline``), pooled over engines, times
    one factor per engine: TPOT = θ · [1 ms, per-layer overhead, collectives, KV read (+ bounded
    state), weight read, MoE, communication, prefill interference mixed in / run alone]; TTFT = θ ·
    [1 ms, per-layer overhead, prefill, queueing wait, decode step, collectives].
@@ -12,7 +12,7 @@ Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge
    ``min_engine_rows`` rows gets its median ratio as a factor (per-engine NNLS fitted narrow data into
    unphysical shapes); other engines use the pooled fit.
 2. A small gradient-boosted correction (scikit-learn HistGradientBoosting, absolute loss) of the log
-   ratio measured / stage 1, on dimensionless features (``features.FEATURE_NAMES``), no GPU or model
+   ratio measured / stage 1, on dimensionless features (``roofline.FEATURE_NAMES``), no GPU or model
    identity. For TPOT its target is taken within each training model (``gbm_target =
    "within_model"``: each model's median log ratio removed), so it learns how the error moves with
    batch, lengths, parallelism and GPU, not the level of the models it saw, which does not transfer
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc_advise.advisor import features as F
+from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 
 MODEL_VERSION = 3  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit
@@ -304,7 +304,7 @@ class ServingModel:
         return {"overhead_ms": over, "prefill_coef": coef, "correction": corr}
 
     def prefill_occupancy(self, engine: str) -> float:
-        """GPU busy time of one prefill per unit of its roofline time (``features.prefill``), for
+        """GPU busy time of one prefill per unit of its roofline time (``roofline.prefill``), for
         ``engine``: what prefill capacity, utilisation and queueing need, as opposed to TTFT.
 
         Why not the TTFT fit: its prefill coefficient and correction are fitted to a latency. The
@@ -599,7 +599,7 @@ def data_key(settings: dict, kb_runs: list[dict], csv_paths: tuple = ()) -> str:
     h.update(json.dumps(settings, sort_keys=True).encode())
     h.update(f"sklearn={version('scikit-learn')};v={MODEL_VERSION}".encode())
     here = Path(__file__).resolve().parent
-    for name in ("features.py", "perf_model.py", "serving_data.py"):
+    for name in ("roofline.py", "serving_model.py", "serving_data.py"):
         h.update((here / name).read_bytes())
     from importlib import resources
 

@@ -149,8 +149,8 @@ def fit_attention(rows: list[dict]) -> AttentionModel:
     with CUDA graphs are preferred over eager rows of the same provider (launch gaps differ)."""
     from scipy.optimize import nnls
 
-    from hpc_advise.advisor.perf_model import resolve_gpu
     from hpc_advise.advisor.serving_data import RowError
+    from hpc_advise.advisor.serving_model import resolve_gpu
 
     by_provider: dict[str, list[tuple[float, float, float, str]]] = {}
     for r in _newest_per_case(rows):

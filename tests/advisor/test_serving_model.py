@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from hpc_advise.advisor import features as F
-from hpc_advise.advisor import perf_model as pm
+from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor import serving_data as sd
+from hpc_advise.advisor import serving_model as pm
 from hpc_advise.profiles import get_gpu, get_model
 from tests.advisor.advisor_helpers import advisor_home, serving_model  # noqa: F401
 
