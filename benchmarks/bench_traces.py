@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 CHILD = r"""
 import json, os, resource, sys, threading, time
 import hpc_advise.advisor.traces as traces
-from hpc_advise.advisor.trace_blocks import default_workers
 
 def hwm_kib(pid="self"):
     # VmHWM: this process's own peak RSS (ru_maxrss would include the parent's, inherited at exec)
@@ -60,7 +59,7 @@ wall, cpu = time.perf_counter() - w, time.process_time() - c
 done.set()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_kib": hwm_kib(), "import_rss_kib": base,
-                  "workers": default_workers(), "workers_cpu_s": kids.ru_utime + kids.ru_stime,
+                  "workers": 0, "workers_cpu_s": kids.ru_utime + kids.ru_stime,
                   "worker_peak_rss_kib": max(workers_hwm.values(), default=0),
                   "n_requests": s.n_requests, "format": s.format, "prefix_reuse": s.prefix_reuse,
                   "rate_rps": s.rate_rps, "isl_p99": s.isl["p99"]}))

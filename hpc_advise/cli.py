@@ -20,7 +20,7 @@ COMMANDS: dict[str, str] = {
     "runs": "hpc_advise.knowledge_base.cli:runs",
     "profiles": "hpc_advise.profiles.cli:profiles",
     "profile": "hpc_advise.runtime.measure.cli:profile",
-    "trace": "hpc_advise.advisor.trace_cli:trace",
+    "trace": "hpc_advise.advisor.traces.cli:trace",
     "model": "hpc_advise.advisor.cli:model",
     "recommend": "hpc_advise.advisor.cli:recommend",
     "predict": "hpc_advise.advisor.cli:predict",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpc_advise.advisor.trace_io import Request
-from hpc_advise.advisor.trace_writers import write_azure, write_burstgpt, write_mooncake
+from hpc_advise.advisor.traces.source import Request
+from hpc_advise.advisor.traces.writers import write_azure, write_burstgpt, write_mooncake
 
 BLOCK = 512  # Mooncake hash_ids blocks
 

@@ -5,22 +5,23 @@ same burstiness: the workload's sample with its rate scaled by x) at which the c
 
 (a) is not prefill-saturated: rho < 1, with rho as ``recommend`` computes it (linear in the rate:
     the prefill's GPU time does not depend on it);
-(b) fits its KV cache for the concurrency Little's law gives at x times the rate (``Ranker.concurrency``'s
-    fixed point; with ``--concurrency`` fixed, that concurrency times x), by ``candidates.memory_check``;
-(c) meets the SLOs given (TPOT p99, TTFT p99, as ``Ranker.rank_one`` predicts them at that rate and
+(b) fits its KV cache for the concurrency Little's law gives at x times the rate (with ``--concurrency``
+    fixed, that concurrency times x), by ``candidates.memory_check``;
+(c) meets the SLOs given (TPOT p99, TTFT p99, as ``recommend`` predicts them at that rate and
     concurrency: the queue's wait grows with rho). Without SLOs only (a) and (b).
 
 Its output tokens/s per GPU is then ``x * rate * osl / GPUs``: in steady state a deployment that keeps
 up serves what arrives. Without arrival times (a closed loop at a concurrency C) capacity is over the
 concurrency instead: the largest multiple x of C meeting (b) and (c), and its tokens/s per GPU is
-Little's law at x * C (``rank_one``'s ``tok_s_per_gpu``).
+Little's law at x * C (the prediction's ``tok_s_per_gpu``).
 
 Search: bisection on log x, between 1/BOUND and BOUND (64), until the last passing multiple (reported)
 and the first failing one (``fail_at``, with the condition that failed: ``limit``) are within a ratio
 of 1 + RESOLUTION (2 %). A candidate that passes at BOUND reports BOUND (``limit`` "bound"); one that
-fails at 1/BOUND reports 0. All candidates are searched together: each step makes one batched set of
-serving-model calls (the model is called per (tp, ep, attn_dp, kv_dtype, concurrency)), and candidates
-that differ only by MoE runner share one search (the runner enters no prediction, only a flag). The
+fails at 1/BOUND reports 0. All candidates are searched together: ``search`` takes the evaluation as
+a function of {candidate: multiple} and knows nothing of how it predicts; ``recommend`` supplies it
+(one batched set of serving-model calls per step, one search per candidate less its MoE runner: the
+runner enters no prediction, only a flag). The
 conditions rise with the load (concurrency, rho, queueing), so the transition bisection finds is the
 largest passing multiple; where a fitted prediction is not monotone it is still a point that passes
 next to one that fails.
@@ -29,9 +30,8 @@ next to one that fails.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-
-from hpc_advise.advisor.candidates import Candidate, Checked, memory_check
+from collections.abc import Callable
+from dataclasses import dataclass
 
 BOUND = 64.0
 RESOLUTION = 0.02
@@ -69,45 +69,21 @@ def failed_condition(r, slo_tpot: float | None, slo_ttft: float | None) -> str |
     return None
 
 
-def evaluate(ranker, base: dict, load: dict, slo_tpot, slo_ttft, fixed, need_ranked: bool = False) -> dict:
-    """{candidate: (failed condition or None, Ranked at that load or None)} for each candidate of
-    ``load`` at its multiple; ``base[c]`` is its prediction at the trace's load (for rho)."""
-    w = ranker.w
-    cands = list(load)
-    conc = ranker.concurrency(cands, fixed, load)
-    out, fits = {}, []
-    for c in cands:
-        rho = base[c].rho
-        if rho is not None and load[c] * rho >= 1.0:  # rho is linear in the rate
-            out[c] = (SATURATED, None)
-            continue
-        ok, _, mem = memory_check(c, ranker.model, ranker.gpu, conc[c], w.ctx_mean, w.ctx_p99)
-        if not ok:
-            out[c] = (MEMORY, None)
-            continue
-        fits.append((c, mem))
-    if not fits or (not need_ranked and slo_tpot is None and slo_ttft is None):
-        out.update({c: (None, None) for c, _ in fits})
-        return out
-    preds = ranker.serving_predictions([c for c, _ in fits], conc)
-    for c, mem in fits:
-        pred = preds[ranker.pred_key(c, conc[c])]
-        r = ranker.rank_one(Checked(c, True, "", mem), conc[c], pred, slo_tpot, slo_ttft, load=load[c])
-        out[c] = (failed_condition(r, slo_tpot, slo_ttft), r)
-    return out
+def search(evaluate: Callable[[dict], dict], at_one: dict) -> dict:
+    """Bisection of every candidate's capacity, all candidates together.
 
-
-def search(ranker, base: dict, slo_tpot, slo_ttft, fixed) -> dict:
-    """{candidate: Capacity} for the candidates of ``base`` (their predictions at the trace's load,
-    all of which fit in memory there)."""
-    over = "arrival rate" if ranker.w.rate_rps else "concurrency"
-    lo: dict[Candidate, float] = {}
-    hi: dict[Candidate, float] = {}
-    limit: dict[Candidate, str] = {}
-    done: dict[Candidate, tuple[float, str, float | None]] = {}
-    probe = {c: (BOUND if r.meets_slo else 1.0 / BOUND) for c, r in base.items()}
-    for c, (why, _) in evaluate(ranker, base, probe, slo_tpot, slo_ttft, fixed).items():
-        if base[c].meets_slo:  # passes at 1
+    ``at_one[c]``: None when candidate ``c`` passes at the trace's load (x = 1), else the condition it
+    fails there. ``evaluate({c: x})`` returns ``{c: failed condition or None}`` at each candidate's
+    multiple ``x`` (one batched call per step). Returns ``{c: (x, limit, fail_at)}``: the largest
+    passing multiple, the condition that fails above it ("bound": none up to BOUND) and the first
+    failing multiple found (None: passes at BOUND)."""
+    lo: dict = {}
+    hi: dict = {}
+    limit: dict = {}
+    done: dict = {}
+    probe = {c: (BOUND if why is None else 1.0 / BOUND) for c, why in at_one.items()}
+    for c, why in evaluate(probe).items():
+        if at_one[c] is None:  # passes at 1
             if why is None:
                 done[c] = (BOUND, "bound", None)
             else:
@@ -117,35 +93,15 @@ def search(ranker, base: dict, slo_tpot, slo_ttft, fixed) -> dict:
                 done[c] = (0.0, why, 1.0 / BOUND)
             else:
                 lo[c], hi[c] = 1.0 / BOUND, 1.0
-                limit[c] = failed_condition(base[c], slo_tpot, slo_ttft) or MEMORY
+                limit[c] = at_one[c]
     while True:
         active = {c: math.sqrt(lo[c] * hi[c]) for c in lo if hi[c] / lo[c] > 1.0 + RESOLUTION}
         if not active:
             break
-        for c, (why, _) in evaluate(ranker, base, active, slo_tpot, slo_ttft, fixed).items():
+        for c, why in evaluate(active).items():
             if why is None:
                 lo[c] = active[c]
             else:
                 hi[c], limit[c] = active[c], why
     done.update({c: (lo[c], limit[c], hi[c]) for c in lo})
-    # tokens/s per GPU at the capacity
-    w = ranker.w
-    tok = {}
-    if w.rate_rps:
-        tok = {c: x * w.rate_rps * w.osl_mean / c.n_gpus for c, (x, _, _) in done.items()}
-    else:
-        at = {c: x for c, (x, _, _) in done.items() if x > 0}
-        for c, (_, r) in evaluate(ranker, base, at, slo_tpot, slo_ttft, fixed, need_ranked=True).items():
-            tok[c] = r.tok_s_per_gpu if r is not None else 0.0
-    return {c: Capacity(x, over, tok.get(c, 0.0), why, fail_at) for c, (x, why, fail_at) in done.items()}
-
-
-def assign_capacities(ranker, ranked: list, slo_tpot, slo_ttft, fixed) -> None:
-    """Set ``r.capacity`` on every ranked candidate; one search per candidate less its MoE runner."""
-    reps: dict[Candidate, object] = {}
-    for r in ranked:
-        reps.setdefault(replace(r.candidate, moe_runner=None), r)
-    base = {r.candidate: r for r in reps.values()}
-    found = search(ranker, base, slo_tpot, slo_ttft, fixed)
-    for r in ranked:
-        r.capacity = found[reps[replace(r.candidate, moe_runner=None)].candidate]
+    return done

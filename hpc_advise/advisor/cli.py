@@ -1,14 +1,14 @@
 """Click commands of the advisor's model: ``model fit|eval|show``, ``recommend``, ``predict``, ``launch``.
 
-Thin: parsing, GPU resolution (``--gpu``/``--gpus`` or the NVML probe, else an announced H200 x 8
-default), printing. The work lives in ``perf_model``, ``candidates``, ``recommend`` and ``launch``.
+Click only: parse the options, resolve the GPU (``--gpu``/``--gpus`` or the NVML probe, else an
+announced H200 x 8 default), call the work (``serving_model``, ``candidates``, ``recommend``,
+``launch``) and hand the result to ``report``, which renders it.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -30,7 +30,7 @@ def _fail(msg: str) -> None:
 
 
 def _load_model(db, refit=False):
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
 
     model, info = pm.load_or_fit(db, refit=refit)
     return model, info
@@ -38,8 +38,8 @@ def _load_model(db, refit=False):
 
 def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str]:
     """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default."""
-    from hpc_advise.advisor.perf_model import resolve_gpu
     from hpc_advise.advisor.serving_data import RowError
+    from hpc_advise.advisor.serving_model import resolve_gpu
 
     note = ""
     if gpu is None:
@@ -65,8 +65,8 @@ def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str
 
 
 def _resolve_model(name: str):
-    from hpc_advise.advisor.perf_model import resolve_model
     from hpc_advise.advisor.serving_data import RowError
+    from hpc_advise.advisor.serving_model import resolve_model
 
     try:
         return resolve_model(name)
@@ -112,7 +112,7 @@ def model_eval(db, by, as_json) -> None:
     vLLM row on Hopper); median/p90 APE of TPOT, TTFT."""
     from tabulate import tabulate
 
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
 
     points, _ = pm.training_points(db)
     preps, _ = pm.prepare_all(points)
@@ -148,8 +148,8 @@ def model_show(db, as_json) -> None:
 
 
 def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None):
-    from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload, rank_candidates
+    from hpc_advise.advisor.kernel_models import load_attention_model
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
 
     prof_gpu, n, note = _resolve_target(gpu, gpus)
@@ -160,33 +160,16 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
         _fail(str(exc))
     serving, _ = _load_model(db)
     ranker = Ranker(
-        model_name, mdl, prof_gpu, Workload.from_summary(summary), serving, load_attention_model(db)
+        model_name, mdl, prof_gpu, TraceLoad.from_summary(summary), serving, load_attention_model(db)
     )
     ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
     return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
 
 
 def ranker_concurrency(summary) -> int:
-    from hpc_advise.advisor.recommend import Workload
+    from hpc_advise.advisor.recommend import TraceLoad
 
-    return Workload.from_summary(summary).default_concurrency
-
-
-def _fmt(x: float) -> str:
-    return "inf" if x == math.inf else f"{x:.1f}"
-
-
-def _load_x(cap) -> str:
-    """Capacity multiple for the table: '>=64' at the search bound, '<0.02' below it."""
-    from hpc_advise.advisor.capacity import BOUND
-
-    if cap is None:
-        return "-"
-    if cap.fail_at is None:
-        return f">={BOUND:g}"
-    if cap.x == 0:
-        return f"<{1 / BOUND:.2f}"
-    return f"{cap.x:.2f}" if cap.x < 10 else f"{cap.x:.1f}"
+    return TraceLoad.from_summary(summary).default_concurrency
 
 
 @click.command("recommend")
@@ -234,8 +217,6 @@ def recommend(
     db,
 ) -> None:
     """Rank SGLang configurations for a trace, a model and GPUs; print the launch command."""
-    from tabulate import tabulate
-
     from hpc_advise.advisor.launch import build_command
 
     if plot:
@@ -252,23 +233,22 @@ def recommend(
     if note and not as_json:
         click.echo(note, err=True)
     cmd = build_command(ranked[0].candidate, mdl.hf_id or model_name) if ranked else None
-    inputs = {
-        "trace": str(trace),
-        "model": model_name,
-        "gpu": prof_gpu.key,
-        "gpus": n,
-        "slo_tpot_ms": slo_tpot_ms,
-        "slo_ttft_ms": slo_ttft_ms,
-        "concurrency": concurrency,
-        "trace_summary": {k: v for k, v in summary.to_dict().items() if k not in ("sample", "histograms")},
-    }
-    outputs = {
-        "ranked": [r.to_dict() for r in ranked[:top]],
-        "top": ranked[0].to_dict() if ranked else None,
-        "launch": {"argv": cmd.argv[1:], "env": cmd.env} if cmd else None,
-        "n_feasible": len(ranked),
-        "n_excluded": len(excluded),
-    }
+    from hpc_advise.advisor import report
+
+    inputs, outputs = report.recommend_record(
+        trace,
+        model_name,
+        prof_gpu,
+        n,
+        slo_tpot_ms,
+        slo_ttft_ms,
+        concurrency,
+        summary,
+        ranked,
+        excluded,
+        top,
+        cmd,
+    )
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
     rec_id = KnowledgeBase(db).add_recommendation(inputs, outputs, serving.key)
@@ -277,93 +257,33 @@ def recommend(
 
         pareto_png(ranked, plot, slo_tpot_ms, title=f"{mdl.key} on {n} x {prof_gpu.key}")
     if as_json:
-        out = dict(
-            outputs,
-            recommendation_id=rec_id,
-            note=note,
-            excluded=[{"config": e.candidate.label(), "reason": e.reason} for e in excluded]
-            if show_excluded
-            else None,
-        )
-        click.echo(json.dumps(out, indent=2))
+        click.echo(report.recommend_json(outputs, rec_id, note, excluded, show_excluded))
         return
-    if not ranked:
-        click.echo("no candidate fits; see --show-excluded", err=True)
-    elif (slo_tpot_ms or slo_ttft_ms) and not ranked[0].meets_slo:
-        click.echo("no configuration meets the SLOs (p99 against them); listed closest first", err=True)
-    rows = [
-        [
-            i + 1,
-            r.candidate.label(),
-            _fmt(r.tpot_p50),
-            _fmt(r.tpot_p99),
-            _fmt(r.ttft_p50),
-            _fmt(r.ttft_p99),
-            f"{r.max_tok_s_per_gpu:.0f}",
-            _load_x(r.capacity),
-            f"{r.headroom_gib:.1f}",
-            "ok" if not r.flags else "low",
-            "yes" if r.meets_slo else "no",
-        ]
-        for i, r in enumerate(ranked[:top])
-    ]
+    for line in report.recommend_warnings(ranked, slo_tpot_ms, slo_ttft_ms):
+        click.echo(line, err=True)
     click.echo(
-        f"{mdl.key} on {n} x {prof_gpu.key}; trace: {summary.n_requests} requests, isl mean {summary.isl['mean']:.0f}, osl mean {summary.osl['mean']:.0f}"
-        + (f", {summary.rate_rps:.2f} req/s" if summary.rate_rps else "")
-    )
-    click.echo(
-        tabulate(
-            rows,
-            headers=[
-                "#",
-                "config",
-                "TPOT p50",
-                "TPOT p99",
-                "TTFT p50",
-                "TTFT p99",
-                "max tok/s/GPU",
-                "load x",
-                "headroom GiB",
-                "confidence",
-                "SLO",
-            ],
-            tablefmt="github",
+        report.recommend_text(
+            ranked,
+            excluded,
+            summary,
+            mdl,
+            prof_gpu,
+            n,
+            slo_tpot_ms,
+            slo_ttft_ms,
+            top,
+            cmd,
+            rec_id,
+            show_excluded,
         )
     )
-    if ranked:
-        over = ranked[0].capacity.over if ranked[0].capacity else "arrival rate"
-        conds = "prefill rho < 1, KV memory" if over == "arrival rate" else "KV memory"
-        conds += "".join(f", {n} SLO p99" for n, v in (("TPOT", slo_tpot_ms), ("TTFT", slo_ttft_ms)) if v)
-        click.echo(
-            f"load x: capacity, the largest multiple of the trace's {over} that still meets {conds} "
-            f"(2 % steps); max tok/s/GPU: output tokens/s per GPU at that load"
-        )
-    for r in ranked[: min(top, 3)]:
-        click.echo(f"\n{r.candidate.label()}:")
-        cap = r.capacity
-        if cap is not None:
-            edge = f"; {cap.limit} fails at {cap.fail_at:.2f}x" if cap.fail_at else " (search bound)"
-            click.echo(
-                f"  capacity {_load_x(cap)}x the {over}: {cap.max_tok_s_per_gpu:.0f} out tok/s/GPU{edge}"
-            )
-        for why in r.reasons:
-            click.echo(f"  - {why}")
-        for f in r.flags[:3]:
-            click.echo(f"  ! {f}")
-    if cmd:
-        click.echo(f"\nlaunch:\n  {cmd.shell()}")
-    click.echo(f"\nrecommendation #{rec_id} logged (hpc-advise launch --recommendation {rec_id})")
-    if show_excluded:
-        click.echo(f"\nexcluded ({len(excluded)}):")
-        for e in excluded:
-            click.echo(f"  {e.candidate.label()}: {e.reason}")
 
 
 # ----- predict --------------------------------------------------------------------------------
 
 
 def _predict_batch(path: str, db, as_json: bool) -> None:
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
     from hpc_advise.advisor.serving_data import RowError, point_from_csv_row, read_csv_rows
 
     serving, _ = _load_model(db)
@@ -466,8 +386,8 @@ def predict(
     import numpy as np
 
     from hpc_advise.advisor.candidates import Candidate, memory_check, support_reason
-    from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload
+    from hpc_advise.advisor.kernel_models import load_attention_model
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.serving_data import RowError
 
     prof_gpu, n, note = _resolve_target(gpu, gpus)
@@ -487,7 +407,7 @@ def predict(
     if tp % attn_dp_size or tp % ep:
         _fail("--attn-dp-size and --ep must divide --tp")
     why = support_reason(c, mdl, prof_gpu)
-    w = Workload(isl, osl, np.array([[isl, osl]]), None, 0.0, isl + osl / 2, isl + osl, int(concurrency))
+    w = TraceLoad(isl, osl, np.array([[isl, osl]]), None, 0.0, isl + osl / 2, isl + osl, int(concurrency))
     serving, _ = _load_model(db)
     ranker = Ranker(model_name, mdl, prof_gpu, w, serving, load_attention_model(db))
     conc = max(concurrency / c.replicas, 1.0)
@@ -518,14 +438,9 @@ def predict(
         return
     if note:
         click.echo(note, err=True)
-    click.echo(f"{c.label()} on {n} x {prof_gpu.key}, isl {isl:g} osl {osl:g} concurrency {concurrency:g}")
-    click.echo(f"  TTFT p50 {_fmt(r.ttft_p50)} ms  p99 {_fmt(r.ttft_p99)} ms")
-    click.echo(f"  TPOT p50 {_fmt(r.tpot_p50)} ms  p99 {_fmt(r.tpot_p99)} ms")
-    click.echo(
-        f"  output {out['output_tok_s']:.0f} tok/s ({r.tok_s_per_gpu:.0f} per GPU); memory headroom {mem.get('headroom_gib', float('nan')):.1f} GiB"
-    )
-    for f in flags:
-        click.echo(f"  ! {f}")
+    from hpc_advise.advisor import report
+
+    click.echo(report.predict_text(c, r, out, n, prof_gpu, isl, osl, concurrency, flags))
 
 
 # ----- launch ---------------------------------------------------------------------------------

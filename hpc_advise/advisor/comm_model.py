@@ -6,7 +6,7 @@ latency-bound (alpha dominates, NCCL's low-latency protocols), large ones bandwi
 protocol and algorithm in between, which one straight line misses by 2x or more at the middle sizes.
 ``bytes`` is the size nccl-tests (and ``runtime.comm_bench``) report: the per-rank buffer of all-reduce
 and all-to-all, the gathered output of all-gather, the reduced input of reduce-scatter; the advisor's
-``features._collective`` passes the same.
+``roofline._collective`` passes the same.
 
 Fit (``fit_points``): each segment by least squares on the *relative* error (sizes span 4 KB to 1 GB,
 so an absolute fit would only see the largest), with alpha >= 0 and 1/beta >= 0; the breakpoints by
@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-# comm_bench's op names -> the advisor's (features._collective, GPU profile figure names)
+# comm_bench's op names -> the advisor's (roofline._collective, GPU profile figure names)
 OP_NAMES = {
     "all_reduce": "allreduce",
     "all_gather": "allgather",

@@ -3,15 +3,15 @@ memory headroom, confidence flags and plain-language reasons.
 
 Per candidate (``candidates``), at the trace's mean lengths:
 
-1. the serving model (``perf_model``, engine sglang) predicts TPOT and TTFT at the candidate's
+1. the serving model (``serving_model``, engine sglang) predicts TPOT and TTFT at the candidate's
    concurrency. With arrival times in the trace, concurrency per replica is the fixed point of
    Little's law ``C = rate / replicas * (TTFT + osl * TPOT)`` (three iterations); without them it is
    ``--concurrency`` (default: the trace summary's context-spread concurrency);
 2. TPOT p50/p99: 48 decode batches are drawn from the trace's (isl, osl) sample at that concurrency
    (requests weighted by their output length, each at a uniform point of its decode, as
-   ``trace_summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
+   ``traces.summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
    roofline step time over the mean batch's, plus, per layer with KV cache, the attention backend's
-   fitted kernel time (``op_efficiency``) minus the reference backend's (FlashInfer's decode kernel,
+   fitted kernel time (``kernel_models``) minus the reference backend's (FlashInfer's decode kernel,
    the one the calibration data's engines mostly ran). Backends with no kernel measurement keep the
    reference time and are flagged;
 3. TTFT p50/p99: each sampled request's prefill is the calibrated prefill scaled by its roofline
@@ -55,16 +55,17 @@ the highest-capacity candidate).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hpc_advise.advisor import features as F
-from hpc_advise.advisor.candidates import Candidate, Checked, check_all
-from hpc_advise.advisor.capacity import Capacity, assign_capacities, failed_condition
-from hpc_advise.advisor.op_efficiency import AttentionModel, attention_terms
-from hpc_advise.advisor.perf_model import ServingModel, model_quants, prepare
+from hpc_advise.advisor import capacity as cap
+from hpc_advise.advisor import roofline as F
+from hpc_advise.advisor.candidates import Candidate, Checked, check_all, memory_check
+from hpc_advise.advisor.capacity import Capacity, failed_condition
+from hpc_advise.advisor.kernel_models import AttentionModel, attention_terms
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
+from hpc_advise.advisor.serving_model import ServingModel, model_quants, prepare
 
 REFERENCE_ATTENTION = "flashinfer"
 N_BATCHES = 48
@@ -73,7 +74,11 @@ N_PROMPTS = 128  # sampled prompts whose prefill times the TTFT percentiles draw
 
 
 @dataclass
-class Workload:
+class TraceLoad:
+    """The load a trace offers, as the ranking reads it: mean lengths, an (isl, osl) sample, arrival
+    rate (None: no timestamps), prefix reuse, context mean / p99, and the concurrency assumed
+    without arrival times."""
+
     isl_mean: float
     osl_mean: float
     pairs: np.ndarray  # [n, 2] (isl, osl)
@@ -84,7 +89,7 @@ class Workload:
     default_concurrency: int
 
     @classmethod
-    def from_summary(cls, s) -> Workload:
+    def from_summary(cls, s) -> TraceLoad:
         pairs = np.asarray(s.sample or [], dtype=float).reshape(-1, 2)
         if pairs.shape[0] == 0:
             pairs = np.array([[s.isl["mean"], s.osl["mean"]]], dtype=float)
@@ -155,8 +160,8 @@ class Ranked:
 BATCH_BLOCK = 64  # requests per block of the batch sample (``_batches``)
 
 
-def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
-    """[N_BATCHES, batch] context lengths drawn as trace_summary.context_spread does. Batches of b
+def _batches(w: TraceLoad, batch: int, seed: int = 0) -> np.ndarray:
+    """[N_BATCHES, batch] context lengths drawn as traces.summary.context_spread does. Batches of b
     requests are the first b of the batches of b + 1 (columns come in blocks of BATCH_BLOCK, each
     from its own seeded stream): common random numbers, so predictions move smoothly with the batch
     size instead of redrawing it, which the capacity search's bisection relies on."""
@@ -173,7 +178,9 @@ def _batches(w: Workload, batch: int, seed: int = 0) -> np.ndarray:
 class Ranker:
     """Predicts every feasible candidate for one (model, GPU, workload)."""
 
-    def __init__(self, model_name: str, model, gpu, w: Workload, serving: ServingModel, attn: AttentionModel):
+    def __init__(
+        self, model_name: str, model, gpu, w: TraceLoad, serving: ServingModel, attn: AttentionModel
+    ):
         self.model_name, self.model, self.gpu, self.w = model_name, model, gpu, w
         self.serving, self.attn = serving, attn
         self.shapes = F.shapes_of(model)
@@ -225,6 +232,24 @@ class Ranker:
             out[k] = (float(pred["tpot_ms"][i]), float(pred["ttft_ms"][i]), preps[i], parts)
         return out
 
+    def predict_checked(
+        self, checked: list[Checked], conc: dict, slo_tpot, slo_ttft, load: dict | None = None
+    ) -> list[tuple[Checked, Ranked | RowError]]:
+        """``(checked, its Ranked prediction)`` for candidates that fit in memory, at ``conc[c]``
+        requests per replica and ``load[c]`` times the trace's load (default 1); one batched set of
+        serving-model calls; a candidate the model cannot predict gets the ``RowError`` instead."""
+        preds = self.serving_predictions([chk.candidate for chk in checked], conc)
+        out: list[tuple[Checked, Ranked | RowError]] = []
+        for chk in checked:
+            c = chk.candidate
+            try:
+                pred = preds[self.pred_key(c, conc[c])]
+                x = (load or {}).get(c, 1.0)
+                out.append((chk, self.rank_one(chk, conc[c], pred, slo_tpot, slo_ttft, load=x)))
+            except RowError as exc:
+                out.append((chk, exc))
+        return out
+
     def concurrency(self, cands: list[Candidate], fixed: float | None, load: dict | None = None) -> dict:
         """Requests in flight per replica. ``load[c]`` (default 1) multiplies the offered load: the
         arrival rate in Little's law's fixed point, or the fixed / default concurrency itself."""
@@ -272,7 +297,7 @@ class Ranker:
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
         floors, tails = [], []
         # the attention-kernel model was fitted on bytes over the measured copy bandwidth
-        # (op_efficiency), so its inputs use the same basis, not the serving model's datasheet rate
+        # (kernel_models), so its inputs use the same basis, not the serving model's datasheet rate
         bw = float(self.gpu.rate("copy_bw_tbps")) * 1e6
         for row in ctx:
             f, t = attention_terms(row, kv_heads, s.head_dim, elem, bw)
@@ -515,6 +540,63 @@ def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
     return out
 
 
+def at_load(ranker: Ranker, base: dict, load: dict, slo_tpot, slo_ttft, fixed, need_ranked=False) -> dict:
+    """{candidate: (failed condition or None, Ranked at that load or None)} for each candidate of
+    ``load`` at its multiple of the trace's load; ``base[c]`` is its prediction at the trace's load
+    (for rho, which is linear in the rate)."""
+    w = ranker.w
+    cands = list(load)
+    conc = ranker.concurrency(cands, fixed, load)
+    out, fits = {}, []
+    for c in cands:
+        rho = base[c].rho
+        if rho is not None and load[c] * rho >= 1.0:
+            out[c] = (cap.SATURATED, None)
+            continue
+        ok, _, mem = memory_check(c, ranker.model, ranker.gpu, conc[c], w.ctx_mean, w.ctx_p99)
+        if not ok:
+            out[c] = (cap.MEMORY, None)
+            continue
+        fits.append(Checked(c, True, "", mem))
+    if not fits or (not need_ranked and slo_tpot is None and slo_ttft is None):
+        out.update({chk.candidate: (None, None) for chk in fits})
+        return out
+    for chk, r in ranker.predict_checked(fits, conc, slo_tpot, slo_ttft, load):
+        if isinstance(r, RowError):
+            raise r
+        out[chk.candidate] = (failed_condition(r, slo_tpot, slo_ttft), r)
+    return out
+
+
+def assign_capacities(ranker: Ranker, ranked: list, slo_tpot, slo_ttft, fixed) -> None:
+    """Set ``r.capacity`` on every ranked candidate; one search per candidate less its MoE runner."""
+    reps: dict[Candidate, Ranked] = {}
+    for r in ranked:
+        reps.setdefault(replace(r.candidate, moe_runner=None), r)
+    base = {r.candidate: r for r in reps.values()}
+    at_one = {
+        c: None if r.meets_slo else (failed_condition(r, slo_tpot, slo_ttft) or cap.MEMORY)
+        for c, r in base.items()
+    }
+
+    def evaluate(load: dict) -> dict:
+        return {c: why for c, (why, _) in at_load(ranker, base, load, slo_tpot, slo_ttft, fixed).items()}
+
+    done = cap.search(evaluate, at_one)
+    w = ranker.w
+    over = "arrival rate" if w.rate_rps else "concurrency"
+    tok = {}
+    if w.rate_rps:  # in steady state a deployment that keeps up serves what arrives
+        tok = {c: x * w.rate_rps * w.osl_mean / c.n_gpus for c, (x, _, _) in done.items()}
+    else:  # Little's law at the capacity's concurrency
+        at = {c: x for c, (x, _, _) in done.items() if x > 0}
+        for c, (_, r) in at_load(ranker, base, at, slo_tpot, slo_ttft, fixed, need_ranked=True).items():
+            tok[c] = r.tok_s_per_gpu if r is not None else 0.0
+    found = {c: Capacity(x, over, tok.get(c, 0.0), why, fail_at) for c, (x, why, fail_at) in done.items()}
+    for r in ranked:
+        r.capacity = found[reps[replace(r.candidate, moe_runner=None)].candidate]
+
+
 def rank_candidates(
     ranker: Ranker,
     n_gpus: int,
@@ -533,15 +615,12 @@ def rank_candidates(
     excluded = [chk for chk in checked if not chk.ok]
     if not ok:
         return [], excluded
-    preds = ranker.serving_predictions([chk.candidate for chk in ok], conc)
     ranked = []
-    for chk in ok:
-        c = chk.candidate
-        try:
-            pred = preds[ranker.pred_key(c, conc[c])]
-            ranked.append(ranker.rank_one(chk, conc[c], pred, slo_tpot, slo_ttft))
-        except RowError as exc:
-            excluded.append(Checked(c, False, f"cannot predict: {exc}"))
+    for chk, r in ranker.predict_checked(ok, conc, slo_tpot, slo_ttft):
+        if isinstance(r, RowError):
+            excluded.append(Checked(chk.candidate, False, f"cannot predict: {r}"))
+        else:
+            ranked.append(r)
     slo_given = slo_tpot is not None or slo_ttft is not None
     assign_capacities(ranker, ranked, slo_tpot, slo_ttft, concurrency)
 

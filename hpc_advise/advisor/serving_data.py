@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-from hpc_advise.advisor.features import normalize_quant
+from hpc_advise.advisor.roofline import normalize_quant
 
 SEED_CSV = "serving_measurements_train.csv.gz"
 SEED_CITATION = (
@@ -336,7 +336,7 @@ def point_from_run(run: dict) -> ServingPoint:
         engine=engine,
         model=str(model),
         gpu=str(gpu),
-        dense_quant=quant or "",  # '' = the model profile's checkpoint (filled in by perf_model.prepare)
+        dense_quant=quant or "",  # '' = the model profile's checkpoint (filled in by serving_model.prepare)
         moe_quant=quant or "",
         kv_bytes=1.0 if "fp8" in kv else 2.0,
         isl=float(isl),

@@ -7,6 +7,7 @@ Imports only the standard library. Never imports torch, triton, ``kernels`` or `
 - ``hf_config.py``: Hugging Face ``config.json`` -> ``ModelProfile``;
 - ``measured.py``: overlay of a machine's measured figures stored in the knowledge base;
 - ``registry.py``: name lookup over the shipped files ``gpus/*.toml`` and ``models/*.json``;
+- ``resolve.py``: name -> profile resolution for the advisor (quantized re-uploads, aliases);
 - ``cli.py``: ``hpc-advise profiles list|show``.
 """
 

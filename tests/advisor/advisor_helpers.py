@@ -13,7 +13,7 @@ def advisor_home(tmp_path_factory):
     home = tmp_path_factory.getbasetemp() / "advisor-home"
     mp = pytest.MonkeyPatch()
     mp.setenv("HPC_ADVISE_HOME", str(home))
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
 
     pm.load_or_fit()
     yield home
@@ -22,7 +22,7 @@ def advisor_home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def serving_model(advisor_home):
-    from hpc_advise.advisor import perf_model as pm
+    from hpc_advise.advisor import serving_model as pm
 
     model, _ = pm.load_or_fit()
     return model

@@ -1,5 +1,5 @@
 """The communication-time predictor (hpc_advise.advisor.comm_model) and its use by the advisor's
-collective model (features._collective): exact recovery of known alpha-beta laws, piecewise laws,
+collective model (roofline._collective): exact recovery of known alpha-beta laws, piecewise laws,
 noisy data, the figures' round trip through a GPU profile, clear errors, and the held-out error on the
 measured 2 x H200 rows committed in benchmarks/results/comm_h200x2.jsonl."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpc_advise.advisor import comm_model as cm
-from hpc_advise.advisor import features as F
+from hpc_advise.advisor import roofline as F
 from hpc_advise.profiles import get_gpu
 
 SIZES = [1 << p for p in range(12, 31)]  # 4 KiB .. 1 GiB, as comm_bench measures

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpc_advise.advisor.cli import recommend
-from hpc_advise.advisor.op_efficiency import attention_terms, lengths_of
+from hpc_advise.advisor.kernel_models import attention_terms, lengths_of
 from hpc_advise.knowledge_base.store import KnowledgeBase
 from tests.advisor.advisor_helpers import advisor_home  # noqa: F401
 
@@ -142,12 +142,12 @@ def test_plot_needs_the_extra_or_writes_png(advisor_home, tmp_path):  # noqa: F8
 
 
 def test_kernel_models_reproduce_measurements_and_the_long_tail_penalty():
-    """Fitted per-provider attention models (seed DESIGN §7 rows + committed benchmark results)
+    """Fitted per-provider attention models (seed DESIGN §7 rows + the shipped kernel tables)
     reproduce their rows, and a static split-k schedule pays for a long request where a dynamic one
     does not."""
-    from hpc_advise.advisor.op_efficiency import checkout_rows, fit_attention, seed_rows
+    from hpc_advise.advisor.kernel_models import fit_attention, seed_rows, shipped_rows
 
-    rows = seed_rows() + checkout_rows()
+    rows = seed_rows() + shipped_rows()
     m = fit_attention(rows)
     bw = 4.12e6  # H200 profile copy bandwidth, bytes/us
     errors = {}
@@ -190,10 +190,10 @@ def test_case_names_parse(case, n, first):
     assert len(lens) == n and lens[0] >= first * 0.99
 
 
-def test_installed_copy_of_kernel_tables_is_used_without_a_checkout(tmp_path):
-    from hpc_advise.advisor.op_efficiency import checkout_rows, fit_attention, seed_rows
+def test_shipped_kernel_tables_fit_the_compared_backends():
+    from hpc_advise.advisor.kernel_models import fit_attention, seed_rows, shipped_rows
 
-    shipped = checkout_rows(tmp_path / "no-such-dir")
+    shipped = shipped_rows()
     assert any(r.get("provider") == "hpc_advise_dynamic" for r in shipped)
     m = fit_attention(seed_rows() + shipped)
     assert (
@@ -203,14 +203,40 @@ def test_installed_copy_of_kernel_tables_is_used_without_a_checkout(tmp_path):
     assert m.provider_for("fa3") is None  # never measured: the advisor flags it instead of guessing
 
 
+def test_kernel_models_read_package_data_only(tmp_path, monkeypatch):
+    """Every file the kernel models read lies inside the package (seed and shipped tables): a
+    checkout's benchmarks/results/ is never read, so a checkout and a wheel give one answer."""
+    import scipy.optimize  # noqa: F401  (imported first: its import reads its own metadata)
+
+    import hpc_advise
+    from hpc_advise.advisor.kernel_models import fit_attention, load_attention_model, seed_rows, shipped_rows
+
+    package = Path(hpc_advise.__file__).resolve().parent
+    read: list[Path] = []
+    for name in ("read_text", "read_bytes", "open", "glob", "iterdir"):
+        original = getattr(Path, name)
+
+        def spy(self, *a, _original=original, **k):
+            read.append(Path(self).resolve())
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(Path, name, spy)
+    loaded = load_attention_model(tmp_path / "no-kb.db")
+    monkeypatch.undo()
+    outside = [p for p in read if package not in p.parents and p != package]
+    assert read and not outside, outside
+    alone = fit_attention(seed_rows() + shipped_rows())
+    assert loaded.coef == alone.coef and loaded.n_rows == alone.n_rows
+
+
 def _qwen_ranker(rate_rps="trace"):
-    from hpc_advise.advisor import perf_model as pm
-    from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.kernel_models import load_attention_model
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.traces import summarize
 
     serving, _ = pm.load_or_fit()
-    w = Workload.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    w = TraceLoad.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
     if rate_rps != "trace":
         w = dataclasses.replace(w, rate_rps=rate_rps)
     return Ranker(
@@ -255,8 +281,7 @@ def test_slo_ranking_puts_capacity_first_in_a_closed_loop(advisor_home):  # noqa
     tokens/s there. With an SLO the ranking takes those within 5 % of the best max tokens/s per GPU
     by mean request latency, then the rest by max tokens/s per GPU. The tokens/s at 64 requests stays
     Little's law, concurrency * osl / (TTFT + osl * TPOT) per replica."""
-    from hpc_advise.advisor.capacity import evaluate
-    from hpc_advise.advisor.recommend import rank_candidates
+    from hpc_advise.advisor.recommend import at_load, rank_candidates
 
     ranker = _qwen_ranker(rate_rps=None)
     ranker_w_osl = ranker.w.osl_mean
@@ -271,9 +296,7 @@ def test_slo_ranking_puts_capacity_first_in_a_closed_loop(advisor_home):  # noqa
     # the max tokens/s per GPU is Little's law at x * 64 requests
     top = loose[0]
     base = {top.candidate: top}
-    ((why, at_x),) = evaluate(
-        ranker, base, {top.candidate: top.capacity.x}, 10_000.0, None, 64, True
-    ).values()
+    ((why, at_x),) = at_load(ranker, base, {top.candidate: top.capacity.x}, 10_000.0, None, 64, True).values()
     assert why is None and at_x.concurrency == pytest.approx(top.capacity.x * 64 / top.candidate.replicas)
     assert top.capacity.max_tok_s_per_gpu == pytest.approx(at_x.tok_s_per_gpu, rel=1e-12)
     best = max(r.max_tok_s_per_gpu for r in loose)
@@ -306,8 +329,8 @@ def test_capacity_is_a_pass_fail_edge_of_the_named_condition(advisor_home, slo_t
     candidates already miss it at the trace's rate (x < 1) and four TP1 replicas miss it even at
     1/64 of it (capacity 0: TPOT p99 ~28 ms at a handful of requests); with an 8 s TTFT p99 SLO it
     is the TTFT SLO (the prefill queue's wait grows with the rate), well before saturation."""
-    from hpc_advise.advisor.capacity import MEMORY, RESOLUTION, SATURATED, TPOT_SLO, TTFT_SLO, evaluate
-    from hpc_advise.advisor.recommend import rank_candidates
+    from hpc_advise.advisor.capacity import MEMORY, RESOLUTION, SATURATED, TPOT_SLO, TTFT_SLO
+    from hpc_advise.advisor.recommend import at_load, rank_candidates
 
     ranker = _qwen_ranker()
     ranked, _ = rank_candidates(ranker, 4, slo_tpot=slo_tpot, slo_ttft=slo_ttft)
@@ -319,15 +342,15 @@ def test_capacity_is_a_pass_fail_edge_of_the_named_condition(advisor_home, slo_t
     caps_x = {c: cap for c, cap in caps.items() if c not in zero}
     assert all(cap.x < 64 and cap.over == "arrival rate" for cap in caps.values())
     assert all(1 < cap.fail_at / cap.x <= 1 + RESOLUTION for cap in caps_x.values())
-    passing = evaluate(ranker, base, {c: cap.x for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None)
+    passing = at_load(ranker, base, {c: cap.x for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None)
     assert all(why is None for why, _ in passing.values()), passing
     for c, (_, at_x) in passing.items():  # predicted at x times the rate: rho, hence the queue, scales
         assert at_x is None or at_x.rho == pytest.approx(caps[c].x * base[c].rho, rel=1e-9)
     slo_given = slo_tpot is not None or slo_ttft is not None  # without SLOs: no prediction needed
     assert any(at_x is not None for _, at_x in passing.values()) == slo_given
-    edge = evaluate(ranker, base, {c: cap.fail_at for c, cap in caps.items()}, slo_tpot, slo_ttft, None)
+    edge = at_load(ranker, base, {c: cap.fail_at for c, cap in caps.items()}, slo_tpot, slo_ttft, None)
     assert {c: why for c, (why, _) in edge.items()} == {c: cap.limit for c, cap in caps.items()}
-    above = evaluate(
+    above = at_load(
         ranker, base, {c: cap.x * (1 + RESOLUTION) for c, cap in caps_x.items()}, slo_tpot, slo_ttft, None
     )
     assert all(why is not None for why, _ in above.values()), above
@@ -439,13 +462,13 @@ def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F
     middle of the widest gap between candidates (attention-DP groups each take 1/8 of the arrivals),
     so every candidate is >= 1.2x from it on its side. Saturated ones are flagged, have no finite
     TTFT, never meet an SLO and rank after all others; the rest keep finite, queued TTFTs."""
-    from hpc_advise.advisor import perf_model as pm
-    from hpc_advise.advisor.op_efficiency import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, Workload, rank_candidates
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.kernel_models import load_attention_model
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
     from hpc_advise.advisor.traces import summarize
 
     serving, _ = pm.load_or_fit()
-    w = Workload.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    w = TraceLoad.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
 
     def ranked_at(rate):
         ranker = Ranker(

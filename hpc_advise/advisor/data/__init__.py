@@ -5,7 +5,7 @@
   ``silicon_sample.csv`` (aiconfigurator-core 0.12.0; Apache-2.0, copyright NVIDIA), measured by NVIDIA
   with SGLang, vLLM and TensorRT-LLM on H100/H200/B200/B300/GB200/GB300. SGLang-on-H100/H200 rows are
   held out by the data owner to evaluate the model; never add rows from that source here.
-- ``kernel_seed.jsonl``: kernel timings of the team's reference H200 run (shared DESIGN §7, 2026-11-29)
+- ``kernel_seed.jsonl``: kernel timings of the team's reference H200 run (shared DESIGN §7)
   as knowledge-base ``runs`` rows, the per-operator efficiency models' prior when no local
   measurements exist.
 """

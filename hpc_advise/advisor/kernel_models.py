@@ -1,0 +1,237 @@
+"""Per-operator kernel models fitted on kernel benchmark rows: how far each attention backend sits
+from the KV-read roofline on a given decode batch, so backends can be compared on a trace's length mix.
+
+Rows come from three places (all knowledge-base ``runs`` rows, kind 'kernel'): the seed file
+``data/kernel_seed.jsonl`` (the team's reference H200 run, shared DESIGN §7), the kernel tables
+shipped in ``data/kernel_results/``, and the knowledge base: package data only, never a checkout's
+``benchmarks/results/``. For decode attention,
+each provider gets a non-negative least-squares model
+
+    t_us = a + b * floor_us + c * tail_us
+
+where ``floor_us`` = the batch's KV bytes / copy bandwidth (the roofline) and ``tail_us`` = the
+longest request's bytes of one KV head / copy bandwidth: a kernel that cannot split a long request
+over many SMs pays ``c`` (static split-k schedules have a large ``c``, dynamic schedules a small
+one). ``a`` is the fixed cost (launch, planning, merge). Bandwidths come from the row's GPU profile,
+so the fit transfers to another GPU by its bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+SEED = "kernel_seed.jsonl"
+
+# SGLang attention backend -> benchmark providers that stand for it, best first.
+BACKEND_PROVIDERS: dict[str, tuple[str, ...]] = {
+    "hpc_advise": ("hpc_advise_dynamic", "hpc_advise"),
+    "hpc_ops": ("hpc_ops", "hpc_ops_dynamic"),
+    "flashinfer": ("fi_decode_tc", "flashinfer", "flashinfer_decode"),
+    "fa3": ("fa3", "flash_attn_3"),
+    "triton": ("sglang_triton", "triton"),
+}
+
+# (eager-timed provider, the same kernel timed as CUDA-graph replays)
+SAME_KERNEL = (("flashinfer", "fi_decode_tc"),)
+
+_GROUP = re.compile(r"(\d+)\s*x\s*(\d+)\s*(K?)", re.I)
+_LOGU = re.compile(r"(\d+)\s*x\s*(?:log-uniform|U\()\s*(?:\s*(\d+)(K?)\s*[-–]\s*(\d+)(K?))?", re.I)
+
+
+def lengths_of(config: dict) -> list[int] | None:
+    """Sequence lengths of a decode-attention benchmark case: explicit ``seq_lens``, ``groups``
+    [[count, len], ...], ``loguniform`` [n, lo, hi] (expected quantiles), or a case name such as
+    '1 x 128K + 31 x 4K' / '64 x log-uniform 1K-32K'."""
+    if config.get("seq_lens"):
+        return [int(x) for x in config["seq_lens"]]
+    if config.get("groups"):
+        return [int(n) for c, n in config["groups"] for _ in range(int(c))]
+    spec = config.get("loguniform")
+    name = str(config.get("case") or config.get("mix") or "")
+    if spec is None:
+        m = _LOGU.search(name)
+        if m:
+            lo = int(m.group(2)) * (1024 if m.group(3) else 1) if m.group(2) else 1024
+            hi = int(m.group(4)) * (1024 if m.group(5) else 1) if m.group(4) else 32768
+            spec = [int(m.group(1)), lo, hi]
+    if spec is not None:
+        n, lo, hi = int(spec[0]), float(spec[1]), float(spec[2])
+        qs = (np.arange(n) + 0.5) / n
+        return [int(round(math.exp(math.log(lo) + q * (math.log(hi) - math.log(lo))))) for q in qs]
+    groups = _GROUP.findall(name)
+    if groups:
+        return [int(n) * (1024 if k else 1) for c, n, k in groups for _ in range(int(c))]
+    return None
+
+
+def attention_terms(
+    lens, num_kv_heads: int, head_dim: int, kv_elem_bytes: float, bw_bytes_per_us: float
+) -> tuple[float, float]:
+    """(floor_us, tail_us) of one decode-attention call over ``lens`` on one rank."""
+    per_token_head = 2.0 * head_dim * kv_elem_bytes
+    total = float(np.sum(lens)) * per_token_head * num_kv_heads
+    return total / bw_bytes_per_us, float(np.max(lens)) * per_token_head / bw_bytes_per_us
+
+
+@dataclass
+class AttentionModel:
+    """Fitted (a, b, c) per provider, with the rows each fit used."""
+
+    coef: dict[str, tuple[float, float, float]]
+    n_rows: dict[str, int]
+    sources: dict[str, list[str]]
+    plan_us: dict[str, float] = field(default_factory=dict)  # per decode step
+    eager_shift_us: dict[str, float] = field(default_factory=dict)  # taken off eager-only intercepts
+
+    def plan_for(self, backend: str) -> float:
+        """Per-step planning µs of the backend's measured provider (0 when none was measured)."""
+        p = self.provider_for(backend)
+        return self.plan_us.get(p, 0.0) if p else 0.0
+
+    def provider_for(self, backend: str) -> str | None:
+        for p in BACKEND_PROVIDERS.get(backend, (backend,)):
+            if p in self.coef:
+                return p
+        return None
+
+    def predict_us(self, backend: str, floor_us: np.ndarray, tail_us: np.ndarray) -> np.ndarray | None:
+        """Per-call µs for ``backend`` (None when no provider of it was measured)."""
+        p = self.provider_for(backend)
+        if p is None:
+            return None
+        a, b, c = self.coef[p]
+        return a + b * np.asarray(floor_us) + c * np.asarray(tail_us)
+
+
+def seed_rows() -> list[dict]:
+    text = resources.files("hpc_advise.advisor.data").joinpath(SEED).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+SHIPPED_RESULTS = "kernel_results"
+
+
+def shipped_rows() -> list[dict]:
+    """The kernel benchmark tables shipped in ``data/kernel_results/``: the same rows whether
+    hpc-advise runs from a checkout or from a wheel (a bench writes them with an explicit ship step;
+    the advisor never reads ``benchmarks/results/``)."""
+    shipped = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_RESULTS)
+    rows: list[dict] = []
+    for entry in sorted(shipped.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".jsonl"):
+            continue
+        for line in entry.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def kb_rows(kb_path: str | Path | None) -> list[dict]:
+    from hpc_advise.paths import kb_path as default_kb
+
+    path = Path(kb_path) if kb_path else default_kb()
+    if not path.exists():
+        return []
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    return KnowledgeBase(path).runs(kind="kernel", subject="decode_attention")
+
+
+def fit_attention(rows: list[dict]) -> AttentionModel:
+    """Fit (a, b, c) per provider on decode-attention latency rows it can interpret; rows timed
+    with CUDA graphs are preferred over eager rows of the same provider (launch gaps differ)."""
+    from scipy.optimize import nnls
+
+    from hpc_advise.advisor.serving_data import RowError
+    from hpc_advise.advisor.serving_model import resolve_gpu
+
+    by_provider: dict[str, list[tuple[float, float, float, str]]] = {}
+    for r in _newest_per_case(rows):
+        if r.get("kind") != "kernel" or r.get("subject") != "decode_attention" or r.get("unit") != "us":
+            continue
+        cfg = r.get("config") or {}
+        lens = lengths_of(cfg)
+        if not lens or not r.get("p50"):
+            continue
+        try:
+            bw = float(resolve_gpu(str(r.get("gpu") or "h200")).rate("copy_bw_tbps")) * 1e6
+        except RowError:
+            continue
+        elem = 1.0 if "fp8" in str(cfg.get("kv_dtype", "")) else 2.0
+        heads, dim = int(cfg.get("num_kv_heads", 1)), int(cfg.get("head_dim", 128))
+        floor, tail = attention_terms(lens, heads, dim, elem, bw)
+        if cfg.get("kv_bytes"):  # the benchmark's exact bytes (its random lengths), not our expected ones
+            floor = float(cfg["kv_bytes"]) / bw
+        graph = str(cfg.get("timing", "")).strip().lower() in ("graph", "cuda graph", "cuda-graph")
+        key = str(r.get("provider"))
+        by_provider.setdefault(key, []).append((floor, tail, float(r["p50"]), "graph" if graph else "eager"))
+    coef, counts, sources = {}, {}, {}
+    modes_of: dict[str, set] = {}
+    for prov, items in by_provider.items():
+        modes = {m for *_, m in items}
+        keep = [it for it in items if it[3] == "graph"] if "graph" in modes else items
+        if len(keep) < 3:
+            continue
+        A = np.array([[1.0, f, t] for f, t, _, _ in keep])
+        y = np.array([v for _, _, v, _ in keep])
+        sol, _ = nnls(A / y[:, None], np.ones(len(y)))
+        coef[prov] = (float(sol[0]), float(sol[1]), float(sol[2]))
+        counts[prov] = len(keep)
+        modes_of[prov] = {m for *_, m in keep}
+        sources[prov] = sorted(modes_of[prov])
+    # Eager timings carry launch gaps that CUDA-graph replays (how SGLang decodes) do not: move an
+    # eager-only provider onto the graph scale by the intercept difference of a kernel timed both ways.
+    offset = None
+    for eager_name, graph_name in SAME_KERNEL:
+        if modes_of.get(eager_name) == {"eager"} and modes_of.get(graph_name) == {"graph"}:
+            offset = coef[eager_name][0] - coef[graph_name][0]
+            break
+    shift: dict[str, float] = {}
+    if offset is not None:
+        for prov, modes in modes_of.items():
+            if modes == {"eager"}:
+                a, b, c = coef[prov]
+                coef[prov] = (max(a - offset, 0.0), b, c)
+                shift[prov] = a - coef[prov][0]
+                sources[prov] = [f"eager, intercept moved by {-shift[prov]:+.1f} us to the graph scale"]
+    return AttentionModel(coef, counts, sources, _plan_costs(rows), shift)
+
+
+def _newest_per_case(rows: list[dict]) -> list[dict]:
+    """One row per (provider, case, heads, KV dtype, timing): the newest, so a re-run of a kernel
+    replaces its older numbers instead of being averaged with them."""
+    newest: dict[tuple, dict] = {}
+    for r in rows:
+        cfg = r.get("config") or {}
+        key = (
+            r.get("subject"),
+            r.get("provider"),
+            str(cfg.get("case") or cfg.get("mix") or cfg.get("seq_lens") or cfg.get("groups")),
+            cfg.get("num_q_heads"),
+            cfg.get("num_kv_heads"),
+            cfg.get("kv_dtype"),
+            cfg.get("timing"),
+        )
+        if key not in newest or str(r.get("created_at", "")) >= str(newest[key].get("created_at", "")):
+            newest[key] = r
+    return list(newest.values())
+
+
+def _plan_costs(rows: list[dict]) -> dict[str, float]:
+    """Median µs per decode step of each provider's planning call (once per step, not per layer)."""
+    out: dict[str, list[float]] = {}
+    for r in _newest_per_case(rows):
+        if r.get("subject") == "decode_attention.plan" and r.get("p50"):
+            out.setdefault(str(r.get("provider")), []).append(float(r["p50"]))
+    return {k: float(np.median(v)) for k, v in out.items()}
+
+
+def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
+    return fit_attention(seed_rows() + shipped_rows() + kb_rows(kb_path))

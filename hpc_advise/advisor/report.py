@@ -1,0 +1,167 @@
+"""Rendering of the advisor's answers: the ``recommend`` table, reasons, flags, launch line and
+excluded list, its JSON, and ``predict``'s text. Functions return text; ``advisor/cli.py`` prints it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+RECOMMEND_HEADERS = [
+    "#",
+    "config",
+    "TPOT p50",
+    "TPOT p99",
+    "TTFT p50",
+    "TTFT p99",
+    "max tok/s/GPU",
+    "load x",
+    "headroom GiB",
+    "confidence",
+    "SLO",
+]
+
+
+def fmt_ms(x: float) -> str:
+    return "inf" if x == math.inf else f"{x:.1f}"
+
+
+def load_x(cap) -> str:
+    """Capacity multiple for the table: '>=64' at the search bound, '<0.02' below it."""
+    from hpc_advise.advisor.capacity import BOUND
+
+    if cap is None:
+        return "-"
+    if cap.fail_at is None:
+        return f">={BOUND:g}"
+    if cap.x == 0:
+        return f"<{1 / BOUND:.2f}"
+    return f"{cap.x:.2f}" if cap.x < 10 else f"{cap.x:.1f}"
+
+
+def recommend_record(
+    trace, model_name, prof_gpu, n, slo_tpot_ms, slo_ttft_ms, concurrency, summary, ranked, excluded, top, cmd
+) -> tuple[dict, dict]:
+    """(inputs, outputs) of a recommendation, as the knowledge base logs them and ``--json`` prints
+    the outputs."""
+    inputs = {
+        "trace": str(trace),
+        "model": model_name,
+        "gpu": prof_gpu.key,
+        "gpus": n,
+        "slo_tpot_ms": slo_tpot_ms,
+        "slo_ttft_ms": slo_ttft_ms,
+        "concurrency": concurrency,
+        "trace_summary": {k: v for k, v in summary.to_dict().items() if k not in ("sample", "histograms")},
+    }
+    outputs = {
+        "ranked": [r.to_dict() for r in ranked[:top]],
+        "top": ranked[0].to_dict() if ranked else None,
+        "launch": {"argv": cmd.argv[1:], "env": cmd.env} if cmd else None,
+        "n_feasible": len(ranked),
+        "n_excluded": len(excluded),
+    }
+    return inputs, outputs
+
+
+def recommend_json(outputs: dict, rec_id: int, note: str, excluded: list, show_excluded: bool) -> str:
+    """``recommend --json``: the logged outputs plus the recommendation id, the note and (with
+    ``--show-excluded``) every excluded candidate with its reason."""
+    out = dict(
+        outputs,
+        recommendation_id=rec_id,
+        note=note,
+        excluded=[{"config": e.candidate.label(), "reason": e.reason} for e in excluded]
+        if show_excluded
+        else None,
+    )
+    return json.dumps(out, indent=2)
+
+
+def recommend_warnings(ranked: list, slo_tpot_ms, slo_ttft_ms) -> list[str]:
+    """Lines for stderr when nothing fits or nothing meets the SLOs."""
+    if not ranked:
+        return ["no candidate fits; see --show-excluded"]
+    if (slo_tpot_ms or slo_ttft_ms) and not ranked[0].meets_slo:
+        return ["no configuration meets the SLOs (p99 against them); listed closest first"]
+    return []
+
+
+def recommend_text(
+    ranked: list,
+    excluded: list,
+    summary,
+    mdl,
+    prof_gpu,
+    n: int,
+    slo_tpot_ms,
+    slo_ttft_ms,
+    top: int,
+    cmd,
+    rec_id: int,
+    show_excluded: bool,
+) -> str:
+    """``recommend``'s text: the header line, the ranked table, what "load x" means, the top three's
+    capacity, reasons and flags, the launch line, the logged id and (optionally) the excluded list."""
+    from tabulate import tabulate
+
+    rows = [
+        [
+            i + 1,
+            r.candidate.label(),
+            fmt_ms(r.tpot_p50),
+            fmt_ms(r.tpot_p99),
+            fmt_ms(r.ttft_p50),
+            fmt_ms(r.ttft_p99),
+            f"{r.max_tok_s_per_gpu:.0f}",
+            load_x(r.capacity),
+            f"{r.headroom_gib:.1f}",
+            "ok" if not r.flags else "low",
+            "yes" if r.meets_slo else "no",
+        ]
+        for i, r in enumerate(ranked[:top])
+    ]
+    lines = [
+        f"{mdl.key} on {n} x {prof_gpu.key}; trace: {summary.n_requests} requests, isl mean {summary.isl['mean']:.0f}, osl mean {summary.osl['mean']:.0f}"
+        + (f", {summary.rate_rps:.2f} req/s" if summary.rate_rps else ""),
+        tabulate(rows, headers=RECOMMEND_HEADERS, tablefmt="github"),
+    ]
+    if ranked:
+        over = ranked[0].capacity.over if ranked[0].capacity else "arrival rate"
+        conds = "prefill rho < 1, KV memory" if over == "arrival rate" else "KV memory"
+        conds += "".join(
+            f", {name} SLO p99" for name, v in (("TPOT", slo_tpot_ms), ("TTFT", slo_ttft_ms)) if v
+        )
+        lines.append(
+            f"load x: capacity, the largest multiple of the trace's {over} that still meets {conds} "
+            f"(2 % steps); max tok/s/GPU: output tokens/s per GPU at that load"
+        )
+    for r in ranked[: min(top, 3)]:
+        lines.append(f"\n{r.candidate.label()}:")
+        cap = r.capacity
+        if cap is not None:
+            edge = f"; {cap.limit} fails at {cap.fail_at:.2f}x" if cap.fail_at else " (search bound)"
+            lines.append(
+                f"  capacity {load_x(cap)}x the {over}: {cap.max_tok_s_per_gpu:.0f} out tok/s/GPU{edge}"
+            )
+        lines += [f"  - {why}" for why in r.reasons]
+        lines += [f"  ! {f}" for f in r.flags[:3]]
+    if cmd:
+        lines.append(f"\nlaunch:\n  {cmd.shell()}")
+    lines.append(f"\nrecommendation #{rec_id} logged (hpc-advise launch --recommendation {rec_id})")
+    if show_excluded:
+        lines.append(f"\nexcluded ({len(excluded)}):")
+        lines += [f"  {e.candidate.label()}: {e.reason}" for e in excluded]
+    return "\n".join(lines)
+
+
+def predict_text(c, r, out: dict, n: int, prof_gpu, isl, osl, concurrency, flags: list[str]) -> str:
+    """``predict``'s text for one configuration."""
+    mem = out["memory"]
+    lines = [
+        f"{c.label()} on {n} x {prof_gpu.key}, isl {isl:g} osl {osl:g} concurrency {concurrency:g}",
+        f"  TTFT p50 {fmt_ms(r.ttft_p50)} ms  p99 {fmt_ms(r.ttft_p99)} ms",
+        f"  TPOT p50 {fmt_ms(r.tpot_p50)} ms  p99 {fmt_ms(r.tpot_p99)} ms",
+        f"  output {out['output_tok_s']:.0f} tok/s ({r.tok_s_per_gpu:.0f} per GPU); memory headroom {mem.get('headroom_gib', float('nan')):.1f} GiB",
+    ]
+    lines += [f"  ! {f}" for f in flags]
+    return "\n".join(lines)

@@ -1,0 +1,681 @@
+"""The serving-level performance model: roofline terms calibrated on measured end-to-end runs.
+
+Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge base's serving runs):
+
+1. A non-negative linear model over the roofline's terms (``roofline``), pooled over engines, times
+   one factor per engine: TPOT = θ · [1 ms, per-layer overhead, collectives, KV read (+ bounded
+   state), weight read, MoE, communication, prefill interference mixed in / run alone]; TTFT = θ ·
+   [1 ms, per-layer overhead, prefill, queueing wait, decode step, collectives].
+   Fitted on relative error (each row divided by its measurement) by NNLS; for TPOT then reweighted
+   toward least absolute relative error (``_nnls_rel``): the score is a median percentage error, and
+   a few rows the roofline misdescribes no longer pull the shape. Each engine with at least
+   ``min_engine_rows`` rows gets its median ratio as a factor (per-engine NNLS fitted narrow data into
+   unphysical shapes); other engines use the pooled fit.
+2. A small gradient-boosted correction (scikit-learn HistGradientBoosting, absolute loss) of the log
+   ratio measured / stage 1, on dimensionless features (``roofline.FEATURE_NAMES``), no GPU or model
+   identity. For TPOT its target is taken within each training model (``gbm_target =
+   "within_model"``: each model's median log ratio removed), so it learns how the error moves with
+   batch, lengths, parallelism and GPU, not the level of the models it saw, which does not transfer
+   to a new one. TTFT uses the same fit since version 3 (held-out model TTFT median / p90 38.6 / 121.9 %
+   -> 33.2 / 95.6 %; see ``SETTINGS``).
+
+TTFT is a latency: its calibration absorbs everything between a request's arrival and its first
+token in the measured runs (scheduling, waiting behind other prefills of the closed-loop benchmark,
+tokenization), so SGLang's TTFT prefill coefficient is ~10x the prefill roofline. It is not the GPU
+time a prefill occupies. That time, which ``recommend`` needs for prefill capacity and queueing, is
+``ServingModel.prefill_occupancy``: the TPOT fit's prefill-interference coefficients, i.e. how much
+decode time the measured runs lost per unit of roofline prefill work run beside them (see there).
+
+``evaluate`` runs grouped cross-validation (hold out every model, every GPU, every engine x GPU family
+such as all vLLM rows on Hopper) and reports the median and p90 absolute percentage error per held-out
+group; nothing fitted (θ, engine factors, the correction) sees a held-out row. ``load_or_fit`` caches
+the fitted model under ``hpc_advise.paths.cache_dir()`` keyed by a hash of its training rows and
+settings. Predictions carry ``out_of_range`` notes when an input lies outside what the model was
+trained on.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import pickle
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from hpc_advise.advisor import roofline as F
+from hpc_advise.advisor.serving_data import RowError, ServingPoint
+
+MODEL_VERSION = 3  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit
+SETTINGS: dict = {
+    "version": MODEL_VERSION,
+    "min_engine_rows": 150,
+    "gbm": {
+        "max_iter": 100,
+        "learning_rate": 0.05,
+        "max_leaf_nodes": 15,
+        "min_samples_leaf": 60,
+        "l2_regularization": 1.0,
+        # the score is a median percentage error: absolute loss here as in stage 1
+        "loss": "absolute_error",
+        "random_state": 0,
+    },
+    "stage1": "pooled",  # or "per_engine" (its own NNLS per engine: fits better, transfers worse)
+    "stage1_loss": "l1",  # or "l2" (plain NNLS on relative error, the version-1 fit)
+    "use_gbm": True,
+    "gbm_target": "within_model",  # or "pooled" (the raw log ratio, offsets of each model included)
+    "residual_clip": 1.5,  # |log ratio| the correction may apply
+    # TPOT and TTFT share these settings since version 3: the version-1 TTFT fit (least squares, raw
+    # log ratio, squared loss) held out by model
+    # scored 38.6 / 121.9 % (median / p90), this one 33.2 / 95.6 %; by GPU 29.8 / 85.8 -> 34.0 / 81.8;
+    # by engine x GPU family 37.2 / 90.2 -> 35.5 / 85.9 (`hpc-advise model eval`, 2,876 rows)
+}
+
+TPOT_TERMS = (
+    "const_ms",
+    "layers",
+    "collectives",
+    "attn_kv",
+    "weights",
+    "moe",
+    "comm",
+    "interference",
+    "interference_alone",
+)
+TTFT_TERMS = ("const_ms", "layers", "prefill", "wait", "step", "collectives")
+
+
+# Checkpoints whose architecture equals a shipped profile's (same config.json shapes).
+def resolve_model(name: str):
+    """``profiles.resolve_model`` with the advisor's error type (``RowError``)."""
+    from hpc_advise.profiles import ProfileNotFound
+    from hpc_advise.profiles.resolve import resolve_model as resolve
+
+    try:
+        return resolve(name)
+    except ProfileNotFound as exc:
+        raise RowError(str(exc)) from None
+
+
+def resolve_gpu(name: str):
+    """``profiles.resolve_gpu`` with the advisor's error type (``RowError``)."""
+    from hpc_advise.profiles import ProfileNotFound
+    from hpc_advise.profiles.resolve import resolve_gpu as resolve
+
+    try:
+        return resolve(name)
+    except ProfileNotFound as exc:
+        raise RowError(str(exc)) from None
+
+
+FOUR_BIT = ("nvfp4", "mxfp4", "int4_wo")
+
+
+def model_quants(model) -> tuple[str, str]:
+    """(dense GEMM quant, MoE quant) of a model's shipped checkpoint."""
+    q = F.normalize_quant(model.quantization)
+    scope = "experts" if model.quantization in ("mxfp4",) or "int4" in model.quantization else "linear"
+    return ("bf16" if scope == "experts" else q), q
+
+
+@dataclass
+class Prepared:
+    """A ServingPoint with its profiles resolved and its roofline computed."""
+
+    point: ServingPoint
+    model_key: str
+    gpu_key: str
+    shapes: F.Shapes
+    rates: F.Rates
+    dep: F.Deployment
+    workload: F.ClosedLoopLoad
+    rf: dict
+    feats: np.ndarray
+    x_tpot: np.ndarray
+    x_ttft: np.ndarray
+
+
+def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
+    """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot."""
+    model = resolve_model(p.model)
+    gpu = resolve_gpu(p.gpu)
+    if not p.dense_quant or not p.moe_quant:  # not stated: the model's shipped checkpoint
+        dq, mq = model_quants(model)
+        p = replace(p, dense_quant=p.dense_quant or dq, moe_quant=p.moe_quant or mq)
+    ck_dense, ck_moe = model_quants(model)
+    if ck_dense == "bf16" and ck_moe in FOUR_BIT and p.dense_quant in FOUR_BIT:
+        # a 4-bit label on a checkpoint that quantizes only its experts (gpt-oss's MXFP4 and Kimi's
+        # INT4 keep attention, shared experts and dense MLPs in bf16: modules_to_not_convert / ignore
+        # of their config.json): the dense GEMMs that ran read bf16 weights
+        p = replace(p, dense_quant="bf16")
+    s = F.shapes_of(model)
+    rates = F.Rates.of(gpu)
+    ep = p.moe_ep if s.is_moe else 1
+    if s.is_moe and s.experts % ep:
+        raise RowError(f"moe_ep {ep} does not divide {s.experts} experts")
+    try:
+        dep = F.Deployment(p.n_gpus, p.attn_dp, ep, p.dense_quant, p.moe_quant, p.kv_bytes)
+    except ValueError as exc:
+        raise RowError(str(exc)) from exc
+    if p.dense_quant not in F.WEIGHT_BYTES or p.moe_quant not in F.WEIGHT_BYTES:
+        raise RowError(f"unknown quantization {p.dense_quant}/{p.moe_quant}")
+    w = F.ClosedLoopLoad(p.isl, p.osl, p.concurrency, prefix_reuse)
+    rf = F.roofline_serving(s, rates, dep, w)
+    feats = F.feature_vector(s, rates, dep, w, rf, p.engine)
+    x_tpot = np.array(
+        [
+            1000.0,
+            s.layers * 10.0,
+            rf["d_n_collectives"] * 10.0,
+            rf["d_attn_kv"],
+            rf["d_attn_proj"] + rf["d_dense_ffn"] + rf["d_lm_head"],
+            rf["d_moe"] + rf["d_router"],
+            rf["d_comm"],
+            rf["interference_us"],
+            rf["interference_alone_us"],
+        ]
+    )
+    x_ttft = np.array(
+        [
+            1000.0,
+            s.layers * 10.0,
+            rf["prefill_us"],
+            rf["wait_us"],
+            rf["step_us"],
+            rf["p_n_collectives"] * 10.0,
+        ]
+    )
+    return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft)
+
+
+def prepare_all(points: list[ServingPoint]) -> tuple[list[Prepared], list[tuple[str, str]]]:
+    good, bad = [], []
+    for p in points:
+        try:
+            good.append(prepare(p))
+        except RowError as exc:
+            bad.append((p.where, str(exc)))
+    return good, bad
+
+
+def dedupe(points: list[ServingPoint]) -> list[ServingPoint]:
+    """Drop exact repeats (same configuration and same measurements; the CSV lists some twice)."""
+    seen, out = set(), []
+    for p in points:
+        d = p.to_dict()
+        d.pop("where")
+        d.pop("row_id")
+        key = json.dumps(d, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def _one_thread():
+    """OpenMP in HistGradientBoosting oversubscribes small, busy machines (18 s vs 0.7 s measured on
+    a loaded 2-core box for one fit); the data are small, one thread is fastest. The controller scans
+    the loaded libraries once."""
+    return _controller().limit(limits=1)
+
+
+def _nnls_rel(X: np.ndarray, y: np.ndarray, l1: bool = True) -> np.ndarray:
+    """Non-negative θ minimising the relative error of ``X @ θ`` against ``y``: least squares, then
+    (``l1``) iteratively reweighted toward least absolute relative error (weights 1/|r|, floored at
+    1 % so exact fits do not dominate), which is what the median percentage error measures and which
+    a few badly described rows cannot pull. Stops when θ moves less than 1e-4 relative, or after 30
+    rounds."""
+    from scipy.optimize import nnls
+
+    A = X / y[:, None]
+    theta, _ = nnls(A, np.ones(len(y)), maxiter=50 * X.shape[1])
+    for _ in range(30 if l1 else 0):
+        w = 1.0 / np.sqrt(np.maximum(np.abs(A @ theta - 1.0), 0.01))
+        new, _ = nnls(A * w[:, None], w, maxiter=50 * X.shape[1])
+        moved = np.abs(new - theta).sum() / max(np.abs(theta).sum(), 1e-12)
+        theta = new
+        if moved < 1e-4:
+            break
+    return theta
+
+
+@dataclass
+class ServingModel:
+    """Fitted calibration; ``predict`` takes Prepared points."""
+
+    theta: dict  # {"tpot"|"ttft": {engine|"*": list[float]}}
+    gbm: dict  # {"tpot"|"ttft": estimator|None}
+    ranges: dict
+    n_rows: int
+    key: str
+    settings: dict
+    rows_by_engine: dict = field(default_factory=dict)
+    left_out: list = field(default_factory=list)  # (where, reason) of training rows not used
+
+    def _base(self, preps: list[Prepared], which: str) -> np.ndarray:
+        X = np.array([pr.x_tpot if which == "tpot" else pr.x_ttft for pr in preps]).reshape(len(preps), -1)
+        return _base_of(X, np.array([pr.point.engine for pr in preps]), self.theta[which])
+
+    def predict(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
+        """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms'} arrays for the points."""
+        res = {}
+        for which in ("tpot", "ttft"):
+            base = self._base(preps, which)
+            est = self.gbm.get(which)
+            if est is not None and preps:
+                Z = np.column_stack([np.array([p.feats for p in preps]), np.log(base)])
+                clip = self.settings.get("residual_clip", 1.5)
+                with _one_thread():
+                    corr = np.clip(est.predict(Z), -clip, clip)
+            else:
+                corr = np.zeros(len(preps))
+            res[f"{which}_base_ms"] = base / 1e3
+            res[f"{which}_ms"] = base * np.exp(corr) / 1e3
+        return res
+
+    def ttft_split(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
+        """TTFT as ``(overhead_ms + prefill_coef * roofline_prefill_ms) * correction`` plus queueing:
+        the stage-1 terms other than prefill and queue wait form the overhead, ``prefill_coef`` is the
+        prefill term's coefficient, ``correction`` the stage-2 factor. Lets a caller put its own
+        queue (from a trace's arrivals) in place of the closed-loop one. All of it is latency: the
+        GPU time a prefill occupies is ``prefill_occupancy``."""
+        th = self.theta["ttft"]
+        i_pf, i_wait = TTFT_TERMS.index("prefill"), TTFT_TERMS.index("wait")
+        over, coef = np.empty(len(preps)), np.empty(len(preps))
+        for i, pr in enumerate(preps):
+            t = np.asarray(th.get(pr.point.engine, th["*"]), dtype=float)
+            x = pr.x_ttft.copy()
+            coef[i] = t[i_pf]
+            x[i_pf] = x[i_wait] = 0.0
+            over[i] = float(x @ t) / 1e3
+        pred = self.predict(preps)
+        corr = pred["ttft_ms"] / pred["ttft_base_ms"]
+        return {"overhead_ms": over, "prefill_coef": coef, "correction": corr}
+
+    def prefill_occupancy(self, engine: str) -> float:
+        """GPU busy time of one prefill per unit of its roofline time (``roofline.prefill``), for
+        ``engine``: what prefill capacity, utilisation and queueing need, as opposed to TTFT.
+
+        Why not the TTFT fit: its prefill coefficient and correction are fitted to a latency. The
+        measured TTFTs hold scheduling, tokenization and, above all, waiting behind the other prefills
+        of the closed-loop benchmark (at concurrency C, up to C requests arrive together), which the
+        fit can only attribute to the terms it has, mostly the prefill term: SGLang's is ~10x the
+        roofline (its engine factor ~3.4x on the pooled ~2.8-3.5x). Read as GPU time, it made an 8 x H200
+        replica of hy3 "prefill saturated" by three concurrent agentic requests (~1.3 s of GPU per
+        3.7K-token prefill on a 27K-token prefix).
+
+        What is used instead: the TPOT fit's two prefill-interference coefficients. TPOT there is
+        the decode step plus ``interference`` (the roofline of the prefill work chunked into the steps)
+        times θ_mixed plus ``interference_alone`` (the same prefills' own rooflines) times θ_alone;
+        both are fitted on how much slower decode ran for the prefills that shared the GPU, which is
+        GPU occupancy, not anyone's latency. Per prefill, occupancy = θ_mixed * marginal + θ_alone *
+        roofline, and the marginal (mixed-in) roofline is at most the prefill's own (it shares the
+        step's weight reads), so ``θ_alone + θ_mixed`` is used: an upper bound, conservative for a
+        saturation check. The engine's θ includes its TPOT factor (a slower step occupies the GPU
+        longer). Floored at 1: a prefill cannot take less than its roofline.
+
+        Checked: stable across refits (θ_alone 1.21-1.57 pooled, 1.29-1.83 SGLang, θ_mixed
+        0.14-0.20, over every held-out model and GPU fold of ``evaluate``); 1.74 for SGLang on the
+        full data. Against kernels measured on one H200 (hy3 at TP8, prefill of 1,024 / 4,096 tokens:
+        fused FP8 MoE 241 / 612 µs per layer from benchmarks/results/fused_moe_prefill.md, dense
+        GEMMs at the measured cuBLAS fp8 1,410 of 1,979 TFLOP/s, attention FLOPs at the bf16 758 of
+        989, collectives as the roofline) the same prefills take 1.87x / 2.23x their roofline: the
+        calibrated figure is 7-22 % lower there (MoE-heavy prefills at TP8 run the experts' narrow
+        192-column shards inefficiently), same order, where the TTFT coefficient is 5-6x higher."""
+        th = self.theta["tpot"]
+        t = th.get(engine, th["*"])
+        occ = t[TPOT_TERMS.index("interference_alone")] + t[TPOT_TERMS.index("interference")]
+        return max(float(occ), 1.0)
+
+    def out_of_range(self, pr: Prepared) -> list[str]:
+        """Human-readable notes for inputs outside the training data."""
+        notes = []
+        p = pr.point
+        vals = {
+            "isl": p.isl,
+            "osl": p.osl,
+            "concurrency": p.concurrency,
+            "batch per attention group": pr.rf["batch"],
+            "n_gpus": p.n_gpus,
+            "memory bandwidth TB/s": pr.rates.bw / 1e6,
+        }
+        for name, v in vals.items():
+            lo, hi = self.ranges.get(name, (None, None))
+            if lo is not None and not (lo <= v <= hi):
+                notes.append(f"{name} {v:g} outside training range [{lo:g}, {hi:g}]")
+        if p.engine not in self.ranges.get("engines", []):
+            notes.append(f"engine {p.engine!r} not in training data")
+        if pr.model_key not in self.ranges.get("models", []):
+            notes.append(f"model {pr.model_key} not in training data (architecture transfer)")
+        if pr.gpu_key not in self.ranges.get("gpus", []):
+            notes.append(f"GPU {pr.gpu_key} not in training data (roofline transfer)")
+        return notes
+
+    def summary(self) -> dict:
+        return {
+            "key": self.key,
+            "n_rows": self.n_rows,
+            "rows_by_engine": self.rows_by_engine,
+            "theta": {
+                which: {
+                    eng: dict(zip(TPOT_TERMS if which == "tpot" else TTFT_TERMS, map(float, t), strict=True))
+                    for eng, t in th.items()
+                }
+                for which, th in self.theta.items()
+            },
+            "ranges": self.ranges,
+            "gbm": {k: (v is not None) for k, v in self.gbm.items()},
+            "settings": self.settings,
+        }
+
+
+def _ranges(preps: list[Prepared]) -> dict:
+    def rng(vals):
+        return (float(min(vals)), float(max(vals)))
+
+    return {
+        "isl": rng([p.point.isl for p in preps]),
+        "osl": rng([p.point.osl for p in preps]),
+        "concurrency": rng([p.point.concurrency for p in preps]),
+        "batch per attention group": rng([p.rf["batch"] for p in preps]),
+        "n_gpus": rng([p.point.n_gpus for p in preps]),
+        "memory bandwidth TB/s": rng([p.rates.bw / 1e6 for p in preps]),
+        "engines": sorted({p.point.engine for p in preps}),
+        "models": sorted({p.model_key for p in preps}),
+        "gpus": sorted({p.gpu_key for p in preps}),
+    }
+
+
+def _stage1(X: np.ndarray, y: np.ndarray, engines: np.ndarray, settings: dict) -> dict:
+    """θ per engine ('*' = pooled) fitted on the rows given (see the module docstring)."""
+    l1 = settings.get("stage1_loss", "l1") == "l1"
+    pooled = _nnls_rel(X, y, l1)
+    th = {"*": pooled.tolist()}
+    for eng in sorted(set(engines)):
+        idx = engines == eng
+        if idx.sum() < settings["min_engine_rows"]:
+            continue
+        if settings.get("stage1") == "per_engine":
+            th[eng] = _nnls_rel(X[idx], y[idx], l1).tolist()
+        else:  # pooled shape, one scale factor per engine
+            factor = float(np.exp(np.median(np.log(y[idx] / np.maximum(X[idx] @ pooled, 1.0)))))
+            th[eng] = (pooled * factor).tolist()
+    return th
+
+
+def _base_of(X: np.ndarray, engines: np.ndarray, th: dict) -> np.ndarray:
+    """Stage-1 µs of rows ``X`` with each row's engine's θ ('*' for engines without their own)."""
+    if not len(X):
+        return np.empty(0)
+    T = np.array([th.get(e, th["*"]) for e in engines], dtype=float)
+    return np.maximum(np.einsum("ij,ij->i", X, T), 1.0)
+
+
+def _group_medians(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Each row's group median of ``values``."""
+    out = np.empty(len(values))
+    for g in set(groups):
+        idx = groups == g
+        out[idx] = np.median(values[idx])
+    return out
+
+
+def fit(preps: list[Prepared], settings: dict | None = None, key: str = "") -> ServingModel:
+    """Fit both stages on prepared points with measured TTFT and TPOT."""
+    settings = dict(settings or SETTINGS)
+    if len(preps) < 20:
+        raise ValueError(f"need at least 20 measured rows to fit, got {len(preps)}")
+    engines = np.array([p.point.engine for p in preps])
+    models = np.array([p.model_key for p in preps])
+    feats = np.array([p.feats for p in preps])
+    theta: dict = {}
+    gbm: dict = {}
+    for which in ("tpot", "ttft"):
+        X = np.array([p.x_tpot if which == "tpot" else p.x_ttft for p in preps])
+        y = np.array([(p.point.tpot_ms if which == "tpot" else p.point.ttft_ms) * 1e3 for p in preps])
+        theta[which] = _stage1(X, y, engines, settings)
+        gbm[which] = None
+        if not settings.get("use_gbm"):
+            continue
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        base = _base_of(X, engines, theta[which])
+        Z = np.column_stack([feats, np.log(base)])
+        target = np.log(y / base)
+        if settings.get("gbm_target") == "within_model":
+            # what is left of a model's offset cannot be learned for a model not seen: the correction
+            # learns the shape within each model (batch, lengths, parallelism, GPU), not its level
+            target = target - _group_medians(target, models)
+        with _one_thread():
+            gbm[which] = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, target)
+    counts: dict = {}
+    for e in engines:
+        counts[str(e)] = counts.get(str(e), 0) + 1
+    return ServingModel(theta, gbm, _ranges(preps), len(preps), key, settings, counts)
+
+
+def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    return np.abs(pred / meas - 1.0) * 100.0
+
+
+GROUPINGS = ("model", "gpu", "engine_family")
+
+
+def gpu_family(gpu_key: str) -> str:
+    """Architecture family of a GPU profile from its compute capability (9.x hopper, 10.x blackwell)."""
+    major = int(resolve_gpu(gpu_key).compute_capability[0])
+    return {8: "ampere", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major, f"sm{major}")
+
+
+def group_key(pr: Prepared, kind: str) -> str:
+    """The group a prepared point belongs to under a cross-validation grouping (``GROUPINGS``)."""
+    if kind == "model":
+        return pr.model_key
+    if kind == "gpu":
+        return pr.gpu_key
+    if kind == "engine_family":
+        return f"{pr.point.engine}@{gpu_family(pr.gpu_key)}"
+    raise ValueError(f"unknown grouping {kind!r}; known: {GROUPINGS}")
+
+
+def cv_predictions(preps: list[Prepared], kind: str, settings: dict | None = None) -> dict:
+    """Held-out predictions for every point under one grouping: each group is predicted by a model
+    fitted on the other groups only (nothing of the held-out group influences the fit).
+    Returns {'groups': array of group keys, 'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms':
+    arrays aligned with ``preps`` (NaN where a group had too little training data left)}."""
+    keys = np.array([group_key(p, kind) for p in preps])
+    out = {"groups": keys}
+    for k in ("tpot_ms", "ttft_ms", "tpot_base_ms", "ttft_base_ms"):
+        out[k] = np.full(len(preps), np.nan)
+    for g in sorted(set(keys)):
+        idx = np.flatnonzero(keys == g)
+        train = [p for p, k in zip(preps, keys, strict=True) if k != g]
+        if len(train) < 20:
+            continue
+        pred = fit(train, settings).predict([preps[i] for i in idx])
+        for k in ("tpot_ms", "ttft_ms", "tpot_base_ms", "ttft_base_ms"):
+            out[k][idx] = pred[k]
+    return out
+
+
+def _score(row: dict, pred: dict, meas: dict, idx: np.ndarray) -> dict:
+    for which in ("tpot", "ttft"):
+        ape = _ape(pred[f"{which}_ms"][idx], meas[which][idx])
+        ape0 = _ape(pred[f"{which}_base_ms"][idx], meas[which][idx])
+        row[f"{which}_median_ape"] = float(np.median(ape))
+        row[f"{which}_p90_ape"] = float(np.percentile(ape, 90))
+        row[f"{which}_stage1_median_ape"] = float(np.median(ape0))
+    return row
+
+
+def evaluate(
+    preps: list[Prepared], settings: dict | None = None, by: tuple[str, ...] = GROUPINGS
+) -> list[dict]:
+    """Grouped cross-validation: for each held-out model (each GPU, each engine x GPU family) fit on
+    the rest and score the held-out rows. One dict per group plus an 'all' row per grouping (every
+    held-out prediction pooled): median/p90 APE of TPOT and TTFT, and of stage 1 alone."""
+    meas = {
+        "tpot": np.array([p.point.tpot_ms for p in preps], dtype=float),
+        "ttft": np.array([p.point.ttft_ms for p in preps], dtype=float),
+    }
+    out: list[dict] = []
+    for kind in by:
+        pred = cv_predictions(preps, kind, settings)
+        done = np.isfinite(pred["tpot_ms"])
+        for g in sorted(set(pred["groups"][done])):
+            idx = np.flatnonzero(pred["groups"] == g)
+            out.append(_score({"held_out": kind, "group": str(g), "n": len(idx)}, pred, meas, idx))
+        if done.any():
+            idx = np.flatnonzero(done)
+            out.append(_score({"held_out": kind, "group": "all", "n": len(idx)}, pred, meas, idx))
+    return out
+
+
+# ----- training data and cache ---------------------------------------------------------------
+
+
+def kb_points(kb_path: str | Path | None) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """Measured serving runs imported into the knowledge base (none when the file does not exist)."""
+    from hpc_advise.advisor.serving_data import point_from_run
+    from hpc_advise.paths import kb_path as default_kb
+
+    path = Path(kb_path) if kb_path else default_kb()
+    if not path.exists():
+        return [], []
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    good, bad = [], []
+    for run in KnowledgeBase(path).runs(kind="serving"):
+        try:
+            good.append(point_from_run(run))
+        except (RowError, ValueError, TypeError) as exc:
+            bad.append((f"kb:runs:{run.get('id')}", str(exc)))
+    return good, bad
+
+
+def training_points(
+    kb_path: str | Path | None = None, csv_paths: tuple = ()
+) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """Seed CSV + extra CSVs + KB serving runs, deduplicated, with (where, reason) for rows left out."""
+    from hpc_advise.advisor.serving_data import points_from_csv
+
+    points, bad = points_from_csv(None, require_targets=True)
+    for path in csv_paths:
+        g, b = points_from_csv(path, require_targets=True)
+        points += g
+        bad += b
+    g, b = kb_points(kb_path)
+    return dedupe(points + g), bad + b
+
+
+def _kb_serving_runs(kb_path: str | Path | None) -> list[dict]:
+    from hpc_advise.paths import kb_path as default_kb
+
+    path = Path(kb_path) if kb_path else default_kb()
+    if not path.exists():
+        return []
+    from hpc_advise.knowledge_base.store import KnowledgeBase
+
+    return KnowledgeBase(path).runs(kind="serving")
+
+
+def data_key(settings: dict, kb_runs: list[dict], csv_paths: tuple = ()) -> str:
+    """Hash of everything a fit depends on, cheap to compute (no parsing): settings, library and
+    code versions, the seed file's bytes, extra CSVs, the KB's serving runs, the shipped profiles."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256()
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    h.update(f"sklearn={version('scikit-learn')};v={MODEL_VERSION}".encode())
+    here = Path(__file__).resolve().parent
+    for name in ("roofline.py", "serving_model.py", "serving_data.py"):
+        h.update((here / name).read_bytes())
+    from importlib import resources
+
+    from hpc_advise.advisor.serving_data import SEED_CSV
+
+    h.update(resources.files("hpc_advise.advisor.data").joinpath(SEED_CSV).read_bytes())
+    for path in csv_paths:
+        h.update(Path(path).read_bytes())
+    h.update(json.dumps(kb_runs, sort_keys=True, default=str).encode())
+    prof = resources.files("hpc_advise.profiles")
+    for sub in ("gpus", "models"):
+        for entry in sorted(prof.joinpath(sub).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith((".toml", ".json")):
+                h.update(entry.name.encode() + entry.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_path(key: str) -> Path:
+    from hpc_advise.paths import cache_dir
+
+    return cache_dir() / f"serving_model-{key}.pkl"
+
+
+def load_or_fit(
+    kb_path: str | Path | None = None, refit: bool = False, settings: dict | None = None
+) -> tuple[ServingModel, dict]:
+    """The fitted model for the current training data (from the cache when its hash matches).
+    Returns (model, info) with info = {'cached': bool, 'path', 'left_out': [(where, reason)], ...}."""
+    settings = dict(settings or SETTINGS)
+    key = data_key(settings, _kb_serving_runs(kb_path))
+    path = cache_path(key)
+    if path.exists() and not refit:
+        try:
+            with path.open("rb") as fh:
+                model = pickle.load(fh)
+            if isinstance(model, ServingModel) and model.key == key:
+                return model, {"cached": True, "path": str(path), "left_out": model.left_out}
+        except Exception:  # unreadable cache: refit below
+            pass
+    points, bad = training_points(kb_path)
+    preps, bad2 = prepare_all(points)
+    model = fit(preps, settings, key=key)
+    model.left_out = bad + bad2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    with tmp.open("wb") as fh:
+        pickle.dump(model, fh)
+    tmp.replace(path)
+    return model, {"cached": False, "path": str(path), "left_out": model.left_out}
+
+
+def describe_row(row: dict) -> list:
+    """A table row for ``evaluate`` output."""
+
+    def f(x):
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, 1)
+
+    return [
+        row["held_out"],
+        row["group"],
+        row["n"],
+        f(row["tpot_median_ape"]),
+        f(row["tpot_p90_ape"]),
+        f(row["ttft_median_ape"]),
+        f(row["ttft_p90_ape"]),
+        f(row["tpot_stage1_median_ape"]),
+    ]
+
+
+EVAL_HEADERS = [
+    "held out",
+    "group",
+    "rows",
+    "TPOT med %",
+    "TPOT p90 %",
+    "TTFT med %",
+    "TTFT p90 %",
+    "TPOT stage-1 med %",
+]

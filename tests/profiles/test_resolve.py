@@ -1,0 +1,28 @@
+"""profiles.resolve: names, HF ids of quantized re-uploads and point releases to shipped profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_advise.profiles import ProfileNotFound, get_gpu, get_model
+from hpc_advise.profiles.resolve import resolve_gpu, resolve_model
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("Qwen/Qwen3-235B-A22B-FP8", "qwen3-235b-a22b"),
+        ("qwen3-235b-a22b", "qwen3-235b-a22b"),
+        ("deepseek-ai/DeepSeek-V3.1", "deepseek-v3"),
+    ],
+)
+def test_quantized_uploads_and_point_releases_map_to_the_base_profile(name, key):
+    assert resolve_model(name).key == get_model(key).key
+
+
+def test_unknown_names_say_which_name():
+    with pytest.raises(ProfileNotFound, match=r"no model profile for 'no-such-model'"):
+        resolve_model("no-such-model")
+    with pytest.raises(ProfileNotFound, match=r"no GPU profile for 'z9000'"):
+        resolve_gpu("z9000")
+    assert resolve_gpu("NVIDIA H200").key == get_gpu("h200").key
