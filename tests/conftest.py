@@ -100,8 +100,13 @@ _patch_triton_interpreter()
 
 
 @pytest.fixture(autouse=True)
-def _private_home(tmp_path_factory, monkeypatch):
-    """Every test gets its own ``HPC_ADVISE_HOME``: no test reads or writes the user's knowledge base or cache."""
+def _private_home(request, tmp_path_factory, monkeypatch):
+    """Every test gets its own ``HPC_ADVISE_HOME``: no test reads or writes the user's knowledge base or cache.
+    A test that asks for ``advisor_home`` (a module's shared home with a fitted model cached) keeps that one."""
+    if "advisor_home" in request.fixturenames:
+        home = request.getfixturevalue("advisor_home")
+        monkeypatch.setenv("HPC_ADVISE_HOME", str(home))
+        return
     monkeypatch.setenv("HPC_ADVISE_HOME", str(tmp_path_factory.mktemp("home")))
 
 
