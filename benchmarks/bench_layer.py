@@ -201,7 +201,9 @@ def combo_name(attn: str, moe: str) -> str:
 
 def _sgl_kernel_twins() -> None:
     """Import-time names of sgl-kernel that SGLang's CUDA paths reach here, given SGLang's own twins:
-    ``moe_sum_reduce`` <- ``moe_sum_reduce_triton`` (same signature), ``sgl_kernel.utils.
+    ``moe_sum_reduce`` <- ``moe_sum_reduce_triton`` (same signature), ``moe_align_block_size`` (the AOT
+    kernel SGLang's selector loads for the Triton runner) <- ``sglang.kernels.ops.moe.moe_align`` (JIT, same
+    positional arguments), ``sgl_kernel.utils.
     is_arch_support_pdl`` <- ``sglang.kernels.jit.utils``, ``weak_ref_tensor`` <- identity (the graph
     runner only uses it to drop references to its captured outputs). Everything else stays the tests'
     raising placeholder (tests/runtime/sgl_kernel_stand_in.py)."""
@@ -214,7 +216,25 @@ def _sgl_kernel_twins() -> None:
     from sglang.kernels.jit.utils import is_arch_support_pdl
     from sglang.kernels.ops.moe.fused_moe_triton_kernels import moe_sum_reduce_triton
 
+    from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
+
+    def moe_align_block_size(topk_ids, num_experts, block_size, sorted_ids, expert_ids, n_post_pad, cumsum,
+                             pad_sorted_token_ids=False, ignore_invalid_expert=False):  # fmt: skip
+        if ignore_invalid_expert:  # the EP form; none of the combinations here takes it
+            raise NotImplementedError("moe_align_block_size(ignore_invalid_expert=True) has no JIT twin here")
+        jit_align(
+            topk_ids,
+            num_experts,
+            block_size,
+            sorted_ids,
+            expert_ids,
+            n_post_pad,
+            cumsum,
+            pad_sorted_token_ids,
+        )
+
     sk.moe_sum_reduce = moe_sum_reduce_triton
+    sk.moe_align_block_size = moe_align_block_size
     sk.weak_ref_tensor = lambda t: t
     utils = types.ModuleType("sgl_kernel.utils")
     utils.is_arch_support_pdl = is_arch_support_pdl
