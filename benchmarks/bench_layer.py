@@ -206,10 +206,10 @@ def _sgl_kernel_twins() -> None:
     positional arguments), ``sgl_kernel.utils.
     is_arch_support_pdl`` <- ``sglang.kernels.jit.utils``, ``weak_ref_tensor`` <- identity (the graph
     runner only uses it to drop references to its captured outputs). Everything else stays the tests'
-    raising placeholder (tests/runtime/sgl_kernel_stand_in.py)."""
+    raising placeholder (tests/runtime/sglang/sgl_kernel_stand_in.py)."""
     import types
 
-    from tests.runtime import sgl_kernel_stand_in
+    from tests.runtime.sglang import sgl_kernel_stand_in
 
     sgl_kernel_stand_in.install(cuda=True)
     sk = sys.modules["sgl_kernel"]
@@ -276,7 +276,7 @@ class _Lock:
 def _build_runner(a, cfg_dir, attn, moe, max_tokens):
     from sglang.srt.server_args import PortArgs, prepare_server_args
 
-    from hpc_advise.runtime import sglang_plugin
+    from hpc_advise.runtime.sglang import plugin as sglang_plugin
 
     sglang_plugin.register()
     server_args = prepare_server_args(_server_argv(a, cfg_dir, attn, moe, max_tokens))
@@ -540,7 +540,7 @@ def worker(a) -> int:
 def _versions() -> dict:
     import importlib.metadata as md
 
-    from hpc_advise.runtime.benchmarking import environment
+    from hpc_advise.runtime.measure.harness import environment
 
     env = environment()
     for d in ("sglang", "transformers", "flashinfer-python"):
@@ -599,7 +599,7 @@ def driver(a) -> int:
 def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
     import torch
 
-    from hpc_advise.runtime.benchmarking import Timing, run_row
+    from hpc_advise.runtime.measure.harness import Timing, run_row
 
     logs = {}
     for attn, moe in list(COMBOS) + [REFERENCE]:
