@@ -215,7 +215,6 @@ def _sgl_kernel_twins() -> None:
     sk = sys.modules["sgl_kernel"]
     from sglang.kernels.jit.utils import is_arch_support_pdl
     from sglang.kernels.ops.moe.fused_moe_triton_kernels import moe_sum_reduce_triton
-
     from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_align
 
     def moe_align_block_size(topk_ids, num_experts, block_size, sorted_ids, expert_ids, n_post_pad, cumsum,
