@@ -143,6 +143,22 @@ def _model_bytes(model) -> tuple[float, float, float]:
     return expert_bytes, float(model.weight_bytes()) - expert_bytes, float(model.kv_bytes_per_token(2))
 
 
+def rank_weight_bytes(model, dep) -> float:
+    """Weight bytes on one rank of a ``roofline.Deployment`` at its planned precisions: routed
+    experts split over every GPU of the replica (EP x MoE-TP), the rest over attention-TP
+    (replicated across attention-DP groups); embeddings and LM head in bf16."""
+    from hpc_advise.advisor.roofline import WEIGHT_BYTES
+
+    experts = float(model.expert_params()) if model.is_moe else 0.0
+    emb, head = model._embedding_params()
+    other = float(model.total_params()) - experts - emb - head
+    return (
+        experts * WEIGHT_BYTES[dep.moe_quant] / dep.n_gpus
+        + other * WEIGHT_BYTES[dep.dense_quant] / dep.attn_tp
+        + (emb + head) * 2.0 / dep.attn_tp
+    )
+
+
 def memory_check(
     c: Candidate, model, gpu, concurrency: float, ctx_mean: float, ctx_p99: float
 ) -> tuple[bool, str, dict]:

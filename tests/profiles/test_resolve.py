@@ -26,3 +26,15 @@ def test_unknown_names_say_which_name():
     with pytest.raises(ProfileNotFound, match=r"no GPU profile for 'z9000'"):
         resolve_gpu("z9000")
     assert resolve_gpu("NVIDIA H200").key == get_gpu("h200").key
+
+
+def test_fp8_reupload_ids_mean_fp8_weights():
+    from hpc_advise.advisor.candidates import _model_bytes
+    from hpc_advise.profiles.resolve import resolve_model
+
+    bf16 = resolve_model("glm-5")
+    fp8 = resolve_model("zai-org/GLM-5-FP8")
+    assert bf16.quantization == "bf16" and fp8.quantization == "fp8-block128" and fp8.key == bf16.key
+    # sized as FP8: about half the weight bytes of the bf16 checkpoint
+    assert sum(_model_bytes(fp8)[:2]) < 0.55 * sum(_model_bytes(bf16)[:2])
+    assert resolve_model("hy3").quantization == "fp8-per-tensor"  # a shipped FP8 profile keeps its scheme

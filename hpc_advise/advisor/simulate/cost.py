@@ -12,12 +12,20 @@ the GEMMs (``new_tokens``), the attention FLOPs (``attention_pairs``) and the KV
 (``context_tokens``). A mixed batch (``--enable-mixed-chunk``) is one extend pass in SGLang: each
 decoding request enters it as one new token over its context, and the simulator describes it so.
 A decode batch is ``batch_size`` sequences over ``context_tokens`` KV tokens in all.
+
+A cost may also offer ``decode_run_s(batch_size, context_tokens, k)``: the times of ``k`` decode
+steps of one unchanged batch, step ``j`` over ``context_tokens + batch_size * j`` tokens (each step
+adds one token per sequence), as an array. The simulator then runs a stretch of decode steps in which
+nothing else can happen as one numpy call instead of ``k`` Python calls; the results are the same up
+to float rounding.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -66,3 +74,7 @@ class LinearStepCost:
 
     def decode_s(self, batch_size: int, context_tokens: int) -> float:
         return self.decode_fixed_s + self.per_seq_s * batch_size + self.per_kv_token_s * context_tokens
+
+    def decode_run_s(self, batch_size: int, context_tokens: int, k: int) -> np.ndarray:
+        ctx = context_tokens + batch_size * np.arange(k, dtype=np.float64)
+        return self.decode_fixed_s + self.per_seq_s * batch_size + self.per_kv_token_s * ctx

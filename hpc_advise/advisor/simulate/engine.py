@@ -57,6 +57,7 @@ from hpc_advise.advisor.simulate.workload import Workload, WorkloadError
 
 _NAN = float("nan")
 _LPM_QUEUE_LIMIT = 128  # SGLang turns LPM into FCFS above this queue length
+_MAX_RUN = 1 << 16  # decode steps one vectorised burst computes at most
 
 
 def simulate(
@@ -194,6 +195,9 @@ class _Replica:
         n_decode_steps = 0
         itl_gap: list[float] = []
         itl_w: list[int] = []
+        itl_chunks: list[np.ndarray] = []  # from vectorised bursts (``decode_run_s``)
+        itl_wchunks: list[np.ndarray] = []
+        run_s = getattr(cost, "decode_run_s", None) if bursts else None
         meas_lo = -math.inf if measure_from_s is None else (measure_from_s - t0) / load
         meas_hi = math.inf if measure_until_s is None else (measure_until_s - t0) / load
         kv_used_area = 0.0
@@ -367,10 +371,49 @@ class _Replica:
                 stop_t = arr[next_arr] if next_arr < n else math.inf
             stop_t = min(stop_t, horizon)
             room = free_tokens() + cache.evictable
-            decode_s = cost.decode_s
             locked = cache.total - cache.evictable + other_priv
             total = cache.total
             bs = n_run
+            if run_s is not None:
+                k = int(min(stop_d - D, room // bs, _MAX_RUN)) if D < stop_d and t < stop_t else 0
+                if k <= 0:
+                    ensure_free(0)
+                    return
+                dts = np.asarray(run_s(bs, seq_base + bs * D, k), dtype=np.float64)
+                ends = np.cumsum(np.concatenate(([t], dts)))[1:]  # summed from t, as the loop adds
+                if stop_t < math.inf:  # a step starts only before the next arrival
+                    k = 1 + int(np.searchsorted(ends[:-1], stop_t, side="left"))
+                    ends = ends[:k]
+                prev = np.empty(k)
+                prev[0] = t
+                prev[1:] = ends[:-1]
+                if itl_gap:  # keep the samples in time order
+                    itl_chunks.append(np.asarray(itl_gap, dtype=np.float64))
+                    itl_wchunks.append(np.asarray(itl_w, dtype=np.int64))
+                    itl_gap.clear()
+                    itl_w.clear()
+                itl_chunks.append(ends - np.concatenate(([last_decode_t], ends[:-1])))
+                itl_wchunks.append(np.full(k, bs, dtype=np.int64))
+                ratio = max(ratio - k * decay, min_ratio)
+                lo = np.maximum(prev, meas_lo)
+                hi = np.minimum(ends, meas_hi)
+                dt = np.where(hi > lo, hi - lo, 0.0)
+                if dt.any():
+                    used = locked + run_priv + bs * np.arange(1, k + 1, dtype=np.float64)  # after the step
+                    kv_used_area += float(used @ dt)
+                    cache_area += total * float(dt.sum())
+                    area_t += float(dt.sum())
+                    peak = int(used[np.flatnonzero(dt > 0)[-1]])
+                    if peak > kv_peak:
+                        kv_peak = peak
+                t = float(ends[-1])
+                last_decode_t = t
+                run_priv += bs * k
+                D += k
+                n_decode_steps += k
+                ensure_free(0)
+                return
+            decode_s = cost.decode_s
             while D < stop_d and t < stop_t and room >= bs:
                 ratio = max(ratio - decay, min_ratio)
                 t_prev = t
@@ -685,8 +728,8 @@ class _Replica:
             output_len=w.output_len[measured],
             cached_tokens=np.asarray(hit_first)[measured],
             rejected=np.asarray(rejected)[measured],
-            itl_s=np.asarray(itl_gap),
-            itl_weight=np.asarray(itl_w, dtype=np.int64),
+            itl_s=np.concatenate([*itl_chunks, np.asarray(itl_gap, dtype=np.float64)]),
+            itl_weight=np.concatenate([*itl_wchunks, np.asarray(itl_w, dtype=np.int64)]),
             retractions=n_retract,
             prefill_steps=n_prefill_steps,
             decode_steps=n_decode_steps,
