@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
+from hpc_advise import rules
 from hpc_advise.runtime import dispatch, env_report
 
 
@@ -60,7 +61,7 @@ def runtime() -> None:
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallelism.")
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8_e4m3"]), default="bf16", show_default=True)
 @click.option(
-    "--page-size", type=click.IntRange(1, 1024), default=dispatch.REQUIRED_PAGE_SIZE, show_default=True
+    "--page-size", type=click.IntRange(1, 1024), default=rules.REQUIRED_PAGE_SIZE, show_default=True
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
@@ -75,7 +76,7 @@ def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
         raise click.ClickException(str(exc)) from None
     rows = []
     if model is not None:
-        cond = dispatch.conditions(
+        cond = rules.conditions(
             model, gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size, architecture=_architecture(model_name)
         )
         rows = dispatch.table(cond)

@@ -29,6 +29,7 @@ import torch
 from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeQuantInfo, MoeRunnerConfig
 from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
 
+from hpc_advise import rules
 from hpc_advise.runtime import dispatch
 
 logger = logging.getLogger(__name__)
@@ -120,13 +121,13 @@ def config_unsupported_reason(runner_config: MoeRunnerConfig) -> str | None:
     return None
 
 
-def _sm_conditions(method, layer) -> dispatch.Conditions:
+def _sm_conditions(method, layer) -> rules.Conditions:
     w = layer.w13_weight
     if w.is_cuda:
         sm, interp = tuple(torch.cuda.get_device_capability(w.device)), False
     else:
         sm, interp = None, os.environ.get("TRITON_INTERPRET") == "1"
-    return dispatch.Conditions(
+    return rules.Conditions(
         model=type(layer).__name__,
         gpu=None,
         sm=sm,
@@ -135,7 +136,7 @@ def _sm_conditions(method, layer) -> dispatch.Conditions:
         q_heads=1,
         kv_heads=1,
         kv_dtype="bf16",
-        page_size=dispatch.REQUIRED_PAGE_SIZE,
+        page_size=rules.REQUIRED_PAGE_SIZE,
         sliding_window=False,
         linear_attention=False,
         attention_sinks=False,

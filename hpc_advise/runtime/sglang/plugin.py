@@ -31,7 +31,7 @@ import importlib.metadata
 import logging
 import pkgutil
 
-from hpc_advise.runtime import dispatch
+from hpc_advise import rules
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def register() -> None:
         errors["attention"] = f"not installed: {', '.join(bad)}"
     else:
         features["attention"] = (
-            f"{NAME} (decode; --decode-attention-backend {NAME} --page-size {dispatch.REQUIRED_PAGE_SIZE})"
+            f"{NAME} (decode; --decode-attention-backend {NAME} --page-size {rules.REQUIRED_PAGE_SIZE})"
         )
 
     missing = _install_hooks("MoE runner", _register_moe())
@@ -199,12 +199,12 @@ def register() -> None:
     else:
         features["moe"] = f"{NAME} (FP8 MoE; --moe-runner-backend {NAME})"
 
-    if dispatch.router_env_enabled():
+    if rules.router_env_enabled():
         missing = _install_hooks("router GEMM", _router_hooks())
         if missing:
             errors["router"] = f"hooks did not take on {', '.join(missing)}"
         else:
-            features["router"] = f"router GEMM hooks ({dispatch.ROUTER_ENV}=1)"
+            features["router"] = f"router GEMM hooks ({rules.ROUTER_ENV}=1)"
 
     _STATE["features"] = features
     _STATE["errors"] = errors
