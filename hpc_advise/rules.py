@@ -447,6 +447,7 @@ class LaunchRule:
     fires: Callable[[Facts], bool]
     reason: Callable[[Facts], str]
     ours: bool = False  # the plugin enforces it (it names one of our backends)
+    setup_only: bool = False  # reads the set-up only: checked even when the model's shapes are unknown
 
 
 def _sm_of(f: Facts) -> str:
@@ -549,6 +550,7 @@ LAUNCH_RULES: list[LaunchRule] = [
             f"--page-size {REQUIRED_PAGE_SIZE} and keep --attention-backend fa3"
         ),
         ours=True,
+        setup_only=True,
     ),
     LaunchRule(
         "ours-decode-shape",
@@ -568,6 +570,7 @@ LAUNCH_RULES: list[LaunchRule] = [
             f"--speculative-algorithm {f.setup.speculative} or use fa3"
         ),
         ours=True,
+        setup_only=True,
     ),
     LaunchRule(
         "ours-local-attention",
@@ -587,6 +590,7 @@ LAUNCH_RULES: list[LaunchRule] = [
         lambda f: f.setup.use_ray and f.setup.uses_ours(),
         lambda f: f"--use-ray starts workers that never load SGLang plugins, so {NAME} is unknown there: drop --use-ray",
         ours=True,
+        setup_only=True,
     ),
     LaunchRule(
         "ours-moe-fallback",
@@ -652,19 +656,22 @@ def moe_fallback_reason(f: Facts) -> str | None:
 
 
 def launch_violations(
-    setup: Setup, model: ModelProfile, sm: tuple[int, int] | None, *, kinds=("refuse", "fallback", "slow"),
-    ours_only: bool = False,
+    setup: Setup, model: ModelProfile | None, sm: tuple[int, int] | None, *,
+    kinds=("refuse", "fallback", "slow"), ours_only: bool = False,
 ) -> list[tuple[LaunchRule, str]]:  # fmt: skip
-    """Every launch rule of ``kinds`` that fires, with its reason, in table order."""
-    f = Facts(setup, model, sm)
+    """Every launch rule of ``kinds`` that fires, with its reason, in table order (``model`` None: the
+    shapes are unknown and only the rules that read the set-up alone are checked)."""
+    f = Facts(setup, model, sm)  # type: ignore[arg-type]
     out = []
     for rule in LAUNCH_RULES:
+        if model is None and not rule.setup_only:
+            continue
         if rule.kind in kinds and (rule.ours or not ours_only) and rule.fires(f):
             out.append((rule, rule.reason(f)))
     return out
 
 
-def launch_refusal(setup: Setup, model: ModelProfile, sm: tuple[int, int] | None, **kw) -> str | None:
+def launch_refusal(setup: Setup, model: ModelProfile | None, sm: tuple[int, int] | None, **kw) -> str | None:
     """The first reason a launch rule gives for ``setup`` (None: nothing fires)."""
     found = launch_violations(setup, model, sm, **kw)
     return found[0][1] if found else None

@@ -13,6 +13,9 @@ us by name; an empty whitelist that omits us turns everything here off.
 - MoE runner ``hpc_advise`` (``moe.py``): ``register_moe_runner_core`` (name + runner core),
   the argument choice (``add_moe_runner_backend_choices``) and AROUND hooks on
   ``Fp8MoEMethod.create_moe_runner`` and ``Fp8MoEMethod.apply``.
+- wrappers of two server-args resolution steps (``resolution.py``): a set-up with our backends that
+  would fail is refused there, with one line, before any weight loads; our MoE runner where it would
+  fall back becomes SGLang's ``auto``.
 - with ``HPC_ADVISE_ROUTER_GEMM=1`` only: router GEMM hooks (``router.py``).
 
 SGLang only logs hook failures. So ``register()`` applies the hooks itself (``apply_hooks`` is
@@ -198,6 +201,14 @@ def register() -> None:
         errors["moe"] = f"hooks did not take on {', '.join(missing)}"
     else:
         features["moe"] = f"{NAME} (FP8 MoE; --moe-runner-backend {NAME})"
+
+    from hpc_advise.runtime.sglang import resolution
+
+    missing = resolution.install()
+    if missing:
+        errors["checks"] = f"resolution hooks did not take on {', '.join(missing)}"
+    else:
+        features["checks"] = "support rules at server-args resolution (hpc_advise.rules)"
 
     if rules.router_env_enabled():
         missing = _install_hooks("router GEMM", _router_hooks())
