@@ -361,6 +361,7 @@ class Setup:
     tp: int = 1
     ep: int = 1
     attn_dp: int = 1
+    dp: int = 1  # replicas behind SGLang's data-parallel router (--dp-size)
     kv_dtype: str = "auto"  # 'auto' | 'bf16' | 'fp8_e4m3'
     page_size: int = 1
     speculative: str | None = None  # SGLang's --speculative-algorithm
@@ -520,6 +521,16 @@ LAUNCH_RULES: list[LaunchRule] = [
         "refuse",
         lambda f: f.model.num_heads % (f.setup.tp // f.setup.attn_dp) != 0,
         lambda f: f"{f.model.num_heads} attention heads do not split over attention-TP {f.setup.tp // f.setup.attn_dp}",
+    ),
+    LaunchRule(
+        "replicas-attn-dp",
+        "data-parallel replicas (--dp-size) without attention DP",
+        "refuse",
+        lambda f: f.setup.dp > 1 and f.setup.attn_dp > 1,
+        lambda f: (
+            f"--dp-size {f.setup.dp} with --attn-dp-size {f.setup.attn_dp}: SGLang does not combine replicas "
+            "with attention data parallelism (handle_data_parallelism)"
+        ),
     ),
     LaunchRule(
         "experts-split",

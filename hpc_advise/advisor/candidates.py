@@ -103,6 +103,7 @@ def setup_of(c: Candidate) -> rules.Setup:
         tp=c.tp,
         ep=c.ep,
         attn_dp=c.attn_dp,
+        dp=c.replicas,
         kv_dtype=c.kv_dtype,
         page_size=c.page_size,
         # printed with hpc_ops MoE: HPC-Ops rejects the shared expert SGLang fuses by default (DeepSeek-V3)

@@ -88,6 +88,7 @@ def facts_of(server_args):
         tp=int(v.tp_size),
         ep=int(v.ep_size or 1),
         attn_dp=int(getattr(v, "attn_dp_size", 1) or 1),
+        dp=int(getattr(v, "dp_size", 1) or 1),
         kv_dtype=_kv_dtype(v.kv_cache_dtype),
         page_size=int(v.page_size or 1),
         speculative=v.speculative_algorithm or None,
