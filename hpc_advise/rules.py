@@ -709,3 +709,53 @@ def support_table_markdown() -> str:
     lines += [f"| {r.subject} | {meaning[r.kind]} | {r.enforced_by} |" for r in support_table()]
     return "\n".join(lines)
 
+
+
+# ------------------------------------------------------------------------------ what runs where (docs)
+WHERE_GPUS = ("h100", "h200", "h20", "b200", "a100")
+WHERE_ATTENTION = ("fa3", "flashinfer", "triton", "hpc_ops", NAME)
+WHERE_MOE = ("auto", "deep_gemm", "hpc_ops", NAME)
+# (column title, model profile key, TP, EP) of the representative set-ups in the table
+WHERE_MODELS = (("GQA, Qwen3-32B TP8", "qwen3-32b", 8, 1), ("MLA, DeepSeek-V3 TP8", "deepseek-v3", 8, 1))
+WHERE_MOE_MODEL = ("FP8 MoE, Hy3 TP8 EP8", "hy3", 8, 8)
+
+
+def _attention_setup(backend: str, tp: int, ep: int) -> Setup:
+    ours = backend == NAME
+    page = REQUIRED_PAGE_SIZE if backend in ("hpc_ops", NAME) else 1
+    return Setup(PREFILL_FOR_OURS if ours else backend, backend, "auto", tp, ep, page_size=page, hpc_ops_installed=True)
+
+
+def where_table_markdown() -> str:
+    """Which attention backends and MoE runners the rules let run, per GPU profile (``hpc`` installed)."""
+    from hpc_advise.profiles import get_gpu, get_model
+
+    titles = [t for t, *_ in WHERE_MODELS] + [WHERE_MOE_MODEL[0]]
+    lines = ["| GPU | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
+    for key in WHERE_GPUS:
+        gpu = get_gpu(key)
+        sm = tuple(gpu.compute_capability)
+        cells = []
+        for _, model_key, tp, ep in WHERE_MODELS:
+            model = get_model(model_key)
+            ok = [b for b in WHERE_ATTENTION if launch_refusal(_attention_setup(b, tp, ep), model, sm) is None]
+            cells.append(", ".join(ok) or "-")
+        _, model_key, tp, ep = WHERE_MOE_MODEL
+        model = get_model(model_key)
+        ok = [
+            m for m in WHERE_MOE
+            if launch_refusal(replace(_attention_setup("flashinfer", tp, ep), moe_runner=m,
+                                      disable_shared_experts_fusion=m == "hpc_ops"), model, sm) is None
+        ]  # fmt: skip
+        cells.append(", ".join(ok) or "-")
+        lines.append(f"| {gpu.name} ({sm_name(sm)}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+DOC_START = "<!-- generated from hpc_advise/rules.py: start -->"
+DOC_END = "<!-- generated from hpc_advise/rules.py: end -->"
+
+
+def docs_block() -> str:
+    """The generated part of docs/runtime.md (``tests/runtime/test_rules_doc.py`` keeps them equal)."""
+    return "\n\n".join([DOC_START, where_table_markdown(), support_table_markdown(), DOC_END])

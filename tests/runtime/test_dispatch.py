@@ -219,3 +219,19 @@ def test_docs_sample_is_what_runtime_check_prints():
     res = CliRunner().invoke(runtime, ["check", *shlex.split(args)])
     assert res.exit_code == 0, res.output
     assert res.output.split("\n\n", 1)[0] == shown
+
+
+def test_deepseek_fused_shared_expert_is_257_experts_top9_untuned():
+    """SGLang fuses DeepSeek-V3's shared expert into the routed MoE at EP 1 (257 experts, top-9): the
+    shape whose launch configs count is that one, not (256, top-8)."""
+    ds, h200 = get_model("deepseek-v3"), get_gpu("h200")
+    c = rules.conditions(ds, h200, tp=8)
+    assert (c.num_experts, c.top_k, c.moe_inter) == (257, 9, 256)
+    moe = dispatch.decide("fused_moe", c)
+    assert moe.use_ours and "257 experts" in moe.reason
+    assert ("no tuned" in moe.reason) == (dispatch.moe_tuned_points(257, 7168, 256, 9) == {})
+    ep = rules.conditions(ds, h200, tp=8, ep=8)  # no fusion under EP: 256 experts, full width per rank
+    assert (ep.num_experts, ep.top_k, ep.moe_inter) == (256, 8, 2048)
+    res = CliRunner().invoke(runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "257 experts" in next(d for d in json.loads(res.output)["dispatch"] if d["op"] == "fused_moe")["reason"]

@@ -71,3 +71,51 @@ def test_parse_fast_is_prepare_server_args(sglang):
     a, b = prepare(args), RH.parse_fast(args)
     names = [f.name for f in record_fields(type(a))]
     assert [getattr(a, n) for n in names] == [getattr(b, n) for n in names]
+
+
+def _refused(sglang, key, args, sm=(9, 0)):
+    prepare, root = sglang
+    from hpc_advise.runtime.sglang.resolution import SetupRefused
+
+    with RH.gpu(sm), pytest.raises(SetupRefused) as exc:
+        RH.resolve(prepare, ["--model-path", RH.model_dir(root, key), *args], fast=True)
+    assert "\n" not in str(exc.value)
+    return str(exc.value)
+
+
+OURS = ["--decode-attention-backend", "hpc_advise", "--page-size", "64"]
+
+
+def test_resolution_refuses_mla_with_our_decode(sglang):
+    assert "MLA" in _refused(sglang, "deepseek-v3", ["--tp-size", "8", *OURS])
+
+
+def test_resolution_refuses_missing_page_size(sglang):
+    why = _refused(sglang, "qwen3-32b", ["--tp-size", "8", "--decode-attention-backend", "hpc_advise"])
+    assert "--page-size 64" in why
+
+
+def test_resolution_refuses_ours_as_prefill_and_other_gpus(sglang):
+    why = _refused(sglang, "qwen3-32b", ["--attention-backend", "hpc_advise", "--page-size", "64"])
+    assert "decode-only" in why and "--decode-attention-backend hpc_advise" in why
+    assert "sm100" in _refused(sglang, "qwen3-32b", ["--attention-backend", "flashinfer", *OURS], sm=(10, 0))
+
+
+def test_resolution_refuses_ray_with_our_backends(sglang):
+    assert "--use-ray" in _refused(sglang, "qwen3-32b", [*OURS, "--use-ray"])
+
+
+def test_moe_runner_falls_back_to_auto_for_other_quant_methods(sglang):
+    """Kimi-K2.5's compressed-tensors experts are not Fp8MoEMethod: our runner name becomes SGLang's auto
+    at resolution (before, the layer got no runner and failed at the first forward)."""
+    prepare, root = sglang
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    path = RH.model_dir(root, "kimi-k2.5")
+    with RH.gpu((9, 0)):
+        sa = RH.resolve(prepare, ["--model-path", path, "--tp-size", "8", "--moe-runner-backend", "hpc_advise"], fast=True)
+    assert resolved_view(sa).moe_runner_backend == "auto"
+    with RH.gpu((9, 0)):  # FP8 block experts (DeepSeek-V3) keep ours
+        sa = RH.resolve(prepare, ["--model-path", RH.model_dir(root, "deepseek-v3"), "--tp-size", "8",
+                                  "--moe-runner-backend", "hpc_advise"], fast=True)  # fmt: skip
+    assert resolved_view(sa).moe_runner_backend == "hpc_advise"
