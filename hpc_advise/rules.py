@@ -96,7 +96,9 @@ def router_env_enabled(environ: dict | None = None) -> bool:
     return env.get(ROUTER_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def fused_shared_experts(model: ModelProfile, *, ep: int = 1, disabled: bool = False, a2a: str = "none") -> int:
+def fused_shared_experts(
+    model: ModelProfile, *, ep: int = 1, disabled: bool = False, a2a: str = "none"
+) -> int:
     """Shared experts SGLang fuses into the routed MoE of this model (0 or 1).
 
     ``DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason`` (sglang/srt/models/deepseek_v2.py) keeps
@@ -410,7 +412,9 @@ class Facts:
     @property
     def fused_shared(self) -> int:
         s = self.setup
-        return fused_shared_experts(self.model, ep=s.ep, disabled=s.disable_shared_experts_fusion, a2a=s.moe_a2a)
+        return fused_shared_experts(
+            self.model, ep=s.ep, disabled=s.disable_shared_experts_fusion, a2a=s.moe_a2a
+        )
 
     @property
     def local_attention(self) -> bool:
@@ -487,7 +491,9 @@ def _hpc_ops_attn_reason(f: Facts) -> str | None:
         return f"hpc_ops attention needs --page-size {REQUIRED_PAGE_SIZE}"
     q, kv = f.heads_per_rank()
     if f.model.head_dim != HPC_OPS_HEAD_DIM or q % kv or q // kv not in HPC_OPS_GROUPS:
-        return f"hpc_ops attention needs head_dim 128 and GQA group 4 or 8 (model: {f.model.head_dim}, {q}/{kv})"
+        return (
+            f"hpc_ops attention needs head_dim 128 and GQA group 4 or 8 (model: {f.model.head_dim}, {q}/{kv})"
+        )
     if f.fp8_kv and (f.model.key not in HPC_OPS_FP8_MODELS or (q, kv) not in HPC_OPS_FP8_HEADS):
         return (
             "hpc_ops FP8 KV needs the fused RoPE+quant store only hunyuan_v3 calls, at per-rank heads "
@@ -503,7 +509,9 @@ def _hpc_ops_moe_reason(f: Facts) -> str | None:
     if not f.model.is_moe:
         return None
     if f.quant_method != "fp8" or (f.sm is not None and f.sm[0] != 9):
-        return f"hpc_ops MoE needs FP8 experts (Fp8MoEMethod) on SM90 (model {f.quant_method}, GPU {_sm_of(f)})"
+        return (
+            f"hpc_ops MoE needs FP8 experts (Fp8MoEMethod) on SM90 (model {f.quant_method}, GPU {_sm_of(f)})"
+        )
     if f.fused_shared:
         return (
             "hpc_ops MoE rejects fused shared experts, which SGLang turns on for this model at EP 1: "
@@ -520,7 +528,9 @@ LAUNCH_RULES: list[LaunchRule] = [
         "attention heads split over attention-TP (tp / attn-dp)",
         "refuse",
         lambda f: f.model.num_heads % (f.setup.tp // f.setup.attn_dp) != 0,
-        lambda f: f"{f.model.num_heads} attention heads do not split over attention-TP {f.setup.tp // f.setup.attn_dp}",
+        lambda f: (
+            f"{f.model.num_heads} attention heads do not split over attention-TP {f.setup.tp // f.setup.attn_dp}"
+        ),
     ),
     LaunchRule(
         "replicas-attn-dp",
@@ -543,9 +553,11 @@ LAUNCH_RULES: list[LaunchRule] = [
         "block-fp8-width",
         "block-FP8 experts: MoE width per MoE-TP rank a multiple of 128",
         "refuse",
-        lambda f: f.model.is_moe
-        and f.model.quantization == "fp8-block128"
-        and f.op_conditions().moe_inter % MOE_BLOCK != 0,
+        lambda f: (
+            f.model.is_moe
+            and f.model.quantization == "fp8-block128"
+            and f.op_conditions().moe_inter % MOE_BLOCK != 0
+        ),
         lambda f: (
             f"MoE width per rank {f.op_conditions().moe_inter} is not a multiple of the 128 block: "
             "SGLang's Fp8MoEMethod rejects this TP for block-FP8 experts (use --ep-size)"
@@ -599,7 +611,9 @@ LAUNCH_RULES: list[LaunchRule] = [
         "hpc_advise backends with --use-ray",
         "refuse",
         lambda f: f.setup.use_ray and f.setup.uses_ours(),
-        lambda f: f"--use-ray starts workers that never load SGLang plugins, so {NAME} is unknown there: drop --use-ray",
+        lambda f: (
+            f"--use-ray starts workers that never load SGLang plugins, so {NAME} is unknown there: drop --use-ray"
+        ),
         ours=True,
         setup_only=True,
     ),
@@ -639,9 +653,11 @@ LAUNCH_RULES: list[LaunchRule] = [
         "deep_gemm",
         "deep_gemm MoE: FP8 block-128 checkpoint on SM90/SM100",
         "refuse",
-        lambda f: f.setup.moe_runner == "deep_gemm"
-        and f.model.is_moe
-        and (f.model.quantization != "fp8-block128" or (f.sm is not None and f.sm[0] not in (9, 10))),
+        lambda f: (
+            f.setup.moe_runner == "deep_gemm"
+            and f.model.is_moe
+            and (f.model.quantization != "fp8-block128" or (f.sm is not None and f.sm[0] not in (9, 10)))
+        ),
         lambda f: "deep_gemm needs an FP8 block-128 checkpoint on SM90/SM100",
     ),
     LaunchRule(
@@ -710,7 +726,6 @@ def support_table_markdown() -> str:
     return "\n".join(lines)
 
 
-
 # ------------------------------------------------------------------------------ what runs where (docs)
 WHERE_GPUS = ("h100", "h200", "h20", "b200", "a100")
 WHERE_ATTENTION = ("fa3", "flashinfer", "triton", "hpc_ops", NAME)
@@ -723,7 +738,9 @@ WHERE_MOE_MODEL = ("FP8 MoE, Hy3 TP8 EP8", "hy3", 8, 8)
 def _attention_setup(backend: str, tp: int, ep: int) -> Setup:
     ours = backend == NAME
     page = REQUIRED_PAGE_SIZE if backend in ("hpc_ops", NAME) else 1
-    return Setup(PREFILL_FOR_OURS if ours else backend, backend, "auto", tp, ep, page_size=page, hpc_ops_installed=True)
+    return Setup(
+        PREFILL_FOR_OURS if ours else backend, backend, "auto", tp, ep, page_size=page, hpc_ops_installed=True
+    )
 
 
 def where_table_markdown() -> str:
@@ -738,7 +755,9 @@ def where_table_markdown() -> str:
         cells = []
         for _, model_key, tp, ep in WHERE_MODELS:
             model = get_model(model_key)
-            ok = [b for b in WHERE_ATTENTION if launch_refusal(_attention_setup(b, tp, ep), model, sm) is None]
+            ok = [
+                b for b in WHERE_ATTENTION if launch_refusal(_attention_setup(b, tp, ep), model, sm) is None
+            ]
             cells.append(", ".join(ok) or "-")
         _, model_key, tp, ep = WHERE_MOE_MODEL
         model = get_model(model_key)

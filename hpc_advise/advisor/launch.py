@@ -149,7 +149,9 @@ def check_extra(planned_argv: list[str], extra: tuple[str, ...], *, force: bool 
     if any(_flag_name(a) == "--use-ray" for a in extra_l) and (
         PLUGIN_NAME in planned_argv or any(a == PLUGIN_NAME for a in extra_l)
     ):
-        raise LaunchError("--use-ray starts Ray workers that never load SGLang plugins (hpc_advise is unknown there): drop --use-ray")
+        raise LaunchError(
+            "--use-ray starts Ray workers that never load SGLang plugins (hpc_advise is unknown there): drop --use-ray"
+        )
     planned = _planned_flags(planned_argv)
     if not force:
         given = _planned_flags(extra_l)
@@ -184,7 +186,13 @@ def build_command(
     for the flags the profile implies). Raises :class:`LaunchError` when a support rule refuses ``c`` or
     the extra arguments (see :func:`check_extra`)."""
     model = model if model is not None else _profile_for(model_path)
-    argv = [python or sys.executable, "-m", "sglang.launch_server", "--model-path", model_path_arg(model_path, model)]
+    argv = [
+        python or sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path_arg(model_path, model),
+    ]
     argv += ["--tp-size", str(c.tp)]
     if c.replicas > 1:
         argv += ["--dp-size", str(c.replicas)]

@@ -59,7 +59,13 @@ def runtime() -> None:
 )
 @click.option("--gpu", "gpu_name", default=None, help="GPU profile name (default: the local GPU via NVML).")
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallelism.")
-@click.option("--ep", type=click.IntRange(1, 64), default=1, show_default=True, help="Expert parallelism (divides --tp).")
+@click.option(
+    "--ep",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Expert parallelism (divides --tp).",
+)
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8_e4m3"]), default="bf16", show_default=True)
 @click.option(
     "--page-size", type=click.IntRange(1, 1024), default=rules.REQUIRED_PAGE_SIZE, show_default=True
@@ -80,7 +86,13 @@ def check(model_name, gpu_name, tp, ep, kv_dtype, page_size, as_json) -> None:
     rows = []
     if model is not None:
         cond = rules.conditions(
-            model, gpu, tp=tp, ep=ep, kv_dtype=kv_dtype, page_size=page_size, architecture=_architecture(model_name)
+            model,
+            gpu,
+            tp=tp,
+            ep=ep,
+            kv_dtype=kv_dtype,
+            page_size=page_size,
+            architecture=_architecture(model_name),
         )
         rows = dispatch.table(cond)
     if as_json:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 

@@ -35,9 +35,13 @@ def test_deepseek_on_h200_defaults_and_penalties():
     ok = _ok("deepseek-v3", "h200")
     assert "fa3" in {c.attention_backend for c in ok}
     assert not [c for c in ok if c.attention_backend == "flashinfer" and c.kv_dtype == "fp8_e4m3"]
-    why = support_reason(Candidate(8, 1, 1, 1, "flashinfer", "auto", "fp8_e4m3"), get_model("deepseek-v3"), get_gpu("h200"))
+    why = support_reason(
+        Candidate(8, 1, 1, 1, "flashinfer", "auto", "fp8_e4m3"), get_model("deepseek-v3"), get_gpu("h200")
+    )
     assert "copies each layer's KV" in why
-    assert "MLA" in support_reason(Candidate(8, 1, 1, 1, "hpc_advise", "auto", "auto"), get_model("deepseek-v3"), get_gpu("h200"))
+    assert "MLA" in support_reason(
+        Candidate(8, 1, 1, 1, "hpc_advise", "auto", "auto"), get_model("deepseek-v3"), get_gpu("h200")
+    )
 
 
 def test_hpc_ops_needs_the_hpc_package_and_fp8_kv_only_on_hy3(monkeypatch):
@@ -68,16 +72,28 @@ def test_our_moe_runner_is_not_emitted_where_auto_runs_instead():
 
 def test_speculative_and_local_attention_refused_with_our_decode():
     m = get_model("qwen3-32b")
-    s = rules.Setup(prefill_attention="fa3", decode_attention="hpc_advise", tp=8, page_size=64, speculative="EAGLE")
+    s = rules.Setup(
+        prefill_attention="fa3", decode_attention="hpc_advise", tp=8, page_size=64, speculative="EAGLE"
+    )
     assert "speculative" in rules.launch_refusal(s, m, (9, 0))
-    local = rules.Setup(prefill_attention="fa3", decode_attention="hpc_advise", tp=8, page_size=64, chunked_local_attention=True)
+    local = rules.Setup(
+        prefill_attention="fa3",
+        decode_attention="hpc_advise",
+        tp=8,
+        page_size=64,
+        chunked_local_attention=True,
+    )
     assert "chunked local attention" in rules.launch_refusal(local, m, (9, 0))
 
 
 def test_hy3_is_launched_as_the_fp8_it_is_planned_as():
-    argv = L.build_command(Candidate(8, 1, 8, 1, "hpc_advise", "hpc_advise", "auto"), "tencent/Hy3-preview").argv
+    argv = L.build_command(
+        Candidate(8, 1, 8, 1, "hpc_advise", "hpc_advise", "auto"), "tencent/Hy3-preview"
+    ).argv
     assert argv[argv.index("--quantization") + 1] == "fp8"
-    assert "--quantization" not in L.build_command(Candidate(8), "deepseek-ai/DeepSeek-V3").argv  # FP8 checkpoint
+    assert (
+        "--quantization" not in L.build_command(Candidate(8), "deepseek-ai/DeepSeek-V3").argv
+    )  # FP8 checkpoint
 
 
 def test_config_json_prints_its_folder(tmp_path):
@@ -112,5 +128,7 @@ def test_extra_args_contradicting_the_plan_need_force():
 
 def test_use_ray_refused_with_our_backends():
     with pytest.raises(click.ClickException, match="--use-ray"):
-        L.build_command(Candidate(8, 1, 1, 1, "hpc_advise", None, "auto"), "m", extra=("--use-ray",), force=True)
+        L.build_command(
+            Candidate(8, 1, 1, 1, "hpc_advise", None, "auto"), "m", extra=("--use-ray",), force=True
+        )
     assert "--use-ray" in L.build_command(Candidate(8), "m", extra=("--use-ray",)).argv

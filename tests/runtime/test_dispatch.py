@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpc_advise.profiles import get_gpu, get_model
 from hpc_advise import rules
+from hpc_advise.profiles import get_gpu, get_model
 from hpc_advise.runtime import dispatch
 from hpc_advise.runtime.cli import runtime
 
@@ -232,6 +232,11 @@ def test_deepseek_fused_shared_expert_is_257_experts_top9_untuned():
     assert ("no tuned" in moe.reason) == (dispatch.moe_tuned_points(257, 7168, 256, 9) == {})
     ep = rules.conditions(ds, h200, tp=8, ep=8)  # no fusion under EP: 256 experts, full width per rank
     assert (ep.num_experts, ep.top_k, ep.moe_inter) == (256, 8, 2048)
-    res = CliRunner().invoke(runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--json"])
+    res = CliRunner().invoke(
+        runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--json"]
+    )
     assert res.exit_code == 0, res.output
-    assert "257 experts" in next(d for d in json.loads(res.output)["dispatch"] if d["op"] == "fused_moe")["reason"]
+    assert (
+        "257 experts"
+        in next(d for d in json.loads(res.output)["dispatch"] if d["op"] == "fused_moe")["reason"]
+    )

@@ -30,8 +30,8 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
 
-from hpc_advise.kernels.decode_attention import op as decode_op
 from hpc_advise import rules
+from hpc_advise.kernels.decode_attention import op as decode_op
 from hpc_advise.runtime import dispatch
 
 if TYPE_CHECKING:

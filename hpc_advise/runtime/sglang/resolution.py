@@ -62,7 +62,10 @@ def model_profile(model_config):
     cfg = hf.to_dict() if hasattr(hf, "to_dict") else dict(vars(hf))
     archs = list(cfg.get("architectures") or getattr(hf, "architectures", None) or [])
     # the family key the rules know a model by (hy3, qwen3, deepseek), else the path's last part
-    key = rules.router_family("", archs[0] if archs else None) or str(model_config.model_path).rstrip("/").split("/")[-1]
+    key = (
+        rules.router_family("", archs[0] if archs else None)
+        or str(model_config.model_path).rstrip("/").split("/")[-1]
+    )
     overrides = None
     if model_config.quantization == "fp8" and not cfg.get("quantization_config"):
         overrides = {"quantization": "fp8-per-tensor"}  # SGLang's online FP8 (--quantization fp8)
@@ -75,7 +78,11 @@ def model_profile(model_config):
 
 def facts_of(server_args):
     """(Setup, ModelProfile or None, compute capability) of a server-args record being resolved."""
-    from sglang.srt.arg_groups.model_override_base import attention_backends_of, model_config_of, resolved_view
+    from sglang.srt.arg_groups.model_override_base import (
+        attention_backends_of,
+        model_config_of,
+        resolved_view,
+    )
 
     v = resolved_view(server_args)
     prefill, decode = attention_backends_of(v)
@@ -109,7 +116,11 @@ def moe_step(server_args, previous) -> None:
 
     if resolved_view(server_args).moe_runner_backend == rules.NAME:
         setup, model, sm = facts_of(server_args)
-        found = [] if model is None else rules.launch_violations(setup, model, sm, kinds=("fallback",), ours_only=True)
+        found = (
+            []
+            if model is None
+            else rules.launch_violations(setup, model, sm, kinds=("fallback",), ours_only=True)
+        )
         if found:
             logger.warning("hpc_advise: %s", found[0][1])
             declare_resolution(server_args, "hpc_advise.moe_fallback", moe_runner_backend="auto")

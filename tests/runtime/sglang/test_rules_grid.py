@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_advise import rules
 from hpc_advise.advisor.candidates import enumerate_candidates, support_reason
 from hpc_advise.advisor.launch import build_command
 from hpc_advise.profiles import get_gpu, get_model, list_models
@@ -65,7 +64,15 @@ def test_every_emitted_candidate_resolves(sglang, key):
 
 def test_parse_fast_is_prepare_server_args(sglang):
     prepare, root = sglang
-    args = ["--model-path", RH.model_dir(root, "qwen3-30b-a3b"), "--tp-size", "8", "--ep-size", "8", *RH.FIXED]
+    args = [
+        "--model-path",
+        RH.model_dir(root, "qwen3-30b-a3b"),
+        "--tp-size",
+        "8",
+        "--ep-size",
+        "8",
+        *RH.FIXED,
+    ]
     from sglang.srt.arg_groups.arg_utils import record_fields
 
     a, b = prepare(args), RH.parse_fast(args)
@@ -113,7 +120,9 @@ def test_moe_runner_falls_back_to_auto_for_other_quant_methods(sglang):
 
     path = RH.model_dir(root, "kimi-k2.5")
     with RH.gpu((9, 0)):
-        sa = RH.resolve(prepare, ["--model-path", path, "--tp-size", "8", "--moe-runner-backend", "hpc_advise"], fast=True)
+        sa = RH.resolve(
+            prepare, ["--model-path", path, "--tp-size", "8", "--moe-runner-backend", "hpc_advise"], fast=True
+        )
     assert resolved_view(sa).moe_runner_backend == "auto"
     with RH.gpu((9, 0)):  # FP8 block experts (DeepSeek-V3) keep ours
         sa = RH.resolve(prepare, ["--model-path", RH.model_dir(root, "deepseek-v3"), "--tp-size", "8",
