@@ -54,6 +54,7 @@ class LaunchCommand:
     argv: list[str]
     env: dict[str, str]  # variables to add to the environment
     planned: list[str] = field(default_factory=list)  # argv before the user's extra arguments
+    forced: bool = False  # extra arguments may override the plan (--force)
 
     def shell(self) -> str:
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -224,9 +225,10 @@ def build_command(
     if dist_init_addr:
         argv += ["--dist-init-addr", dist_init_addr]
     planned = list(argv)
-    argv += check_extra(planned[3:], tuple(extra), force=force)
+    forced = force or FORCE_FLAG in extra
+    argv += check_extra(planned[3:], tuple(extra), force=forced)
     env = plugins_env(environ) if ours else {}
-    return LaunchCommand(argv, env, planned)
+    return LaunchCommand(argv, env, planned, forced)
 
 
 _NOT_IMPORTABLE = 3
@@ -294,7 +296,7 @@ def validate(cmd: LaunchCommand, timeout: float = 180.0, *, force: bool = False)
     """
     python = cmd.argv[0]
     args = cmd.argv[3:]  # after "python -m sglang.launch_server"
-    planned_n = len(args) if force or not cmd.planned else len(cmd.planned) - 3
+    planned_n = len(args) if force or cmd.forced or not cmd.planned else len(cmd.planned) - 3
     env = dict(os.environ, **cmd.env)
     try:
         res = subprocess.run(

@@ -122,7 +122,7 @@ def test_extra_args_contradicting_the_plan_need_force():
         with pytest.raises(click.ClickException, match="contradicts the recommended"):
             L.build_command(c, "m", extra=extra)
     forced = L.build_command(c, "m", extra=("--tp", "2", "--force"))
-    assert forced.argv[-2:] == ["--tp", "2"] and "--force" not in forced.argv
+    assert forced.argv[-2:] == ["--tp", "2"] and "--force" not in forced.argv and forced.forced
     assert L.build_command(c, "m", extra=("--port", "3000")).argv[-2:] == ["--port", "3000"]
 
 
