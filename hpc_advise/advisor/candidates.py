@@ -4,7 +4,9 @@ Dimensions: TP over the divisors of N (N / TP replicas behind SGLang's data-para
 {1, TP} for MoE models, attention data parallelism in {1, TP} for MoE models, attention backend
 (fa3, flashinfer, triton, hpc_ops, ours = ``hpc_advise``), MoE runner (auto = SGLang's triton,
 deep_gemm, hpc_ops, ours) and KV-cache dtype (auto, fp8_e4m3). The page size follows the backend
-(64 for hpc_ops and ours, SGLang's default 1 otherwise). Every excluded candidate keeps its reason.
+(64 for hpc_ops and ours, SGLang's default 1 otherwise). A candidate is kept only when no launch rule of
+``hpc_advise.rules`` fires (the same table the plugin enforces when SGLang resolves its arguments);
+every excluded candidate keeps its reason.
 
 Memory per GPU (bytes): weights per rank (non-expert weights / attention-TP + routed experts / TP) +
 KV of the requests one attention group holds (concurrency x mean context during decode, isl + osl/2,
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
+
+from hpc_advise import rules
 
 ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton", "hpc_ops", "hpc_advise")
 MOE_RUNNERS = ("auto", "deep_gemm", "hpc_ops", "hpc_advise")
@@ -89,47 +93,30 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def setup_of(c: Candidate) -> rules.Setup:
+    """The SGLang set-up the launch command of ``c`` asks for (``launch.build_command`` prints it)."""
+    ours = c.attention_backend == rules.NAME
+    return rules.Setup(
+        prefill_attention=rules.PREFILL_FOR_OURS if ours else c.attention_backend,
+        decode_attention=c.attention_backend,
+        moe_runner=c.moe_runner or "auto",
+        tp=c.tp,
+        ep=c.ep,
+        attn_dp=c.attn_dp,
+        dp=c.replicas,
+        kv_dtype=c.kv_dtype,
+        page_size=c.page_size,
+        # printed with hpc_ops MoE: HPC-Ops rejects the shared expert SGLang fuses by default (DeepSeek-V3)
+        disable_shared_experts_fusion=c.moe_runner == "hpc_ops",
+        hpc_ops_installed=rules.hpc_ops_installed(),
+    )
+
+
 def support_reason(c: Candidate, model, gpu) -> str | None:
-    """Why SGLang (or our plugin) cannot run ``c`` for this model on this GPU, or None."""
-    cc = tuple(gpu.compute_capability)
-    mla = model.attention == "mla"
-    if model.num_heads % (c.tp // c.attn_dp):
-        return f"{model.num_heads} attention heads do not split over attention-TP {c.tp // c.attn_dp}"
-    if model.is_moe:
-        if model.num_experts % c.ep:
-            return f"{model.num_experts} experts do not split over EP {c.ep}"
-    b = c.attention_backend
-    if b == "fa3" and cc != (9, 0):
-        return f"fa3 needs SM90 (this GPU is SM{cc[0]}{cc[1]})"
-    if b == "hpc_ops":
-        if cc != (9, 0):
-            return f"hpc_ops attention needs SM90 (this GPU is SM{cc[0]}{cc[1]})"
-        if mla:
-            return "hpc_ops attention supports GQA only (model uses MLA)"
-        if model.head_dim != 128:
-            return f"hpc_ops attention needs head_dim 128 (model: {model.head_dim})"
-        group = model.num_heads // max(model.num_kv_heads, 1)
-        if group not in (4, 8):
-            return f"hpc_ops attention needs GQA group 4 or 8 (model: {group})"
-    if b == "hpc_advise":
-        if cc < (9, 0):
-            return f"our decode attention targets SM90+ (this GPU is SM{cc[0]}{cc[1]})"
-        if mla:
-            return "our decode attention supports GQA/MHA only (model uses MLA)"
-        if model.head_dim not in (64, 128, 256):
-            return f"our decode attention needs head_dim 64/128/256 (model: {model.head_dim})"
-        group = model.num_heads // max(model.num_kv_heads, 1)
-        if not 1 <= group <= 16:
-            return f"our decode attention supports GQA groups 1-16 (model: {group})"
-    m = c.moe_runner
-    q = model.quantization
-    if m == "deep_gemm" and (q != "fp8-block128" or cc[0] not in (9, 10)):
-        return "deep_gemm needs an FP8 block-128 checkpoint on SM90/SM100"
-    if m == "hpc_ops" and (not q.startswith("fp8") or cc != (9, 0)):
-        return "hpc_ops MoE needs an FP8 checkpoint on SM90"
-    if m == "hpc_advise" and (q not in ("fp8-per-tensor", "fp8-block128") or cc < (9, 0)):
-        return "our fused MoE needs FP8 per-tensor or block-128 weights on SM90+"
-    return None
+    """Why SGLang (or our plugin) cannot run ``c`` for this model on this GPU, or why it is not worth a
+    candidate (SGLang's auto choice runs instead, or a slow path); None when it runs as asked. The rules
+    are ``hpc_advise.rules.LAUNCH_RULES``, the ones the plugin enforces at server-args resolution."""
+    return rules.launch_refusal(setup_of(c), model, tuple(gpu.compute_capability))
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,6 +1,6 @@
 """``hpc-advise runtime``: the dispatch table for a model on a GPU, and the environment report.
 
-``hpc-advise runtime check [--model NAME|config.json] [--gpu NAME] [--tp N] [--kv-dtype D] [--page-size P]
+``hpc-advise runtime check [--model NAME|config.json] [--gpu NAME] [--tp N] [--ep N] [--kv-dtype D] [--page-size P]
 [--json]`` prints, per op, whether our kernel or SGLang's runs and why (``dispatch.py``), then the
 versions of the GPU stack (``env_report.py``). Without ``--gpu`` the local GPU (NVML) is used; without
 a GPU the table says so. torch is not imported unless it is installed and the report asks it for CUDA.
@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
+from hpc_advise import rules
 from hpc_advise.runtime import dispatch, env_report
 
 
@@ -58,12 +59,19 @@ def runtime() -> None:
 )
 @click.option("--gpu", "gpu_name", default=None, help="GPU profile name (default: the local GPU via NVML).")
 @click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallelism.")
+@click.option(
+    "--ep",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Expert parallelism (divides --tp).",
+)
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8_e4m3"]), default="bf16", show_default=True)
 @click.option(
-    "--page-size", type=click.IntRange(1, 1024), default=dispatch.REQUIRED_PAGE_SIZE, show_default=True
+    "--page-size", type=click.IntRange(1, 1024), default=rules.REQUIRED_PAGE_SIZE, show_default=True
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
+def check(model_name, gpu_name, tp, ep, kv_dtype, page_size, as_json) -> None:
     """Print the dispatch table for MODEL on GPU, and the environment report."""
     from hpc_advise.profiles import ModelConfigError, ProfileNotFound, get_model
 
@@ -73,10 +81,18 @@ def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
         model = get_model(model_name) if model_name else None
     except (ProfileNotFound, ModelConfigError) as exc:
         raise click.ClickException(str(exc)) from None
+    if tp % ep:
+        raise click.ClickException(f"--ep {ep} does not divide --tp {tp}")
     rows = []
     if model is not None:
-        cond = dispatch.conditions(
-            model, gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size, architecture=_architecture(model_name)
+        cond = rules.conditions(
+            model,
+            gpu,
+            tp=tp,
+            ep=ep,
+            kv_dtype=kv_dtype,
+            page_size=page_size,
+            architecture=_architecture(model_name),
         )
         rows = dispatch.table(cond)
     if as_json:
@@ -86,6 +102,7 @@ def check(model_name, gpu_name, tp, kv_dtype, page_size, as_json) -> None:
                     "model": model.key if model else None,
                     "gpu": gpu.key if gpu else None,
                     "tp": tp,
+                    "ep": ep,
                     "kv_dtype": kv_dtype,
                     "page_size": page_size,
                     "dispatch": [d.to_dict() for d in rows],

@@ -514,7 +514,10 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     backends = {r["candidate"]["attention_backend"] for r in out["ranked"]}
-    assert backends == {"flashinfer"}, backends
+    assert backends <= {"flashinfer", "fa3"}, backends
+    # flashinfer with FP8 KV on MLA is excluded (hpc_advise.rules: a bf16 copy of the KV every step)
+    assert not [r for r in out["ranked"] if r["candidate"]["attention_backend"] == "flashinfer"
+                and r["candidate"]["kv_dtype"] == "fp8_e4m3"]  # fmt: skip
     folded = [f for r in out["ranked"] for f in r["flags"] if f.startswith("unmeasured alternatives")]
     assert any("attn=fa3" in f for f in folded), folded
     for r in out["ranked"][:5]:

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from hpc_advise import rules
 from hpc_advise.profiles import get_gpu, get_model
 from hpc_advise.runtime import dispatch
 from hpc_advise.runtime.cli import runtime
 
 
 def _table(model, gpu, **kw):
-    c = dispatch.conditions(get_model(model), get_gpu(gpu) if gpu else None, **kw)
+    c = rules.conditions(get_model(model), get_gpu(gpu) if gpu else None, **kw)
     return {d.op: d for d in dispatch.table(c)}
 
 
@@ -79,7 +80,7 @@ def test_fallback_names_the_sglang_path():
     assert "--page-size 64" in h200["decode_attention"].reason
     a100 = _table("qwen3-30b-a3b", "a100", router_opt_in=False)
     assert a100["decode_attention"].provider == "flashinfer"
-    assert a100["fused_moe"].provider == "triton"
+    assert a100["fused_moe"].provider.startswith("auto")
 
 
 def test_router_opt_in_and_tp():
@@ -107,13 +108,13 @@ def test_fp8_kv_and_bad_inputs():
     with pytest.raises(ValueError, match="kv_dtype"):
         _table("hy3", "h200", kv_dtype="int4")
     with pytest.raises(ValueError, match="unknown op"):
-        dispatch.decide("rmsnorm", dispatch.conditions(get_model("hy3"), get_gpu("h200")))
+        dispatch.decide("rmsnorm", rules.conditions(get_model("hy3"), get_gpu("h200")))
 
 
 def test_router_env_parsing():
-    assert dispatch.router_env_enabled({"HPC_ADVISE_ROUTER_GEMM": "1"})
-    assert not dispatch.router_env_enabled({"HPC_ADVISE_ROUTER_GEMM": "0"})
-    assert not dispatch.router_env_enabled({})
+    assert rules.router_env_enabled({"HPC_ADVISE_ROUTER_GEMM": "1"})
+    assert not rules.router_env_enabled({"HPC_ADVISE_ROUTER_GEMM": "0"})
+    assert not rules.router_env_enabled({})
 
 
 def test_cli_check_json_and_text_fake_nvml(monkeypatch):
@@ -198,14 +199,14 @@ def test_fused_moe_reason_says_whether_launch_configs_were_tuned():
     from hpc_advise.kernels.fused_moe import op
 
     h200 = get_gpu("h200")
-    hy3 = {d.op: d for d in dispatch.table(dispatch.conditions(get_model("hy3"), h200))}["fused_moe"]
+    hy3 = {d.op: d for d in dispatch.table(rules.conditions(get_model("hy3"), h200))}["fused_moe"]
     points = dispatch.moe_tuned_points(192, 4096, 1536, 8)  # Hy3 at TP1, as shipped in configs.json
     assert dispatch.MOE_CONFIGS == op.CONFIG_PATH  # the file the kernel reads
     assert hy3.use_ours and points and "launch configs tuned on the H200" in hy3.reason
     small = [t for t, path in points["tensor-static"].items() if path == "small"]
     assert (f"small-T path at T = {', '.join(map(str, small))}" in hy3.reason) == bool(small)
     # DeepSeek-V3 at TP1 (256 experts of width 2048): only its EP8 shard (32 local experts) was tuned
-    ds = {d.op: d for d in dispatch.table(dispatch.conditions(get_model("deepseek-v3"), h200))}["fused_moe"]
+    ds = {d.op: d for d in dispatch.table(rules.conditions(get_model("deepseek-v3"), h200))}["fused_moe"]
     assert ds.use_ours and "no tuned launch configs for this shape" in ds.reason
 
 
@@ -218,3 +219,24 @@ def test_docs_sample_is_what_runtime_check_prints():
     res = CliRunner().invoke(runtime, ["check", *shlex.split(args)])
     assert res.exit_code == 0, res.output
     assert res.output.split("\n\n", 1)[0] == shown
+
+
+def test_deepseek_fused_shared_expert_is_257_experts_top9_untuned():
+    """SGLang fuses DeepSeek-V3's shared expert into the routed MoE at EP 1 (257 experts, top-9): the
+    shape whose launch configs count is that one, not (256, top-8)."""
+    ds, h200 = get_model("deepseek-v3"), get_gpu("h200")
+    c = rules.conditions(ds, h200, tp=8)
+    assert (c.num_experts, c.top_k, c.moe_inter) == (257, 9, 256)
+    moe = dispatch.decide("fused_moe", c)
+    assert moe.use_ours and "257 experts" in moe.reason
+    assert ("no tuned" in moe.reason) == (dispatch.moe_tuned_points(257, 7168, 256, 9) == {})
+    ep = rules.conditions(ds, h200, tp=8, ep=8)  # no fusion under EP: 256 experts, full width per rank
+    assert (ep.num_experts, ep.top_k, ep.moe_inter) == (256, 8, 2048)
+    res = CliRunner().invoke(
+        runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert (
+        "257 experts"
+        in next(d for d in json.loads(res.output)["dispatch"] if d["op"] == "fused_moe")["reason"]
+    )

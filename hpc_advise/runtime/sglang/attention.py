@@ -30,6 +30,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
 
+from hpc_advise import rules
 from hpc_advise.kernels.decode_attention import op as decode_op
 from hpc_advise.runtime import dispatch
 
@@ -77,12 +78,12 @@ def _dcp_size() -> int:
         return 1
 
 
-def runtime_conditions(model_runner) -> dispatch.Conditions:
+def runtime_conditions(model_runner) -> rules.Conditions:
     """The dispatch conditions of a live SGLang model runner."""
     cfg = model_runner.model_config
     q_heads, kv_heads = heads_per_rank(model_runner)
     sm, interp = _device_sm(model_runner.device)
-    return dispatch.Conditions(
+    return rules.Conditions(
         model=str(getattr(cfg, "model_path", "model")),
         gpu=None,
         sm=sm,

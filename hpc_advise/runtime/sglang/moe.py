@@ -6,13 +6,16 @@ Selected with ``--moe-runner-backend hpc_advise``. Registration uses SGLang's ow
 directly (no ``MoeRunner.run`` hook is needed). Two hooks on ``Fp8MoEMethod`` do the rest:
 
 - ``create_moe_runner`` (AROUND): with our backend selected, an FP8 layer we cover gets a
-  ``MoeRunner`` of ours; anything else gets SGLang's triton runner, and the reason is logged once per
-  (layer type, reason). Non-FP8 MoE methods (bf16 ``UnquantizedFusedMoEMethod``, ...) already pick
-  triton for an unknown backend name in SGLang itself.
+  ``MoeRunner`` of ours; anything else gets what SGLang's own ``auto`` selection picks (deep_gemm
+  under DeepEP / mooncake / nixl all-to-all, triton otherwise), and the reason is logged once per
+  (layer type, reason). (bf16 checkpoints build ``UnquantizedFusedMoEMethod`` and never reach
+  this hook.)
 - ``apply`` (AROUND): for layers on our runner, builds :class:`HpcAdviseMoeQuantInfo` from the loaded
   weights (checked once per layer after loading: fp8 weights, ``[E]`` or 128x128 block scales, scalar
-  static input scales) and calls the runner; a layer whose loaded weights we cannot take moves to
-  triton, with its reason logged.
+  static input scales) and calls the runner; a layer whose loaded weights we cannot take gets SGLang's
+  ``auto`` runner, with its reason logged. Quantization methods other than Fp8MoEMethod never reach
+  these hooks: the plugin's resolution step (``resolution.py``) turns our runner name into ``auto``
+  for them before any layer is built.
 
 Expert ids arrive as SGLang's dispatcher leaves them for a non-global-id backend: local ids, -1 for
 experts of other EP ranks; ``fused_moe`` skips -1, so ``expert_offset`` stays 0. The routed scaling
@@ -29,6 +32,7 @@ import torch
 from sglang.srt.layers.moe.moe_runner.base import DispatchMoeRunnerCore, MoeQuantInfo, MoeRunnerConfig
 from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
 
+from hpc_advise import rules
 from hpc_advise.runtime import dispatch
 
 logger = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ def log_fallback_once(layer_type: str, reason: str) -> None:
     if key not in _logged:
         _logged.add(key)
         logger.warning(
-            "hpc_advise MoE runner: %s layers run on SGLang's triton runner: %s", layer_type, reason
+            "hpc_advise MoE runner: %s layers run on SGLang's auto choice: %s", layer_type, reason
         )
 
 
@@ -120,13 +124,13 @@ def config_unsupported_reason(runner_config: MoeRunnerConfig) -> str | None:
     return None
 
 
-def _sm_conditions(method, layer) -> dispatch.Conditions:
+def _sm_conditions(method, layer) -> rules.Conditions:
     w = layer.w13_weight
     if w.is_cuda:
         sm, interp = tuple(torch.cuda.get_device_capability(w.device)), False
     else:
         sm, interp = None, os.environ.get("TRITON_INTERPRET") == "1"
-    return dispatch.Conditions(
+    return rules.Conditions(
         model=type(layer).__name__,
         gpu=None,
         sm=sm,
@@ -135,7 +139,7 @@ def _sm_conditions(method, layer) -> dispatch.Conditions:
         q_heads=1,
         kv_heads=1,
         kv_dtype="bf16",
-        page_size=dispatch.REQUIRED_PAGE_SIZE,
+        page_size=rules.REQUIRED_PAGE_SIZE,
         sliding_window=False,
         linear_attention=False,
         attention_sinks=False,
@@ -214,15 +218,29 @@ def _is_ours(runner) -> bool:
     return runner is not None and runner.runner_backend.value == NAME
 
 
-def _triton_runner(method, config: MoeRunnerConfig):
-    from sglang.srt.layers.moe.moe_runner.runner import MoeRunner
-    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+def _auto_create(original, method, layer, moe_runner_config, *args, **kwargs):
+    """SGLang's own ``create_moe_runner`` with the runner backend seen as ``auto`` for this call only, so
+    SGLang selects the runner as if ours had not been asked for (deep_gemm for DeepEP / mooncake / nixl
+    output or a DeepGEMM set-up, triton otherwise: ``Fp8MoEMethod.create_moe_runner``)."""
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend, get_moe_runner_backend
+    from sglang.srt.runtime_context import get_flags
 
-    return MoeRunner(MoeRunnerBackend.TRITON, config)
+    moe = get_flags().moe
+    saved = get_moe_runner_backend()
+    moe.runner_backend = MoeRunnerBackend.AUTO
+    try:
+        return original(method, layer, moe_runner_config, *args, **kwargs)
+    finally:
+        moe.runner_backend = saved
+
+
+_ORIGINAL_CREATE = None  # SGLang's Fp8MoEMethod.create_moe_runner, kept by the hook's first call
 
 
 def create_moe_runner_hook(original, method, layer, moe_runner_config, *args, **kwargs):
     """AROUND ``Fp8MoEMethod.create_moe_runner``."""
+    global _ORIGINAL_CREATE
+    _ORIGINAL_CREATE = original
     if not _selected():
         return original(method, layer, moe_runner_config, *args, **kwargs)
     from sglang.srt.layers.moe.moe_runner.runner import MoeRunner
@@ -240,7 +258,7 @@ def create_moe_runner_hook(original, method, layer, moe_runner_config, *args, **
         method.runner = MoeRunner(resolve_moe_runner_backend(NAME), moe_runner_config)
     else:
         log_fallback_once(type(layer).__name__, reason)
-        method.runner = _triton_runner(method, moe_runner_config)
+        return _auto_create(original, method, layer, moe_runner_config, *args, **kwargs)
 
 
 def apply_hook(original, method, layer, dispatch_output, *args, **kwargs):
@@ -252,7 +270,7 @@ def apply_hook(original, method, layer, dispatch_output, *args, **kwargs):
         reason = weights_unsupported_reason(method, layer)
         if reason is not None:
             log_fallback_once(type(layer).__name__, reason)
-            method.runner = _triton_runner(method, method.moe_runner_config)
+            _auto_create(_ORIGINAL_CREATE, method, layer, method.moe_runner_config)
             return original(method, layer, dispatch_output, *args, **kwargs)
         layer._hpc_advise_weights_checked = True
     return runner.run(dispatch_output, quant_info(method, layer))

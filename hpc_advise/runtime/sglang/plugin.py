@@ -13,6 +13,9 @@ us by name; an empty whitelist that omits us turns everything here off.
 - MoE runner ``hpc_advise`` (``moe.py``): ``register_moe_runner_core`` (name + runner core),
   the argument choice (``add_moe_runner_backend_choices``) and AROUND hooks on
   ``Fp8MoEMethod.create_moe_runner`` and ``Fp8MoEMethod.apply``.
+- wrappers of two server-args resolution steps (``resolution.py``): a set-up with our backends that
+  would fail is refused there, with one line, before any weight loads; our MoE runner where it would
+  fall back becomes SGLang's ``auto``.
 - with ``HPC_ADVISE_ROUTER_GEMM=1`` only: router GEMM hooks (``router.py``).
 
 SGLang only logs hook failures. So ``register()`` applies the hooks itself (``apply_hooks`` is
@@ -31,7 +34,7 @@ import importlib.metadata
 import logging
 import pkgutil
 
-from hpc_advise.runtime import dispatch
+from hpc_advise import rules
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +192,7 @@ def register() -> None:
         errors["attention"] = f"not installed: {', '.join(bad)}"
     else:
         features["attention"] = (
-            f"{NAME} (decode; --decode-attention-backend {NAME} --page-size {dispatch.REQUIRED_PAGE_SIZE})"
+            f"{NAME} (decode; --decode-attention-backend {NAME} --page-size {rules.REQUIRED_PAGE_SIZE})"
         )
 
     missing = _install_hooks("MoE runner", _register_moe())
@@ -199,12 +202,20 @@ def register() -> None:
     else:
         features["moe"] = f"{NAME} (FP8 MoE; --moe-runner-backend {NAME})"
 
-    if dispatch.router_env_enabled():
+    from hpc_advise.runtime.sglang import resolution
+
+    missing = resolution.install()
+    if missing:
+        errors["checks"] = f"resolution hooks did not take on {', '.join(missing)}"
+    else:
+        features["checks"] = "support rules at server-args resolution (hpc_advise.rules)"
+
+    if rules.router_env_enabled():
         missing = _install_hooks("router GEMM", _router_hooks())
         if missing:
             errors["router"] = f"hooks did not take on {', '.join(missing)}"
         else:
-            features["router"] = f"router GEMM hooks ({dispatch.ROUTER_ENV}=1)"
+            features["router"] = f"router GEMM hooks ({rules.ROUTER_ENV}=1)"
 
     _STATE["features"] = features
     _STATE["errors"] = errors

@@ -24,7 +24,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from hpc_advise.runtime import dispatch
+from hpc_advise import rules
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +41,11 @@ def _log_once(msg: str) -> None:
 def shape_supported(weight: torch.Tensor) -> str | None:
     """None when the kernel takes this [N, K] gate weight, else the reason."""
     n, k = weight.shape
-    lo_n, hi_n = dispatch.ROUTER_N_RANGE
+    lo_n, hi_n = rules.ROUTER_N_RANGE
     if not (lo_n <= n <= hi_n and n % 16 == 0):
-        return f"{n} experts (kernel needs a multiple of 16 in {dispatch.ROUTER_N_RANGE})"
-    if not dispatch.ROUTER_K_RANGE[0] <= k <= dispatch.ROUTER_K_RANGE[1]:
-        return f"hidden size {k} outside {dispatch.ROUTER_K_RANGE}"
+        return f"{n} experts (kernel needs a multiple of 16 in {rules.ROUTER_N_RANGE})"
+    if not rules.ROUTER_K_RANGE[0] <= k <= rules.ROUTER_K_RANGE[1]:
+        return f"hidden size {k} outside {rules.ROUTER_K_RANGE}"
     if not weight.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return "weight is not on a CUDA device"
     return None

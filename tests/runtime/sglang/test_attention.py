@@ -321,26 +321,15 @@ def test_sglang_composes_our_decode_with_its_prefill(tmp_path):
         assert_close_seeded(got, want, atol=ATOL, rtol=RTOL, seed=seed)
 
 
-def test_sglang_builder_reports_wrong_page_size(tmp_path):
-    sg = _sglang()
-    from sglang.srt.runtime_context import use_context
+def test_wrong_page_size_is_refused_at_resolution(tmp_path):
+    """SGLang resolves the arguments (``create_context``) before any model or weight: our plugin's
+    resolution check refuses page 16 there, with the line saying what to use. (The backend's own
+    check, reached only without the plugin's hooks, is tested on the runner above.)"""
+    _sglang()
+    from hpc_advise.runtime.sglang.resolution import SetupRefused
 
-    from hpc_advise.runtime.sglang.attention import HpcAdviseBackendError
-
-    args, ctx, setup, attention_backends, ModelConfig = _published_runner(sg, tmp_path, page_size=16)
-    with use_context(ctx):
-        runner = _runner(
-            sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=512, page_size=16
-        )
-        runner.model_config = ModelConfig.from_server_args(args)
-        runner.prefill_attention_backend_str, runner.decode_attention_backend_str = attention_backends()
-        runner.is_draft_worker, runner.draft_attention_backend, runner.kv_index_translator = False, None, None
-        with pytest.raises(HpcAdviseBackendError, match="page size 16: the backend needs --page-size 64"):
-            setup._build_resolved_backend(
-                model_runner=runner,
-                resolved=setup.resolve_attention_backend_strs(model_runner=runner),
-                init_new_workspace=False,
-            )
+    with pytest.raises(SetupRefused, match="page size 16: the backend needs --page-size 64"):
+        _published_runner(_sglang(), tmp_path, page_size=16)
 
 
 def test_cuda_graph_metadata_path_matches_eager():
