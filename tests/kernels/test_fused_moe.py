@@ -308,7 +308,7 @@ PREFILL_CFG = dict(  # prefill tile shapes at interpreter sizes: BLOCK_M 64, mer
     [
         ("block-dynamic", {}),
         ("tensor-static", {}),  # fp32 promotion every BLOCK_K: two dots (TWO_DOTS)
-        ("tensor-static", {"FAST_ACC": 1, "DN_N": 256}),  # one merged dot, tensor-core accumulation
+        ("tensor-static", {"DN_N": 256}),  # 256-wide down tiles
         ("tensor-dynamic", {}),
         ("block-static", {"GU_K": 64, "DN_K": 64}),  # two K steps per scale group
     ],
@@ -529,21 +529,6 @@ def test_gpu_prefill_multi_cta_router_gives_the_same_output(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_prefill_fast_accumulation_error():
-    """Per-tensor scales at T = 1024 on the Hy3 shape: tensor-core fp8 accumulation over the whole K
-    (FAST_ACC, as SGLang's Triton MoE) against fp32 promotion every 128-K step; both within the bound,
-    and the errors are printed (the cost of FAST_ACC in accuracy)."""
-    seed = _seed()
-    p = make_problem(1024, 192, 4096, 1536, 8, "tensor-static", device="cuda")
-    base = op.get_config(1024, 8, 192, 4096, 1536, "tensor-static", False)
-    errs = {}
-    for fast in (0, 1):
-        cfg = dict(base, BLOCK_M=128, GU_N=128, GU_WARPS=8, DN_WARPS=8, FAST_ACC=fast)
-        _, _, errs[fast] = run_and_check(p, config=cfg, seed=seed)
-    print(f"Hy3 T=1024 rel err vs quantized ref: promoted {errs[0]:.2e}, FAST_ACC {errs[1]:.2e}")
-
-
-@pytest.mark.gpu
 def test_gpu_unfused_variant_matches_reference():
     seed = _seed()
     p = make_problem(64, 128, 2048, 768, 8, "block-dynamic", device="cuda")
@@ -650,12 +635,9 @@ SM90_GATE_UP = dict(
     A2_GROUP=True,
     OUT_MODE=0,
     EVEN_K=True,
-    FAST_ACC=False,
     TWO_DOTS=False,
 )
-SM90_DOWN = dict(
-    BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, A_GROUP=True, W_BLOCK=True, EVEN_K=True, FAST_ACC=False
-)
+SM90_DOWN = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, A_GROUP=True, W_BLOCK=True, EVEN_K=True)
 
 
 @pytest.mark.slow
@@ -703,11 +685,9 @@ def test_prefill_gemm_tiles_compile_without_register_spills():
     jobs = [
         ["_gate_up_kernel", gu, 8, 3],  # block scales, one merged N = 256 dot
         ["_gate_up_kernel", dict(static, TWO_DOTS=True), 8, 4],  # per-tensor, fp32 promotion
-        ["_gate_up_kernel", dict(static, FAST_ACC=True), 8, 4],  # per-tensor, tensor-core accumulation
         ["_down_kernel", dn, 8, 3],
         ["_down_kernel", dict(dn, BLOCK_N=256), 8, 3],
         ["_down_kernel", dn_static, 8, 4],
-        ["_down_kernel", dict(dn_static, BLOCK_N=256, FAST_ACC=True), 8, 3],
     ]
     res = compile_sm90([_sm90_job(*job) for job in jobs])
     for job, r in zip(jobs, res, strict=True):

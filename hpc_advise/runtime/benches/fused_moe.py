@@ -270,17 +270,12 @@ def ceilings(env: dict | None = None) -> tuple[dict[str, float], list[dict]]:
 def compile_job(shape: str, mode: str, cfg: dict, unfused: bool = False) -> tuple:
     """(mode, config, unfused?, I, H) of one precompile job for ``shape``: the regular and small-T
     kernels build at H = 256 and I = 256 (192 where the shape's I is not a multiple of 128) and serve the
-    real shapes (``precompile``); the persistent kernel's constexpr G_PAD (its prologue's tile of one
-    hidden row, next power of two of H / 128) depends on H, so its jobs build at the shape's own H. Multi-tile
-    programs (GU_TILES / DN_TILES) build at an I / H their tile counts divide (op refuses the others), keeping
-    I % 128 == 0 iff the shape's I has it (the scalar-scale and group forms depend on it)."""
-    from hpc_advise.kernels.fused_moe.op_persistent import is_persistent
-
+    real shapes (``precompile``). Multi-tile down programs (DN_TILES) build at an H their tile count divides
+    (op refuses the others); I % 128 == 0 iff the shape's I has it (the scalar-scale and group forms depend
+    on it)."""
     e, h, i = SHAPES[shape][:3]
-    inter, hidden = (256 if i % 128 == 0 else 192), (h if is_persistent(cfg) else 256)
-    gu, dn = cfg.get("GU_TILES", 1), cfg.get("DN_TILES", 1)
-    if gu > 1:
-        inter = math.lcm(cfg["GU_N"] * gu, 128) if inter % 128 == 0 else cfg["GU_N"] * gu
+    inter, hidden = (256 if i % 128 == 0 else 192), 256
+    dn = cfg.get("DN_TILES", 1)
     if dn > 1:
         hidden = math.lcm(cfg["DN_N"] * dn, hidden)
     return (mode, cfg, unfused, inter, hidden)
@@ -717,8 +712,7 @@ def prefill_candidates(a2_group: bool, cfg) -> list[dict]:
     """T·k > 2048. The first candidate is the reference of the tuner's accuracy check (fp32 promotion
     every 128-K step). Block/dynamic scales: BLOCK_M 64 with 8 warps (two warpgroups split the merged
     gate|up N = 256: no register spills, checked offline for sm_90a), 128 only as the old baseline.
-    Per-tensor scales: BLOCK_M 128, promotion (two dots) or FAST_ACC (one N = 256 dot, tensor-core
-    accumulation as SGLang's Triton MoE); GU_N 64 / DN_K 64 for I = 192 shards."""
+    Per-tensor scales: BLOCK_M 128 or 64, promotion (two dots); GU_N 64 / DN_K 64 for I = 192 shards."""
     if a2_group:
         return [
             cfg(64, 128, 1, 128, 8, 3, 8, 3, 8),
@@ -727,19 +721,12 @@ def prefill_candidates(a2_group: bool, cfg) -> list[dict]:
             cfg(64, 128, 1, 128, 8, 3, 4, 3, 8),
             cfg(128, 128, 1, 128, 8, 3, 8, 3, 8),
         ]
-    fast = [
-        cfg(128, 128, 1, 128, 8, 3, 8, 3, 8),
-        cfg(128, 128, 1, 256, 8, 3, 8, 3, 8),
-        cfg(128, 128, 1, 128, 8, 4, 8, 4, 8),
-        cfg(64, 128, 1, 256, 8, 4, 8, 4, 8),
-        dict(cfg(128, 64, 1, 128, 8, 4, 8, 4, 8), DN_K=64),
-    ]
     return [
         cfg(128, 128, 1, 128, 8, 3, 8, 3, 8),
         cfg(128, 128, 1, 128, 8, 4, 8, 4, 8),
         cfg(64, 128, 1, 128, 8, 4, 8, 4, 8),
         dict(cfg(128, 64, 1, 128, 8, 4, 8, 4, 8), DN_K=64),
-    ] + [dict(c, FAST_ACC=1) for c in fast]
+    ]
 
 
 TUNE_MAX_REL_DIFF = 1e-2  # a candidate whose output differs more from the first candidate's is dropped
@@ -824,8 +811,7 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     """Old vs new in one process for the regular decode path: the config ``op.get_config`` picks now
     (first: the tuner's accuracy reference; at T <= 16 it may be a small-T path config), the regular
     pick with programmatic dependent launches (PDL, the shipped form), then with the ranked router
-    (ROUTE), the top-k sum in the down kernel (DN_REDUCE), the one-load block exit (BLOCK_EXIT) and all
-    three, and with all three: gate/up pipeline
+    (ROUTE), the one-load block exit (BLOCK_EXIT) and both, and with both: gate/up pipeline
     depths 3 / 5, down depths 5 / 6, 128- and 256-wide down tiles (fewer, longer down programs: at
     I = 192 each 64-wide one streams only 12 KB), and with static a2 (Hy3 TP8, I = 192) the
     64-wide gate/up tiles and 64-wide down K steps of its tuned T = 64 / 128 configs."""
@@ -834,8 +820,8 @@ def route_reduce_candidates(op, t: int, k: int, e: int, h: int, i: int, mode: st
     reg = op.get_config(t, k, e, h, i, mode, a2_group, allow_small=False)
     base = dict(reg, PDL=1)
     base.pop("PREFETCH", None)
-    new = dict(base, ROUTE=1, DN_REDUCE=1, BLOCK_EXIT=1)
-    out = [cur, base, dict(base, ROUTE=1), dict(base, DN_REDUCE=1), dict(base, BLOCK_EXIT=1), new]
+    new = dict(base, ROUTE=1, BLOCK_EXIT=1)
+    out = [cur, base, dict(base, ROUTE=1), dict(base, BLOCK_EXIT=1), new]
     out += [dict(new, GU_STAGES=s) for s in (3, 5)]
     out += [dict(new, DN_STAGES=s) for s in (5, 6)]
     out += [dict(new, DN_N=128), dict(new, DN_N=256), dict(new, GU_STAGES=3, DN_STAGES=5)]
