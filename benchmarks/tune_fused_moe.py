@@ -175,7 +175,7 @@ def _stage_times(launch, w13, w2, x) -> dict:
     """µs per launch (graph replay) of one prepared ``op._Launch`` (gate/up: with split-K its launches)."""
     import torch
 
-    from hpc_advise.runtime.benchmarking import time_cuda
+    from hpc_advise.runtime.measure.harness import time_cuda
 
     out = torch.empty_like(x)
     launch.prep(x)
@@ -192,7 +192,7 @@ def _variant_stage_times(op, args: tuple, cfg: dict, w2) -> dict:
     GEMM is the ping-pong Gluon kernel (DN_GLUON: no DN_REDUCE form)."""
     import torch
 
-    from hpc_advise.runtime.benchmarking import time_cuda
+    from hpc_advise.runtime.measure.harness import time_cuda
 
     x = args[0]
     ranked = op._Launch(*args[:-1], dict(cfg, ROUTE=1))
@@ -209,7 +209,7 @@ def _variant_stage_times(op, args: tuple, cfg: dict, w2) -> dict:
 
 def _prep_time(op, args: tuple, threshold: int) -> float:
     """µs of the prep launch(es) with the multi-CTA router from ``threshold`` entries up."""
-    from hpc_advise.runtime.benchmarking import time_cuda
+    from hpc_advise.runtime.measure.harness import time_cuda
 
     saved = op.ROUTE_MULTI_MIN_ENTRIES
     op.ROUTE_MULTI_MIN_ENTRIES = threshold
@@ -318,7 +318,7 @@ def _graph_gpu_us(call) -> float:
     """GPU µs of one call from a CUDA graph: the call runs once eagerly on a side stream (with plans on,
     that records the side stream's plan), is captured on that stream (a cached plan is replayed inside
     the capture, with buffers of the graph's own) and the graph is replayed, timed with events."""
-    from hpc_advise.runtime.benchmarking import capture_graph, time_cuda
+    from hpc_advise.runtime.measure.harness import capture_graph, time_cuda
 
     graph = capture_graph(call, same_stream=True)
     return time_cuda(graph.replay, graph=False, inner=1, reps=50, warmup=3).p50
@@ -772,7 +772,7 @@ def _accurate(
 def _round_times(op, wts: dict, kw: dict, s: dict, cfg: dict, launch, whole: bool, settle: float) -> dict:
     """One round of ``prefill_tile_launches`` for one config: with ``whole`` the whole call first (graph replay after
     ``settle`` seconds of its own load), then each GEMM launch alone (``_stage_times``) in the clock state it left."""
-    from hpc_advise.runtime.benchmarking import time_cuda
+    from hpc_advise.runtime.measure.harness import time_cuda
 
     call_us = None
     if whole:
@@ -1017,7 +1017,7 @@ def small_breakdown(shapes: list[str], ts: tuple[int, ...], log=print) -> list[d
 
     from hpc_advise.kernels.fused_moe import launch_plan as LP
     from hpc_advise.kernels.fused_moe import op, op_small
-    from hpc_advise.runtime.benchmarking import rotating
+    from hpc_advise.runtime.measure.harness import rotating
 
     real, enabled = LP.launch, LP.ENABLED
     rows = []

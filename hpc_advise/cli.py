@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "notes": "hpc_advise.knowledge_base.cli:notes",
     "runs": "hpc_advise.knowledge_base.cli:runs",
     "profiles": "hpc_advise.profiles.cli:profiles",
-    "profile": "hpc_advise.runtime.profile_cli:profile",
+    "profile": "hpc_advise.runtime.measure.cli:profile",
     "trace": "hpc_advise.advisor.trace_cli:trace",
     "model": "hpc_advise.advisor.cli:model",
     "recommend": "hpc_advise.advisor.cli:recommend",

@@ -1,7 +1,7 @@
 """Shared test set-up.
 
 Triton's interpreter (``TRITON_INTERPRET=1``, used for kernel tests on CPU) has two bf16 defects in
-triton 3.5–3.7, checked here on 2026-11-29: ``tl.dot`` on bf16 operands multiplies the raw uint16
+triton 3.5–3.7: ``tl.dot`` on bf16 operands multiplies the raw uint16
 bit patterns (bf16 is stored as uint16 there), and fp32 -> bf16 casts truncate instead of rounding to
 nearest even. With numpy >= 2.4 a third one: a tensor used as a Python index (``range(0, n)`` with a
 runtime ``n``) fails, since numpy no longer converts a 1-element array to a scalar. The GPU compiler
@@ -97,6 +97,12 @@ def _patch_triton_interpreter() -> None:
 
 
 _patch_triton_interpreter()
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path_factory, monkeypatch):
+    """Every test gets its own ``HPC_ADVISE_HOME``: no test reads or writes the user's knowledge base or cache."""
+    monkeypatch.setenv("HPC_ADVISE_HOME", str(tmp_path_factory.mktemp("home")))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,7 +19,13 @@ from tabulate import tabulate
 
 from hpc_advise import paths
 from hpc_advise.knowledge_base.compare import compare, flatten
-from hpc_advise.knowledge_base.store import KnowledgeBase, KnowledgeBaseError, locked_message
+from hpc_advise.knowledge_base.store import (
+    KnowledgeBase,
+    KnowledgeBaseError,
+    damaged_message,
+    locked_message,
+    read_only_message,
+)
 
 db_option = click.option(
     "--db",
@@ -47,12 +53,18 @@ def open_kb(db_path: Path | None) -> Iterator[KnowledgeBase]:
         raise click.ClickException(str(exc)) from None
     try:
         yield kb
+    except KnowledgeBaseError as exc:
+        raise click.ClickException(str(exc)) from None
     except (KeyError, ValueError) as exc:
         raise click.ClickException(str(exc.args[0]) if exc.args else repr(exc)) from None
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise click.ClickException(locked_message(kb.path)) from None
-        raise
+        if "readonly" in str(exc) or "read-only" in str(exc):
+            raise click.ClickException(read_only_message(kb.path)) from None
+        raise click.ClickException(damaged_message(kb.path, exc)) from None
+    except sqlite3.DatabaseError as exc:
+        raise click.ClickException(damaged_message(kb.path, exc)) from None
     finally:
         kb.close()
 
@@ -409,4 +421,16 @@ def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
         return
     dup = len(ids) - new
     click.echo(f"imported {new} run(s) from {len(files)} file(s)" + (f", {dup} already present" if dup else "")
-               + (f": ids {', '.join(str(i) for i in ids)}" if ids else ""))  # fmt: skip
+               + (f": {_id_list(ids)}" if ids else ""))  # fmt: skip
+
+
+def _id_list(ids: list[int], show: int = 10) -> str:
+    """``ids 3, 4, 9`` for a few ids; ``ids 1-20000 (20000 rows)`` or the first ones and a count for many."""
+    if len(ids) <= show:
+        return "ids " + ", ".join(str(i) for i in ids)
+    ordered = sorted(set(ids))
+    if ordered[-1] - ordered[0] + 1 == len(ordered):
+        return f"ids {ordered[0]}-{ordered[-1]} ({len(ordered)} rows)"
+    return (
+        "ids " + ", ".join(str(i) for i in ordered[:show]) + f", … ({len(ordered)} rows; --json lists them)"
+    )

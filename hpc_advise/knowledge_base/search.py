@@ -1,19 +1,22 @@
 """Full-text search helpers: user query -> FTS5 MATCH expression, and date filters.
 
 Queries use a small, forgiving syntax instead of raw FTS5 (where ``fp8-per-tensor`` or ``H200:``
-would be syntax errors): words are ANDed, ``"quoted phrases"`` match in order, ``OR`` / ``NOT``
-are operators, and a trailing ``*`` is a prefix match (``decod*``). Every other character is
-quoted, so any input is a valid MATCH expression. Ranking is FTS5's bm25 (title weighted above
-body); see ``KnowledgeBase.search_notes``.
+would be syntax errors): words are ANDed, ``"quoted phrases"`` match in order, ``OR`` is an
+operator, ``NOT word`` or ``-word`` excludes notes that contain it (also as the whole query:
+``NOT flashinfer`` lists every note without it), ``title:word`` / ``body:"a phrase"`` match in one
+column only, and a trailing ``*`` is a prefix match (``decod*``). Every other character is quoted,
+so any input is a valid MATCH expression. Ranking is FTS5's bm25 (title weighted above body); see
+``KnowledgeBase.search_notes``.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import re
+from dataclasses import dataclass
 
-_TOKEN = re.compile(r'"([^"]*)"|(\S+)')
-_OPERATORS = {"OR", "NOT", "AND"}
+_TOKEN = re.compile(r'(-?)(?:(title|body):)?(?:"([^"]*)"|(\S+))')
+_OPERATORS = {"OR", "AND"}
 _RELATIVE = re.compile(r"^(\d+)([dhw])$")
 
 
@@ -21,41 +24,83 @@ def _quote(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
 
 
-def match_expression(query: str) -> str:
-    """Translate a user query into an FTS5 MATCH expression (raises ValueError if empty)."""
-    parts: list[str] = []
-    for phrase, word in _TOKEN.findall(query):
-        if phrase:
-            if phrase.strip():
-                parts.append(_quote(phrase))
-        elif word in _OPERATORS:
-            parts.append(word)
-        elif word.endswith("*") and len(word) > 1:
-            parts.append(_quote(word.rstrip("*")) + "*")
-        elif word.strip("*"):
-            parts.append(_quote(word.strip("*")))
-    # operators need operands on both sides (NOT also needs a left operand in FTS5)
-    while parts and parts[0] in _OPERATORS:
-        parts.pop(0)
-    while parts and parts[-1] in _OPERATORS:
-        parts.pop()
+@dataclass(frozen=True)
+class Query:
+    """A parsed query: ``positive`` (None: every note) minus the notes matching ``negative``."""
+
+    positive: str | None
+    negative: str | None
+
+
+def _term(column: str, phrase: str, word: str) -> str | None:
+    if phrase:
+        text = _quote(phrase) if phrase.strip() else None
+    elif word.endswith("*") and len(word.rstrip("*")) > 0:
+        text = _quote(word.rstrip("*")) + "*"
+    elif word.strip("*"):
+        text = _quote(word.strip("*"))
+    else:
+        text = None
+    if text is None:
+        return None
+    return f"{column} : {text}" if column else text
+
+
+def parse_query(query: str) -> Query:
+    """Split a user query into the FTS5 expressions to include and to exclude (ValueError if empty)."""
+    positive: list[str] = []
+    negative: list[str] = []
+    negate_next = False
+    for dash, column, phrase, word in _TOKEN.findall(query):
+        if not column and not phrase and not dash:
+            if word == "NOT":
+                negate_next = True
+                continue
+            if word in _OPERATORS:
+                positive.append(word)
+                continue
+        if dash and not column and not phrase and not word.strip("-*"):
+            continue  # a lone "-"
+        term = _term(column, phrase, word)
+        if term is None:
+            continue
+        if dash or negate_next:
+            negative.append(term)
+        else:
+            positive.append(term)
+        negate_next = False
+    # binary operators need operands on both sides
+    while positive and positive[0] in _OPERATORS:
+        positive.pop(0)
+    while positive and positive[-1] in _OPERATORS:
+        positive.pop()
     cleaned: list[str] = []
-    for part in parts:
+    for part in positive:
         if part in _OPERATORS and cleaned and cleaned[-1] in _OPERATORS:
             continue
         cleaned.append(part)
-    if not cleaned:
+    if not cleaned and not negative:
         raise ValueError(f"empty search query: {query!r}")
-    return " ".join(cleaned)
+    return Query(" ".join(cleaned) or None, " OR ".join(negative) or None)
+
+
+def match_expression(query: str) -> str:
+    """One FTS5 MATCH expression for a query with at least one positive term (ValueError otherwise)."""
+    parsed = parse_query(query)
+    if parsed.positive is None:
+        raise ValueError(f"query {query!r} only excludes: it needs a word to match")
+    if parsed.negative is None:
+        return parsed.positive
+    return f"({parsed.positive}) NOT ({parsed.negative})"
 
 
 def parse_when(text: str, *, end: bool = False, now: _dt.datetime | None = None) -> str:
-    """An ISO timestamp bound for ``created_at`` comparisons (UTC, ISO 8601 strings).
+    """An ISO 8601 timestamp bound (offset +00:00) for ``created_at`` comparisons.
 
-    Accepts ``YYYY-MM-DD``, a full ISO datetime (naive means UTC), or a relative age ``7d`` /
-    ``12h`` / ``2w`` before now. Lower bounds are inclusive (``created_at >= bound``); with
+    Accepts ``YYYY-MM-DD``, a full ISO datetime (naive means offset +00:00), or a relative age ``7d``
+    / ``12h`` / ``2w`` before now. Lower bounds are inclusive (``created_at >= bound``); with
     ``end=True`` the bound is exclusive (``created_at < bound``) and covers the whole given day or
-    second, so ``--until 2026-11-29`` includes that day.
+    second, so ``--until`` with a day includes that day.
     """
     text = text.strip()
     now = now or _dt.datetime.now(_dt.timezone.utc)

@@ -9,7 +9,7 @@ Tables: ``gpus`` (NVML facts), ``runs`` (one measurement each), ``notes`` (+ ``n
 ``note_runs``; full-text indexed by ``notes_fts``), ``traces`` (workload summaries),
 ``recommendations`` (advisor inputs/outputs and the fitted model's hash).
 
-A ``runs`` row is what ``hpc_advise.runtime.benchmarking.run_row()`` returns: kind, subject,
+A ``runs`` row is what ``hpc_advise.runtime.measure.harness.run_row()`` returns: kind, subject,
 provider, config (dict), metric, unit, p20/p50/p80, gpu, versions (dict), git_sha, command,
 created_at. Three optional keys: ``metrics`` (dict of further named values: serving imports keep
 mean/median/p99 TTFT, TPOT, ITL, E2E latency and the throughputs there, while ``metric``/``p50``
@@ -24,6 +24,7 @@ import contextlib
 import datetime as _dt
 import json
 import math
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -31,8 +32,15 @@ from pathlib import Path
 import sqlite_utils
 
 from hpc_advise import paths
-from hpc_advise.knowledge_base.migrations import MIGRATIONS, KnowledgeBaseError, SchemaError, applied, migrate
-from hpc_advise.knowledge_base.search import match_expression, parse_when
+from hpc_advise.knowledge_base.migrations import (
+    MIGRATIONS,
+    KnowledgeBaseError,
+    SchemaError,
+    applied,
+    check,
+    migrate,
+)
+from hpc_advise.knowledge_base.search import match_expression, parse_query, parse_when
 
 BUSY_TIMEOUT_S = 30.0
 TABLES = ("gpus", "runs", "notes", "note_tags", "note_runs", "traces", "recommendations")
@@ -52,8 +60,37 @@ __all__ = ["KnowledgeBase", "KnowledgeBaseError", "SchemaError"]
 
 
 def now_iso() -> str:
-    """Current UTC time as the ISO string stored in ``created_at`` columns."""
+    """The current time (offset +00:00) as the ISO string stored in ``created_at`` columns."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def damaged_message(path: Path, exc: Exception) -> str:
+    return (
+        f"{path}: damaged or not a knowledge base ({exc}); move it aside (a new one is created) "
+        "or restore it from a `kb export`"
+    )
+
+
+def read_only_message(path: Path) -> str:
+    return f"{path}: read-only (nothing written); set {paths.ENV_HOME} or pass --db with a writable place"
+
+
+def _read_only(path: Path) -> bool:
+    """True when this process may read but not write ``path`` (or create it in its folder)."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if path.exists() and not os.access(path, os.W_OK):
+        return True
+    return not os.access(folder, os.W_OK)
+
+
+def _check_integrity(conn: sqlite3.Connection) -> None:
+    """Raise ``sqlite3.DatabaseError`` when a page of the file is damaged (a valid header is not enough)."""
+    problems = [r[0] for r in conn.execute("PRAGMA quick_check(1)").fetchall()]
+    if problems != ["ok"]:
+        first = " ".join(" ".join(problems).split())
+        raise sqlite3.DatabaseError(first[:160] + ("…" if len(first) > 160 else ""))
 
 
 def locked_message(path: Path) -> str:
@@ -90,19 +127,46 @@ class KnowledgeBase:
         self.path = self.path.expanduser()
         if self.path.is_dir():
             raise SchemaError(f"{self.path}: is a directory, not a knowledge-base file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S)
+        self.read_only = _read_only(self.path)
+        if self.read_only and not self.path.exists():
+            raise KnowledgeBaseError(
+                f"{self.path}: cannot create the knowledge base: {self.path.parent} is not writable "
+                f"(set {paths.ENV_HOME} or pass --db with a writable place)"
+            )
+        try:
+            if not self.read_only:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise KnowledgeBaseError(
+                f"{self.path}: cannot create its folder ({exc.strerror}); set {paths.ENV_HOME} or pass --db"
+            ) from None
+        if self.read_only:
+            # a folder we cannot write holds no -wal/-shm we could create: read the file as it is
+            uri = "file:" + str(self.path.resolve()) + "?mode=ro&immutable=1"
+            self.conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+        else:
+            self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_S)
         try:
             self.conn.execute("PRAGMA foreign_keys = ON")
-            self.journal_mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            self.conn.execute("PRAGMA synchronous = NORMAL")
+            if self.read_only:
+                self.journal_mode = self.conn.execute("PRAGMA journal_mode").fetchone()[0]
+            else:
+                self.journal_mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                self.conn.execute("PRAGMA synchronous = NORMAL")
             self.db = sqlite_utils.Database(self.conn)
-            migrate(self.db)
+            _check_integrity(self.conn)
+            if self.read_only:
+                if len(check(self.db)) != len(MIGRATIONS):
+                    raise SchemaError(
+                        "read-only and written by an older hpc-advise: open it once where it can be written"
+                    )
+            else:
+                migrate(self.db)
         except sqlite3.DatabaseError as exc:  # includes OperationalError ("database is locked")
             self.conn.close()
             if "locked" in str(exc) or "busy" in str(exc):
                 raise KnowledgeBaseError(locked_message(self.path)) from None
-            raise SchemaError(f"{self.path}: cannot use this file as a knowledge base ({exc})") from None
+            raise SchemaError(damaged_message(self.path, exc)) from None
         except SchemaError as exc:
             self.conn.close()
             raise SchemaError(f"{self.path}: {exc}") from None
@@ -120,6 +184,8 @@ class KnowledgeBase:
     @contextlib.contextmanager
     def _write(self) -> Iterator[None]:
         """One write transaction; takes the write lock up front so the busy timeout applies."""
+        if self.read_only:
+            raise KnowledgeBaseError(read_only_message(self.path))
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -254,11 +320,17 @@ class KnowledgeBase:
         return self._rows("gpus", "SELECT * FROM gpus ORDER BY id")
 
     def add_trace(self, summary: dict, source: str) -> int:
-        """Store a trace summary (``TraceSummary.to_dict()``) and where it came from."""
+        """Store a trace summary (``TraceSummary.to_dict()``) and where it came from; the same summary of
+        the same source is stored once (its id is returned again)."""
         if not isinstance(summary, dict):
             raise ValueError("trace summary must be a dict")
         rec = {"source": str(source), "summary": _dumps(summary, "trace summary"), "created_at": now_iso()}
         with self._write():
+            hit = self.conn.execute(
+                "SELECT id FROM traces WHERE source = ? AND summary = ?", [rec["source"], rec["summary"]]
+            ).fetchone()
+            if hit:
+                return int(hit[0])
             return self._insert("traces", rec)
 
     def traces(self) -> list[dict]:
@@ -405,15 +477,28 @@ class KnowledgeBase:
         better), tags, run_ids, created_at. See ``search.match_expression`` for the query syntax.
         """
         where, params = self._note_filters(tags, since, until)
-        sql = (
-            "SELECT notes.id, notes.title, notes.created_at, "
-            "snippet(notes_fts, -1, ?, ?, '…', 16) AS snippet, "
-            "-bm25(notes_fts, 5.0, 1.0) AS score "
-            "FROM notes_fts JOIN notes ON notes.id = notes_fts.rowid "
-            "WHERE notes_fts MATCH ?"
-        )
-        sql += "".join(" AND " + w for w in where) + " ORDER BY score DESC, notes.id DESC LIMIT ?"
-        args = [highlight[0], highlight[1], match_expression(query), *params, int(limit)]
+        parsed = parse_query(query)
+        if parsed.positive is None:
+            # only exclusions: every other note, newest first (no rank without a positive match)
+            sql = (
+                "SELECT notes.id, notes.title, notes.created_at, substr(notes.body, 1, 120) AS snippet, "
+                "0.0 AS score FROM notes WHERE notes.id NOT IN "
+                "(SELECT rowid FROM notes_fts WHERE notes_fts MATCH ?)"
+            )
+            sql += (
+                "".join(" AND " + w for w in where) + " ORDER BY notes.created_at DESC, notes.id DESC LIMIT ?"
+            )
+            args = [parsed.negative, *params, int(limit)]
+        else:
+            sql = (
+                "SELECT notes.id, notes.title, notes.created_at, "
+                "snippet(notes_fts, -1, ?, ?, '…', 16) AS snippet, "
+                "-bm25(notes_fts, 5.0, 1.0) AS score "
+                "FROM notes_fts JOIN notes ON notes.id = notes_fts.rowid "
+                "WHERE notes_fts MATCH ?"
+            )
+            sql += "".join(" AND " + w for w in where) + " ORDER BY score DESC, notes.id DESC LIMIT ?"
+            args = [highlight[0], highlight[1], match_expression(query), *params, int(limit)]
         try:
             hits = [dict(r) for r in self.db.query(sql, args)]
         except sqlite3.OperationalError as exc:

@@ -4,7 +4,7 @@ One declarative list, ``RULES``: each :class:`Rule` names an op, a predicate ove
 that, when true, sends the op to the fallback, and the reason. Rules are checked in order; the first
 one that fires decides (so the reason printed is the most basic one). When none fires, our kernel runs.
 The same table answers ``hpc-advise runtime check`` and guards the SGLang plugin at start-up
-(``sglang_attention``/``sglang_moe`` raise or fall back with these reasons), so the printed table and
+(``sglang/attention.py``/``sglang/moe.py`` raise or fall back with these reasons), so the printed table and
 what runs cannot drift apart.
 
 Ops: ``decode_attention`` (paged GQA decode, the ``hpc_advise`` attention backend), ``fused_moe``
@@ -43,7 +43,7 @@ ROUTER_K_RANGE = (1024, 8192)  # hidden size (router_gemm/op.py K_RANGE)
 ROUTER_ENV = "HPC_ADVISE_ROUTER_GEMM"
 SM90 = (9, 0)
 
-# SGLang's gate module per model family (the router hook is per model; sglang_router.py).
+# SGLang's gate module per model family (the router hook is per model; sglang/router.py).
 ROUTER_GATES = {
     "hy3": "hunyuan_v3 (HYV3MoEFused.gate, fp32 ReplicatedLinear)",
     "qwen3": "qwen3_moe (Qwen3MoeSparseMoeBlock.gate, bf16 ReplicatedLinear)",

@@ -76,7 +76,7 @@ def plugin_status(sglang: str, environ: dict | None = None) -> str:
     """Whether SGLang will load our plugin: entry point installed, SGLang version, SGLANG_PLUGINS."""
     import os
 
-    from hpc_advise.runtime.sglang_plugin import NAME, SUPPORTED_SGLANG
+    from hpc_advise.runtime.sglang.plugin import NAME, SUPPORTED_SGLANG
 
     env = os.environ if environ is None else environ
     eps = [ep for ep in md.entry_points(group="sglang.srt.plugins") if ep.name == NAME]

@@ -377,7 +377,7 @@ def test_gpu_capture_graph_same_stream_replays_the_warmup_plan(shape, t):
     """benchmarking.capture_graph(same_stream=True), as the tuner's --launch-overhead times a call: the
     warm-up records the side stream's plan, the capture on that stream replays it (one record, one hit),
     and graph replays with new routing give the unplanned call's output bitwise."""
-    from hpc_advise.runtime.benchmarking import capture_graph
+    from hpc_advise.runtime.measure.harness import capture_graph
 
     w, kw, (r0, r1), (want0, want1) = _gpu_wants(shape, t)
     static = dict(x=r0["x"].clone(), w=r0["w"].clone(), ids=r0["ids"].clone())

@@ -14,12 +14,6 @@ SGLANG_BROKEN = FIXTURES / "sglang_bench_serving_broken.jsonl"
 VLLM_JSON = FIXTURES / "vllm_bench_serve.json"
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    """Never touch the user's real knowledge base."""
-    monkeypatch.setenv("HPC_ADVISE_HOME", str(tmp_path / "home"))
-
-
 @pytest.fixture
 def db_path(tmp_path) -> Path:
     return tmp_path / "kb.db"
@@ -33,7 +27,7 @@ def kb(db_path):
 
 
 def kernel_row(**over) -> dict:
-    """A row shaped like ``hpc_advise.runtime.benchmarking.run_row()`` output."""
+    """A row shaped like ``hpc_advise.runtime.measure.harness.run_row()`` output."""
     row = {
         "kind": "kernel",
         "subject": "decode_attention",

@@ -102,5 +102,5 @@ def test_foreign_sqlite_file_is_refused(db_path):
 
 def test_non_sqlite_file_is_refused(db_path):
     db_path.write_text("this is not a database, " * 100)
-    with pytest.raises(SchemaError, match="cannot use this file"):
+    with pytest.raises(SchemaError, match="damaged or not a knowledge base"):
         KnowledgeBase(db_path)

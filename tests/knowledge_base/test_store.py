@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from hpc_advise.knowledge_base.store import KnowledgeBase
-from hpc_advise.runtime.benchmarking import run_row
+from hpc_advise.runtime.measure.harness import run_row
 from tests.knowledge_base.conftest import kernel_row
 
 

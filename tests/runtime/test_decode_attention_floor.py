@@ -23,7 +23,7 @@ from hpc_advise.kernels.decode_attention import op
 from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
 from hpc_advise.runtime.benches import decode_attention as da
 from hpc_advise.runtime.benches import decode_attention_floor as fl
-from hpc_advise.runtime.benchmarking import Timing
+from hpc_advise.runtime.measure.harness import Timing
 from tests.kernels.sm90_compile import compile_sm90
 from tests.kernels.test_decode_attention import make_case
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -205,3 +207,14 @@ def test_fused_moe_reason_says_whether_launch_configs_were_tuned():
     # DeepSeek-V3 at TP1 (256 experts of width 2048): only its EP8 shard (32 local experts) was tuned
     ds = {d.op: d for d in dispatch.table(dispatch.conditions(get_model("deepseek-v3"), h200))}["fused_moe"]
     assert ds.use_ours and "no tuned launch configs for this shape" in ds.reason
+
+
+def test_docs_sample_is_what_runtime_check_prints():
+    """docs/runtime.md shows one ``runtime check`` output: the block after its ``$ hpc-advise`` line must be
+    the table this tree prints (the environment report that follows it depends on the machine)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "runtime.md").read_text(encoding="utf-8")
+    block = doc.split("\n$ hpc-advise runtime check ", 1)[1].split("\n```", 1)[0]
+    args, shown = block.split("\n", 1)
+    res = CliRunner().invoke(runtime, ["check", *shlex.split(args)])
+    assert res.exit_code == 0, res.output
+    assert res.output.split("\n\n", 1)[0] == shown

@@ -1,6 +1,6 @@
 """Expert-parallel and tensor-parallel MoE (hpc_advise.runtime.ep_moe) at world size 2.
 
-CPU: two real gloo processes (hpc_advise.runtime.dist_run, FileStore rendezvous) run every case once;
+CPU: two real gloo processes (hpc_advise.runtime.measure.dist_run, FileStore rendezvous) run every case once;
 the local experts are the torch references (the Triton interpreter is too slow for this), so:
 - with unquantized fp32 experts (``moe_float_reference``) EP and TP must equal the single-process
   layer over all experts up to fp32 summation order (REL_TOL_SUM_ORDER);
@@ -27,7 +27,7 @@ from hpc_advise.kernels.fused_moe.reference import (  # noqa: E402
     quantize_weight,
 )
 from hpc_advise.runtime import ep_moe as E  # noqa: E402
-from hpc_advise.runtime.dist_run import run_ranks  # noqa: E402
+from hpc_advise.runtime.measure.dist_run import run_ranks  # noqa: E402
 
 REL_TOL_SUM_ORDER = 1e-5  # fp32 sums in another order (and bf16 -> fp32 exact): ~1e-7 measured
 REL_TOL_QUANT_REF = 2e-2  # the fused op's documented bound (kernels/fused_moe/README.md, "Tolerances")

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from hpc_advise.runtime.benchmarking import Timing, environment, rotating, run_row, time_cuda
+from hpc_advise.runtime.measure.harness import Timing, environment, rotating, run_row, time_cuda
 
 HEAD_DIM = 128
 PAGE = 64
@@ -386,7 +386,7 @@ def copy_ceiling_tbps(sizes=COPY_SIZES) -> float:
     """The copy ceiling of the table, TB/s of bytes read + written: ``microbench.copy_ceiling`` (an elementwise
     copy kernel in a CUDA graph) over buffers far over L2. (Until 2026-11-30 it was a graph-captured ``copy_``,
     the copy engines' 2.72-2.77 TB/s, so 'of copy' read up to 157 %.)"""
-    from hpc_advise.runtime.microbench import copy_ceiling
+    from hpc_advise.runtime.measure.microbench import copy_ceiling
 
     return copy_ceiling(sizes)[0]
 

@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from hpc_advise.kernels.decode_attention.kernel import _next_segment, _range_desc, merge_duty
-from hpc_advise.runtime.benchmarking import DESIGN_COPY_TBPS
+from hpc_advise.runtime.measure.harness import DESIGN_COPY_TBPS
 
 COPY_TBPS = DESIGN_COPY_TBPS  # the floor table's fixed reference (DESIGN.md §7)
 TAIL_BLOCK = 1024  # sums the tail's waiting program adds per step
@@ -361,7 +361,7 @@ def bench_cells(
     import torch
 
     from hpc_advise.runtime.benches.decode_attention import op_constants
-    from hpc_advise.runtime.benchmarking import run_row
+    from hpc_advise.runtime.measure.harness import run_row
 
     def under(form, p, b):
         with op_constants(consts or {}):

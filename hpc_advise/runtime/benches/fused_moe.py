@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
-from hpc_advise.runtime.benchmarking import (
+from hpc_advise.runtime.measure.harness import (
     DESIGN_COPY_TBPS,
     Timing,
     environment,
@@ -254,7 +254,7 @@ def ceilings(env: dict | None = None) -> tuple[dict[str, float], list[dict]]:
     8192³, fast accumulation, after 0.1 s and after ``PREFILL_SETTLE_S`` of its own load) measured now with
     the profile's microbenchmarks. (Until 2026-11-30 the copy was a graph-captured ``copy_``, the copy
     engines' 2.71-2.77 TB/s, so '% ceiling' read 103-157 % at decode sizes.)"""
-    from hpc_advise.runtime.microbench import Case, copy_ceiling, run_case
+    from hpc_advise.runtime.measure.microbench import Case, copy_ceiling, run_case
 
     copy_tbps, copy_rows = copy_ceiling(env=env)
     fp8 = run_case(Case("gemm", "fp8", 8192, fast_accum=True), env)

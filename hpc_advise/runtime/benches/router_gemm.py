@@ -22,7 +22,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from hpc_advise.kernels.router_gemm.configs import GEMV_MAX_M
-from hpc_advise.runtime.benchmarking import environment, rotating, run_row, time_cuda
+from hpc_advise.runtime.measure.harness import environment, rotating, run_row, time_cuda
 
 SHAPES_FULL = [(192, 4096), (128, 4096), (256, 7168)]  # Hy3, Qwen3-235B, DeepSeek-V3 (N experts, K hidden)
 M_FULL = [1, 8, 32, 64, 128, 512, 2048, 8192]
@@ -61,7 +61,7 @@ def _ceilings() -> tuple[float, float, float]:
         gpu = get_gpu(name)
         return gpu.rate("copy_bw_tbps") * 1e12, gpu.rate("bf16_tflops") * 1e12, l2
     except Exception:
-        from hpc_advise.runtime.benchmarking import DESIGN_COPY_TBPS
+        from hpc_advise.runtime.measure.harness import DESIGN_COPY_TBPS
 
         return DESIGN_COPY_TBPS * 1e12, 758e12, l2  # H200 measured (shared/DESIGN.md §7)
 

@@ -1,0 +1,317 @@
+"""SGLang attention backend ``hpc_advise``: paged decode on ``hpc_advise.kernels.decode_attention``.
+
+Decode only. Select it with ``--decode-attention-backend hpc_advise --page-size 64``; SGLang then
+builds its ``HybridAttnBackend`` with this backend for decode and its own prefill backend (fa3 on
+SM90 by default, or ``--prefill-attention-backend``) for prefill/extend, so nothing of prefill runs
+here. Loaded lazily by the factory the plugin registers (``plugin.py``); imports SGLang.
+
+What it does per step:
+- metadata (once per decode step, not per layer): the page table ``[bs, max_pages]`` is gathered from
+  SGLang's ``req_to_token`` (the token slot of each page's first token, divided by the page size: the
+  token pool ``[slots, Hkv, D]`` *is* ``[pages, page_size, Hkv, D]``, read with no copy), then the
+  kernel's ``DecodePlan.update`` schedules the persistent grid on the GPU;
+- per layer: SGLang's ``set_kv_buffer`` stores the new token's K/V (with the layer's fp8 scales), then
+  ``decode_attention.run`` reads the pool pages.
+
+CUDA graphs: ``init_cuda_graph_state`` allocates one plan sized for the largest captured batch;
+``init_forward_metadata_in_graph`` (recorded in the graph) refills the page table and re-plans from the
+live ``seq_lens`` with no host sync; eager steps use their own plans, so replays and eager steps never
+share buffers. An eager batch above the kernel's per-plan limit (1024 requests) is planned and run in
+chunks; a CUDA-graph batch must fit one plan (``--cuda-graph-max-bs`` <= 1024, checked at capture). Start-up checks come from ``dispatch.py`` (the same table ``hpc-advise runtime check``
+prints) and fail with its reason instead of running a wrong or unsupported configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
+
+from hpc_advise.kernels.decode_attention import op as decode_op
+from hpc_advise.runtime import dispatch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+NAME = "hpc_advise"
+_KV_DTYPES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8_e4m3"}
+
+
+class HpcAdviseBackendError(ValueError):
+    """The hpc_advise attention backend cannot serve this configuration (the message says why)."""
+
+
+def _fail(reason: str) -> None:
+    raise HpcAdviseBackendError(
+        f"attention backend {NAME!r}: {reason}. Use another --decode-attention-backend "
+        f"(`hpc-advise runtime check --model ...` shows what runs where)."
+    )
+
+
+def _device_sm(device: str) -> tuple[tuple[int, int] | None, bool]:
+    """(compute capability or None, whether the Triton interpreter runs the kernel on CPU)."""
+    if str(device).startswith("cuda"):
+        return tuple(torch.cuda.get_device_capability()), False
+    return None, os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def heads_per_rank(model_runner) -> tuple[int, int]:
+    """(query heads, KV heads) of one attention-TP rank, as SGLang's own backends compute them."""
+    from sglang.srt.runtime_context import get_parallel
+
+    tp = get_parallel().attn_tp_size
+    cfg = model_runner.model_config
+    return cfg.num_attention_heads // tp, cfg.get_num_kv_heads(tp)
+
+
+def _dcp_size() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        return int(get_parallel().attn_dcp_size)
+    except RuntimeError:  # no published parallel config (unit tests set only attn_tp_size): no DCP
+        return 1
+
+
+def runtime_conditions(model_runner) -> dispatch.Conditions:
+    """The dispatch conditions of a live SGLang model runner."""
+    cfg = model_runner.model_config
+    q_heads, kv_heads = heads_per_rank(model_runner)
+    sm, interp = _device_sm(model_runner.device)
+    return dispatch.Conditions(
+        model=str(getattr(cfg, "model_path", "model")),
+        gpu=None,
+        sm=sm,
+        attention="mla" if getattr(model_runner, "use_mla_backend", False) else "gqa",
+        head_dim=int(cfg.head_dim),
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        kv_dtype=_KV_DTYPES.get(model_runner.kv_cache_dtype, str(model_runner.kv_cache_dtype)),
+        page_size=int(model_runner.page_size),
+        sliding_window=False,  # checked per layer (RadixAttention.sliding_window_size)
+        linear_attention=False,  # any other pool than MHATokenToKVPool is refused by the backend itself
+        attention_sinks=False,  # checked per layer by the model: sinks are passed as kwargs
+        is_moe=False,
+        quantization="bf16",
+        num_experts=0,
+        hidden_size=0,
+        moe_inter=0,
+        router_dtype="bf16",
+        router_family=None,
+        router_opt_in=False,
+        interpreter=interp,
+    )
+
+
+class HpcAdviseAttnBackend(AttentionBackend):
+    """Decode-only paged attention on our Triton kernel (see module docstring)."""
+
+    needs_cpu_seq_lens = False  # the page table and plan are built on the device from seq_lens
+
+    def __init__(self, model_runner):
+        super().__init__()
+        prefill = getattr(model_runner, "prefill_attention_backend_str", None)
+        if prefill == NAME:
+            _fail(
+                "it is a decode-only backend; select it with --decode-attention-backend hpc_advise and keep "
+                "a prefill backend (--prefill-attention-backend, default fa3 on SM90)"
+            )
+        spec = getattr(model_runner, "spec_algorithm", None)
+        if spec is not None and spec.is_speculative():
+            _fail("speculative decoding (target verify) is not supported")
+        pool = model_runner.token_to_kv_pool
+        if type(pool) is not MHATokenToKVPool:  # subclasses change the layout (page-major, fp4, mxfp8, ...)
+            _fail(
+                f"KV pool {type(pool).__name__} is not SGLang's plain MHATokenToKVPool (SWA, hybrid, "
+                "page-major and quantized pools are not supported)"
+            )
+        if _dcp_size() > 1:
+            _fail("decode context parallelism (--dcp-size > 1) is not supported")
+        if getattr(pool, "kv_cache_layout", "nhd") != "nhd":
+            _fail(f"KV layout {pool.kv_cache_layout!r}: the kernel reads the token-major NHD layout")
+        if getattr(pool, "is_quantized_kv_cache", False):
+            _fail("quantized (fp4/mxfp8) KV pools are not supported; use bf16 or fp8_e4m3 KV")
+        decision = dispatch.decide("decode_attention", runtime_conditions(model_runner))
+        if not decision.use_ours:
+            _fail(decision.reason)
+        self.q_heads, self.kv_heads = heads_per_rank(model_runner)
+        if pool.head_num != self.kv_heads or pool.head_dim != model_runner.model_config.head_dim:
+            _fail(
+                f"KV pool holds {pool.head_num} heads x {pool.head_dim}, the model expects "
+                f"{self.kv_heads} x {model_runner.model_config.head_dim} per rank"
+            )
+        if int(model_runner.model_config.context_len) > decode_op.MAX_SEQ_LEN:
+            _fail(
+                f"context length {model_runner.model_config.context_len} exceeds the kernel's "
+                f"{decode_op.MAX_SEQ_LEN}; pass --context-length {decode_op.MAX_SEQ_LEN}"
+            )
+        self.device = model_runner.device
+        self.page_size = int(model_runner.page_size)
+        self.head_dim = int(pool.head_dim)
+        self.token_to_kv_pool = pool
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.max_context_len = int(model_runner.model_config.context_len)
+        self.max_pages = -(-min(self.max_context_len, self.req_to_token.shape[1]) // self.page_size)
+        # Token-slot column of each page's first token in req_to_token (static: graph-capturable gather).
+        self._page_cols = torch.arange(self.max_pages, device=self.device, dtype=torch.int64) * self.page_size
+        self._ones = torch.ones(1, dtype=torch.float32, device=self.device)
+        # One plan holds at most the kernel's MAX_BATCH requests; larger eager batches are planned and run
+        # in chunks of this size (CUDA-graph batches must fit one plan).
+        self.max_plan_batch = decode_op.MAX_BATCH
+        self._eager_plans: list[decode_op.DecodePlan] = []
+        self._graph_plan: decode_op.DecodePlan | None = None
+        self._graph_seq_lens: torch.Tensor | None = None
+        self._checked_layers: set[int] = set()
+        self.forward_metadata = None
+
+    # --- metadata -------------------------------------------------------------------------------
+    def _fill_page_table(self, dst: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
+        """dst[b, j] = page id of request b's j-th page (garbage past its length; never read)."""
+        rows = req_pool_indices.to(torch.int64)[:, None]
+        slots = self.req_to_token[rows, self._page_cols[None, :]]
+        torch.floor_divide(slots, self.page_size, out=dst)
+
+    def _new_plan(self, max_batch: int) -> decode_op.DecodePlan:
+        if max_batch > decode_op.MAX_BATCH:
+            _fail(
+                f"batch {max_batch} exceeds the kernel's {decode_op.MAX_BATCH}; lower --cuda-graph-max-bs / "
+                "--max-running-requests"
+            )
+        ones = torch.ones(1, dtype=torch.int32, device=self.device)
+        table = torch.zeros(1, self.max_pages, dtype=torch.int32, device=self.device)
+        return decode_op.plan(
+            ones,
+            table,
+            page_size=self.page_size,
+            num_q_heads=self.q_heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            max_batch=max_batch,
+            max_pages=self.max_pages,
+            kv_dtype=getattr(self.token_to_kv_pool, "dtype", None),
+            validate=False,
+        )
+
+    def _replan(
+        self, plan: decode_op.DecodePlan, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, bs: int
+    ) -> decode_op.DecodePlan:
+        table = plan.page_table[:bs]
+        self._fill_page_table(table, req_pool_indices[:bs])
+        return plan.update(seq_lens[:bs], table, validate=False)
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch):
+        mode = forward_batch.forward_mode
+        if mode.is_idle():
+            self.forward_metadata = None
+            return
+        if not mode.is_decode():
+            _fail(f"forward mode {mode.name} reached the decode-only backend")
+        bs = forward_batch.batch_size
+        seq_lens = forward_batch.seq_lens.to(torch.int32)
+        segments = []
+        for i, start in enumerate(range(0, bs, self.max_plan_batch)):
+            end = min(bs, start + self.max_plan_batch)
+            if i == len(self._eager_plans) or self._eager_plans[i].max_batch < end - start:
+                plan = self._new_plan(min(self.max_plan_batch, max(end - start, 16)))
+                self._eager_plans[i : i + 1] = [plan]
+            plan = self._replan(
+                self._eager_plans[i],
+                seq_lens[start:end],
+                forward_batch.req_pool_indices[start:end],
+                end - start,
+            )
+            segments.append((start, end, plan))
+        self.forward_metadata = segments
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        self._graph_plan = self._new_plan(max_bs)
+        self._graph_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch, in_capture: bool = False):
+        mode = forward_batch.forward_mode
+        if not mode.is_decode_or_idle():
+            _fail(f"CUDA graphs of forward mode {mode.name} are not supported")
+        if self._graph_plan is None:
+            _fail("CUDA-graph metadata requested before init_cuda_graph_state")
+        self.forward_metadata = [(0, forward_batch.batch_size, self._graph_plan)]
+
+    def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch):
+        bs = forward_batch.batch_size
+        self._graph_seq_lens[:bs].copy_(forward_batch.seq_lens[:bs])
+        plan = self._replan(self._graph_plan, self._graph_seq_lens, forward_batch.req_pool_indices, bs)
+        self.forward_metadata = [(0, bs, plan)]
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1  # padded rows attend one token (the kernel needs lengths >= 1)
+
+    # --- forward --------------------------------------------------------------------------------
+    def _check_layer(self, layer: RadixAttention) -> None:
+        if layer.layer_id in self._checked_layers:
+            return
+        if layer.is_cross_attention:
+            _fail(f"layer {layer.layer_id} is cross-attention")
+        if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+            _fail(f"layer {layer.layer_id} has a sliding window ({layer.sliding_window_size})")
+        if layer.logit_cap and layer.logit_cap > 0:
+            _fail(f"layer {layer.layer_id} has a logit cap ({layer.logit_cap})")
+        if not layer.qk_head_dim == layer.v_head_dim == self.head_dim:
+            _fail(
+                f"layer {layer.layer_id}: qk/v head dims {layer.qk_head_dim}/{layer.v_head_dim}, "
+                f"pool {self.head_dim}"
+            )
+        if (layer.tp_q_head_num, layer.tp_k_head_num) != (self.q_heads, self.kv_heads):
+            _fail(
+                f"layer {layer.layer_id} has {layer.tp_q_head_num}/{layer.tp_k_head_num} heads, "
+                f"planned for {self.q_heads}/{self.kv_heads}"
+            )
+        self._checked_layers.add(layer.layer_id)
+
+    def _scale(self, s) -> torch.Tensor | float:
+        if s is None:
+            return 1.0
+        if isinstance(s, torch.Tensor):
+            return s.reshape(1).to(torch.float32)
+        return float(s)
+
+    def forward_decode(
+        self,
+        q,
+        k,
+        v,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+        **kwargs,
+    ):
+        if kwargs.get("sinks") is not None:
+            _fail(f"layer {layer.layer_id} passes attention sinks")
+        self._check_layer(layer)
+        if save_kv_cache and k is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer, KVWriteLoc(forward_batch.out_cache_loc), k, v, layer.k_scale, layer.v_scale
+            )
+        k_buf, v_buf = self.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        shape = (-1, self.page_size, self.kv_heads, self.head_dim)
+        k_cache, v_cache = k_buf.view(shape), v_buf.view(shape)
+        q3 = q.reshape(-1, self.q_heads, self.head_dim)
+        kw = dict(
+            k_scale=self._scale(layer.k_scale), v_scale=self._scale(layer.v_scale), sm_scale=layer.scaling
+        )
+        segments = self.forward_metadata
+        if len(segments) == 1:
+            out = decode_op.run(segments[0][2], q3, k_cache, v_cache, **kw)
+        else:
+            out = torch.empty_like(q3)
+            for start, end, plan in segments:
+                decode_op.run(plan, q3[start:end], k_cache, v_cache, out=out[start:end], **kw)
+        return out.view(-1, self.q_heads * self.head_dim)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        _fail(
+            "extend/prefill reached the decode-only backend; keep a prefill backend "
+            "(--prefill-attention-backend) and use --decode-attention-backend hpc_advise"
+        )
