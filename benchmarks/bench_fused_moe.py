@@ -14,10 +14,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
-from hpc_advise.runtime.benchmarking import write_results  # noqa: E402
+from hpc_advise.runtime.measure.harness import write_results  # noqa: E402
 
 NOTES = """\
-Timing: CUDA-graph replay (hpc_advise.runtime.benchmarking.time_cuda), p50 over the replays (16 calls
+Timing: CUDA-graph replay (hpc_advise.runtime.measure.harness.time_cuda), p50 over the replays (16 calls
 per graph for T <= 128, fewer for larger T). For T <= 128 the graph cycles through 8 random routings so
 the activated experts' weights come from HBM. For T >= 1024 every provider (and the fp8 GEMM ceiling)
 first replays untimed for 3 s: an H200 under a compute-bound load holds its 700 W power cap at ~1630
@@ -51,7 +51,7 @@ def main() -> None:
             f"\nCeilings measured in this run: copy kernel {ceil['copy_tbps']:.2f} TB/s (torch.mul(x, 1, out=) in a CUDA"
             " graph, 1 GiB bf16, bytes read + written),"
             f" fp8 GEMM {ceil['fp8_tflops']:.0f} TFLOP/s after 0.1 s and {ceil['fp8_tflops_sustained']:.0f} after {fb.PREFILL_SETTLE_S:g} s of its own load"
-            " (torch._scaled_mm 8192^3, fast accumulation; hpc_advise.runtime.microbench).\n"
+            " (torch._scaled_mm 8192^3, fast accumulation; hpc_advise.runtime.measure.microbench).\n"
             f"fbgemm: {rows[0]['versions'].get('fbgemm_status', 'not tried')}\n"
             + ("" if final else "PARTIAL: the run stopped before the whole grid was measured.\n")
             + "\n"

@@ -17,10 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc_advise.runtime.benches import router_gemm as rb  # noqa: E402
-from hpc_advise.runtime.benchmarking import results_dir, write_results  # noqa: E402
+from hpc_advise.runtime.measure.harness import results_dir, write_results  # noqa: E402
 
 NOTES = """\
-Timing: CUDA-graph replay (hpc_advise.runtime.benchmarking.time_cuda), p50 of 20 replays. Every call
+Timing: CUDA-graph replay (hpc_advise.runtime.measure.harness.time_cuda), p50 of 20 replays. Every call
 reads its own x and its own weight copy; one replay walks through enough copies to touch more than
 2x the L2 size, so x and W come from HBM (as in serving, where the rest of the forward pass evicts a
 layer's router weight between uses). cuBLAS FP32/TF32 include the x bf16->fp32 cast. floor = max(bytes
