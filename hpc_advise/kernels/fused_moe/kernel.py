@@ -12,9 +12,8 @@ Launches, in order:
                           tensor, static scale).
   2. ``_gate_up_kernel``  gate and up tiles of one expert in one program, A rows read through the
                           sorted entry ids (no gathered copy); epilogue SiLU(gate)·up + fp8 quant of
-                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1),
-                          or (OUT_MODE 2, config GU_RED) partials summed by the tile's last split.
-  3. ``_act_quant_kernel`` only for split-K without GU_RED: sums the partials, SiLU·up, fp8 quant.
+                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1).
+  3. ``_act_quant_kernel`` only for split-K: sums the partials, SiLU·up, fp8 quant.
   4. ``_down_kernel``     down GEMM over the padded intermediate; epilogue multiplies by the routing
                           weight (and routed scaling factor) and writes one bf16 row per (token, slot).
   5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16.
@@ -525,7 +524,7 @@ def _in_order(x):
 @triton.jit
 def _gate_up_tile(
     pid_n, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr, w_ptr, ws_ptr,
-    out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+    out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
     stride_wsn, w_desc,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr, A2_GROUP: tl.constexpr, OUT_MODE: tl.constexpr, EVEN_K: tl.constexpr,
@@ -534,9 +533,7 @@ def _gate_up_tile(
 ):  # fmt: skip
     """N tile pid_n (of split pid_k) of the gate/up program's block: the K loop over [k_lo, k_hi) (merged
     gate|up dot, or ``_gate_up_two_dots``), the per-tensor scales, then the epilogue (OUT_MODE 0: SiLU·up and
-    fp8 quantization of h; 1: fp32 split-K partials; 2: the partials, then the last split to arrive at the
-    tile's counter ``cnt_ptr + pid_n`` sums them and runs epilogue 0). The rest of ``_gate_up_kernel``'s
-    docstring."""
+    fp8 quantization of h; 1: fp32 split-K partials). The rest of ``_gate_up_kernel``'s docstring."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
@@ -637,20 +634,8 @@ def _gate_up_tile(
         _silu_mul_quant_store(
             g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
         )
-    elif OUT_MODE == 1:
-        _store_split_partials(g, u, out_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
     else:
-        _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
-        # the split that arrives last sums all SPLIT_K partials in split order (those of
-        # _act_quant_kernel, deterministic), then runs the fused epilogue; the others are done
-        tl.debug_barrier()  # every thread's partial store before the (gpu-scope, acq_rel) arrival
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I, ".cg")
-            tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-            _silu_mul_quant_store(
-                g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
-            )
+        _store_split_partials(g, u, out_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
 
 
 @triton.jit
@@ -682,17 +667,14 @@ def _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_o
 
 
 @triton.jit
-def _sum_split_partials(
-    part_ptr, SPLIT_K: tl.constexpr, max_padded, offs_m, offs_n, n_ok, I, CACHE: tl.constexpr
-):
-    """(gate, up): the SPLIT_K fp32 partials of rows offs_m, columns offs_n summed in split order from 0.
-    CACHE ".cg" reads through L2 (partials another CTA just wrote: never a stale L1 line)."""
+def _sum_split_partials(part_ptr, SPLIT_K: tl.constexpr, max_padded, offs_m, offs_n, n_ok, I):
+    """(gate, up): the SPLIT_K fp32 partials of rows offs_m, columns offs_n summed in split order from 0."""
     g = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
     u = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
     for s in range(0, SPLIT_K):
         base = part_ptr + (s * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
-        g += tl.load(base, mask=n_ok[None, :], other=0.0, cache_modifier=CACHE)
-        u += tl.load(base + I, mask=n_ok[None, :], other=0.0, cache_modifier=CACHE)
+        g += tl.load(base, mask=n_ok[None, :], other=0.0)
+        u += tl.load(base + I, mask=n_ok[None, :], other=0.0)
     return g, u
 
 
@@ -735,8 +717,6 @@ def _gate_up_kernel(
     w_desc=None,  # W_TMA: w13 as [E, 2, I, H], block [1, 1 (TWO_DOTS) or 2, BN, BK]
     W_SCALAR: tl.constexpr = False,
     SWAP_AB: tl.constexpr = False,
-    part_ptr=None,  # OUT_MODE 2: fp32 [SPLIT_K, P, 2I] split partials
-    count_ptr=None,  # OUT_MODE 2: int32 [>= P/BLOCK_M · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
     HALF: tl.constexpr = False,
 ):
     """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
@@ -750,9 +730,6 @@ def _gate_up_kernel(
     SWAP_AB (config GU_SWAP_AB, decode tiles): every K step's dot runs with the weight tile as the MMA's
     M side and the BLOCK_M token rows as its N side (``_prod``: wgmma at 16 rows instead of mma.sync);
     the accumulator is the transposed product, transposed back, so scales and epilogue are unchanged.
-    OUT_MODE 2 (config GU_RED with SPLIT_K > 1): split-K without the ``_act_quant_kernel`` launch: each split
-    stores its fp32 partials, and the last of the tile's SPLIT_K programs to arrive at its counter sums them
-    (split order, as that kernel) and runs the fused epilogue, then resets the counter.
     HALF (config GU_HALF; BLOCK_M 128, one tile, SPLIT_K 1, OUT_MODE 0): a block whose rows BLOCK_M/2.. are all
     padding (the last block of an expert with <= BLOCK_M/2 rows in it; its sorted entries, already in registers, say
     so: no extra load) runs the same ``_gate_up_tile`` at BLOCK_M/2 rows (half the MMA work) and stores its padding
@@ -773,9 +750,6 @@ def _gate_up_kernel(
     e = e.to(tl.int64)
     row_ok = entry < n_entries
     tok = (entry // top_k).to(tl.int64)
-    cnt_ptr = count_ptr
-    if OUT_MODE == 2:  # this block's row of (block, N tile) counters
-        cnt_ptr = count_ptr + pid_m * tl.cdiv(I, BLOCK_N)
     if HALF:
         tl.static_assert(SPLIT_K == 1 and OUT_MODE == 0 and BLOCK_M % 2 == 0)
         entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
@@ -783,7 +757,7 @@ def _gate_up_kernel(
             offs_lo = pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2)
             _gate_up_tile(
                 pid_g, pid_k, offs_lo, e, entry_lo < n_entries, (entry_lo // top_k).to(tl.int64), xq_ptr, xs_ptr,
-                a_scale_ptr, w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded,
+                a_scale_ptr, w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded,
                 stride_wn, stride_we, stride_wse, stride_wsn, w_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP,
                 W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
             )  # fmt: skip
@@ -793,7 +767,7 @@ def _gate_up_kernel(
             return
     _gate_up_tile(
         pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
-        w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+        w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
         stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K,
         TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
     )  # fmt: skip
@@ -825,7 +799,7 @@ def _act_quant_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * 128 + tl.arange(0, 128)
     n_ok = offs_n < I
-    g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I, "")
+    g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I)
     _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128, A2_GROUP)
 
 
@@ -931,7 +905,6 @@ def _down_kernel(
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
     BLOCK_EXIT: tl.constexpr = False,
     W_TMA: tl.constexpr = False,
     w_desc=None,  # W_TMA: w2 as [E, 1, H, I], block [1, 1, BLOCK_N, BLOCK_K]
@@ -946,26 +919,15 @@ def _down_kernel(
     W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
     scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products). A_TMA
     (config DN_A_TMA): the intermediate rows, contiguous in the padded order, come by TMA too.
-    PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
-    (two launches back, so complete: the launch in between let this grid start only once all its
-    programs had passed their own wait) and prefetch this tile's weights into L2.
     SWAP_AB (config DN_SWAP_AB): the weight tile (BLOCK_N rows of H) as the MMA's M side (``_prod``).
     TILES (config DN_TILES, decode): TILES adjacent H tiles of the block per program, one after the other
     (``_down_tile`` each) in a loop nest Triton flattens into one pipelined loop over (tile, K step), as
-    (op: TILES divides the H tiles; not with PREFETCH).
+    (op: TILES divides the H tiles).
     HALF (config DN_HALF, not with A_TMA): a block whose rows BLOCK_M/2.. are all padding (its sorted
     entries, already in registers, say so) runs the same tiles at BLOCK_M/2 rows (``_down_tiles``); padding rows
     store nothing in either form, so y is bitwise the full tiles'."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N) // TILES, GROUP_M)  # pid_n: tile group
-    if PREFETCH:
-        tl.static_assert(USE_PDL and TILES == 1)
-        if pid_m * BLOCK_M < tl.load(num_padded_ptr, cache_modifier=".cg"):
-            e_pf = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
-            rows_pf = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            row_ptrs = w_ptr + e_pf * stride_we + rows_pf.to(tl.int64) * stride_wn
-            for k0 in range(0, I, 128):
-                _prefetch_l2(row_ptrs + k0, rows_pf < H)
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

@@ -5,17 +5,16 @@ Every step runs on the GPU with shapes fixed by (T, k, E, H, I, config), so a ca
 a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks/tune_fused_moe.py``)
 keyed by (E, H, I, top_k, scale mode) and T (nearest tuned T within a factor 2), else
 from ``default_config``. A config holds the keys of one path: the regular path's (``REGULAR_KEYS``) or,
-with ``"PATH": "small"``, the small-T path's (op_small.py); any other key is refused. PDL / PREFETCH choose
-programmatic dependent launches and the L2 weight prefetch before each grid's wait (kernel README, "Launch
-configs"); ROUTE (the ranked router on many programs) and BLOCK_EXIT (GEMM programs exit on the block's
+with ``"PATH": "small"``, the small-T path's (op_small.py); any other key is refused (the keys are the
+fields of ``config.Config`` / ``config.SmallConfig``). PDL chooses programmatic dependent launches (kernel
+README, "Launch configs"); ROUTE (the ranked router on many programs) and BLOCK_EXIT (GEMM programs exit on the block's
 expert, one dependent load fewer) are regular-path variants; none of them changes the result. GU_SWAP_AB /
 DN_SWAP_AB run the gate/up / down GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16
 token rows; same products). DN_TILES (default 1) gives each down program that many adjacent H tiles of its
 block in one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output);
 DN_GLUON = 3 runs the down GEMM as a persistent ping-pong Gluon kernel (kernel_gluon_down.py: a TMA producer
 warp and two consumer warpgroups on alternate DN_GLUON_M x DN_N tiles, per-tensor prefill form only, SM90;
-bitwise the Triton down GEMM); GU_RED (with SPLIT_K > 1) sums the split-K partials in the gate/up kernel
-(last split to arrive) instead of the SiLU / quantization launch (bitwise the same). GU_MAXNREG (default 0:
+bitwise the Triton down GEMM). GU_MAXNREG (default 0:
 ptxas' choice) caps the gate/up kernel's registers per thread on the GPU (Triton's ``maxnreg``; the same
 arithmetic in the same order, so bitwise). GU_HALF (BLOCK_M 128, unsplit gate/up) runs the gate/up tile at
 64 rows in a block whose rows 64.. are padding only and stores those rows' h as zeros; DN_HALF the same for
@@ -31,13 +30,12 @@ quantization, down GEMM, torch weighted sum.
 from __future__ import annotations
 
 import functools
-import json
 import math
-from pathlib import Path
 
 import torch
 import triton
 
+from . import config as C
 from . import kernel as K
 from . import kernel_route as KR
 from . import launch_plan as LP
@@ -45,7 +43,6 @@ from .op_small import (
     COUNTER_SLICE,
     SMALL_T_DEFAULT,
     SMALL_T_MAX,
-    _counters,
     check_small_config,
     default_small_config,
     fused_moe_small,
@@ -64,42 +61,9 @@ INTERPRET_SMS = 2  # SMs of the CPU interpreter (the unit of a persistent grid t
 RANKED_CHUNK = 64  # entries per router program of the ranked decode router (config ROUTE = 1)
 MAXNREG_MIN = 64  # the lowest gate/up register cap accepted (config GU_MAXNREG; 4 warps at 64: 8 programs/SM)
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-CONFIG_PATH = Path(__file__).with_name("configs.json")
-CONFIG_KEYS = (
-    "BLOCK_M",
-    "GU_N",
-    "GU_K",
-    "SPLIT_K",
-    "GU_GROUP_M",
-    "GU_WARPS",
-    "GU_STAGES",
-    "DN_N",
-    "DN_K",
-    "DN_GROUP_M",
-    "DN_WARPS",
-    "DN_STAGES",
-)
-# every key the regular path takes: CONFIG_KEYS (required) and the optional launch variants of the shipped
-# configs.json entries
-REGULAR_KEYS = frozenset(CONFIG_KEYS) | {
-    "PDL",
-    "PREFETCH",
-    "ROUTE",
-    "BLOCK_EXIT",
-    "W_TMA",
-    "W_SCALAR",
-    "GU_TWO_DOTS",
-    "GU_SWAP_AB",
-    "DN_SWAP_AB",
-    "GU_RED",
-    "GU_HALF",
-    "DN_HALF",
-    "DN_TILES",
-    "DN_A_TMA",
-    "GU_MAXNREG",
-    "DN_GLUON",
-    "DN_GLUON_M",
-}
+CONFIG_PATH = C.CONFIG_PATH
+CONFIG_KEYS = tuple(k.upper() for k in C.Config.REQUIRED)  # the regular path's required keys
+REGULAR_KEYS = C.Config.keys()  # every key the regular path takes (config.Config's fields)
 
 
 class FusedMoEError(ValueError):
@@ -198,13 +162,10 @@ def default_config(
 
 @functools.lru_cache(maxsize=1)
 def _config_table() -> dict:
-    if not CONFIG_PATH.exists():
-        return {}
-    data = json.loads(CONFIG_PATH.read_text())
+    """configs.json as {(E, H, I, top_k, mode): {T: config dict}}, every entry read through config.parse."""
     table: dict = {}
-    for entry in data.get("entries", []):
-        key = (entry["E"], entry["H"], entry["I"], entry["top_k"], entry["mode"])
-        table.setdefault(key, {})[int(entry["T"])] = entry["config"]
+    for (e, h, i, k, mode, t), cfg in C.load_entries(CONFIG_PATH):
+        table.setdefault((e, h, i, k, mode), {})[t] = cfg.to_dict()
     return table
 
 
@@ -266,7 +227,6 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
     for key in (
         "PDL",
-        "PREFETCH",
         "ROUTE",
         "BLOCK_EXIT",
         "W_TMA",
@@ -275,7 +235,6 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         "DN_A_TMA",
         "GU_SWAP_AB",
         "DN_SWAP_AB",
-        "GU_RED",
         "GU_HALF",
         "DN_HALF",
     ):
@@ -336,7 +295,6 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
 # config keys the ping-pong Gluon down kernel (DN_GLUON = 3, kernel_gluon_down.py) has no form of
 GLUON_DOWN_EXCLUDES = (
     "PDL",
-    "PREFETCH",
     "DN_SWAP_AB",
     "DN_A_TMA",
     "W_SCALAR",
@@ -414,26 +372,18 @@ def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool,
 def _check_tile_forms(
     cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int
 ) -> None:
-    """check_forms' tile-shape keys: TMA rows, multi-tile down programs, GU_RED, PREFETCH and swap AB."""
+    """check_forms' tile-shape keys: TMA rows, multi-tile down programs and swap AB."""
     if (cfg.get("W_TMA", 0) or cfg.get("DN_A_TMA", 0)) and (hidden % 16 or inter % 16):
         raise FusedMoEError(
             f"W_TMA / DN_A_TMA need 16-byte rows: H and I multiples of 16, got H={hidden}, I={inter}"
         )
     # multi-tile down programs: a program takes DN_TILES adjacent H tiles of one block, so the count must
-    # divide the tiles per block; the down kernel's L2 prefetch covers one tile only
+    # divide the tiles per block
     tiles, per_block = cfg.get("DN_TILES", 1), -(-hidden // cfg["DN_N"])
     if per_block % tiles:
         raise FusedMoEError(
             f"DN_TILES={tiles} must divide the {per_block} tiles of DN_N={cfg['DN_N']} over {hidden} columns"
         )
-    # split-K summed in the gate/up kernel: its fused epilogue quantizes per 128-column group of one tile
-    if cfg.get("GU_RED", 0) and (cfg["SPLIT_K"] < 2 or (a2_group and cfg["GU_N"] != GROUP)):
-        raise FusedMoEError(
-            "GU_RED sums split-K partials in the gate/up kernel: it needs SPLIT_K > 1 and, with dynamic "
-            f"intermediate scales, GU_N == 128; got SPLIT_K={cfg['SPLIT_K']}, GU_N={cfg['GU_N']}"
-        )
-    if tiles > 1 and cfg.get("PREFETCH", 0):
-        raise FusedMoEError("DN_TILES > 1 has no L2 prefetch form (PREFETCH prefetches one tile per program)")
     # swap AB (weights as the MMA's M side) exists to reach wgmma at decode tiles: <= 32 token rows, and
     # a weight side of >= 64 rows per dot (the merged gate|up dot has 2·GU_N, separate dots GU_N)
     two_dots = not (a1_group or w_block) or cfg.get("GU_TWO_DOTS", 0)
@@ -748,12 +698,8 @@ class _Launch:
         sorted_ids=None,
         top_k=None,
         n_entries=None,
-        part=None,
-        counters=None,
     ):
-        """Gate/up GEMM: out_mode 0 fp8 h (+ group scales) into out / outs; 1 fp32 split partials into out;
-        2 (GU_RED) the partials into ``part``, summed by the tile's last split into out / outs (``counters``:
-        zeroed, one per (block, N tile))."""
+        """Gate/up GEMM: out_mode 0 fp8 h (+ group scales) into out / outs; 1 fp32 split partials into out."""
         c = self.cfg
         grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.I, c["GU_N"]), split_k)
         # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
@@ -797,8 +743,6 @@ class _Launch:
             w_desc=desc,
             W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
             SWAP_AB=bool(c.get("GU_SWAP_AB", 0)),
-            part_ptr=part,
-            count_ptr=counters,
             HALF=bool(c.get("GU_HALF", 0)) and out_mode == 0,  # fp32 outputs (moe_unfused) run full tiles
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
@@ -864,7 +808,6 @@ class _Launch:
             W_BLOCK=self.w_block,
             EVEN_K=self.I % c["DN_K"] == 0,
             USE_PDL=self.pdl,
-            PREFETCH=self.pdl and bool(c.get("PREFETCH", 0)),
             BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
             W_TMA=tma,
             w_desc=desc,
@@ -967,7 +910,7 @@ def fused_moe(
     expert_offset: int = 0,
     routed_scaling_factor: float = 1.0,
     out: torch.Tensor | None = None,
-    config: dict | None = None,
+    config: dict | C.Config | C.SmallConfig | None = None,
 ) -> torch.Tensor:
     """FP8 MoE layer: out[t] = Σ_j w_tj · s · W2_e(q(SiLU(W1_e q(x_t)) ⊙ W3_e q(x_t))), bf16 [T, H].
 
@@ -983,6 +926,8 @@ def fused_moe(
     with their own tensors (launch_plan.py; bitwise the same launches). Off with
     ``launch_plan.ENABLED = False``.
     """
+    if isinstance(config, (C.Config, C.SmallConfig)):
+        config = config.to_dict()
     args = (hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale, a2_scale)
     rest = (block_shape, expert_offset, routed_scaling_factor, out, config)
     key = _plan_key(*args, *rest) if LP.usable() else None
@@ -1138,15 +1083,8 @@ def _fused_moe_calls(
         launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1)
     else:
         part = LP.empty(split, launch.P, 2 * launch.I, dtype=torch.float32, device=hidden.device)
-        # GU_RED: the partials summed in the gate/up kernel (one counter per (block, N tile) in the stream's
-        # zeroed slice)
-        tiles = (launch.P // launch.cfg["BLOCK_M"]) * triton.cdiv(launch.I, launch.cfg["GU_N"])
-        if launch.cfg.get("GU_RED", 0) and tiles <= COUNTER_SLICE:
-            cnt = _counters(hidden.device, tiles)
-            launch.gate_up(w13, launch.inter, launch.inter_s, 2, split, part=part, counters=cnt)
-        else:  # the separate SiLU / quantization launch (bitwise the same sums)
-            launch.gate_up(w13, part, part, 1, split)
-            launch.act_quant(part, split)
+        launch.gate_up(w13, part, part, 1, split)
+        launch.act_quant(part, split)
     launch.down(w2, routed_scaling_factor)
     launch.reduce(result)
     return result

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from . import config as C
 from . import kernel_small as KS
 from . import launch_plan as LP
 from .reference import FP8
@@ -47,18 +48,8 @@ SMALL_T_MAX = 32  # one A-tile row per token: BLOCK_M = 16 up to T = 16, else 32
 SMALL_T_DEFAULT = 0
 FUSE_T_MAX = 4  # FUSE_QUANT serves T <= this (scratch: T rows per gate/up program), else runs as PRE_Q
 FUSE_MAXNREG = 128  # FUSE_QUANT gate/up with 8 warps: 65536 / (2 · 256) registers, 2 CTAs per SM
-SMALL_KEYS = ("GU_N", "GU_K", "SPLIT_K", "GU_WARPS", "GU_STAGES", "DN_N", "DN_K", "DN_WARPS", "DN_STAGES")
-# every key the small path takes: SMALL_KEYS (required) and the optional ones of the shipped configs.json entries
-SMALL_ALL_KEYS = frozenset(SMALL_KEYS) | {
-    "PATH",
-    "PRE_Q",
-    "GU_RED",
-    "DN_SPLIT",
-    "PDL",
-    "PREFETCH",
-    "FUSE_QUANT",
-    "H_GROUP",
-}
+SMALL_KEYS = tuple(k.upper() for k in C.SmallConfig.REQUIRED)  # the small path's required keys
+SMALL_ALL_KEYS = C.SmallConfig.keys()  # every key it takes (config.SmallConfig's fields and PATH)
 H_GROUPS = (GROUP, 64)  # widths of h's dynamic quantization group (config key H_GROUP, default GROUP)
 
 
