@@ -365,8 +365,8 @@ def main() -> None:
     if bad or args.world_size < 2:
         ap.error(f"unknown shapes {bad} (known: {list(SHAPES)})" if bad else "--world-size must be >= 2")
 
-    from hpc_advise.runtime.measure.harness import environment, write_results
     from hpc_advise.runtime.measure.dist_run import run_ranks
+    from hpc_advise.runtime.measure.harness import environment, write_results
 
     if not args.no_precompile:
         print(

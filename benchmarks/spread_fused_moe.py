@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
+from hpc_advise.runtime.measure.cases import fused_moe as fb  # noqa: E402
 from hpc_advise.runtime.measure.harness import capture_graph, environment, results_dir  # noqa: E402
 
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"

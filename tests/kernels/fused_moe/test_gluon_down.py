@@ -26,10 +26,10 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E402
-from tests.kernels.test_fused_moe import (  # noqa: E402
-    _seed,
+from tests.kernels.fused_moe.helpers import (  # noqa: E402
     check_graph_replay,
     device_scales,
+    fresh_seed,
     make_problem,
     run_and_check,
 )
@@ -214,7 +214,7 @@ def _pair(p, cfg, change, seed):
 def test_gpu_pingpong_bitwise_the_triton_down_hy3(t):
     """Hy3 at the pick's tiles: the shipped ping-pong pick (T = 16384) and the other ping-pong tile shapes
     bitwise the Triton down GEMM of the same tile."""
-    seed = _seed()
+    seed = fresh_seed()
     e, h, i, k = HY3
     p = make_problem(t, e, h, i, k, "tensor-static", device="cuda")
     cfg = _pick(t)
@@ -233,7 +233,7 @@ def test_gpu_pingpong_ragged_empty_experts_ep_rank_and_graph_replay():
     """Hy3 TP8 rows (I = 192: one full and one half K step): one expert takes every token, a few take three,
     the rest none, slots of another EP rank; bitwise the Triton down GEMM; an EP rank with no rows gives zeros;
     then a CUDA-graph replay with fresh routing (descriptors are launch parameters; the weights do not move)."""
-    seed = _seed()
+    seed = fresh_seed()
     t, k, e, h, i = 1024, 4, 32, 1024, 192
     ids = torch.full((t, k), -1, dtype=torch.int32, device="cuda")
     ids[:, 0] = 7
@@ -267,7 +267,7 @@ def test_gpu_pingpong_ragged_row_counts_on_two_ep_ranks_hy3_tp8():
     """Hy3 TP8 rows (I = 192) on 16 local experts of 32 (EP rank 0) with the row counts of ROW_COUNTS (slot 0),
     slot 1 on the other rank or -1: the ping-pong down over 64-row tiles, some of them padding only, is bitwise the
     Triton down GEMM; then rank 1 of the same routing (its local rows: slot 1's)."""
-    seed = _seed()
+    seed = fresh_seed()
     e, h, i, k = 16, 1024, 192, 2
     counts = torch.tensor(ROW_COUNTS)
     assert ((counts % 128 >= 1) & (counts % 128 <= 64)).sum() >= 4 and (counts == 0).sum() >= 2

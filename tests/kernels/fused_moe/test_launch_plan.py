@@ -23,7 +23,7 @@ import triton.language as tl  # noqa: E402
 
 from hpc_advise.kernels.fused_moe import launch_plan as LP  # noqa: E402
 from hpc_advise.kernels.fused_moe import op, op_small  # noqa: E402
-from tests.kernels.test_fused_moe import CPU_CFG, make_problem  # noqa: E402
+from tests.kernels.fused_moe.helpers import CPU_CFG, make_problem  # noqa: E402
 
 T, E, H, I, K = 3, 8, 256, 128, 4  # CPU sizes (interpreter)
 
@@ -289,7 +289,7 @@ GPU_POINTS = [  # (shape, T, path the tuned table sends it to)
 
 
 def _gpu_case(shape: str, t: int):
-    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.measure.cases import fused_moe as fb
 
     e, h, i, k, eg, off = fb.SHAPES[shape]
     mode = fb.MODES[shape][0]
@@ -306,7 +306,7 @@ def _gpu_call(w, kw, r, out=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,t,path", GPU_POINTS)
 def test_gpu_plan_bitwise_the_unplanned_call_at_real_shapes(shape, t, path):
-    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.measure.cases import fused_moe as fb
 
     wts, kws, routings = _gpu_case(shape, t)
     e, h, i, k, _, _ = fb.SHAPES[shape]
