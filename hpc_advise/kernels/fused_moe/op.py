@@ -132,12 +132,12 @@ def default_config(
             DN_WARPS=4,
             DN_STAGES=4,
         )
-    # prefill, as tuned on the H200 (2026-11-29, configs.json): dynamic group scales take BLOCK_M 64
+    # prefill, as tuned on the H200 (configs.json): dynamic group scales take BLOCK_M 64
     # with 8 warps for gate/up (the per-step scaled product needs a second accumulator's registers;
     # at BLOCK_M 128 it spills) and a 4-warp down kernel; per-tensor scales take BLOCK_M 64 up to ~256
     # rows per expert (each expert pads its rows up to BLOCK_M), 128 above. With dynamic scales the
     # weight tiles come by TMA with scalar block scales and 4 gate/up stages where the shape allows
-    # (W_TMA, W_SCALAR: 2-16% faster on all three block-scaled shapes at T = 1024-16384 in the 15:45 UTC
+    # (W_TMA, W_SCALAR: 2-16% faster on all three block-scaled shapes at T = 1024-16384 in the prefill-forms
     # sweep, git show 41fb96b:hpc_advise/kernels/fused_moe/TUNING_LOG.md "Prefill forms"; without block weight scales W_SCALAR changes nothing).
     block_m = 64 if a2_group or n / max(num_experts, 1) <= 256 else 128
     tma = a2_group and hidden % 16 == 0 and inter % 16 == 0
@@ -424,7 +424,7 @@ _ONES: dict[torch.device, torch.Tensor] = {}  # device -> float32 [1] = 1.0, nev
 def _one(device: torch.device) -> torch.Tensor:
     """The activation-scale argument of the dynamic modes (1.0; the kernels read no scale there): one
     tensor per device, made at the first call outside a graph capture. A per-call ``torch.ones`` cost
-    a fill launch per eager call (the H200 cProfile of 2026-11-29 16:21 UTC: ~29 µs of host time per
+    a fill launch per eager call (an H200 cProfile: ~29 µs of host time per
     call under the profiler) and a fill node in front of every captured call. Inside a capture before
     any eager call it is a fresh tensor (its fill is a node of that graph), never cached: an eager call
     would read it before the graph ever ran."""

@@ -43,7 +43,7 @@ from .reference import FP8
 GROUP = 128
 NUM_SMS_H200 = 132
 SMALL_T_MAX = 32  # one A-tile row per token: BLOCK_M = 16 up to T = 16, else 32
-# untuned shapes take the small path up to this T; 0 since the first H200 sweep (2026-11-29) measured
+# untuned shapes take the small path up to this T; 0 since the first H200 sweep measured
 # the small path slower than the regular one at every shape and T (configs.json decides per shape)
 SMALL_T_DEFAULT = 0
 FUSE_T_MAX = 4  # FUSE_QUANT serves T <= this (scratch: T rows per gate/up program), else runs as PRE_Q
@@ -120,7 +120,7 @@ def default_small_config(
     a2_group: bool = True,
     num_sms: int = NUM_SMS_H200,
 ) -> dict:
-    """Heuristic small-path config (not measured as a whole: the H200 run of 2026-11-29 timed the
+    """Heuristic small-path config (not measured as a whole: the first H200 sweep timed the
     version without PRE_Q). Inputs quantized by a launch of their own (PRE_Q), so the gate/up loop
     only streams fp8 tiles; tiles of >= 64 weight rows (the dot's M side: Hopper wgmma, fp8 straight
     from shared memory). Gate/up: 64-wide tiles (more programs), 128-wide with dynamic a2 (the
