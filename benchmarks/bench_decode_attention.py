@@ -26,7 +26,7 @@ import argparse
 import json
 
 from hpc_advise.runtime.benches import decode_attention as da
-from hpc_advise.runtime.benchmarking import write_results
+from hpc_advise.runtime.measure.harness import write_results
 
 
 def _grid_notes(args, cfg, best_fp8, by_heads) -> list[str]:

@@ -288,13 +288,13 @@ def precompile(jobs: list[tuple], workers: int = 12) -> int:
 
 
 def _p(xs: list[float]) -> tuple[float, float, float]:
-    from hpc_advise.runtime.benchmarking import _percentiles
+    from hpc_advise.runtime.measure.harness import _percentiles
 
     return _percentiles(xs)
 
 
 def to_rows(raw: list[dict], env: dict) -> tuple[list[dict], list[list]]:
-    from hpc_advise.runtime.benchmarking import Timing, run_row
+    from hpc_advise.runtime.measure.harness import Timing, run_row
 
     rows, table = [], []
     for r in raw:
@@ -365,8 +365,8 @@ def main() -> None:
     if bad or args.world_size < 2:
         ap.error(f"unknown shapes {bad} (known: {list(SHAPES)})" if bad else "--world-size must be >= 2")
 
-    from hpc_advise.runtime.benchmarking import environment, write_results
-    from hpc_advise.runtime.dist_run import run_ranks
+    from hpc_advise.runtime.measure.dist_run import run_ranks
+    from hpc_advise.runtime.measure.harness import environment, write_results
 
     if not args.no_precompile:
         print(

@@ -1,11 +1,14 @@
 """Benchmark the FP32-accurate router GEMM against cuBLAS FP32 / TF32 / BF16 and write the results table.
 
     python benchmarks/bench_router_gemm.py [--grid full|small] [--no-peers] [--tune [--tune-m 1,8]] [--no-accuracy]
+        [--ship]
 
 Writes router_gemm.md/.jsonl under benchmarks/results/ (or $OUT on the device machine). --tune first
 sweeps launch configs (for the M buckets in --tune-m, default all) and writes router_gemm_configs.json
 next to them: the package table with the tuned buckets replaced. The benchmark that follows in the same
 process uses that table (copy the file to hpc_advise/kernels/router_gemm/configs.json to keep it).
+With --ship router_gemm.jsonl is also copied into the package (hpc_advise/advisor/data/kernel_results/,
+benchmarks/ship.py); without it the advisor's data is not touched.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpc_advise.runtime.benches import router_gemm as rb  # noqa: E402
-from hpc_advise.runtime.benchmarking import results_dir, write_results  # noqa: E402
+from ship import ship  # noqa: E402  (benchmarks/ship.py, beside this script)
+
+from hpc_advise.runtime.measure.cases import router_gemm as rb  # noqa: E402
+from hpc_advise.runtime.measure.harness import results_dir, write_results  # noqa: E402
 
 NOTES = """\
-Timing: CUDA-graph replay (hpc_advise.runtime.benchmarking.time_cuda), p50 of 20 replays. Every call
+Timing: CUDA-graph replay (hpc_advise.runtime.measure.harness.time_cuda), p50 of 20 replays. Every call
 reads its own x and its own weight copy; one replay walks through enough copies to touch more than
 2x the L2 size, so x and W come from HBM (as in serving, where the rest of the forward pass evicts a
 layer's router weight between uses). cuBLAS FP32/TF32 include the x bf16->fp32 cast. floor = max(bytes
@@ -38,6 +43,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="sweep launch configs first")
     ap.add_argument("--tune-m", default=None, help="comma-separated M buckets to tune (default: all)")
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--ship", action="store_true", help="copy the jsonl into the package's kernel tables")
     args = ap.parse_args()
     if args.tune:
         out = results_dir()
@@ -52,7 +58,7 @@ def main() -> None:
         rows += acc_rows
         notes += "\nAccuracy (fresh N(0, 0.02) weights, N(0, 1) x, vs float64; top-8 vs cuBLAS FP32):\n"
         notes += "\n".join(lines) + "\n"
-    md, _ = write_results(
+    md, jl = write_results(
         rows,
         table,
         headers,
@@ -61,6 +67,8 @@ def main() -> None:
         notes=notes,
     )
     print(md.read_text())
+    if args.ship:
+        print(f"shipped {ship(jl)}")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from hpc_advise.runtime.benchmarking import run_row, write_results
+    from hpc_advise.runtime.measure.harness import run_row, write_results
 
     load_before = os.getloadavg()
     rows, table = [], []

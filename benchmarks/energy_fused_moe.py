@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spread_fused_moe import add_problem_args, bench_problem, read_smi, replay_loop, start_smi  # noqa: E402
 
-from hpc_advise.runtime.benchmarking import capture_graph, environment, results_dir  # noqa: E402
+from hpc_advise.runtime.measure.harness import capture_graph, environment, results_dir  # noqa: E402
 
 SKIP_S = 1.0  # each window's first second is not counted (the previous graph's load hands over)
 

@@ -330,11 +330,8 @@ case $1 in
         if [[ " $* " != *" --ts "* ]]; then
           [ "$part" = decode ] && args+=(--ts 1,4,16,64,128) || args+=(--ts 1024,4096,16384)
         fi
-        step "bench_fused_moe_$part" python3 benchmarks/bench_fused_moe.py "${args[@]}" "$@"
-        # the bench writes fused_moe.{md,jsonl}; the results folder keeps one table per part
-        for ext in md jsonl; do
-          [ -f "$RES/fused_moe.$ext" ] && mv "$RES/fused_moe.$ext" "$RES/fused_moe_$part.$ext"
-        done
+        # one table per part: fused_moe_decode / fused_moe_prefill
+        step "bench_fused_moe_$part" python3 benchmarks/bench_fused_moe.py --stem "fused_moe_$part" "${args[@]}" "$@"
         grep -v "^ *$" "$RES/bench_fused_moe_$part.log" | tail -30 ;;
       router_gemm)
         step bench_router_gemm python3 benchmarks/bench_router_gemm.py "$@"

@@ -16,7 +16,7 @@ import math
 
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.runtime.benches import decode_attention as da
-from hpc_advise.runtime.benchmarking import environment, run_row, write_results
+from hpc_advise.runtime.measure.harness import environment, run_row, write_results
 
 ROUNDS = 2  # 'before' timed ROUNDS times, 'now' ROUNDS + 1 times, alternating
 

@@ -4,7 +4,7 @@ few times, so that `ncu` can profile its kernels (the decode-attention and fused
     ncu --clock-control none -k regex:'gate_up|down_kernel' -c 2 --section SpeedOfLight \\
         python3 benchmarks/ncu_targets.py moe-deepseek-ep8-t16
 
-The inputs are the benchmarks' own (hpc_advise.runtime.benches: random weights and routings, a KV pool with
+The inputs are the benchmarks' own (hpc_advise.runtime.measure.cases: random weights and routings, a KV pool with
 pages scattered over it); this script times nothing itself. `--list` prints the targets.
 """
 
@@ -31,7 +31,7 @@ ATTN_TARGETS = {  # name -> (bench case, Hq, Hkv, KV dtype)
 
 
 def moe_calls(shape: str, t: int) -> list:
-    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.measure.cases import fused_moe as fb
 
     e, h, i, k, eg, _ = fb.SHAPES[shape]
     mode = fb.MODES[shape][0]

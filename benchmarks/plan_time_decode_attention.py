@@ -14,7 +14,7 @@ import argparse
 
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.runtime.benches import decode_attention as da
-from hpc_advise.runtime.benchmarking import run_row, write_results
+from hpc_advise.runtime.measure.harness import run_row, write_results
 
 
 def plan_us(mod, w: da.Workload, **cfg) -> float:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpc_advise.runtime.benches import fused_moe as fb  # noqa: E402
-from hpc_advise.runtime.benchmarking import capture_graph, environment, results_dir  # noqa: E402
+from hpc_advise.runtime.measure.cases import fused_moe as fb  # noqa: E402
+from hpc_advise.runtime.measure.harness import capture_graph, environment, results_dir  # noqa: E402
 
 SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 
@@ -63,7 +63,7 @@ def read_smi(path: Path) -> list[dict]:
 
 def fp8_gemm_tflops() -> float:
     """The profile's fp8 GEMM ceiling now (``microbench``: torch._scaled_mm 8192³, fast accumulation, 0.1 s spin)."""
-    from hpc_advise.runtime.microbench import Case, run_case
+    from hpc_advise.runtime.measure.microbench import Case, run_case
 
     return run_case(Case("gemm", "fp8", 8192, fast_accum=True))["p50"]
 

@@ -1,7 +1,7 @@
 """A second look for fp8 MoE comparisons: h = SiLU(g)·u elements so close to an e4m3 rounding midpoint
 that fp32 summation order alone decides their rounding (one fp8 step either way).
 
-Shared by tests/kernels/test_fused_moe.py (the kernel against its reference) and
+Shared by tests/kernels/fused_moe/ (the kernel against its reference) and
 tests/runtime/test_sglang_moe.py (the same kernel behind SGLang's Fp8MoEMethod). ``p`` is a MoE problem
 dict: x, w13, w2 (fp8), weights, ids, and kw with w13_scale, w2_scale, a13_scale / a2_scale (None:
 dynamic 1x128 groups) and expert_offset.

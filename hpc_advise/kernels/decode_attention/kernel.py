@@ -1291,7 +1291,7 @@ def _combine_segment(
     narrow programs with wide_merge: at most BLOCK_P participants, one step, no dead next-step code after the
     math). Without HOIST (the pre-mprol form, op.MERGE_HOIST 0, kept for the sweep and the bitwise test; sweep mprol
     measured the hoisted form with NEXT 1 on the narrow programs slower, this one 2.3 % faster on bf16 8/1 and the
-    default since, TUNING_LOG.md "Sweep mprol"): the wait first, then each step's slots, then its partials. The same values meet the same arithmetic in each form."""
+    default since, git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md "Sweep mprol"): the wait first, then each step's slots, then its partials. The same values meet the same arithmetic in each form."""
     if PDL and not HOIST:
         gdc_wait()
     bh = tl.load(merge_bh_ptr + p)

@@ -34,7 +34,7 @@ MAX_SEQ_LEN = 256 * 1024
 SCHEDULES = ("dynamic", "static")
 MAX_STATIC_SPLITS = 64
 
-# Launch configuration, chosen by measurement on an H200 (TUNING_LOG.md, "Tuning"): tokens per tile, programs
+# Launch configuration, chosen by measurement on an H200 (git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md, "Tuning"): tokens per tile, programs
 # per SM of the persistent grid, software-pipelining depth of the tile loop, warps per program.
 DEFAULT_TILE = 64
 DEFAULT_CTAS_PER_SM = 2
@@ -59,7 +59,7 @@ MERGE_BLOCKS = (16, 32, 64, 128)
 # 15 x 4K 31.2 -> 27.1, 1 x 128K + 31 x 4K 47.8 -> 43.7, fp8 8/1 1 x 128K 29.6 -> 25.2, fp8 64/8 1 x 128K 93.2
 # -> 89.5), elsewhere -0.1..-1.4 %. Sweep merge1's one launch (98a076b: [128, 64] wide tiles, 128 / 176
 # registers for the whole kernel) had been 1.8-2.6 % slower where nothing is wide; this one runs at the narrow
-# launch's 64 (MERGE_MAXNREG; TUNING_LOG.md, "Sweep merge1b").
+# launch's 64 (MERGE_MAXNREG; git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md, "Sweep merge1b").
 DEFAULT_WIDE_MERGE = False
 WIDE_MERGE_BLOCK = 128
 # Columns of D per wide merge program: [WIDE_MERGE_BLOCK, 8] fp32 tiles keep the wide path within the narrow
@@ -74,7 +74,7 @@ WIDE_MERGE_COLS = 8
 # launches), but 128 x U +0.8 / +1.0 % and 64/8 unmeasured, so the cap stays until it is timed on all 32
 # cases. Sweep split (2026-11-30 02:37 UTC, one process, the 16 bf16 cases) timed it against the cap: 8/1 -1.2 % in
 # geometric mean (128 x U +1.0 %, the default's repeat -2.0..+1.0 %), 64/8 -0.1 %: under the 2 % rule, the cap stays
-# (TUNING_LOG.md, "Sweep split"). Other merge blocks spill at 64 and run uncapped.
+# (git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md, "Sweep split"). Other merge blocks spill at 64 and run uncapped.
 MERGE_MAXNREG = 64
 # Merge programs' planner loads (segment, output row, workspace slots) before or after griddepcontrol.wait
 # (kernel._combine_segment's HOIST). 0, the form since the one launch: the wait, then per step the slots, then the
@@ -886,7 +886,7 @@ def _halves(plan: DecodePlan) -> int:
 def _register_cap(plan: DecodePlan) -> dict:
     """``maxnreg`` for the transposed kernel: registers per thread capped so that the dynamic grid's
     programs per SM fit (ptxas otherwise takes up to 255 and 2 programs of 4 warps fill an SM; offline
-    sm_90a, TUNING_LOG.md "What limits it"). Empty on CPU, for the static grid and where no cap is needed."""
+    sm_90a, git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md "What limits it"). Empty on CPU, for the static grid and where no cap is needed."""
     if plan.device.type != "cuda" or plan.static_splits or _interpreting():
         return {}
     ctas = max(1, plan.num_programs // _num_sms(plan.device))

@@ -9,22 +9,16 @@ Launches, in order:
                           expert of each BLOCK_M block), or with RANKED (config ROUTE) cdiv(n, 64)
                           programs of ``_route_ranked`` do, without atomics; the other programs quantize
                           [QROWS, G] tiles of the hidden rows to fp8 (per 1×G group, dynamic, or per
-                          tensor, static scale) and, with ZERO_OUT (DN_REDUCE), zero the output rows of
-                          tokens without a local slot.
+                          tensor, static scale).
   2. ``_gate_up_kernel``  gate and up tiles of one expert in one program, A rows read through the
                           sorted entry ids (no gathered copy); epilogue SiLU(gate)·up + fp8 quant of
-                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1),
-                          or (OUT_MODE 2, config GU_RED) partials summed by the tile's last split.
-  3. ``_act_quant_kernel`` only for split-K without GU_RED: sums the partials, SiLU·up, fp8 quant.
+                          the intermediate (OUT_MODE 0), or fp32 partial sums for split-K (OUT_MODE 1).
+  3. ``_act_quant_kernel`` only for split-K: sums the partials, SiLU·up, fp8 quant.
   4. ``_down_kernel``     down GEMM over the padded intermediate; epilogue multiplies by the routing
                           weight (and routed scaling factor) and writes one bf16 row per (token, slot).
-  5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16;
-                          with REDUCE (config DN_REDUCE) the down kernel does it (``_reduce_in_down``)
-                          and this launch is skipped.
-TILES (config GU_TILES / DN_TILES): a GEMM program computes that many adjacent N tiles of its block
-(``_gate_up_tile`` / ``_down_tile`` each) in one flattened, software-pipelined loop over (tile, K step).
-PERSIST (config GU_PERSIST / DN_PERSIST): a fixed grid of GEMM programs, each striding over the used tiles in the
-grouped order (``_persistent_tiles``) through the same kind of flattened loop.
+  5. ``_reduce_kernel``   sums the k rows of each token (skipping slots of other EP ranks) → bf16.
+TILES (config DN_TILES): a down program computes that many adjacent H tiles of its block (``_down_tile``
+each) in one flattened, software-pipelined loop over (tile, K step).
 USE_PDL (config PDL = 1, SM90+): each launch is a programmatic dependent launch whose programs wait
 (griddepcontrol.wait) for the prior grid before reading or writing anything, so only the launch
 latency and the prior grid's tail overlap.
@@ -182,41 +176,6 @@ def _route_ranked(
 
 
 @triton.jit
-def _zero_rows_without_local_slot(
-    topk_ids_ptr,  # int32 [T, k]
-    out_ptr,  # bf16 [T, H], row stride stride_out
-    q,
-    T,
-    H,
-    top_k,
-    expert_offset,
-    num_experts,
-    stride_out,
-    QROWS: tl.constexpr,
-    GROUP: tl.constexpr,
-    K_PAD: tl.constexpr,
-):
-    """Zeros for the [QROWS, GROUP] tile q of ``out`` where the token has no slot on this rank (with
-    DN_REDUCE no down program owns such a row; the reduce launch wrote its zeros before)."""
-    num_groups = tl.cdiv(H, GROUP)
-    rows = (q // num_groups) * QROWS + tl.arange(0, QROWS)
-    cols = (q % num_groups) * GROUP + tl.arange(0, GROUP)
-    offs_j = tl.arange(0, K_PAD)
-    row_ok = rows < T
-    e = tl.load(
-        topk_ids_ptr + rows[:, None].to(tl.int64) * top_k + offs_j[None, :],
-        mask=row_ok[:, None] & (offs_j < top_k)[None, :],
-        other=-1,
-    )
-    e = e - expert_offset
-    nloc = tl.sum(((e >= 0) & (e < num_experts)).to(tl.int32), axis=1)
-    none = row_ok & (nloc == 0)
-    ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
-    zeros = tl.zeros([QROWS, GROUP], dtype=out_ptr.dtype.element_ty)
-    tl.store(ptrs, zeros, mask=none[:, None] & (cols < H)[None, :])
-
-
-@triton.jit
 def _quant_rows(
     x_ptr,  # bf16 [T, H], row stride stride_x
     xq_ptr,  # fp8 [T, H]
@@ -251,9 +210,7 @@ def _quant_rows(
     tl.store(xq_ptr + rows64[:, None] * H + cols[None, :], xq.to(xq_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit(
-    do_not_specialize=["n_entries", "expert_offset", "num_experts", "max_padded", "T", "num_route", "top_k"]
-)
+@triton.jit(do_not_specialize=["n_entries", "expert_offset", "num_experts", "max_padded", "T", "num_route"])
 def _prep_kernel(
     topk_ids_ptr,
     n_entries,
@@ -272,9 +229,6 @@ def _prep_kernel(
     H,
     stride_x,
     num_route,  # router programs: 1, or cdiv(n, CHUNK) with RANKED
-    top_k,
-    out_ptr,  # bf16 [T, H] (ZERO_OUT)
-    stride_out,
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,
     ROUTE_BLK: tl.constexpr,
@@ -284,14 +238,10 @@ def _prep_kernel(
     USE_PDL: tl.constexpr = False,
     RANKED: tl.constexpr = False,
     CHUNK: tl.constexpr = 64,
-    ZERO_OUT: tl.constexpr = False,
-    K_PAD: tl.constexpr = 1,
 ):
     """Grid (num_route + cdiv(T, QROWS) · cdiv(H, GROUP),): programs [0, num_route) route (one program
     with atomic cursors, ``_route``, or with RANKED (config ROUTE = 1) cdiv(n, CHUNK) programs of
-    ``_route_ranked``); each other program quantizes one [QROWS, GROUP] tile of the hidden rows and, with
-    ZERO_OUT (config DN_REDUCE = 1), writes zeros to the same tile of ``out`` for tokens without a slot
-    on this rank."""
+    ``_route_ranked``); each other program quantizes one [QROWS, GROUP] tile of the hidden rows."""
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -332,21 +282,6 @@ def _prep_kernel(
     else:
         q = pid - num_route
         _quant_rows(x_ptr, xq_ptr, xs_ptr, a_scale_ptr, q, T, H, stride_x, QROWS, GROUP, A_GROUP)
-        if ZERO_OUT:
-            _zero_rows_without_local_slot(
-                topk_ids_ptr,
-                out_ptr,
-                q,
-                T,
-                H,
-                top_k,
-                expert_offset,
-                num_experts,
-                stride_out,
-                QROWS,
-                GROUP,
-                K_PAD,
-            )
 
 
 @triton.jit
@@ -365,27 +300,6 @@ def _tile_ids_of(pid, num_m_blocks, num_n_blocks, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % width) % size_m
     pid_n = (pid % width) // size_m
     return pid_m, pid_n
-
-
-@triton.jit
-def _persistent_tiles(num_padded_ptr, num_n_blocks, BLOCK_M: tl.constexpr):
-    """(first, end, step, used row blocks) of a persistent GEMM program's tiles (config GU_PERSIST /
-    DN_PERSIST): the used row blocks (the router's padded count, so every tile's block has an expert) ×
-    num_n_blocks column tiles in the grouped order of ``_tile_ids``, program p of a grid of G taking tiles
-    p, p + G, p + 2G, ..."""
-    num_m_used = tl.load(num_padded_ptr) // BLOCK_M
-    return tl.program_id(0), num_m_used * num_n_blocks, tl.num_programs(0), num_m_used
-
-
-@triton.jit
-def _persistent_tile(tile, num_m_used, num_n_blocks, block_expert_ptr, sorted_ids_ptr, BLOCK_M: tl.constexpr,
-                     GROUP_M: tl.constexpr):  # fmt: skip
-    """(pid_m, pid_n, offs_m, expert, sorted entry ids) of tile ``tile`` of a persistent program's loop
-    (``_persistent_tiles``)."""
-    pid_m, pid_n = _tile_ids_of(tile, num_m_used, num_n_blocks, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    return pid_m, pid_n, offs_m, e, tl.load(sorted_ids_ptr + offs_m)
 
 
 @triton.jit
@@ -458,43 +372,22 @@ def _prod(a, b, SWAP_AB: tl.constexpr):
     DN_SWAP_AB): computed as (bᵀ · aᵀ)ᵀ, so the weight tile's N (≥ 64 rows) is the MMA's M side and the
     BLOCK_M token rows its N side: at 16 rows Triton 3.6 then issues Hopper fp8 wgmma (QGMMA) with both
     operands from shared memory, where a 16-row M side gets mma.sync: every step's fp8 tile goes shared
-    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, TUNING_LOG.md
+    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, git show 41fb96b:hpc_advise/kernels/fused_moe/TUNING_LOG.md
     "Swap AB at decode tiles"). The transposes are layout changes; the products are the same."""
-    return _rows_first(_prod_issued(a, b, SWAP_AB), SWAP_AB)
-
-
-@triton.jit
-def _prod_issued(a, b, SWAP_AB: tl.constexpr):
-    """The dot of ``_prod`` as the MMA computes it: SWAP_AB gives bᵀ · aᵀ [N, M] (not transposed back), so
-    a SCALE_LAG loop can carry the raw MMA result to the next step (a transpose between the dot and the
-    loop's yield would count as a use and force the dot's wait in Triton 3.6's wgmma pipeliner)."""
     if SWAP_AB:
-        return tl.dot(tl.trans(b), tl.trans(a))
+        return tl.trans(tl.dot(tl.trans(b), tl.trans(a)))
     else:
         return tl.dot(a, b)
 
 
 @triton.jit
-def _rows_first(d, SWAP_AB: tl.constexpr):
-    """A product of ``_prod_issued`` as [M, N] (SWAP_AB: transposed back, a layout change)."""
-    if SWAP_AB:
-        return tl.trans(d)
-    else:
-        return d
-
-
-@triton.jit
-def _prod_acc(a, b, acc, BLOCK_K: tl.constexpr, FAST_ACC: tl.constexpr, SWAP_AB: tl.constexpr):
+def _prod_acc(a, b, acc, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr):
     """acc + a · b, one K step of a per-tensor-scaled GEMM (scales applied after the K loop). Default:
     the fp8 tensor-core partial sums promoted to fp32 every BLOCK_K (sm_90 otherwise keeps the whole K
     in its reduced-precision fp8 accumulator); SWAP_AB: the step's fresh product of ``_prod`` added in
     fp32, which is what the promotion does (the accumulator handed to a swapped dot, transposed each
-    step, broke Triton 3.6's sm_90 pipeliner: "operand does not dominate this use"). FAST_ACC (config
-    key): the tensor cores' own fp8 accumulation over the whole K."""
-    if FAST_ACC:
-        tl.static_assert(not SWAP_AB)  # op refuses FAST_ACC with the swap
-        return tl.dot(a, b, acc)
-    elif SWAP_AB:
+    step, broke Triton 3.6's sm_90 pipeliner: "operand does not dominate this use")."""
+    if SWAP_AB:
         return acc + _prod(a, b, True)
     else:
         return tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
@@ -568,37 +461,18 @@ def _gate_up_two_dots(
     A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     SWAP_AB: tl.constexpr,
-    LAG: tl.constexpr = False,
 ):
     """Separate gate and up dots (config GU_TWO_DOTS; always for per-tensor weights with a static a13
-    scale unless FAST_ACC): the fp32 accumulators of a BLOCK_M = 128 tile fit beside one dot's fresh
+    scale): the fp32 accumulators of a BLOCK_M = 128 tile fit beside one dot's fresh
     partial product, where the merged N = 2·BLOCK_N dot's partial does not.
     Per-tensor: the fp8 partial sums are promoted to fp32 once per dot, i.e. every BLOCK_K (128, or 256
     with GU_K = 256). Group/block scales (BLOCK_K <= 128): each step's product is scaled by the row's
     activation group scale and the gate / up rows' weight block scale (a scalar each: the tile's
     columns lie in one 128-row group), scales loaded one step ahead. W_TMA: weight tiles by TMA
     (``_w_tile``, halves 0 / 1 of expert e32). SWAP_AB: each dot with the weights as the MMA's M side
-    (``_prod``).
-    LAG (config SCALE_LAG; 2: with the ``_in_order`` pin, device builds): the up product of step k is scaled
-    and added in step k + 1, after the gate dot and before the next up dot is issued (the last one after the
-    loop), carried as the raw MMA result. Triton 3.6's sm_90 pipeliner then leaves the up dot in flight across
-    the loop's back edge (no wait after it) while the gate product is scaled, and the next gate dot's
-    `wgmma.wait_group 0` retires it: one wait per K step instead of two (TUNING_LOG.md "Scale lag"). Same products,
-    same multiplications, same additions in the same order: bitwise the form without it
-    (``_lagged_scale_add``). Per-tensor (no group / block scales): the up dot's fresh fp32 partial over the
-    K step is added a step later, unscaled — the add that Triton's promotion
-    (``max_num_imprecise_acc=BLOCK_K``) makes at once; the gate's fresh partial is added in its own step,
-    the same add (the GPU tests check the lag bitwise the promoted two-dot form)."""
+    (``_prod``)."""
     g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if LAG:
-        # the previous step's up product as issued ([BLOCK_N, BLOCK_M] swapped) and its two scales
-        if SWAP_AB:
-            pu = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        else:
-            pu = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        psa = tl.zeros([BLOCK_M], dtype=tl.float32)
-        psw = 0.0
     if A_GROUP:
         sa = tl.load(sa_ptrs + k_lo // 128, mask=row_ok, other=0.0)
     if W_BLOCK:
@@ -611,16 +485,9 @@ def _gate_up_two_dots(
         bu = _w_step_tile(
             w_ptrs + up_offset, n_ok, k0, offs_k, H, w_desc, e32, 1, n0, 1, BLOCK_N, BLOCK_K, W_TMA, EVEN_K
         )
-        if A_GROUP or W_BLOCK or LAG:
+        if A_GROUP or W_BLOCK:
             kn = tl.minimum(k0 + BLOCK_K, H - 1) // 128
             dg = _prod(a, bg, SWAP_AB)
-            if LAG:
-                # the previous step's up product first (the gate dot's wait retired it; its registers are
-                # free before the next up dot's), then this step's up dot, in flight while dg is scaled
-                u = _lagged_scale_add(u, pu, psa, psw, A_GROUP, W_BLOCK, SWAP_AB)
-                if LAG == 2:
-                    u = _in_order(u)
-                pu = _prod_issued(a, bu, SWAP_AB)
             if A_GROUP:
                 sa_next = tl.load(sa_ptrs + kn, mask=row_ok, other=0.0)
                 dg = dg * sa[:, None]
@@ -629,30 +496,18 @@ def _gate_up_two_dots(
                 dg = dg * swg
                 swg = swg_next
             g += dg
-            if LAG:
-                # this step's scales for its up product, read again (L1 hits: the gate's one-step-ahead loads
-                # read them last step). Carried on from sa / swu instead, a value loaded two steps before its
-                # use, Triton 3.6's pipeliner left the whole loop unpipelined (sm_90a TTGIR: no multi-buffering)
-                if A_GROUP:
-                    psa = tl.load(sa_ptrs + k0 // 128, mask=row_ok, other=0.0)
-                    sa = sa_next
-                if W_BLOCK:
-                    psw = tl.load(swu_ptr + k0 // 128)
-            else:
-                du = _prod(a, bu, SWAP_AB)
-                if A_GROUP:
-                    du = du * sa[:, None]
-                    sa = sa_next
-                if W_BLOCK:
-                    swu_next = tl.load(swu_ptr + kn)
-                    du = du * swu
-                    swu = swu_next
-                u += du
+            du = _prod(a, bu, SWAP_AB)
+            if A_GROUP:
+                du = du * sa[:, None]
+                sa = sa_next
+            if W_BLOCK:
+                swu_next = tl.load(swu_ptr + kn)
+                du = du * swu
+                swu = swu_next
+            u += du
         else:
-            g = _prod_acc(a, bg, g, BLOCK_K, False, SWAP_AB)
-            u = _prod_acc(a, bu, u, BLOCK_K, False, SWAP_AB)
-    if LAG:  # the last step's up product
-        u = _lagged_scale_add(u, pu, psa, psw, A_GROUP, W_BLOCK, SWAP_AB)
+            g = _prod_acc(a, bg, g, BLOCK_K, SWAP_AB)
+            u = _prod_acc(a, bu, u, BLOCK_K, SWAP_AB)
     return g, u
 
 
@@ -662,39 +517,23 @@ def _in_order(x):
     program order, so the arithmetic that produces x stays ahead of the wgmma issued next. Without it LLVM
     sank a lagged product's scale math past the next up dot, both products' registers were live at once,
     the loop's back edge copied the in-flight accumulator, and ptxas serialized every wgmma of the loop
-    (C7514, sm_90a). Device builds only (SCALE_LAG 2): the interpreter runs no inline PTX."""
+    (C7514, sm_90a). Device builds only: the interpreter runs no inline PTX."""
     return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _lagged_scale_add(acc, p, psa, psw, A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr):
-    """acc + the previous K step's product ``p`` (as issued, ``_prod_issued``) times its rows' activation
-    group scales ``psa`` (A_GROUP) and then its weight block scale ``psw`` (W_BLOCK, a scalar): the
-    multiplications of the unlagged step in its order, so the sum is bitwise the same. Before the first
-    step p, psa and psw are zeros: acc + 0 · 0 leaves the zero accumulator a zero."""
-    d = _rows_first(p, SWAP_AB)
-    if A_GROUP:
-        d = d * psa[:, None]
-    if W_BLOCK:
-        d = d * psw
-    return acc + d
 
 
 @triton.jit
 def _gate_up_tile(
     pid_n, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr, w_ptr, ws_ptr,
-    out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+    out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
     stride_wsn, w_desc,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr, A2_GROUP: tl.constexpr, OUT_MODE: tl.constexpr, EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr, TWO_DOTS: tl.constexpr, W_TMA: tl.constexpr, W_SCALAR: tl.constexpr,
-    SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, LAG: tl.constexpr,
+    TWO_DOTS: tl.constexpr, W_TMA: tl.constexpr, W_SCALAR: tl.constexpr,
+    SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """N tile pid_n (of split pid_k) of the gate/up program's block: the K loop over [k_lo, k_hi) (merged
     gate|up dot, or ``_gate_up_two_dots``), the per-tensor scales, then the epilogue (OUT_MODE 0: SiLU·up and
-    fp8 quantization of h; 1: fp32 split-K partials; 2: the partials, then the last split to arrive at the
-    tile's counter ``cnt_ptr + pid_n`` sums them and runs epilogue 0). The rest of ``_gate_up_kernel``'s
-    docstring."""
+    fp8 quantization of h; 1: fp32 split-K partials). The rest of ``_gate_up_kernel``'s docstring."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < I
     offs_k = tl.arange(0, BLOCK_K)
@@ -705,7 +544,6 @@ def _gate_up_tile(
     k_hi = tl.minimum(k_lo + k_span, H)
 
     if TWO_DOTS:
-        tl.static_assert(not FAST_ACC)
         wg_ptrs = w_ptr + e * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         sw_base = ws_ptr + e * stride_wse  # W_BLOCK: BLOCK_N = 128 and I % 128 == 0 (op checks)
         g, u = _gate_up_two_dots(
@@ -732,10 +570,8 @@ def _gate_up_tile(
             A_GROUP,
             W_BLOCK,
             SWAP_AB,
-            LAG,
         )
     else:
-        tl.static_assert(not LAG)  # op: SCALE_LAG runs the two-dot form
         offs_j = tl.arange(0, 2 * BLOCK_N)
         col = pid_n * BLOCK_N + offs_j % BLOCK_N  # column of I (gate half, then up half)
         j_ok = col < I
@@ -783,7 +619,7 @@ def _gate_up_tile(
                     swu = swu_next
                 acc += d
             else:
-                acc = _prod_acc(a, b, acc, BLOCK_K, FAST_ACC, SWAP_AB)
+                acc = _prod_acc(a, b, acc, BLOCK_K, SWAP_AB)
         g, u = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N]), [0, 2, 1]))
     if not A_GROUP:
         sa_t = tl.load(a_scale_ptr)
@@ -798,20 +634,8 @@ def _gate_up_tile(
         _silu_mul_quant_store(
             g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
         )
-    elif OUT_MODE == 1:
-        _store_split_partials(g, u, out_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
     else:
-        _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
-        # the split that arrives last sums all SPLIT_K partials in split order (those of
-        # _act_quant_kernel, deterministic), then runs the fused epilogue; the others are done
-        tl.debug_barrier()  # every thread's partial store before the (gpu-scope, acq_rel) arrival
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I, ".cg")
-            tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-            _silu_mul_quant_store(
-                g, u, offs_m, offs_n, out_ptr, outs_ptr, a2_scale_ptr, I, pid_n, BLOCK_N, A2_GROUP
-            )
+        _store_split_partials(g, u, out_ptr, pid_k, max_padded, offs_m, offs_n, n_ok, I)
 
 
 @triton.jit
@@ -843,17 +667,14 @@ def _store_split_partials(g, u, part_ptr, pid_k, max_padded, offs_m, offs_n, n_o
 
 
 @triton.jit
-def _sum_split_partials(
-    part_ptr, SPLIT_K: tl.constexpr, max_padded, offs_m, offs_n, n_ok, I, CACHE: tl.constexpr
-):
-    """(gate, up): the SPLIT_K fp32 partials of rows offs_m, columns offs_n summed in split order from 0.
-    CACHE ".cg" reads through L2 (partials another CTA just wrote: never a stale L1 line)."""
+def _sum_split_partials(part_ptr, SPLIT_K: tl.constexpr, max_padded, offs_m, offs_n, n_ok, I):
+    """(gate, up): the SPLIT_K fp32 partials of rows offs_m, columns offs_n summed in split order from 0."""
     g = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
     u = tl.zeros([offs_m.shape[0], offs_n.shape[0]], dtype=tl.float32)
     for s in range(0, SPLIT_K):
         base = part_ptr + (s * max_padded + offs_m.to(tl.int64))[:, None] * (2 * I) + offs_n[None, :]
-        g += tl.load(base, mask=n_ok[None, :], other=0.0, cache_modifier=CACHE)
-        u += tl.load(base + I, mask=n_ok[None, :], other=0.0, cache_modifier=CACHE)
+        g += tl.load(base, mask=n_ok[None, :], other=0.0)
+        u += tl.load(base + I, mask=n_ok[None, :], other=0.0)
     return g, u
 
 
@@ -889,7 +710,6 @@ def _gate_up_kernel(
     A2_GROUP: tl.constexpr,
     OUT_MODE: tl.constexpr,
     EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr,
     TWO_DOTS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
     BLOCK_EXIT: tl.constexpr = False,
@@ -897,37 +717,19 @@ def _gate_up_kernel(
     w_desc=None,  # W_TMA: w13 as [E, 2, I, H], block [1, 1 (TWO_DOTS) or 2, BN, BK]
     W_SCALAR: tl.constexpr = False,
     SWAP_AB: tl.constexpr = False,
-    TILES: tl.constexpr = 1,
-    part_ptr=None,  # OUT_MODE 2: fp32 [SPLIT_K, P, 2I] split partials
-    count_ptr=None,  # OUT_MODE 2: int32 [>= P/BLOCK_M · cdiv(I, BLOCK_N)] arrival counters, 0 before and after
-    SCALE_LAG: tl.constexpr = False,
-    PERSIST: tl.constexpr = False,
     HALF: tl.constexpr = False,
 ):
-    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N) / TILES, SPLIT_K), or with PERSIST (G,). One program: BLOCK_M sorted rows × BLOCK_N columns
+    """Grid (P/BLOCK_M · cdiv(I, BLOCK_N), SPLIT_K). One program: BLOCK_M sorted rows × BLOCK_N columns
     of gate *and* up as ONE dot against a [BLOCK_K, 2·BLOCK_N] weight tile (w13 rows n.. then I + n..):
     the A tile is read from shared memory once per K step and the tensor cores get one N = 2·BLOCK_N
     instruction stream; the acc is split into gate and up for the epilogue. TWO_DOTS: see
-    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion, not FAST_ACC). W_TMA (config key): the
+    ``_gate_up_two_dots`` (per-tensor scales, fp32 promotion). W_TMA (config key): the
     weight tiles come by TMA from ``w_desc`` (the gathered A rows stay pointer loads). W_SCALAR (config
     key, block scales): the weight scale of each tile half is a scalar per K step (op checks that the
     halves lie in one 128-row group), not a per-column vector (fewer registers; same products).
     SWAP_AB (config GU_SWAP_AB, decode tiles): every K step's dot runs with the weight tile as the MMA's
     M side and the BLOCK_M token rows as its N side (``_prod``: wgmma at 16 rows instead of mma.sync);
     the accumulator is the transposed product, transposed back, so scales and epilogue are unchanged.
-    TILES (config GU_TILES, decode): the program computes TILES adjacent N tiles of its block, one after
-    the other (``_gate_up_tile`` each, same code), in one loop nest that Triton flattens into a single
-    software-pipelined loop over (tile, K step) (``tl.range(flatten=True)``): the next tile's first
-    weight tiles are in flight during the current tile's last K steps and epilogue, where separate
-    programs each fill their pipeline from empty; the grid shrinks by TILES.
-    OUT_MODE 2 (config GU_RED with SPLIT_K > 1): split-K without the ``_act_quant_kernel`` launch: each split
-    stores its fp32 partials, and the last of the tile's SPLIT_K programs to arrive at its counter sums them
-    (split order, as that kernel) and runs the fused epilogue, then resets the counter.
-    SCALE_LAG (config key, group/block scales, with TWO_DOTS): each step's up product is scaled one step
-    later, so its wgmma stays in flight while the scale math runs (``_gate_up_two_dots``; bitwise).
-    PERSIST (config GU_PERSIST, SPLIT_K 1, one tile per step of the loop): a grid of G programs (a few per SM)
-    that each take the used tiles p, p + G, ... in the grouped order (``_persistent_tiles``), one
-    ``_gate_up_tile`` each, in one flattened pipelined loop over (tile, K step) as with TILES.
     HALF (config GU_HALF; BLOCK_M 128, one tile, SPLIT_K 1, OUT_MODE 0): a block whose rows BLOCK_M/2.. are all
     padding (the last block of an expert with <= BLOCK_M/2 rows in it; its sorted entries, already in registers, say
     so: no extra load) runs the same ``_gate_up_tile`` at BLOCK_M/2 rows (half the MMA work) and stores its padding
@@ -936,68 +738,39 @@ def _gate_up_kernel(
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if PERSIST:
-        tl.static_assert(TILES == 1 and SPLIT_K == 1 and OUT_MODE == 0)
-        num_n = tl.cdiv(I, BLOCK_N)
-        first, end, step, num_m_used = _persistent_tiles(num_padded_ptr, num_n, BLOCK_M)
-        for tile in tl.range(first, end, step, flatten=True):
-            pid_m, pid_n, offs_m, e, entry = _persistent_tile(
-                tile, num_m_used, num_n, block_expert_ptr, sorted_ids_ptr, BLOCK_M, GROUP_M
+    num_m_blocks = max_padded // BLOCK_M
+    pid_m, pid_g = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N), GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    e, entry = _block_rows(
+        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+    )
+    if e < 0:
+        return
+    e = e.to(tl.int64)
+    row_ok = entry < n_entries
+    tok = (entry // top_k).to(tl.int64)
+    if HALF:
+        tl.static_assert(SPLIT_K == 1 and OUT_MODE == 0 and BLOCK_M % 2 == 0)
+        entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
+        if tl.max((entry_hi < n_entries).to(tl.int32), axis=0) == 0:  # rows BLOCK_M/2.. all padding
+            offs_lo = pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2)
+            _gate_up_tile(
+                pid_g, pid_k, offs_lo, e, entry_lo < n_entries, (entry_lo // top_k).to(tl.int64), xq_ptr, xs_ptr,
+                a_scale_ptr, w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded,
+                stride_wn, stride_we, stride_wse, stride_wsn, w_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP,
+                W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+            )  # fmt: skip
+            _zero_rows_store(
+                offs_lo + BLOCK_M // 2, pid_g, out_ptr, outs_ptr, a2_scale_ptr, I, BLOCK_N, A2_GROUP
             )
-            _gate_up_tile(
-                pid_n, 0, offs_m, e, entry < n_entries, (entry // top_k).to(tl.int64), xq_ptr, xs_ptr, a_scale_ptr,
-                w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, count_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
-                stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
-                TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
-            )  # fmt: skip
-    else:
-        num_m_blocks = max_padded // BLOCK_M
-        # TILES > 1 (config GU_TILES): program = TILES adjacent N tiles of one block (op: TILES divides them)
-        pid_m, pid_g = _tile_ids(num_m_blocks, tl.cdiv(I, BLOCK_N) // TILES, GROUP_M)
-        pid_k = tl.program_id(1)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        e, entry = _block_rows(
-            block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
-        )
-        if e < 0:
             return
-        e = e.to(tl.int64)
-        row_ok = entry < n_entries
-        tok = (entry // top_k).to(tl.int64)
-        cnt_ptr = count_ptr
-        if OUT_MODE == 2:  # this block's row of (block, N tile) counters
-            cnt_ptr = count_ptr + pid_m * tl.cdiv(I, BLOCK_N)
-        if TILES == 1:
-            if HALF:
-                tl.static_assert(SPLIT_K == 1 and OUT_MODE == 0 and BLOCK_M % 2 == 0)
-                entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
-                if tl.max((entry_hi < n_entries).to(tl.int32), axis=0) == 0:  # rows BLOCK_M/2.. all padding
-                    offs_lo = pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2)
-                    _gate_up_tile(
-                        pid_g, pid_k, offs_lo, e, entry_lo < n_entries, (entry_lo // top_k).to(tl.int64), xq_ptr, xs_ptr,
-                        a_scale_ptr, w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded,
-                        stride_wn, stride_we, stride_wse, stride_wsn, w_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP,
-                        W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC, TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
-                        SCALE_LAG,
-                    )  # fmt: skip
-                    _zero_rows_store(
-                        offs_lo + BLOCK_M // 2, pid_g, out_ptr, outs_ptr, a2_scale_ptr, I, BLOCK_N, A2_GROUP
-                    )
-                    return
-            _gate_up_tile(
-                pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
-                w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
-                stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
-                TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
-            )  # fmt: skip
-        else:
-            for t in tl.range(0, TILES, flatten=True):
-                _gate_up_tile(
-                    pid_g * TILES + t, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
-                    w_ptr, ws_ptr, out_ptr, outs_ptr, part_ptr, cnt_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
-                    stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K, FAST_ACC,
-                    TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB, SCALE_LAG,
-                )  # fmt: skip
+    _gate_up_tile(
+        pid_g, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr,
+        w_ptr, ws_ptr, out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,
+        stride_wsn, w_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, A2_GROUP, OUT_MODE, EVEN_K,
+        TWO_DOTS, W_TMA, W_SCALAR, SPLIT_K, SWAP_AB,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["max_padded"])
@@ -1026,21 +799,20 @@ def _act_quant_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * 128 + tl.arange(0, 128)
     n_ok = offs_n < I
-    g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I, "")
+    g, u = _sum_split_partials(part_ptr, SPLIT_K, max_padded, offs_m, offs_n, n_ok, I)
     _silu_mul_quant_store(g, u, offs_m, offs_n, inter_ptr, inter_s_ptr, a2_scale_ptr, I, pid_n, 128, A2_GROUP)
 
 
 @triton.jit
 def _down_tile(
     pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-    stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, w_desc, a_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr, REDUCE: tl.constexpr, K_PAD: tl.constexpr, W_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
     W_SCALAR: tl.constexpr, A_TMA: tl.constexpr, SWAP_AB: tl.constexpr,
 ):  # fmt: skip
     """H tile pid_n of the down program's block pid_m (expert e, sorted entries ``entry``): the K loop over I,
-    the routing-weight epilogue and the bf16 row store (REDUCE: then the top-k sum). The rest of
+    the routing-weight epilogue and the bf16 row store. The rest of
     ``_down_kernel``'s docstring."""
     rows64 = offs_m.to(tl.int64)
     row_ok = entry < n_entries
@@ -1086,7 +858,7 @@ def _down_tile(
                 sw = sw_next
             acc += d
         else:
-            acc = _prod_acc(a, b, acc, BLOCK_K, FAST_ACC, SWAP_AB)
+            acc = _prod_acc(a, b, acc, BLOCK_K, SWAP_AB)
     scale = tl.load(topk_w_ptr + entry, mask=row_ok, other=0.0) * routed_scaling
     if not A_GROUP:
         scale = scale * tl.load(a2_scale_ptr)
@@ -1095,25 +867,6 @@ def _down_tile(
     acc = acc * scale[:, None]
     y_ptrs = y_ptr + entry.to(tl.int64)[:, None] * H + offs_n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
-    if REDUCE:
-        _reduce_in_down(
-            y_ptr,
-            count_ptr,
-            topk_ids_ptr,
-            out_ptr,
-            entry,
-            row_ok,
-            offs_n,
-            n_ok,
-            pid_n,
-            tl.cdiv(H, BLOCK_N),
-            H,
-            stride_out,
-            top_k,
-            expert_offset,
-            num_experts,
-            K_PAD,
-        )
 
 
 @triton.jit(
@@ -1122,10 +875,6 @@ def _down_tile(
         "max_padded",
         "stride_wse",
         "stride_wsn",
-        "top_k",
-        "expert_offset",
-        "num_experts",
-        "stride_out",
     ]
 )
 def _down_kernel(
@@ -1148,13 +897,6 @@ def _down_kernel(
     stride_wn,
     stride_wse,
     stride_wsn,
-    count_ptr,  # REDUCE: int32 [>= T · cdiv(H, BLOCK_N)] arrival counters, 0 before and after
-    topk_ids_ptr,  # REDUCE: int32 [T, k]
-    out_ptr,  # REDUCE: bf16 [T, H], row stride stride_out
-    stride_out,
-    top_k,
-    expert_offset,
-    num_experts,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -1162,11 +904,7 @@ def _down_kernel(
     A_GROUP: tl.constexpr,
     W_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr,
     USE_PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
-    REDUCE: tl.constexpr = False,
-    K_PAD: tl.constexpr = 1,
     BLOCK_EXIT: tl.constexpr = False,
     W_TMA: tl.constexpr = False,
     w_desc=None,  # W_TMA: w2 as [E, 1, H, I], block [1, 1, BLOCK_N, BLOCK_K]
@@ -1175,89 +913,54 @@ def _down_kernel(
     a_desc=None,  # A_TMA: the intermediate [P, I], block [BLOCK_M, BLOCK_K]
     SWAP_AB: tl.constexpr = False,
     TILES: tl.constexpr = 1,
-    PERSIST: tl.constexpr = False,
     HALF: tl.constexpr = False,
 ):
-    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N) / TILES,), or with PERSIST (G,): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
+    """Grid (P/BLOCK_M · cdiv(H, BLOCK_N) / TILES,): y[entry] = w_entry · scaling · (h_entry · W2ᵀ).
     W_TMA (config key): weight tiles by TMA from ``w_desc`` (``_w_tile``). W_SCALAR (config key, block
     scales, BLOCK_N <= 128): the tile's weight scale is one scalar per K step (same products). A_TMA
     (config DN_A_TMA): the intermediate rows, contiguous in the padded order, come by TMA too.
-    PREFETCH (with USE_PDL): before waiting for the gate/up grid, read the routing of the prep launch
-    (two launches back, so complete: the launch in between let this grid start only once all its
-    programs had passed their own wait) and prefetch this tile's weights into L2.
-    REDUCE (config DN_REDUCE = 1): the top-k sum without the reduce launch — see ``_reduce_in_down``.
     SWAP_AB (config DN_SWAP_AB): the weight tile (BLOCK_N rows of H) as the MMA's M side (``_prod``).
     TILES (config DN_TILES, decode): TILES adjacent H tiles of the block per program, one after the other
     (``_down_tile`` each) in a loop nest Triton flattens into one pipelined loop over (tile, K step), as
-    ``_gate_up_kernel``'s GU_TILES (op: TILES divides the H tiles; not with PREFETCH).
-    PERSIST (config DN_PERSIST): G programs, each taking the used tiles p, p + G, ... in the grouped order
-    (``_persistent_tiles``) in one flattened pipelined loop, as ``_gate_up_kernel``'s GU_PERSIST (op: not
-    with TILES > 1, PREFETCH or REDUCE).
-    HALF (config DN_HALF, not with PERSIST or A_TMA): a block whose rows BLOCK_M/2.. are all padding (its sorted
+    (op: TILES divides the H tiles).
+    HALF (config DN_HALF, not with A_TMA): a block whose rows BLOCK_M/2.. are all padding (its sorted
     entries, already in registers, say so) runs the same tiles at BLOCK_M/2 rows (``_down_tiles``); padding rows
     store nothing in either form, so y is bitwise the full tiles'."""
     num_m_blocks = max_padded // BLOCK_M
     pid_m, pid_n = _tile_ids(num_m_blocks, tl.cdiv(H, BLOCK_N) // TILES, GROUP_M)  # pid_n: tile group
-    if PREFETCH:
-        tl.static_assert(USE_PDL and TILES == 1)
-        if pid_m * BLOCK_M < tl.load(num_padded_ptr, cache_modifier=".cg"):
-            e_pf = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
-            rows_pf = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            row_ptrs = w_ptr + e_pf * stride_we + rows_pf.to(tl.int64) * stride_wn
-            for k0 in range(0, I, 128):
-                _prefetch_l2(row_ptrs + k0, rows_pf < H)
     if USE_PDL:  # programmatic dependent launch: wait for the prior grid before touching its outputs
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if PERSIST:
-        tl.static_assert(TILES == 1 and not PREFETCH and not REDUCE)
-        num_n = tl.cdiv(H, BLOCK_N)
-        first, end, step, num_m_used = _persistent_tiles(num_padded_ptr, num_n, BLOCK_M)
-        for tile in tl.range(first, end, step, flatten=True):
-            pid_m, pid_n, offs_m, e, entry = _persistent_tile(
-                tile, num_m_used, num_n, block_expert_ptr, sorted_ids_ptr, BLOCK_M, GROUP_M
-            )
-            _down_tile(
-                pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-                n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-                stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
-                W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    e, entry = _block_rows(
+        block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
+    )
+    if e < 0:
+        return
+    e = e.to(tl.int64)
+    if HALF:  # config DN_HALF: a block whose rows BLOCK_M/2.. are padding only runs BLOCK_M/2-row tiles
+        tl.static_assert(not A_TMA and BLOCK_M % 2 == 0)
+        entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
+        if tl.max((entry_hi < n_entries).to(tl.int32), axis=0) == 0:
+            _down_tiles(
+                pid_n, pid_m, pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2), e, entry_lo, inter_ptr, inter_s_ptr,
+                a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I, n_entries, routed_scaling, stride_we, stride_wn,
+                stride_wse, stride_wsn, w_desc, a_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, EVEN_K, W_TMA, W_SCALAR, A_TMA, SWAP_AB, TILES,
             )  # fmt: skip
-    else:
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        e, entry = _block_rows(
-            block_expert_ptr, sorted_ids_ptr, num_padded_ptr, pid_m, offs_m, BLOCK_M, BLOCK_EXIT
-        )
-        if e < 0:
             return
-        e = e.to(tl.int64)
-        if HALF:  # config DN_HALF: a block whose rows BLOCK_M/2.. are padding only runs BLOCK_M/2-row tiles
-            tl.static_assert(not A_TMA and BLOCK_M % 2 == 0)
-            entry_lo, entry_hi = _half_rows(entry, BLOCK_M)
-            if tl.max((entry_hi < n_entries).to(tl.int32), axis=0) == 0:
-                _down_tiles(
-                    pid_n, pid_m, pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2), e, entry_lo, inter_ptr, inter_s_ptr,
-                    a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I, n_entries, routed_scaling, stride_we, stride_wn,
-                    stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr, stride_out, top_k, expert_offset,
-                    num_experts, w_desc, a_desc, BLOCK_M // 2, BLOCK_N, BLOCK_K, A_GROUP, W_BLOCK, EVEN_K, FAST_ACC,
-                    REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB, TILES,
-                )  # fmt: skip
-                return
-        _down_tiles(
-            pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-            stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
-            W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB, TILES,
-        )  # fmt: skip
+    _down_tiles(
+        pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
+        n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+        W_BLOCK, EVEN_K, W_TMA, W_SCALAR, A_TMA, SWAP_AB, TILES,
+    )  # fmt: skip
 
 
 @triton.jit
 def _down_tiles(
     pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-    stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, w_desc, a_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, EVEN_K: tl.constexpr,
-    FAST_ACC: tl.constexpr, REDUCE: tl.constexpr, K_PAD: tl.constexpr, W_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
     W_SCALAR: tl.constexpr, A_TMA: tl.constexpr, SWAP_AB: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """The down program's tile group pid_n of block pid_m: one ``_down_tile``, or (TILES > 1) TILES adjacent H tiles
@@ -1266,75 +969,16 @@ def _down_tiles(
     if TILES == 1:
         _down_tile(
             pid_n, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-            stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
-            W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+            n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+            W_BLOCK, EVEN_K, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
         )  # fmt: skip
     else:
         for t in tl.range(0, TILES, flatten=True):
             _down_tile(
                 pid_n * TILES + t, pid_m, offs_m, e, entry, inter_ptr, inter_s_ptr, a2_scale_ptr, w_ptr, ws_ptr, topk_w_ptr, y_ptr, H, I,
-                n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, count_ptr, topk_ids_ptr, out_ptr,
-                stride_out, top_k, expert_offset, num_experts, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
-                W_BLOCK, EVEN_K, FAST_ACC, REDUCE, K_PAD, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
+                n_entries, routed_scaling, stride_we, stride_wn, stride_wse, stride_wsn, w_desc, a_desc, BLOCK_M, BLOCK_N, BLOCK_K, A_GROUP,
+                W_BLOCK, EVEN_K, W_TMA, W_SCALAR, A_TMA, SWAP_AB,
             )  # fmt: skip
-
-
-@triton.jit
-def _reduce_in_down(
-    y_ptr,  # bf16 [n, H]: the rows just stored by this program (and by the token's other programs)
-    count_ptr,
-    topk_ids_ptr,
-    out_ptr,
-    entry,  # [BLOCK_M] entry ids of the tile's rows
-    row_ok,
-    offs_n,  # [BLOCK_N] columns of H
-    n_ok,
-    pid_n,
-    num_n,
-    H,
-    stride_out,
-    top_k,
-    expert_offset,
-    num_experts,
-    K_PAD: tl.constexpr,
-):
-    """Each tile row bumps the arrival counter of its (token, H tile); the program that brings it to the
-    token's number of local slots sums the token's bf16 rows in slot order (exactly as ``_reduce_kernel``:
-    fp32 sum of the bf16 rows, rounded once), writes ``out`` and resets the counter to 0. Rows of one
-    token sit in different expert blocks, so every row has one owner program and the sum is in slot
-    order, never in arrival order: bitwise the output of the reduce launch."""
-    tok = (entry // top_k).to(tl.int64)
-    offs_j = tl.arange(0, K_PAD)
-    ids_t = tl.load(
-        topk_ids_ptr + tok[:, None] * top_k + offs_j[None, :],
-        mask=row_ok[:, None] & (offs_j < top_k)[None, :],
-        other=-1,
-    )
-    ids_t = ids_t - expert_offset
-    local_t = (ids_t >= 0) & (ids_t < num_experts)
-    nloc = tl.sum(local_t.to(tl.int32), axis=1)
-    # every thread's row store happens before the (gpu-scope, acq_rel) arrival atomics
-    tl.debug_barrier()
-    cnt = count_ptr + tok * num_n + pid_n
-    arrived = tl.atomic_add(cnt, 1, mask=row_ok, sem="acq_rel", scope="gpu")
-    last = row_ok & (arrived == nloc - 1)
-    total = tl.zeros([entry.shape[0], offs_n.shape[0]], dtype=tl.float32)
-    for j in range(0, top_k):  # slot order
-        local_j = tl.sum((local_t & (offs_j == j)[None, :]).to(tl.int32), axis=1) > 0
-        # .cg: read through L2, never a stale L1 line of another CTA's row
-        total += tl.load(
-            y_ptr + (tok * top_k + j)[:, None] * H + offs_n[None, :],
-            mask=(last & local_j)[:, None] & n_ok[None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        ).to(tl.float32)
-    tl.store(
-        out_ptr + tok[:, None] * stride_out + offs_n[None, :],
-        total.to(out_ptr.dtype.element_ty),
-        mask=last[:, None] & n_ok[None, :],
-    )
-    tl.atomic_xchg(cnt, tl.zeros_like(arrived), mask=last, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["top_k", "expert_offset", "num_experts"])
@@ -1373,8 +1017,6 @@ __all__ = [
     "_down_kernel",
     "_gate_up_kernel",
     "_prep_kernel",
-    "_reduce_in_down",
     "_reduce_kernel",
     "_route_ranked",
-    "_zero_rows_without_local_slot",
 ]

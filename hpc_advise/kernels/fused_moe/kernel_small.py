@@ -213,7 +213,6 @@ def _small_gate_up_kernel(
     Q_GROUPS: tl.constexpr = 1,  # FUSE_QUANT: 128-column groups per prologue tile (power of two)
     Q_CHUNKS: tl.constexpr = 1,  # FUSE_QUANT: prologue tiles per row (Q_GROUPS · Q_CHUNKS >= the K span)
     PF_STEPS: tl.constexpr = 0,  # FUSE_QUANT on SM90: K steps of weights prefetched to L2 before the prologue
-    XQ_L1: tl.constexpr = False,  # FUSE_QUANT: the loop's group-scale loads through L1 (else .cg, L2 only)
     SCALE_LAG: tl.constexpr = 0,  # group / block scales: 1 up products scaled a step late, 2 also pinned (GPU)
 ):
     num_n = tl.cdiv(I, BLOCK_N)
@@ -278,7 +277,7 @@ def _small_gate_up_kernel(
         _quant_span(x_ptr, stride_x, xq_ptr, xs_ptr, tl.load(a13_scale_ptr), T, H, k_lo, k_hi, Q_GROUPS,
                     Q_CHUNKS, A_GROUP)  # fmt: skip
         tl.debug_barrier()  # bar.sync: every thread's scratch stores are visible to the CTA's loads below
-    XQ_CACHE: tl.constexpr = ".cg" if FUSE_QUANT and not XQ_L1 else ""
+    XQ_CACHE: tl.constexpr = ".cg" if FUSE_QUANT else ""
     x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
     xq_ptrs = xq_ptr + offs_m.to(tl.int64)[None, :] * H + offs_k[:, None]  # transposed: [BLOCK_K, BLOCK_M]
     # swap A and B: weight rows are the dot's M side (BLOCK_N >= 64: a Hopper wgmma reads the fp8 tile
@@ -308,7 +307,7 @@ def _small_gate_up_kernel(
         bg = tl.load(wg_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         bu = tl.load(wu_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if PRE_Q:
-            # FUSE_QUANT without XQ_L1: .cg (L2 only; a caution, not needed: the stores were this CTA's, so
+            # FUSE_QUANT: .cg (L2 only; a caution, not needed: the stores were this CTA's, so
             # this SM's L1, ordered by the bar.sync). It takes the group-scale loads off L1: one L2 round trip
             # per K step (sm_90a PTX: ld.global.cg.b32 in the loop). The tile's copy stays cp.async.ca (8 B)
             at = tl.load(

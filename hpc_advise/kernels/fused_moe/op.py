@@ -4,26 +4,21 @@
 Every step runs on the GPU with shapes fixed by (T, k, E, H, I, config), so a call can be captured in
 a CUDA graph. Launch configs come from ``configs.json`` (written by ``benchmarks/tune_fused_moe.py``)
 keyed by (E, H, I, top_k, scale mode) and T (nearest tuned T within a factor 2), else
-from ``default_config``. Config keys PDL / PREFETCH (both paths) choose programmatic dependent launches
-and the L2 weight prefetch before each grid's wait (kernel README, "Launch configs"); ROUTE (the
-ranked router on many programs), DN_REDUCE (the top-k sum in the down kernel, no reduce launch) and
-BLOCK_EXIT (GEMM programs exit on the block's expert, one dependent load fewer) are regular-path
-variants; none of them changes the result. GU_SWAP_AB / DN_SWAP_AB run the regular path's gate/up / down
-GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16 token rows; same products).
-GU_TILES / DN_TILES (default 1) give each gate/up / down program that many adjacent N tiles of its block in
-one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output); GU_PERSIST /
-DN_PERSIST (default 0) launch that many persistent programs per SM instead, each striding over the used tiles through
-such a loop (bitwise too); DN_GLUON = 3 runs the down GEMM as a persistent ping-pong Gluon kernel
-(kernel_gluon_down.py: a TMA producer warp and two consumer warpgroups on alternate DN_GLUON_M x DN_N tiles,
-per-tensor prefill form only, SM90; bitwise the Triton down GEMM); GU_RED
-(with SPLIT_K > 1) sums the split-K partials in the gate/up kernel (last split to arrive) instead of the
-SiLU / quantization launch (bitwise the same). SCALE_LAG runs the gate/up GEMM as two dots and scales (per-tensor
-weights with a static activation scale: promotes) each K step's up product one step later, so that dot stays in
-flight across the step (bitwise the two-dot form). GU_MAXNREG (default 0: ptxas' choice) caps the gate/up kernel's registers per
-thread on the GPU (Triton's ``maxnreg``), so more programs fit on an SM (the same arithmetic in the same order, so bitwise).
-GU_HALF (BLOCK_M 128, one unsplit gate/up tile per program) runs the gate/up tile at 64 rows in a block whose rows
-64.. are padding only and stores those rows' h as zeros (the full tiles' h in every real row, and their output);
-DN_HALF the same for the Triton down GEMM's tiles (padding rows store nothing; bitwise).
+from ``default_config``. A config holds the keys of one path: the regular path's (``REGULAR_KEYS``) or,
+with ``"PATH": "small"``, the small-T path's (op_small.py); any other key is refused (the keys are the
+fields of ``config.Config`` / ``config.SmallConfig``). PDL chooses programmatic dependent launches (kernel
+README, "Launch configs"); ROUTE (the ranked router on many programs) and BLOCK_EXIT (GEMM programs exit on the block's
+expert, one dependent load fewer) are regular-path variants; none of them changes the result. GU_SWAP_AB /
+DN_SWAP_AB run the gate/up / down GEMM with the weight tile as the MMA's M side (decode tiles: wgmma at 16
+token rows; same products). DN_TILES (default 1) gives each down program that many adjacent H tiles of its
+block in one flattened, software-pipelined loop over (tile, K step) (bitwise the one-tile programs' output);
+DN_GLUON = 3 runs the down GEMM as a persistent ping-pong Gluon kernel (kernel_gluon_down.py: a TMA producer
+warp and two consumer warpgroups on alternate DN_GLUON_M x DN_N tiles, per-tensor prefill form only, SM90;
+bitwise the Triton down GEMM). GU_MAXNREG (default 0:
+ptxas' choice) caps the gate/up kernel's registers per thread on the GPU (Triton's ``maxnreg``; the same
+arithmetic in the same order, so bitwise). GU_HALF (BLOCK_M 128, unsplit gate/up) runs the gate/up tile at
+64 rows in a block whose rows 64.. are padding only and stores those rows' h as zeros; DN_HALF the same for
+the Triton down GEMM's tiles (padding rows store nothing; bitwise).
 The first call of a call signature is recorded and later calls replay its compiled launches
 (``launch_plan.py``; ``_plan_key``, ``_replay``): the eager host cost.
 
@@ -35,22 +30,19 @@ quantization, down GEMM, torch weighted sum.
 from __future__ import annotations
 
 import functools
-import json
 import math
-from pathlib import Path
 
 import torch
 import triton
 
+from . import config as C
 from . import kernel as K
 from . import kernel_route as KR
 from . import launch_plan as LP
-from .op_persistent import PERSISTENT_T_MAX, check_persistent_config, fused_moe_persistent, is_persistent
 from .op_small import (
     COUNTER_SLICE,
     SMALL_T_DEFAULT,
     SMALL_T_MAX,
-    _counters,
     check_small_config,
     default_small_config,
     fused_moe_small,
@@ -65,28 +57,13 @@ NUM_SMS_H200 = 132
 # single-CTA router in the prep launch is cheaper (one launch fewer)
 ROUTE_MULTI_MIN_ENTRIES = 4096
 ROUTE_CHUNK = 1024  # entries per routing CTA
-# persistent GEMM programs (GU_PERSIST / DN_PERSIST = programs per SM): at most this many per SM; under the
-# interpreter (no SMs) the grid is INTERPRET_SMS x that, so each program takes several tiles in the CPU tests
-PERSIST_MAX = 8
-INTERPRET_SMS = 2
+INTERPRET_SMS = 2  # SMs of the CPU interpreter (the unit of a persistent grid there)
 RANKED_CHUNK = 64  # entries per router program of the ranked decode router (config ROUTE = 1)
 MAXNREG_MIN = 64  # the lowest gate/up register cap accepted (config GU_MAXNREG; 4 warps at 64: 8 programs/SM)
 T_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-CONFIG_PATH = Path(__file__).with_name("configs.json")
-CONFIG_KEYS = (
-    "BLOCK_M",
-    "GU_N",
-    "GU_K",
-    "SPLIT_K",
-    "GU_GROUP_M",
-    "GU_WARPS",
-    "GU_STAGES",
-    "DN_N",
-    "DN_K",
-    "DN_GROUP_M",
-    "DN_WARPS",
-    "DN_STAGES",
-)
+CONFIG_PATH = C.CONFIG_PATH
+CONFIG_KEYS = tuple(k.upper() for k in C.Config.REQUIRED)  # the regular path's required keys
+REGULAR_KEYS = C.Config.keys()  # every key the regular path takes (config.Config's fields)
 
 
 class FusedMoEError(ValueError):
@@ -155,13 +132,13 @@ def default_config(
             DN_WARPS=4,
             DN_STAGES=4,
         )
-    # prefill, as tuned on the H200 (2026-11-29, configs.json): dynamic group scales take BLOCK_M 64
+    # prefill, as tuned on the H200 (configs.json): dynamic group scales take BLOCK_M 64
     # with 8 warps for gate/up (the per-step scaled product needs a second accumulator's registers;
     # at BLOCK_M 128 it spills) and a 4-warp down kernel; per-tensor scales take BLOCK_M 64 up to ~256
     # rows per expert (each expert pads its rows up to BLOCK_M), 128 above. With dynamic scales the
     # weight tiles come by TMA with scalar block scales and 4 gate/up stages where the shape allows
-    # (W_TMA, W_SCALAR: 2-16% faster on all three block-scaled shapes at T = 1024-16384 in the 15:45 UTC
-    # sweep, TUNING_LOG.md "Prefill forms"; without block weight scales W_SCALAR changes nothing).
+    # (W_TMA, W_SCALAR: 2-16% faster on all three block-scaled shapes at T = 1024-16384 in the prefill-forms
+    # sweep, git show 41fb96b:hpc_advise/kernels/fused_moe/TUNING_LOG.md "Prefill forms"; without block weight scales W_SCALAR changes nothing).
     block_m = 64 if a2_group or n / max(num_experts, 1) <= 256 else 128
     tma = a2_group and hidden % 16 == 0 and inter % 16 == 0
     cfg = dict(
@@ -185,13 +162,10 @@ def default_config(
 
 @functools.lru_cache(maxsize=1)
 def _config_table() -> dict:
-    if not CONFIG_PATH.exists():
-        return {}
-    data = json.loads(CONFIG_PATH.read_text())
+    """configs.json as {(E, H, I, top_k, mode): {T: config dict}}, every entry read through config.parse."""
     table: dict = {}
-    for entry in data.get("entries", []):
-        key = (entry["E"], entry["H"], entry["I"], entry["top_k"], entry["mode"])
-        table.setdefault(key, {})[int(entry["T"])] = entry["config"]
+    for (e, h, i, k, mode, t), cfg in C.load_entries(CONFIG_PATH):
+        table.setdefault((e, h, i, k, mode), {})[t] = cfg.to_dict()
     return table
 
 
@@ -212,7 +186,6 @@ def get_config(
     small_ok = allow_small and t <= SMALL_T_MAX
     per_t = _config_table().get((num_experts, hidden, inter, top_k, mode)) or {}
     near = [b for b in per_t if b / 2 <= t <= b * 2 and (small_ok or not is_small(per_t[b]))]
-    near = [b for b in near if (allow_small and t <= PERSISTENT_T_MAX) or not is_persistent(per_t[b])]
     a1_group = mode.endswith("dynamic")
     if near:
         cfg = dict(per_t[min(near, key=lambda b: abs(math.log(b / max(t, 1))))])
@@ -226,9 +199,9 @@ def get_config(
 def _reject_small_only_keys(cfg: dict) -> None:
     if "H_GROUP" in cfg and not is_small(cfg):
         raise FusedMoEError("H_GROUP (h's quantization group width) is a small-T path key (PATH 'small')")
-    if (is_small(cfg) or is_persistent(cfg)) and any(cfg.get(k, 0) for k in ("DN_GLUON", "DN_GLUON_M")):
+    if is_small(cfg) and any(cfg.get(k, 0) for k in ("DN_GLUON", "DN_GLUON_M")):
         raise FusedMoEError("DN_GLUON (the ping-pong Gluon down GEMM) is a regular prefill path key")
-    if (is_small(cfg) or is_persistent(cfg)) and (cfg.get("GU_HALF", 0) or cfg.get("DN_HALF", 0)):
+    if is_small(cfg) and (cfg.get("GU_HALF", 0) or cfg.get("DN_HALF", 0)):
         raise FusedMoEError(
             "GU_HALF / DN_HALF (64-row tiles for the padding-half blocks) are regular path keys"
         )
@@ -236,14 +209,14 @@ def _reject_small_only_keys(cfg: dict) -> None:
 
 def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dict:
     _reject_small_only_keys(cfg)
-    if is_persistent(cfg):  # the one-launch decode path (op_persistent.py)
-        a1 = a2_group if a1_group is None else a1_group
-        return check_persistent_config(cfg, a1, a2_group, FusedMoEError)
     if is_small(cfg):
         return check_small_config(cfg, a2_group if a1_group is None else a1_group, a2_group, FusedMoEError)
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if missing:
         raise FusedMoEError(f"launch config lacks {missing}")
+    unknown = sorted(set(cfg) - REGULAR_KEYS)
+    if unknown:
+        raise FusedMoEError(f"launch config has keys the regular path does not take: {unknown}")
     for key in ("BLOCK_M", "GU_N", "GU_K", "DN_N", "DN_K"):
         v = cfg[key]
         if v < 16 or v & (v - 1):
@@ -254,67 +227,49 @@ def check_config(cfg: dict, a2_group: bool, a1_group: bool | None = None) -> dic
         raise FusedMoEError("the fused per-group epilogue needs GU_N == 128 (or SPLIT_K > 1)")
     for key in (
         "PDL",
-        "PREFETCH",
         "ROUTE",
-        "DN_REDUCE",
         "BLOCK_EXIT",
-        "FAST_ACC",
         "W_TMA",
         "GU_TWO_DOTS",
         "W_SCALAR",
         "DN_A_TMA",
         "GU_SWAP_AB",
         "DN_SWAP_AB",
-        "GU_RED",
-        "SCALE_LAG",
         "GU_HALF",
         "DN_HALF",
     ):
         if cfg.get(key, 0) not in (0, 1):
             raise FusedMoEError(f"{key}={cfg[key]} must be 0 or 1")
-    if cfg.get("GU_TWO_DOTS", 0) and cfg.get("FAST_ACC", 0):
-        raise FusedMoEError("GU_TWO_DOTS promotes every K step; FAST_ACC is the one-dot form without it")
     _check_program_keys(cfg)
     return cfg
 
 
 def _check_program_keys(cfg: dict) -> None:
-    """The keys that shape the GEMM programs rather than their tiles: the gate/up register cap, tiles per
-    program, persistent programs per SM and the down GEMM's kernel (Triton or the ping-pong Gluon one)."""
+    """The keys that shape the GEMM programs rather than their tiles: the gate/up register cap, down tiles per
+    program, the half-height tiles and the down GEMM's kernel (Triton or the ping-pong Gluon one)."""
     # a register cap for the gate/up build (0: none): ptxas allocates registers in steps of 8, 255 at most
     cap = cfg.get("GU_MAXNREG", 0)
     if type(cap) is not int or (cap and not (MAXNREG_MIN <= cap <= 248 and cap % 8 == 0)):
         raise FusedMoEError(
             f"GU_MAXNREG={cap!r} must be 0 (no cap) or a multiple of 8 in [{MAXNREG_MIN}, 248]"
         )
-    for key in ("GU_TILES", "DN_TILES"):
-        v = cfg.get(key, 1)
-        if type(v) is not int or v < 1:
-            raise FusedMoEError(f"{key}={v!r} must be a whole number of tiles per program (>= 1)")
-    for key in ("GU_PERSIST", "DN_PERSIST"):
-        v = cfg.get(key, 0)
-        if type(v) is not int or not 0 <= v <= PERSIST_MAX:
-            raise FusedMoEError(f"{key}={v!r} must be 0 (off) or 1-{PERSIST_MAX} persistent programs per SM")
+    v = cfg.get("DN_TILES", 1)
+    if type(v) is not int or v < 1:
+        raise FusedMoEError(f"DN_TILES={v!r} must be a whole number of tiles per program (>= 1)")
     # GU_HALF: a 128-row block whose rows 64.. are padding only runs a 64-row gate/up tile (kernel._gate_up_kernel
-    # HALF): built into the one-tile, unsplit program with the fused epilogue only
-    if cfg.get("GU_HALF", 0) and (
-        cfg["BLOCK_M"] != 128
-        or cfg["SPLIT_K"] != 1
-        or cfg.get("GU_TILES", 1) != 1
-        or cfg.get("GU_PERSIST", 0)
-    ):
+    # HALF): built into the unsplit program with the fused epilogue only
+    if cfg.get("GU_HALF", 0) and (cfg["BLOCK_M"] != 128 or cfg["SPLIT_K"] != 1):
         raise FusedMoEError(
-            "GU_HALF (64-row gate/up tiles for the padding-half blocks) needs BLOCK_M 128, SPLIT_K 1, GU_TILES 1 and "
-            f"GU_PERSIST 0, got BLOCK_M={cfg['BLOCK_M']}, SPLIT_K={cfg['SPLIT_K']}, GU_TILES={cfg.get('GU_TILES', 1)}, "
-            f"GU_PERSIST={cfg.get('GU_PERSIST', 0)}"
+            "GU_HALF (64-row gate/up tiles for the padding-half blocks) needs BLOCK_M 128 and SPLIT_K 1, "
+            f"got BLOCK_M={cfg['BLOCK_M']}, SPLIT_K={cfg['SPLIT_K']}"
         )
-    # DN_HALF: the same for the Triton down GEMM (kernel._down_kernel HALF), not its persistent or A-by-TMA forms
-    # (the TMA block is BLOCK_M rows) nor the Gluon down GEMM
-    down_keys = {k: cfg.get(k, 0) for k in ("DN_PERSIST", "DN_A_TMA", "DN_GLUON")}
+    # DN_HALF: the same for the Triton down GEMM (kernel._down_kernel HALF), not its A-by-TMA form (the TMA
+    # block is BLOCK_M rows) nor the Gluon down GEMM
+    down_keys = {k: cfg.get(k, 0) for k in ("DN_A_TMA", "DN_GLUON")}
     if cfg.get("DN_HALF", 0) and (cfg["BLOCK_M"] != 128 or any(down_keys.values())):
         raise FusedMoEError(
             "DN_HALF (64-row down tiles for the padding-half blocks) needs BLOCK_M 128 and the Triton down GEMM "
-            f"without DN_PERSIST / DN_A_TMA, got BLOCK_M={cfg['BLOCK_M']}, {down_keys}"
+            f"without DN_A_TMA, got BLOCK_M={cfg['BLOCK_M']}, {down_keys}"
         )
     if cfg.get("DN_GLUON", 0) not in (0, 3):
         raise FusedMoEError(
@@ -330,7 +285,7 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
     128); W_SCALAR / block-scaled GU_TWO_DOTS need tile halves inside one 128-row group (any GU_N <= 128
     with I % 128 == 0: a 64-wide half lies in one group too; split-K slices are whole K steps, so the
     scalar of each step is the one its columns need); TMA (W_TMA, DN_A_TMA) needs 16-byte rows (H, I
-    multiples of 16). The small-T and persistent paths have their own checks and never take these keys."""
+    multiples of 16). The small-T path has its own checks and never takes these keys."""
     _check_scale_forms(cfg, a1_group, a2_group, w_block, inter)
     _check_tile_forms(cfg, a1_group, a2_group, w_block, hidden, inter)
     if cfg.get("DN_GLUON", 0) or cfg.get("DN_GLUON_M", 0):
@@ -340,13 +295,9 @@ def check_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden
 # config keys the ping-pong Gluon down kernel (DN_GLUON = 3, kernel_gluon_down.py) has no form of
 GLUON_DOWN_EXCLUDES = (
     "PDL",
-    "PREFETCH",
-    "DN_REDUCE",
     "DN_SWAP_AB",
-    "FAST_ACC",
     "DN_A_TMA",
     "W_SCALAR",
-    "DN_PERSIST",
     "DN_HALF",
 )
 # the ping-pong kernel's TMA ring: at most this many bytes (228 KiB per SM less barriers and the compiler's scratch)
@@ -399,8 +350,7 @@ def _check_gluon_form(cfg: dict, a2_group: bool, w_block: bool, hidden: int, int
 
 
 def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, inter: int) -> None:
-    """check_forms' keys that depend on where the scales sit: the K step width, W_SCALAR, SCALE_LAG and
-    GU_TWO_DOTS."""
+    """check_forms' keys that depend on where the scales sit: the K step width, W_SCALAR and GU_TWO_DOTS."""
     for key, grouped in (("GU_K", a1_group or w_block), ("DN_K", a2_group or w_block)):
         if cfg[key] > GROUP and (grouped or cfg[key] > 2 * GROUP):
             raise FusedMoEError(
@@ -412,17 +362,9 @@ def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool,
             "W_SCALAR (one weight block scale per tile half and K step) needs GU_N, DN_N <= 128 and "
             f"I % 128 == 0, got GU_N={cfg['GU_N']}, DN_N={cfg['DN_N']}, I={inter}"
         )
-    # SCALE_LAG: the gate/up K step's up product scaled (per-tensor: promoted, i.e. its fresh fp32 partial
-    # added) one step later (kernel._gate_up_two_dots), so it runs the two-dot form; FAST_ACC has no per-step
-    # product to delay
-    lag = cfg.get("SCALE_LAG", 0)
-    if lag and cfg.get("FAST_ACC", 0):
+    if cfg.get("GU_TWO_DOTS", 0) and w_block and (cfg["GU_N"] != GROUP or inter % GROUP):
         raise FusedMoEError(
-            "SCALE_LAG runs the two-dot gate/up form; FAST_ACC is the one-dot form without it"
-        )
-    if (cfg.get("GU_TWO_DOTS", 0) or lag) and w_block and (cfg["GU_N"] != GROUP or inter % GROUP):
-        raise FusedMoEError(
-            "GU_TWO_DOTS / SCALE_LAG with block scales need GU_N == 128 and I % 128 == 0 (one weight scale per "
+            "GU_TWO_DOTS with block scales need GU_N == 128 and I % 128 == 0 (one weight scale per "
             f"tile half and K step), got GU_N={cfg['GU_N']}, I={inter}"
         )
 
@@ -430,53 +372,26 @@ def _check_scale_forms(cfg: dict, a1_group: bool, a2_group: bool, w_block: bool,
 def _check_tile_forms(
     cfg: dict, a1_group: bool, a2_group: bool, w_block: bool, hidden: int, inter: int
 ) -> None:
-    """check_forms' tile-shape keys: TMA rows, multi-tile programs, GU_RED, PREFETCH and swap AB."""
-    lag = cfg.get("SCALE_LAG", 0)
+    """check_forms' tile-shape keys: TMA rows, multi-tile down programs and swap AB."""
     if (cfg.get("W_TMA", 0) or cfg.get("DN_A_TMA", 0)) and (hidden % 16 or inter % 16):
         raise FusedMoEError(
             f"W_TMA / DN_A_TMA need 16-byte rows: H and I multiples of 16, got H={hidden}, I={inter}"
         )
-    # multi-tile programs: a program takes GU_TILES / DN_TILES adjacent N tiles of one block, so the count
-    # must divide that GEMM's tiles per block; the down kernel's L2 prefetch covers one tile only
-    for key, n_key, n_all in (("GU_TILES", "GU_N", inter), ("DN_TILES", "DN_N", hidden)):
-        tiles, per_block = cfg.get(key, 1), -(-n_all // cfg[n_key])
-        if per_block % tiles:
-            raise FusedMoEError(
-                f"{key}={tiles} must divide the {per_block} tiles of {n_key}={cfg[n_key]} over {n_all} columns"
-            )
-    # split-K summed in the gate/up kernel: its fused epilogue quantizes per 128-column group of one tile
-    if cfg.get("GU_RED", 0) and (cfg["SPLIT_K"] < 2 or (a2_group and cfg["GU_N"] != GROUP)):
+    # multi-tile down programs: a program takes DN_TILES adjacent H tiles of one block, so the count must
+    # divide the tiles per block
+    tiles, per_block = cfg.get("DN_TILES", 1), -(-hidden // cfg["DN_N"])
+    if per_block % tiles:
         raise FusedMoEError(
-            "GU_RED sums split-K partials in the gate/up kernel: it needs SPLIT_K > 1 and, with dynamic "
-            f"intermediate scales, GU_N == 128; got SPLIT_K={cfg['SPLIT_K']}, GU_N={cfg['GU_N']}"
-        )
-    if cfg.get("DN_TILES", 1) > 1 and cfg.get("PREFETCH", 0):
-        raise FusedMoEError("DN_TILES > 1 has no L2 prefetch form (PREFETCH prefetches one tile per program)")
-    # persistent GEMM programs take one tile per step of their loop, and only the forms built for them
-    if cfg.get("GU_PERSIST", 0) and (cfg.get("GU_TILES", 1) > 1 or cfg["SPLIT_K"] > 1):
-        raise FusedMoEError(
-            "GU_PERSIST (persistent gate/up programs) takes one N tile per loop step and no split-K: it needs "
-            f"GU_TILES 1 and SPLIT_K 1, got GU_TILES={cfg.get('GU_TILES', 1)}, SPLIT_K={cfg['SPLIT_K']}"
-        )
-    if cfg.get("DN_PERSIST", 0) and (
-        cfg.get("DN_TILES", 1) > 1 or cfg.get("PREFETCH", 0) or cfg.get("DN_REDUCE", 0)
-    ):
-        raise FusedMoEError(
-            "DN_PERSIST (persistent down programs) takes one H tile per loop step and has no PREFETCH or "
-            "DN_REDUCE form: it needs DN_TILES 1, PREFETCH 0 and DN_REDUCE 0"
+            f"DN_TILES={tiles} must divide the {per_block} tiles of DN_N={cfg['DN_N']} over {hidden} columns"
         )
     # swap AB (weights as the MMA's M side) exists to reach wgmma at decode tiles: <= 32 token rows, and
     # a weight side of >= 64 rows per dot (the merged gate|up dot has 2·GU_N, separate dots GU_N)
-    two_dots = not (a1_group or w_block or cfg.get("FAST_ACC", 0)) or cfg.get("GU_TWO_DOTS", 0) or lag
+    two_dots = not (a1_group or w_block) or cfg.get("GU_TWO_DOTS", 0)
     for key, rows in (("GU_SWAP_AB", cfg["GU_N"] * (1 if two_dots else 2)), ("DN_SWAP_AB", cfg["DN_N"])):
         if cfg.get(key, 0) and (cfg["BLOCK_M"] > 32 or rows < 64):
             raise FusedMoEError(
                 f"{key} is a decode form: BLOCK_M <= 32 and a weight tile of >= 64 rows per dot, got "
                 f"BLOCK_M={cfg['BLOCK_M']}, {rows} rows"
-            )
-        if cfg.get(key, 0) and cfg.get("FAST_ACC", 0):
-            raise FusedMoEError(
-                f"{key} promotes every K step; FAST_ACC (fp8 accumulation over K) has no swap"
             )
 
 
@@ -497,7 +412,7 @@ def _is_sm90(device: torch.device) -> bool:
 
 @functools.cache
 def _num_sms(device: torch.device) -> int:
-    """SMs of ``device`` (the persistent GEMM grids' unit); INTERPRET_SMS off the GPU."""
+    """SMs of ``device`` (the Gluon down GEMM's persistent grid); INTERPRET_SMS off the GPU."""
     if device.type != "cuda":
         return INTERPRET_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -509,7 +424,7 @@ _ONES: dict[torch.device, torch.Tensor] = {}  # device -> float32 [1] = 1.0, nev
 def _one(device: torch.device) -> torch.Tensor:
     """The activation-scale argument of the dynamic modes (1.0; the kernels read no scale there): one
     tensor per device, made at the first call outside a graph capture. A per-call ``torch.ones`` cost
-    a fill launch per eager call (the H200 cProfile of 2026-11-29 16:21 UTC: ~29 µs of host time per
+    a fill launch per eager call (an H200 cProfile: ~29 µs of host time per
     call under the profiler) and a fill node in front of every captured call. Inside a capture before
     any eager call it is a fresh tensor (its fill is a node of that graph), never cached: an eager call
     would read it before the graph ever ran."""
@@ -626,22 +541,20 @@ class _Launch:
         mode = scale_mode(self.w_block, not self.a1_group)
         if config is not None and is_small(config) and allow_small and self.T > SMALL_T_MAX:
             raise FusedMoEError(f"the small-T path serves T <= {SMALL_T_MAX}, got T={self.T}")
-        if config is not None and is_persistent(config) and allow_small and self.T > PERSISTENT_T_MAX:
-            raise FusedMoEError(f"the persistent path serves T <= {PERSISTENT_T_MAX}, got T={self.T}")
-        picked = config is None or ((is_small(config) or is_persistent(config)) and not allow_small)
+        picked = config is None or (is_small(config) and not allow_small)
         if picked:
             config = get_config(self.T, self.k, self.E, self.H, self.I, mode, self.a2_group, allow_small)
             if config.get("DN_GLUON", 0) and not _is_sm90(dev):  # a pick tuned on the H200, run elsewhere
                 config = triton_down_form(config)
         self.cfg = check_config(dict(config), self.a2_group, self.a1_group)
-        if not (is_small(self.cfg) or is_persistent(self.cfg)):  # the regular path's forms only
+        if not is_small(self.cfg):  # the regular path's forms only
             check_forms(self.cfg, self.a1_group, self.a2_group, self.w_block, self.H, self.I)
             if self.cfg.get("DN_GLUON", 0) and not _is_sm90(dev):
                 raise FusedMoEError(
                     "DN_GLUON (Gluon down GEMM) runs on SM90 GPUs only (Gluon has no interpreter)"
                 )
         self.offset = int(expert_offset)
-        if is_small(self.cfg) or is_persistent(self.cfg):  # these paths allocate their own workspace
+        if is_small(self.cfg):  # the small path allocates its own workspace
             return
         self.pdl = use_pdl(self.cfg, dev)  # programmatic dependent launches (config PDL = 1, SM90+)
         self.launch_kw = {"launch_pdl": True} if self.pdl else {}
@@ -653,16 +566,10 @@ class _Launch:
         self.e_pad = max(16, triton.next_power_of_2(self.E))
         self.route_chunks = triton.cdiv(self.n, ROUTE_CHUNK) if self.n >= ROUTE_MULTI_MIN_ENTRIES else 0
         # ROUTE = 1: the ranked router on cdiv(n, RANKED_CHUNK) programs (decode; prefill sizes keep the
-        # multi-CTA router). DN_REDUCE = 1: the down kernel sums the top-k rows (no reduce launch) where
-        # its (token, H tile) arrival counters fit in one per-stream slice, else the reduce launch runs
+        # multi-CTA router)
         self.ranked = bool(self.cfg.get("ROUTE", 0)) and not self.route_chunks
         self.num_route = triton.cdiv(self.n, RANKED_CHUNK) if self.ranked else 1
         self.num_n_down = triton.cdiv(self.H, self.cfg["DN_N"])
-        self.dn_reduce = (
-            bool(self.cfg.get("DN_REDUCE", 0))
-            and not self.route_chunks
-            and self.T * self.num_n_down <= COUNTER_SLICE
-        )
         self.cursor = LP.empty(max(1, self.route_chunks) * self.e_pad, dtype=torch.int32, device=dev)
         self.hist = LP.empty(self.route_chunks * self.e_pad, dtype=torch.int32, device=dev)
         self.xq = LP.empty(self.T, self.H, dtype=FP8, device=dev)
@@ -694,14 +601,11 @@ class _Launch:
     def scale_strides(self, scale):
         return (scale.stride(0), scale.stride(1)) if self.w_block else (0, 0)
 
-    def prep(self, hidden, out=None):
-        """Routing + input quantization; with DN_REDUCE (and ``out``) also the zero rows of ``out``
-        for tokens without a local slot."""
+    def prep(self, hidden):
+        """Routing + input quantization."""
         qrows = 16 if self.T <= 1024 else 64
         if self.route_chunks:
             return self._prep_multi(hidden, qrows)
-        zero_out = self.dn_reduce and out is not None
-        out = hidden if out is None else out
         grid = (self.num_route + triton.cdiv(self.T, qrows) * triton.cdiv(self.H, GROUP),)
         LP.launch(K._prep_kernel, grid)(
             self.ids,
@@ -721,9 +625,6 @@ class _Launch:
             self.H,
             hidden.stride(0),
             self.num_route,
-            self.k,
-            out,
-            out.stride(0),
             BLOCK_M=self.cfg["BLOCK_M"],
             E_PAD=self.e_pad,
             ROUTE_BLK=256,
@@ -733,8 +634,6 @@ class _Launch:
             USE_PDL=self.pdl,
             RANKED=self.ranked,
             CHUNK=RANKED_CHUNK,
-            ZERO_OUT=zero_out,
-            K_PAD=triton.next_power_of_2(self.k),
             num_warps=4,
             **self.launch_kw,
         )
@@ -799,23 +698,12 @@ class _Launch:
         sorted_ids=None,
         top_k=None,
         n_entries=None,
-        part=None,
-        counters=None,
     ):
-        """Gate/up GEMM: out_mode 0 fp8 h (+ group scales) into out / outs; 1 fp32 split partials into out;
-        2 (GU_RED) the partials into ``part``, summed by the tile's last split into out / outs (``counters``:
-        zeroed, one per (block, N tile))."""
+        """Gate/up GEMM: out_mode 0 fp8 h (+ group scales) into out / outs; 1 fp32 split partials into out."""
         c = self.cfg
-        tiles = c.get("GU_TILES", 1)  # N tiles per program (check_forms: divides cdiv(I, GU_N))
-        persist = c.get("GU_PERSIST", 0)  # programs per SM (check_forms: GU_TILES 1, SPLIT_K 1)
-        grid = ((self.P // c["BLOCK_M"]) * (triton.cdiv(self.I, c["GU_N"]) // tiles), split_k)
-        if persist:
-            grid = (min(grid[0], persist * _num_sms(w13.device)), 1)
+        grid = ((self.P // c["BLOCK_M"]) * triton.cdiv(self.I, c["GU_N"]), split_k)
         # separate gate and up dots: per-tensor promoted (default there), or as config GU_TWO_DOTS
-        lag = bool(c.get("SCALE_LAG", 0))  # runs the two-dot form (check_forms: not with FAST_ACC)
-        two_dots = not (self.a1_group or self.w_block or c.get("FAST_ACC", 0)) or bool(
-            c.get("GU_TWO_DOTS", 0) or lag
-        )
+        two_dots = not (self.a1_group or self.w_block) or bool(c.get("GU_TWO_DOTS", 0))
         tma = bool(c.get("W_TMA", 0))
         desc = self.weight_desc(w13, 2, 1 if two_dots else 2, c["GU_N"], c["GU_K"]) if tma else None
         LP.launch(K._gate_up_kernel, grid)(
@@ -848,7 +736,6 @@ class _Launch:
             A2_GROUP=self.a2_group,
             OUT_MODE=out_mode,
             EVEN_K=self.H % c["GU_K"] == 0,
-            FAST_ACC=bool(c.get("FAST_ACC", 0)),
             TWO_DOTS=two_dots,
             USE_PDL=self.pdl,
             BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
@@ -856,12 +743,6 @@ class _Launch:
             w_desc=desc,
             W_SCALAR=self.w_block and bool(c.get("W_SCALAR", 0)),
             SWAP_AB=bool(c.get("GU_SWAP_AB", 0)),
-            TILES=tiles,
-            part_ptr=part,
-            count_ptr=counters,
-            # 2 on the GPU: with the inline-PTX order pin (kernel._in_order), which the interpreter cannot run
-            SCALE_LAG=(2 if w13.device.type == "cuda" else 1) if lag else 0,
-            PERSIST=bool(persist),
             HALF=bool(c.get("GU_HALF", 0)) and out_mode == 0,  # fp32 outputs (moe_unfused) run full tiles
             num_warps=c["GU_WARPS"],
             num_stages=c["GU_STAGES"],
@@ -889,19 +770,13 @@ class _Launch:
             **self.launch_kw,
         )
 
-    def down(self, w2, routed_scaling: float, out=None):
-        """Down GEMM → bf16 rows y; with DN_REDUCE (and ``out``) also the top-k sum into ``out``."""
+    def down(self, w2, routed_scaling: float):
+        """Down GEMM → bf16 rows y (one per (token, slot))."""
         c = self.cfg
-        if c.get("DN_GLUON", 0):  # check_forms: the prefill per-tensor form, no DN_REDUCE
+        if c.get("DN_GLUON", 0):  # check_forms: the prefill per-tensor form
             return self.down_gluon(w2, routed_scaling)
-        reduce = self.dn_reduce and out is not None
-        counters = _counters(w2.device, self.T * self.num_n_down) if reduce else self.num_padded
-        out = self.y if out is None else out
         tiles = c.get("DN_TILES", 1)  # H tiles per program (check_forms: divides them)
-        persist = c.get("DN_PERSIST", 0)  # programs per SM (check_forms: DN_TILES 1, no PREFETCH / DN_REDUCE)
         grid = ((self.P // c["BLOCK_M"]) * (self.num_n_down // tiles),)
-        if persist:
-            grid = (min(grid[0], persist * _num_sms(w2.device)),)
         tma = bool(c.get("W_TMA", 0))
         desc = self.weight_desc(w2, 1, 1, c["DN_N"], c["DN_K"]) if tma else None
         a_tma = bool(c.get("DN_A_TMA", 0))
@@ -925,13 +800,6 @@ class _Launch:
             w2.stride(0),
             w2.stride(1),
             *self.scale_strides(self.w2_scale),
-            counters,
-            self.ids,
-            out,
-            out.stride(0),
-            self.k,
-            self.offset,
-            self.E,
             BLOCK_M=c["BLOCK_M"],
             BLOCK_N=c["DN_N"],
             BLOCK_K=c["DN_K"],
@@ -939,11 +807,7 @@ class _Launch:
             A_GROUP=self.a2_group,
             W_BLOCK=self.w_block,
             EVEN_K=self.I % c["DN_K"] == 0,
-            FAST_ACC=bool(c.get("FAST_ACC", 0)),
             USE_PDL=self.pdl,
-            PREFETCH=self.pdl and bool(c.get("PREFETCH", 0)),
-            REDUCE=reduce,
-            K_PAD=triton.next_power_of_2(self.k),
             BLOCK_EXIT=bool(c.get("BLOCK_EXIT", 0)),
             W_TMA=tma,
             w_desc=desc,
@@ -952,7 +816,6 @@ class _Launch:
             a_desc=a_desc,
             SWAP_AB=bool(c.get("DN_SWAP_AB", 0)),
             TILES=tiles,
-            PERSIST=bool(persist),
             HALF=bool(c.get("DN_HALF", 0)),
             num_warps=c["DN_WARPS"],
             num_stages=c["DN_STAGES"],
@@ -1047,7 +910,7 @@ def fused_moe(
     expert_offset: int = 0,
     routed_scaling_factor: float = 1.0,
     out: torch.Tensor | None = None,
-    config: dict | None = None,
+    config: dict | C.Config | C.SmallConfig | None = None,
 ) -> torch.Tensor:
     """FP8 MoE layer: out[t] = Σ_j w_tj · s · W2_e(q(SiLU(W1_e q(x_t)) ⊙ W3_e q(x_t))), bf16 [T, H].
 
@@ -1063,6 +926,8 @@ def fused_moe(
     with their own tensors (launch_plan.py; bitwise the same launches). Off with
     ``launch_plan.ENABLED = False``.
     """
+    if isinstance(config, (C.Config, C.SmallConfig)):
+        config = config.to_dict()
     args = (hidden, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, a13_scale, a2_scale)
     rest = (block_shape, expert_offset, routed_scaling_factor, out, config)
     key = _plan_key(*args, *rest) if LP.usable() else None
@@ -1193,10 +1058,8 @@ def _fused_moe_calls(
     LP.set_io(io, (same, _is_raw(a13, a13_scale), _is_raw(a2, a2_scale)))
     if launch.T == 0:
         return result
-    # the one-launch persistent path and the small-T path take the same validated inputs
-    path = {"persistent": fused_moe_persistent, "small": fused_moe_small}.get(launch.cfg.get("PATH"))
-    if path is not None:
-        return path(
+    if is_small(launch.cfg):  # the small-T path takes the same validated inputs
+        return fused_moe_small(
             hidden,
             w13,
             w2,
@@ -1214,24 +1077,16 @@ def _fused_moe_calls(
             out=result,
             config=launch.cfg,
         )
-    launch.prep(hidden, result)
+    launch.prep(hidden)
     split = launch.cfg["SPLIT_K"]
     if split == 1:
         launch.gate_up(w13, launch.inter, launch.inter_s, 0, 1)
     else:
         part = LP.empty(split, launch.P, 2 * launch.I, dtype=torch.float32, device=hidden.device)
-        # GU_RED: the partials summed in the gate/up kernel (one counter per (block, N tile) in the stream's
-        # zeroed slice, which the down kernel's DN_REDUCE counters reuse after it: the launches are ordered)
-        tiles = (launch.P // launch.cfg["BLOCK_M"]) * triton.cdiv(launch.I, launch.cfg["GU_N"])
-        if launch.cfg.get("GU_RED", 0) and tiles <= COUNTER_SLICE:
-            cnt = _counters(hidden.device, tiles)
-            launch.gate_up(w13, launch.inter, launch.inter_s, 2, split, part=part, counters=cnt)
-        else:  # the separate SiLU / quantization launch (bitwise the same sums)
-            launch.gate_up(w13, part, part, 1, split)
-            launch.act_quant(part, split)
-    launch.down(w2, routed_scaling_factor, result)
-    if not launch.dn_reduce:
-        launch.reduce(result)
+        launch.gate_up(w13, part, part, 1, split)
+        launch.act_quant(part, split)
+    launch.down(w2, routed_scaling_factor)
+    launch.reduce(result)
     return result
 
 
@@ -1270,7 +1125,6 @@ def moe_unfused(
         config,
     )
     launch.pdl, launch.launch_kw = False, {}  # the baseline's stages are plain launches
-    launch.dn_reduce = False  # and it sums the top-k rows in torch
     result = _output(out, launch.T, launch.H, hidden.device)
     if launch.T == 0:
         return result

@@ -14,9 +14,7 @@ before it waits for the previous grid (the gate/up grid only with PRE_Q); FUSE_Q
 T <= ``FUSE_T_MAX``): no quantization launch; every gate/up program that owns an expert quantizes the
 T rows of its K range into a private scratch slice first (bitwise launch 0's values), so the path runs
 two launches; FUSE_QUANT = 2: the same, and on SM90 the program's first GU_STAGES K steps of weights are
-prefetched to L2 before it quantizes. FUSE_L1 = 1 (with FUSE_QUANT): the gate/up loop reads the scratch's
-group scales through L1 as the PRE_Q loop reads launch 0's (default 0: through L2 only, ``.cg``, the form
-measured on 2026-11-29; kernel README, "Small-T path"). Above ``FUSE_T_MAX`` (a T = 4 entry serves up to
+prefetched to L2 before it quantizes. The gate/up loop reads the scratch through L2 only (``.cg``). Above ``FUSE_T_MAX`` (a T = 4 entry serves up to
 T = 8) a FUSE_QUANT config runs as plain PRE_Q: the same values, the scratch would grow as T · programs.
 H_GROUP (dynamic intermediate scales only; 128, the default, or 64): the width of h's dynamic quantization
 groups. 128 is the checkpoints' 1×128 recipe (the reference's default). 64 lets a 64-wide gate/up tile
@@ -37,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from . import config as C
 from . import kernel_small as KS
 from . import launch_plan as LP
 from .reference import FP8
@@ -44,12 +43,13 @@ from .reference import FP8
 GROUP = 128
 NUM_SMS_H200 = 132
 SMALL_T_MAX = 32  # one A-tile row per token: BLOCK_M = 16 up to T = 16, else 32
-# untuned shapes take the small path up to this T; 0 since the first H200 sweep (2026-11-29) measured
+# untuned shapes take the small path up to this T; 0 since the first H200 sweep measured
 # the small path slower than the regular one at every shape and T (configs.json decides per shape)
 SMALL_T_DEFAULT = 0
 FUSE_T_MAX = 4  # FUSE_QUANT serves T <= this (scratch: T rows per gate/up program), else runs as PRE_Q
 FUSE_MAXNREG = 128  # FUSE_QUANT gate/up with 8 warps: 65536 / (2 · 256) registers, 2 CTAs per SM
-SMALL_KEYS = ("GU_N", "GU_K", "SPLIT_K", "GU_WARPS", "GU_STAGES", "DN_N", "DN_K", "DN_WARPS", "DN_STAGES")
+SMALL_KEYS = tuple(k.upper() for k in C.SmallConfig.REQUIRED)  # the small path's required keys
+SMALL_ALL_KEYS = C.SmallConfig.keys()  # every key it takes (config.SmallConfig's fields and PATH)
 H_GROUPS = (GROUP, 64)  # widths of h's dynamic quantization group (config key H_GROUP, default GROUP)
 
 
@@ -120,7 +120,7 @@ def default_small_config(
     a2_group: bool = True,
     num_sms: int = NUM_SMS_H200,
 ) -> dict:
-    """Heuristic small-path config (not measured as a whole: the H200 run of 2026-11-29 timed the
+    """Heuristic small-path config (not measured as a whole: the first H200 sweep timed the
     version without PRE_Q). Inputs quantized by a launch of their own (PRE_Q), so the gate/up loop
     only streams fp8 tiles; tiles of >= 64 weight rows (the dot's M side: Hopper wgmma, fp8 straight
     from shared memory). Gate/up: 64-wide tiles (more programs), 128-wide with dynamic a2 (the
@@ -153,6 +153,9 @@ def check_small_config(cfg: dict, a1_group: bool, a2_group: bool, error=ValueErr
     missing = [k for k in SMALL_KEYS if k not in cfg]
     if missing:
         raise error(f"small-path launch config lacks {missing}")
+    unknown = sorted(set(cfg) - SMALL_ALL_KEYS)
+    if unknown:
+        raise error(f"small-path launch config has keys the small path does not take: {unknown}")
     _check_small_tiles(cfg, a1_group, a2_group, error)
     _check_small_flags(cfg, error)
     return cfg
@@ -198,15 +201,9 @@ def _check_small_flags(cfg: dict, error) -> None:
         raise error(
             "FUSE_QUANT folds PRE_Q's quantization launch into the gate/up kernel: it needs PRE_Q = 1"
         )
-    if cfg.get("FUSE_L1", 0) not in (0, 1) or (cfg.get("FUSE_L1", 0) and not cfg.get("FUSE_QUANT", 0)):
-        raise error(f"FUSE_L1={cfg['FUSE_L1']} must be 0 or 1, and 1 only with FUSE_QUANT")
-    for key in ("GU_RED", "PDL", "PREFETCH", "SCALE_LAG"):
+    for key in ("GU_RED", "PDL", "PREFETCH"):
         if cfg.get(key, 0) not in (0, 1):
             raise error(f"{key}={cfg[key]} must be 0 or 1")
-    if cfg.get("SCALE_LAG", 0) and not cfg.get("PRE_Q", 0):
-        raise error(
-            "SCALE_LAG (up products scaled a K step late) is built for the PRE_Q gate/up loop: it needs PRE_Q = 1"
-        )
 
 
 def fused_moe_small(
@@ -239,12 +236,6 @@ def fused_moe_small(
     if t == 0:
         return out
     c = config
-    lag = int(c.get("SCALE_LAG", 0))
-    if lag and not (a1_group or w_block):
-        raise ValueError(
-            "SCALE_LAG delays the per-K-step scaling of group / block scales; per-tensor weights with a static "
-            "activation scale have none"
-        )
     split = int(c["SPLIT_K"])
     dev = hidden.device
     ids = topk_ids.to(torch.int32).contiguous()
@@ -263,10 +254,6 @@ def fused_moe_small(
     k_span = triton.cdiv(triton.cdiv(h, c["GU_K"]), split) * c["GU_K"]
     q_groups = min(32, triton.next_power_of_2(triton.cdiv(k_span, GROUP))) if fuse else 1
     fuse_kw = {}
-    if lag and dev.type == "cuda" and c["GU_WARPS"] == 8:
-        # SCALE_LAG keeps two fp32 product tiles live: ptxas' pick for the 8-warp 128-wide block-scaled tile
-        # goes from 92 to 140 registers (sm_90a), 1 CTA per SM; at 128 it builds without spills, 2 per SM
-        fuse_kw["maxnreg"] = FUSE_MAXNREG
     if fuse:  # private scratch of T rows per gate/up program (programs that own no expert leave it)
         xq = LP.empty(grid_gu[0] * split * t, h, dtype=FP8, device=dev)
         xs = LP.empty(grid_gu[0] * split * t, triton.cdiv(h, GROUP), dtype=torch.float32, device=dev)
@@ -276,7 +263,6 @@ def fused_moe_small(
             Q_GROUPS=q_groups,
             Q_CHUNKS=triton.cdiv(triton.cdiv(k_span, GROUP), q_groups),
             PF_STEPS=int(c["GU_STAGES"]) if fuse == 2 and sm90 else 0,  # inline PTX: SM90 only
-            XQ_L1=bool(c.get("FUSE_L1", 0)),
         )
         if sm90 and c["GU_WARPS"] == 8:
             # the prologue lifts ptxas' pick from 92 to 136 registers (sm_90a, 128-wide block-scaled tile),
@@ -357,7 +343,6 @@ def fused_moe_small(
         GU_RED=gu_red,
         USE_PDL=pdl,
         PREFETCH=prefetch and pre_q and not fuse,  # nothing runs between the ids' writer and this grid
-        SCALE_LAG=(2 if dev.type == "cuda" else 1) if lag else 0,  # 2: with kernel._in_order (inline PTX)
         **fuse_kw,
         num_warps=c["GU_WARPS"],
         num_stages=c["GU_STAGES"],

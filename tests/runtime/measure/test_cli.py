@@ -124,21 +124,21 @@ def test_kernel_bench_discovery_and_failures(monkeypatch, capsys):
     recorded while the others still run and store their rows."""
     import types
 
-    good = types.ModuleType("hpc_advise.runtime.benches.fake_ok")
+    good = types.ModuleType("hpc_advise.runtime.measure.cases.fake_ok")
 
     def good_bench(grid="full", peers=True):
         print("bench chatter")  # must not reach stdout (it would break --json)
         return [{"kind": "kernel", "grid": grid}], [], []
 
     good.bench = good_bench
-    bad = types.ModuleType("hpc_advise.runtime.benches.fake_bad")
+    bad = types.ModuleType("hpc_advise.runtime.measure.cases.fake_bad")
 
     def boom(grid="full", peers=True):
         raise RuntimeError("kernel exploded")
 
     bad.bench = boom
-    monkeypatch.setitem(sys.modules, "hpc_advise.runtime.benches.fake_ok", good)
-    monkeypatch.setitem(sys.modules, "hpc_advise.runtime.benches.fake_bad", bad)
+    monkeypatch.setitem(sys.modules, "hpc_advise.runtime.measure.cases.fake_ok", good)
+    monkeypatch.setitem(sys.modules, "hpc_advise.runtime.measure.cases.fake_bad", bad)
     monkeypatch.setattr(measure_profile, "KERNEL_BENCHES", ("fake_missing", "fake_ok", "fake_bad"))
     report = measure_profile.BenchReport()
     steps = measure_profile._kernel_steps(None, report)

@@ -2,7 +2,7 @@
 
 Gluon has no interpreter, so on CPU: the op refuses the key outside its form (block scales, dynamic intermediate
 scales, tiles whose sum and two partials do not fit one warpgroup's registers, keys it has no form of, the small-T
-and persistent paths, a CPU device) with a clear error, and the kernel builds offline for sm_90a: the three
+path, a CPU device) with a clear error, and the kernel builds offline for sm_90a: the three
 partitions present (setmaxnreg to 232 registers for the two consumer warpgroups, 40 for the producer warp), no
 stack at the accepted tiles, one wgmma group left in flight at the K loop's promotions, and the 128 x 128 tile the
 op refuses spilling. On the H200 (marked gpu): Hy3 at T = 4096 and 16384 bitwise the Triton down GEMM of the
@@ -26,10 +26,10 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe  # noqa: E402
-from tests.kernels.test_fused_moe import (  # noqa: E402
-    _seed,
+from tests.kernels.fused_moe.helpers import (  # noqa: E402
     check_graph_replay,
     device_scales,
+    fresh_seed,
     make_problem,
     run_and_check,
 )
@@ -76,9 +76,7 @@ def test_pingpong_form_accepted_for_the_hy3_prefill_tiles():
         ({"DN_STAGES": 9}, {}, "ring of"),
         ({"DN_N": 128}, {"h": 4160}, "H % DN_N"),
         ({"PDL": 1}, {}, "PDL"),
-        ({"DN_REDUCE": 1}, {}, "DN_REDUCE"),
         ({"DN_TILES": 2}, {}, "DN_TILES"),
-        ({"DN_PERSIST": 1}, {}, "DN_PERSIST"),
         ({"DN_GLUON": 1}, {}, "must be 0 (Triton down GEMM) or 3"),
         ({"DN_GLUON": 0}, {}, "needs DN_GLUON = 3"),  # DN_GLUON_M alone
     ],
@@ -88,8 +86,8 @@ def test_pingpong_refused_outside_its_form(change, kw, words):
         _forms(_cfg(**change), **kw)
 
 
-def test_pingpong_refused_on_the_small_t_and_persistent_paths():
-    for path in (op.default_small_config(8, 8, 192, 4096, 1536), {"PATH": "persistent"}):
+def test_pingpong_refused_on_the_small_t_path():
+    for path in (op.default_small_config(8, 8, 192, 4096, 1536),):
         with pytest.raises(FusedMoEError, match="regular prefill path key"):
             op.check_config(dict(path, DN_GLUON=3), False)
 
@@ -203,123 +201,6 @@ def test_pingpong_builds_for_sm90_with_three_partitions_and_no_spills():
     print(res)
 
 
-# the config keys tune --prefill-retune moves (one at a time; BLOCK_M 64 also with 4 gate/up stages)
-RETUNE_KEYS = {
-    "GU_STAGES", "GU_GROUP_M", "BLOCK_M", "GU_WARPS", "W_TMA", "GU_TILES",
-    "DN_STAGES", "DN_GROUP_M", "DN_GLUON_M", "DN_N", "DN_GLUON", "DN_WARPS",
-}  # fmt: skip
-HALF_KEYS = {"GU_HALF", "DN_HALF"}  # dropped by the BLOCK_M 64 and GU_TILES 2 moves (no half-tile form there)
-RETUNE_KEYS |= HALF_KEYS
-
-
-@pytest.mark.parametrize("t", [4096, 16384])
-def test_prefill_retune_candidates_are_valid_moves_of_the_hy3_pick(t):
-    """tune --prefill-retune at Hy3: the shipped pick first, then distinct configs differing from it only in the
-    tile keys the retune moves, each passing the op's checks at the shape and at its precompile job's sizes. Both
-    picks run the ping-pong down (T = 4096 since 2026-11-30 08:18 UTC): at T = 16384 the BLOCK_M 64 forms, gate/up
-    stages 2 / 4 and the other consumer tile among the moves, at T = 4096 (BLOCK_M 64) BLOCK_M 128 and the other
-    ring depths."""
-    from hpc_advise.runtime.benches import fused_moe as fb
-    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
-
-    tune = _load_tuner()
-    e, h, i, k = HY3
-    cands = tune.prefill_retune_candidates(op, t, k, e, h, i, "tensor-static")
-    pick = _pick(t)
-    assert cands[0] == pick and len(cands) >= 10, cands
-    keyed = [json.dumps(c, sort_keys=True) for c in cands]
-    assert len(set(keyed)) == len(keyed)
-    moves = []
-    for c in cands[1:]:
-        changed = {key for key in set(c) | set(pick) if c.get(key) != pick.get(key)}
-        assert changed and changed <= RETUNE_KEYS, (t, c)
-        moves.append({key: c.get(key) for key in changed - HALF_KEYS})
-        _forms(c)
-        _, _, _, inter, hidden = tune.multi_tile_compile_job("hy3", "tensor-static", c)
-        _forms(c, h=hidden, i=inter)
-    assert {"GU_TILES": 2} in moves and {"W_TMA": 1} in moves and {"GU_GROUP_M": 32} in moves, moves
-    assert pick["DN_GLUON"] == 3
-    if t == 16384:
-        wanted = ({"BLOCK_M": 64}, {"BLOCK_M": 64, "GU_STAGES": 4}, {"GU_STAGES": 2}, {"GU_STAGES": 4},
-                  {"DN_GLUON_M": 128, "DN_N": 64}, {"DN_STAGES": 4}, {"DN_STAGES": 6})  # fmt: skip
-    else:
-        wanted = ({"BLOCK_M": 128}, {"GU_STAGES": 2}, {"GU_STAGES": 3}, {"DN_STAGES": 4}, {"DN_STAGES": 5})
-    for m in wanted:
-        assert m in moves, (m, moves)
-    assert fb.MODES["hy3"][0] == "tensor-static"
-
-
-def _rows(pick_first, cand, pick_last):
-    """One point's retune rows from per-round whole-call µs: the pick, one candidate, the pick again."""
-    import statistics
-
-    def row(xs, **kw):
-        return dict(call_us=statistics.median(xs), rounds=[{"call_us": x} for x in xs], config=kw, **kw)
-
-    return [row(pick_first), row(cand, cand=1), row(pick_last, again=True)]
-
-
-def test_retune_decision_ships_only_a_median_and_majority_win():
-    """retune_decision: a candidate ships only if its median whole call is >= 2 % below the better of the pick's
-    two medians (first and last in each round) AND it beat that round's better pick timing in most rounds."""
-    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
-
-    decide = _load_tuner().retune_decision
-    pick = [7000, 7100, 6900, 7050, 7000]
-    row, why = decide(_rows(pick, [6800, 6850, 6700, 6800, 6750], pick))  # -2.9 %, wins 5 of 5
-    assert row.get("cand") == 1 and why.startswith("ships") and "5 of 5" in why, why
-    row, why = decide(_rows(pick, [6900, 6950, 6850, 6900, 6880], pick))  # -1.4 %: inside the noise
-    assert row.get("cand") is None and why.startswith("pick kept"), why
-    fast_last = [
-        6700,
-        6750,
-        6650,
-        6700,
-        6700,
-    ]  # the pick read slow first, fast last: the better median counts
-    row, why = decide(_rows(pick, [6800, 6850, 6700, 6800, 6750], fast_last))
-    assert row.get("cand") is None, why
-    dips = [7000, 7000, 6500, 6500, 7000]  # the pick's rounds dip where the candidate's do not
-    row, why = decide(_rows(dips, [6800, 7100, 6800, 6800, 7100], dips))  # median -2.9 %, faster in 1 of 5
-    assert row.get("cand") is None and "1 of 5" in why, why
-    first, _, last = _rows(pick, pick, pick)
-    row, why = decide([first, last])
-    assert row.get("again") is None and why == "no candidate"
-
-
-def test_decide_replays_the_rule_over_a_rows_file_into_a_configs_table(tmp_path):
-    """--decide (``decide_from``): the retune rule, at the sustained bar (fb.SUSTAINED_MIN_GAIN, 1 %), re-applied to
-    a rows file as a --prefill-retune run writes it; a shipping point's candidate and a kept point's pick land in
-    the table with their median whole call, other entries untouched."""
-    from tests.kernels.test_fused_moe_decode_round5 import _load_tuner
-
-    tune = _load_tuner()
-    e, h, i, k = HY3
-    pick = [7200, 7250, 7230]
-    ships = _rows(pick, [7100, 7120, 7110], pick)  # -1.5 %, 3 of 3: ships at 1 %, not at the old 2 %
-    kept = _rows(pick, [7190, 7180, 7300], pick)  # -0.4 %
-    lines = []
-    for t, rows in ((16384, ships), (4096, kept)):
-        for r in rows:
-            r.update(shape="hy3", mode="tensor-static", T=t)
-            lines.append(json.dumps(r))
-    src = tmp_path / "retune_launches.jsonl"
-    src.write_text("\n".join(lines) + "\n")
-    other = dict(E=1, H=2, I=3, top_k=1, mode="tensor-static", T=1, config={"BLOCK_M": 16}, p50_us=1.0)
-    out = tmp_path / "configs.json"
-    out.write_text(json.dumps({"version": 1, "gpu": "G", "entries": [other]}))
-    entries = tune.decide_from(src, out, "G")
-    table = {x["T"]: x for x in json.loads(out.read_text())["entries"]}
-    assert table[16384]["config"] == {"cand": 1} and table[16384]["p50_us"] == 7110
-    assert table[4096]["config"] == {} and table[4096]["p50_us"] == 7230
-    assert table[1] == other and len(entries) == 2
-    assert (table[16384]["E"], table[16384]["H"], table[16384]["I"], table[16384]["top_k"]) == (e, h, i, k)
-
-
-# ---------------------------------------------------------------------------------------------
-# H200
-
-
 def _pair(p, cfg, change, seed):
     """(Triton down under ``cfg``'s Triton form, ping-pong down under cfg + change) outputs of one problem, each
     checked against the reference."""
@@ -333,7 +214,7 @@ def _pair(p, cfg, change, seed):
 def test_gpu_pingpong_bitwise_the_triton_down_hy3(t):
     """Hy3 at the pick's tiles: the shipped ping-pong pick (T = 16384) and the other ping-pong tile shapes
     bitwise the Triton down GEMM of the same tile."""
-    seed = _seed()
+    seed = fresh_seed()
     e, h, i, k = HY3
     p = make_problem(t, e, h, i, k, "tensor-static", device="cuda")
     cfg = _pick(t)
@@ -352,7 +233,7 @@ def test_gpu_pingpong_ragged_empty_experts_ep_rank_and_graph_replay():
     """Hy3 TP8 rows (I = 192: one full and one half K step): one expert takes every token, a few take three,
     the rest none, slots of another EP rank; bitwise the Triton down GEMM; an EP rank with no rows gives zeros;
     then a CUDA-graph replay with fresh routing (descriptors are launch parameters; the weights do not move)."""
-    seed = _seed()
+    seed = fresh_seed()
     t, k, e, h, i = 1024, 4, 32, 1024, 192
     ids = torch.full((t, k), -1, dtype=torch.int32, device="cuda")
     ids[:, 0] = 7
@@ -386,7 +267,7 @@ def test_gpu_pingpong_ragged_row_counts_on_two_ep_ranks_hy3_tp8():
     """Hy3 TP8 rows (I = 192) on 16 local experts of 32 (EP rank 0) with the row counts of ROW_COUNTS (slot 0),
     slot 1 on the other rank or -1: the ping-pong down over 64-row tiles, some of them padding only, is bitwise the
     Triton down GEMM; then rank 1 of the same routing (its local rows: slot 1's)."""
-    seed = _seed()
+    seed = fresh_seed()
     e, h, i, k = 16, 1024, 192, 2
     counts = torch.tensor(ROW_COUNTS)
     assert ((counts % 128 >= 1) & (counts % 128 <= 64)).sum() >= 4 and (counts == 0).sum() >= 2

@@ -1,6 +1,6 @@
 """Tests of the FP8 fused MoE's small-T path (hpc_advise.kernels.fused_moe.kernel_small / op_small).
 
-Same conventions as test_fused_moe.py (whose problem builder, checker and tolerances are reused):
+Same conventions as the regular path's tests (problem builder, checker and tolerances: helpers.py):
 fresh random inputs (seed in the failure message), NaN-poisoned ``out``, the fp32 reference with the
 same fp8 quantization as ground truth, bound REL_TOL_QUANT_REF = 2e-2 (kernel README, "Tolerances":
 bf16 rounding ~2.4e-3 plus rare one-ulp fp8 flips of re-quantized intermediates; any indexing,
@@ -20,16 +20,16 @@ pytest.importorskip("triton")
 from hpc_advise.kernels.fused_moe import op, op_small  # noqa: E402
 from hpc_advise.kernels.fused_moe.op import FusedMoEError, fused_moe, moe_unfused  # noqa: E402
 from hpc_advise.kernels.fused_moe.reference import moe_float_reference  # noqa: E402
-from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
-from tests.kernels.test_fused_moe import (  # noqa: E402
+from tests.kernels.fused_moe.helpers import (  # noqa: E402
     MODES,
     REL_TOL_FLOAT_REF,
-    _seed,
     check_graph_replay,
+    fresh_seed,
     make_problem,
     rel_err,
     run_and_check,
 )
+from tests.kernels.sm90_compile import compile_sm90  # noqa: E402
 
 
 def small_cfg(**kw) -> dict:
@@ -49,7 +49,7 @@ def test_small_path_matches_reference(mode, t, split, gu_n, pre_q):
     """I = 192 (partial 128-groups and N tiles), H = 384 (3 K groups), k = 3. The three ways h reaches
     the down kernel (op_small.h_mode): fp8 from the gate/up epilogue (static a2, or GU_N = 128), fp32
     (dynamic a2, GU_N < 128), split-K 3 partials; inputs quantized per K step or by launch 0 (PRE_Q)."""
-    seed = _seed()
+    seed = fresh_seed()
     p = make_problem(t, 6, 384, 192, 3, mode, device="cpu")
     cfg = small_cfg(SPLIT_K=split, GU_N=gu_n, PRE_Q=pre_q)
     run_and_check(p, config=cfg, scaling=2.5 if t == 3 else 1.0, seed=seed)
@@ -66,7 +66,7 @@ VARIANTS = {"base": {}, "split-sums": SPLIT_SUMS}
 def test_small_path_split_sums_match_reference(mode, t, split, dn_split):
     """I = 192 (a partial second N tile), H = 384: split 3 leaves one 128-K step per split, split 2
     an uneven share; DN_SPLIT 3 over I's two K steps leaves one split without K steps (zeros)."""
-    seed = _seed()
+    seed = fresh_seed()
     p = make_problem(t, 6, 384, 192, 3, mode, device="cpu")
     cfg = small_cfg(SPLIT_K=split, GU_RED=1, GU_N=128, DN_SPLIT=dn_split)
     run_and_check(p, config=cfg, scaling=2.5 if t == 3 else 1.0, seed=seed)
@@ -74,7 +74,7 @@ def test_small_path_split_sums_match_reference(mode, t, split, dn_split):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_small_path_is_deterministic_and_leaves_counters_at_zero(variant):
-    seed = _seed()
+    seed = fresh_seed()
     p = make_problem(3, 4, 256, 128, 3, "block-dynamic", device="cpu")
     p["ids"][1] = p["ids"][0]  # two tokens on the same experts: one gate/up program serves both
     cfg = small_cfg(**VARIANTS[variant])
@@ -89,7 +89,7 @@ def test_small_path_is_deterministic_and_leaves_counters_at_zero(variant):
 def test_one_token_with_every_slot_on_one_expert(mode, variant):
     """Token 0 names expert 2 in all k slots (the result is counted k times, weighted per slot);
     token 1 shares expert 2 with it in one slot, so one program serves both tokens."""
-    seed = _seed()
+    seed = fresh_seed()
     ids = torch.tensor([[2, 2, 2], [0, 2, 3]], dtype=torch.int32)
     p = make_problem(2, 4, 256, 128, 3, mode, ids=ids, device="cpu")
     cfg = small_cfg(SPLIT_K=2) if variant == "split-k-2" else small_cfg(**SPLIT_SUMS)
@@ -100,7 +100,7 @@ def test_one_token_with_every_slot_on_one_expert(mode, variant):
 def test_small_path_ids_of_other_ranks_and_minus_one(variant):
     """EP rank with experts 4..7 of 12: slots of other ranks and -1 are skipped; token 0 has no
     local slot and gets zeros."""
-    seed = _seed()
+    seed = fresh_seed()
     ids = torch.tensor([[0, 11, -1], [5, -1, 9], [4, 7, 6]], dtype=torch.int32)
     p = make_problem(3, 4, 256, 128, 3, "block-dynamic", ids=ids, expert_offset=4, device="cpu")
     out, _, _ = run_and_check(p, config=small_cfg(**VARIANTS[variant]), seed=seed)
@@ -109,7 +109,7 @@ def test_small_path_ids_of_other_ranks_and_minus_one(variant):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_small_path_rank_without_local_slots_writes_zeros(variant):
-    seed = _seed()
+    seed = fresh_seed()
     ids = torch.randint(0, 8, (2, 3), dtype=torch.int32)  # experts 0..7; this rank holds 8..11
     p = make_problem(2, 4, 256, 128, 3, "tensor-static", ids=ids, expert_offset=8, device="cpu")
     out, _, _ = run_and_check(p, config=small_cfg(**VARIANTS[variant]), seed=seed)
@@ -117,7 +117,7 @@ def test_small_path_rank_without_local_slots_writes_zeros(variant):
 
 
 def test_small_path_error_against_unquantized_math_is_reported():
-    seed = _seed()
+    seed = fresh_seed()
     p = make_problem(2, 4, 256, 128, 2, "block-dynamic", device="cpu")
     out, _, err_q = run_and_check(p, config=small_cfg(), seed=seed)
     err_f = rel_err(out, moe_float_reference(p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"]))
@@ -128,7 +128,7 @@ def test_small_path_error_against_unquantized_math_is_reported():
 def test_programmatic_launch_flags_are_ignored_off_sm90():
     """PDL / PREFETCH need SM90 (griddepcontrol, inline PTX); elsewhere (here: the CPU interpreter) the
     path runs plain launches and gives bitwise the output of the config without them."""
-    seed = _seed()
+    seed = fresh_seed()
     p = make_problem(2, 4, 256, 128, 3, "block-dynamic", device="cpu")
     plain, _, _ = run_and_check(p, config=small_cfg(**SPLIT_SUMS), seed=seed)
     flagged, _, _ = run_and_check(p, config=small_cfg(**SPLIT_SUMS, PDL=1, PREFETCH=1), seed=seed)
@@ -171,7 +171,7 @@ def test_tuned_small_entry_is_used_near_its_t_and_never_past_the_limit(monkeypat
 
 def test_unfused_baseline_never_takes_the_small_path():
     """moe_unfused given a small config (as the benchmark's precompile does) runs its own path."""
-    seed = _seed()
+    seed = fresh_seed()
     p = make_problem(2, 4, 256, 128, 2, "tensor-static", device="cpu")
     run_and_check(p, config=small_cfg(), fn=moe_unfused, seed=seed)
 
@@ -286,7 +286,7 @@ GPU_SHAPES = {  # name -> (E local, H, I, top_k, global experts, expert offset)
 @pytest.mark.parametrize("mode", ["tensor-static", "block-dynamic"])
 @pytest.mark.parametrize("t,split", [(1, 1), (3, 2), (16, 1)])
 def test_gpu_small_path_real_shapes(shape, mode, t, split):
-    seed = _seed()
+    seed = fresh_seed()
     e, h, i, k, ge, off = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     cfg = dict(op_small.default_small_config(t, k, e, h, i, mode.endswith("dynamic")), SPLIT_K=split)
@@ -300,7 +300,7 @@ def test_gpu_small_path_real_shapes(shape, mode, t, split):
 @pytest.mark.parametrize("t,split,dn_split", [(1, 8, 4), (3, 4, 2)])
 def test_gpu_small_path_split_sums_and_pdl_real_shapes(shape, mode, t, split, dn_split):
     """GU_RED + DN_SPLIT with programmatic dependent launches and L2 weight prefetch, real shapes."""
-    seed = _seed()
+    seed = fresh_seed()
     e, h, i, k, ge, off = GPU_SHAPES[shape]
     p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
     cfg = dict(
@@ -321,7 +321,7 @@ def test_gpu_small_path_split_sums_and_pdl_real_shapes(shape, mode, t, split, dn
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["default", "split-sums-pdl"])
 def test_gpu_small_path_graph_replay_is_deterministic_and_tracks_new_routing(variant):
-    seed = _seed()
+    seed = fresh_seed()
     t, k = 4, 8
     p = make_problem(t, 192, 4096, 1536, k, "block-dynamic", device="cuda")
     p["ids"][0] = 17  # one token with every slot on one expert

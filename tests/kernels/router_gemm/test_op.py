@@ -15,7 +15,7 @@ import torch
 from hpc_advise.kernels.router_gemm import op
 from hpc_advise.kernels.router_gemm import reference as ref
 from hpc_advise.kernels.router_gemm.configs import Config, heuristic_config, pick_config
-from hpc_advise.runtime.benches.router_gemm import gemv_candidates
+from hpc_advise.runtime.measure.cases.router_gemm import gemv_candidates
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 REL_TOL = 1e-5  # ||y - y64|| / ||y64||, norm-wise over the whole [M, N] output
@@ -315,7 +315,7 @@ def test_config_table_and_heuristic():
 
 
 def test_tuner_candidates_are_valid_configs():
-    from hpc_advise.runtime.benches.router_gemm import _smem_bytes, candidates
+    from hpc_advise.runtime.measure.cases.router_gemm import _smem_bytes, candidates
 
     for n, k in ((192, 4096), (128, 4096), (256, 7168), (64, 1024)):
         for m in (1, 8, 32, 64, 128, 512, 2048, 8192):
@@ -327,7 +327,7 @@ def test_tuner_candidates_are_valid_configs():
 
 
 def test_bench_rejects_unknown_grid():
-    from hpc_advise.runtime.benches.router_gemm import bench
+    from hpc_advise.runtime.measure.cases.router_gemm import bench
 
     with pytest.raises(ValueError, match="grid"):
         bench(grid="huge")
@@ -532,7 +532,7 @@ def test_use_tuned_merges_buckets_and_switches_the_table(tmp_path, monkeypatch):
     import json
 
     from hpc_advise.kernels.router_gemm import configs
-    from hpc_advise.runtime.benches.router_gemm import use_tuned
+    from hpc_advise.runtime.measure.cases.router_gemm import use_tuned
 
     monkeypatch.setattr(configs, "CONFIG_FILE", configs.CONFIG_FILE)  # restored after the test
     before = json.loads(configs.CONFIG_FILE.read_text())["entries"]

@@ -22,8 +22,8 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from hpc_advise.kernels.fused_moe import launch_plan as LP  # noqa: E402
-from hpc_advise.kernels.fused_moe import op, op_persistent, op_small  # noqa: E402
-from tests.kernels.test_fused_moe import CPU_CFG, make_problem  # noqa: E402
+from hpc_advise.kernels.fused_moe import op, op_small  # noqa: E402
+from tests.kernels.fused_moe.helpers import CPU_CFG, make_problem  # noqa: E402
 
 T, E, H, I, K = 3, 8, 256, 128, 4  # CPU sizes (interpreter)
 
@@ -60,7 +60,6 @@ def _paths(a2_group: bool) -> dict:
         # intermediate (a workspace slot), rebuilt per replay
         "regular-tma": dict(regular, W_TMA=1, DN_A_TMA=1),
         "small": op_small.default_small_config(T, K, E, H, I, a2_group),
-        "persistent": op_persistent.default_persistent_config(a2_group),
     }
 
 
@@ -87,10 +86,8 @@ def check_plan_replays(mode: str, cfg: dict, device: str, problem=None, **extra)
         ("block-dynamic", "regular-split-k"),
         ("block-dynamic", "regular-tma"),
         ("block-dynamic", "small"),
-        ("block-dynamic", "persistent"),
         ("tensor-static", "regular"),
         ("tensor-static", "small"),
-        ("tensor-static", "persistent"),
     ],
 )
 def test_plan_replays_bitwise_the_unplanned_call(mode, path):
@@ -282,8 +279,8 @@ def test_plan_cache_drops_least_recently_used_plans_within_the_workspace_budget(
 # --------------------------------------------------------------------------------------------------
 # GPU: the tuned configs of the three paths at real shapes (H200)
 
-GPU_POINTS = [  # (shape, T, path the tuned table sends it to; persistent: opt-in, by an explicit config)
-    ("deepseek-v3-ep8", 1, "persistent"),
+GPU_POINTS = [  # (shape, T, path the tuned table sends it to)
+    ("deepseek-v3-ep8", 1, "small"),
     ("hy3", 1, "small"),
     ("hy3-tp8", 4, "small"),  # T = 16 runs the regular path since decode round 5 (DN_TILES)
     ("qwen3-235b", 128, "regular"),
@@ -292,7 +289,7 @@ GPU_POINTS = [  # (shape, T, path the tuned table sends it to; persistent: opt-i
 
 
 def _gpu_case(shape: str, t: int):
-    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.measure.cases import fused_moe as fb
 
     e, h, i, k, eg, off = fb.SHAPES[shape]
     mode = fb.MODES[shape][0]
@@ -309,15 +306,12 @@ def _gpu_call(w, kw, r, out=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,t,path", GPU_POINTS)
 def test_gpu_plan_bitwise_the_unplanned_call_at_real_shapes(shape, t, path):
-    from hpc_advise.runtime.benches import fused_moe as fb
+    from hpc_advise.runtime.measure.cases import fused_moe as fb
 
     wts, kws, routings = _gpu_case(shape, t)
     e, h, i, k, _, _ = fb.SHAPES[shape]
     mode = fb.MODES[shape][0]
     cfg = op.get_config(t, k, e, h, i, mode, mode.endswith("dynamic"))
-    if path == "persistent":  # never in the shipped table (kernel README): the caller's explicit config
-        cfg = dict(op_persistent.default_persistent_config(mode.endswith("dynamic")), PDL=1)
-        kws = [dict(kw, config=cfg) for kw in kws]
     assert cfg.get("PATH", "regular") == path, cfg
     cases = [(0, 0), (1, 1), (0, 1), (1, 0)]  # (layer, routing)
     LP.ENABLED = False

@@ -1,0 +1,89 @@
+"""Goldens of paged decode attention: every tuned-default branch of ``op.tuned_config`` (KV dtype x KV heads x
+head_dim x page size) and the static split-k schedule, bitwise equal to the output recorded before the
+refactor (tests/kernels/goldens.py). Plans are built as ``decode_attention()`` and the SGLang backend build
+them: ``kv_dtype`` given, every launch knob left to the tuned table. The lengths mix one-tile requests (written
+directly), requests split over a few programs and one split over many (merged by log-sum-exp), so the merge
+paths of each branch run on the interpreter's small grid (op.CPU_NUM_SMS SMs).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from hpc_advise.kernels.decode_attention import op  # noqa: E402
+from tests.kernels.goldens import Goldens  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="goldens are CPU-interpreter outputs")
+
+GOLDENS = Goldens(Path(__file__).with_name("goldens.json"))
+BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+LENS = [5, 64, 333, 1000, 90]
+
+# (id, kv dtype, q heads, kv heads, head_dim, page, schedule, tensor scales)
+CASES = [
+    ("bf16-few-d128-p64", BF16, 8, 1, 128, 64, "dynamic", False),
+    ("bf16-few-d128-p16", BF16, 8, 1, 128, 16, "dynamic", False),
+    ("bf16-few-d64-p1", BF16, 4, 2, 64, 1, "dynamic", False),
+    ("fp16-few-d128-p64", FP16, 8, 1, 128, 64, "dynamic", False),
+    ("bf16-many-d128-p64", BF16, 16, 8, 128, 64, "dynamic", False),
+    ("bf16-many-d256-p16", BF16, 16, 8, 256, 16, "dynamic", False),
+    ("fp8-few-d128-p64", FP8, 8, 1, 128, 64, "dynamic", False),
+    ("fp8-few-d128-p16", FP8, 8, 1, 128, 16, "dynamic", True),
+    ("fp8-many-d128-p64", FP8, 16, 8, 128, 64, "dynamic", True),
+    ("fp8-many-d128-p16", FP8, 16, 8, 128, 16, "dynamic", False),
+    ("fp8-many-d256-p64", FP8, 16, 8, 256, 64, "dynamic", False),
+    ("bf16-few-d128-p64-static", BF16, 8, 1, 128, 64, "static", False),
+    ("fp8-many-d128-p64-static", FP8, 16, 8, 128, 64, "static", False),
+]
+
+
+def make_case(lens, *, hq, hkv, d, page, kv_dtype, seed):
+    """Fixed-seed q (bf16, fp16 for fp16 KV), a KV pool with each request's pages scattered and the slots
+    past its length NaN, the page table (unused columns -1) and int32 lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [math.ceil(n / page) for n in lens]
+    num_pages = sum(need) + 3
+    k = torch.full((num_pages, page, hkv, d), float("nan"))
+    v = torch.full_like(k, float("nan"))
+    perm = torch.randperm(num_pages, generator=gen)
+    table = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(lens):
+        pages = perm[used : used + need[i]]
+        used += need[i]
+        table[i, : need[i]] = pages.int()
+        for j, pg in enumerate(pages.tolist()):
+            fill = min(page, n - j * page)
+            k[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
+            v[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(FP16 if kv_dtype == FP16 else BF16)
+    return q, k.to(kv_dtype), v.to(kv_dtype), table, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_tuned_branch_matches_its_golden(case):
+    name, kv_dtype, hq, hkv, d, page, schedule, tensor_scales = case
+    q, k, v, table, seq_lens = make_case(LENS, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, seed=11)
+    p = op.plan(
+        seq_lens,
+        table,
+        page_size=page,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        schedule=schedule,
+        kv_dtype=kv_dtype,
+    )
+    scales = (0.5, 2.0) if kv_dtype == FP8 else (1.0, 1.0)
+    if tensor_scales:
+        scales = tuple(torch.tensor([s]) for s in scales)
+    out = torch.full_like(q, float("nan"))
+    op.run(p, q, k, v, k_scale=scales[0], v_scale=scales[1], out=out)
+    assert not torch.isnan(out).any()
+    GOLDENS.check(name, out)
