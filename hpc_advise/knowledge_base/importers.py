@@ -250,7 +250,7 @@ def to_row(record: object, *, path: Path, lineno: int, mtime: str, gpu: str | No
             config[key] = value
     created = mtime
     if tool == VLLM and isinstance(record.get("date"), str):
-        try:  # vLLM's "%Y%m%d-%H%M%S", local time of the benchmark host (taken as UTC)
+        try:  # vLLM's "%Y%m%d-%H%M%S", local time of the benchmark host (taken as offset +00:00)
             moment = _dt.datetime.strptime(record["date"], "%Y%m%d-%H%M%S")
             created = moment.replace(tzinfo=_dt.timezone.utc).isoformat(timespec="seconds")
         except ValueError:

@@ -372,8 +372,7 @@ def _prod(a, b, SWAP_AB: tl.constexpr):
     DN_SWAP_AB): computed as (bᵀ · aᵀ)ᵀ, so the weight tile's N (≥ 64 rows) is the MMA's M side and the
     BLOCK_M token rows its N side: at 16 rows Triton 3.6 then issues Hopper fp8 wgmma (QGMMA) with both
     operands from shared memory, where a 16-row M side gets mma.sync: every step's fp8 tile goes shared
-    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS, git show 41fb96b:hpc_advise/kernels/fused_moe/TUNING_LOG.md
-    "Swap AB at decode tiles"). The transposes are layout changes; the products are the same."""
+    memory → ldmatrix → registers, is converted to f16 there (F2FP) and fed to HMMA (sm_90a SASS; the kernel README's decisions table has the evidence). The transposes are layout changes; the products are the same."""
     if SWAP_AB:
         return tl.trans(tl.dot(tl.trans(b), tl.trans(a)))
     else:

@@ -1,8 +1,8 @@
 """Launch plans of the FP8 fused MoE: one eager call's host work done once per call signature.
 
 An eager ``op.fused_moe`` call spends far more host time than GPU time at decode and small extend sizes
-(H200: 220-455 µs of host time against 27-58 µs of GPU time in graph replay,
-``git show 41fb96b:benchmarks/results/fused_moe_decode_round3_overhead_h200.log``): input checks, the config lookup, a
+(H200: 220-455 µs of host time against 27-58 µs of GPU time in graph replay; the kernel
+README's decisions table has the evidence): input checks, the config lookup, a
 workspace allocation per buffer, and Triton's per-launch dispatch (argument binding, specialization,
 cache key, launch metadata) on each of its one to five launches. Everything but the tensors' addresses
 is fixed by the call's signature (device, stream, every input's shape / stride / dtype / 16-byte

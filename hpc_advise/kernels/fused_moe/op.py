@@ -138,7 +138,7 @@ def default_config(
     # rows per expert (each expert pads its rows up to BLOCK_M), 128 above. With dynamic scales the
     # weight tiles come by TMA with scalar block scales and 4 gate/up stages where the shape allows
     # (W_TMA, W_SCALAR: 2-16% faster on all three block-scaled shapes at T = 1024-16384 in the prefill-forms
-    # sweep, git show 41fb96b:hpc_advise/kernels/fused_moe/TUNING_LOG.md "Prefill forms"; without block weight scales W_SCALAR changes nothing).
+    # sweep, see the README's decisions table; without block weight scales W_SCALAR changes nothing).
     block_m = 64 if a2_group or n / max(num_experts, 1) <= 256 else 128
     tma = a2_group and hidden % 16 == 0 and inter % 16 == 0
     cfg = dict(
