@@ -99,22 +99,16 @@ def _patch_triton_interpreter() -> None:
 _patch_triton_interpreter()
 
 
+# fixtures that hold one HPC_ADVISE_HOME for a whole module (a fitted model cached there makes later loads cheap)
+SHARED_HOMES = ("advisor_home", "golden_home")
+
+
 @pytest.fixture(autouse=True)
 def _private_home(request, tmp_path_factory, monkeypatch):
     """Every test gets its own ``HPC_ADVISE_HOME``: no test reads or writes the user's knowledge base or cache.
-    A test that asks for ``advisor_home`` (a module's shared home with a fitted model cached) keeps that one."""
-    if "advisor_home" in request.fixturenames:
-        home = request.getfixturevalue("advisor_home")
-        monkeypatch.setenv("HPC_ADVISE_HOME", str(home))
-        return
+    A test that asks for one of ``SHARED_HOMES`` keeps that module-wide home."""
+    for name in SHARED_HOMES:
+        if name in request.fixturenames:
+            monkeypatch.setenv("HPC_ADVISE_HOME", str(request.getfixturevalue(name)))
+            return
     monkeypatch.setenv("HPC_ADVISE_HOME", str(tmp_path_factory.mktemp("home")))
-
-
-def pytest_collection_modifyitems(config, items):
-    """Skip tests marked ``gpu`` when no CUDA device is present."""
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200 machine)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
