@@ -121,11 +121,28 @@ class LazyGroup(click.Group):
         _attach_examples(command, name)
         return command
 
-    def main(self, *args, **kwargs):
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's standalone mode, except that a usage error is two lines (the error and where the
+        help is) instead of four, and a closed stdout pipe ends quietly."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            return super().main(*args, **kwargs)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except BrokenPipeError:
             _closed_pipe()
+        except click.UsageError as exc:
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            if exc.ctx is not None:
+                hint = f"{exc.ctx.command_path} {exc.ctx.help_option_names[0]}"
+                click.echo(f"Try '{hint}' for help.", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:

@@ -106,3 +106,41 @@ class Timer:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None and wants_progress():
             click.echo(f"  done in {time.perf_counter() - self.t0:.1f} s", err=True)
+
+
+class Aliased(click.Option):
+    """An option whose old spellings (``aliases``) still parse but are left out of ``--help``:
+    ``@click.option("--tp-size", "--tp", "tp", cls=Aliased, aliases=("--tp",))``."""
+
+    def __init__(self, *args, aliases: tuple[str, ...] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aliases = tuple(aliases)
+
+    def get_help_record(self, ctx):
+        shown = self.opts
+        self.opts = [o for o in shown if o not in self.aliases]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_output_file(path: str, option: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse, before any work, an output file whose folder is missing or not writable, or whose
+    suffix is not one of ``suffixes``."""
+    import os.path
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if suffixes is not None and os.path.splitext(path)[1].lower() not in suffixes:
+        raise click.BadParameter(
+            f"{path!r}: the file name must end in {', '.join(suffixes)}", param_hint=option
+        )
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"{path!r}: folder {folder} does not exist", param_hint=option)
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"{path!r}: folder {folder} is not writable", param_hint=option)
+    if os.path.isdir(path):
+        raise click.BadParameter(f"{path!r} is a folder", param_hint=option)
