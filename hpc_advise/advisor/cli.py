@@ -134,7 +134,7 @@ def model_fit(db, refit) -> None:
     """Fit on the shipped measurements + the KB's serving runs; cache under the data hash."""
     m, info = _load_model(db, refit=refit)
     state = "cached" if info["cached"] else "fitted"
-    click.echo(f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path']}")
+    click.echo(f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path'] or 'not cached (data folder not writable)'}")
     if info["left_out"]:
         click.echo(
             f"{len(info['left_out'])} rows left out (first: {info['left_out'][0][0]}: {info['left_out'][0][1]})"
