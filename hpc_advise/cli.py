@@ -75,7 +75,7 @@ EXAMPLES: dict[str, str] = {
     ),
     "profile": "hpc-advise profile --bench micro",
     "profiles": "hpc-advise profiles show h200",
-    "profiles list": "hpc-advise profiles list --kind gpu",
+    "profiles list": "hpc-advise profiles list --kind gpus",
     "profiles show": "hpc-advise profiles show llama-3.1-8b --json",
     "recommend": (
         "hpc-advise recommend --trace chat.csv --model llama-3.1-8b --gpu h200 --gpus 8 --slo-tpot-ms 30"

@@ -201,14 +201,16 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
     prof_gpu, n, note = _resolve_target(gpu, gpus)
     mdl = _resolve_model(model_name)
     try:
-        summary = summarize(trace, fmt=fmt, skip_bad=skip_bad)
+        with Timer(f"reading the trace {trace}"):
+            summary = summarize(trace, fmt=fmt, skip_bad=skip_bad)
     except TraceError as exc:
         _fail(str(exc))
     serving, _ = _load_model(db)
     ranker = Ranker(
         model_name, mdl, prof_gpu, TraceLoad.from_summary(summary), serving, load_attention_model(db)
     )
-    ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
+    with Timer(f"ranking the configurations of {mdl.key} on {n} GPU(s)"):
+        ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
     return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
 
 

@@ -179,7 +179,7 @@ def _body(text: str | None, file: str | None) -> str | None:
 @click.argument("text", required=False)
 @click.option("--title", help="Short title (searched, and weighted above the body).")
 @click.option("--tag", "tags", multiple=True, help="Tag the note (repeatable).")
-@click.option("--run", "run_ids", type=int, multiple=True, help="Link to a run id (repeatable).")
+@click.option("--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link to a run id (repeatable).")
 @_file_option("Read the body from a file ('-': stdin).")
 @db_option
 def notes_add(text, title, tags, run_ids, file, db_path) -> None:
@@ -197,7 +197,7 @@ def notes_add(text, title, tags, run_ids, file, db_path) -> None:
 @click.argument("text", required=False)
 @click.option("--title", help="New title.")
 @click.option("--tag", "tags", multiple=True, help="Replace the tags with these (repeatable).")
-@click.option("--run", "run_ids", type=int, multiple=True, help="Link one more run id (repeatable).")
+@click.option("--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link one more run id (repeatable).")
 @_file_option("New body from a file ('-': stdin).")
 @db_option
 def notes_edit(note_id, text, title, tags, run_ids, file, db_path) -> None:
@@ -213,7 +213,7 @@ def notes_edit(note_id, text, title, tags, run_ids, file, db_path) -> None:
 @tag_option
 @since_option
 @until_option
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=20, show_default=True)
 @db_option
 @json_option
 def notes_search(query, tags, since, until, limit, db_path, as_json) -> None:
@@ -238,7 +238,7 @@ def notes_search(query, tags, since, until, limit, db_path, as_json) -> None:
 @tag_option
 @since_option
 @until_option
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=50, show_default=True)
 @db_option
 @json_option
 def notes_list(tags, since, until, limit, db_path, as_json) -> None:
@@ -317,7 +317,7 @@ def _summary(config: dict, width: int = 48) -> str:
 @click.option("--subject", help="Kernel name or serving engine.")
 @click.option("--provider", help="Implementation, or the serving run's tag/label.")
 @click.option("--gpu", help="GPU name substring, case-insensitive (h200).")
-@click.option("--limit", type=int, default=100, show_default=True, help="Newest N.")
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Newest N.")
 @db_option
 @json_option
 def runs_list(kind, subject, provider, gpu, limit, db_path, as_json) -> None:
@@ -406,15 +406,19 @@ def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
     """Import SGLang bench_serving JSONL / vLLM bench serve JSON (all files or nothing)."""
     from hpc_advise.knowledge_base.importers import ImportFailed, parse_files
 
+    from hpc_advise.clitypes import Timer
+
+    size = sum(f.stat().st_size for f in files)
     try:
-        rows = parse_files(files, gpu=gpu, subject=subject, provider=provider)
+        with Timer(f"reading {len(files)} file(s), {size / 2**20:.1f} MiB"):
+            rows = parse_files(files, gpu=gpu, subject=subject, provider=provider)
     except ImportFailed as exc:
         for line in exc.errors:
             click.echo(line, err=True)
         raise click.ClickException(
             f"{len(exc.errors)} bad record(s); nothing imported from {len(files)} file(s)"
         ) from None
-    with open_kb(db_path) as store:
+    with open_kb(db_path) as store, Timer(f"storing {len(rows)} run(s)"):
         ids, new = store.import_runs(rows)
     if as_json:
         _echo_json({"ids": ids, "new": new})
