@@ -69,6 +69,12 @@ def open_kb(db_path: Path | None) -> Iterator[KnowledgeBase]:
         kb.close()
 
 
+def _existing(db_path: Path | None) -> None:
+    """Commands that only read: a --db that does not exist is a typo, not a new knowledge base."""
+    if db_path is not None and not db_path.expanduser().exists():
+        raise click.ClickException(f"{db_path}: no knowledge base there (check --db)")
+
+
 def _echo_json(obj: object) -> None:
     click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
 
@@ -114,6 +120,7 @@ def kb_path_cmd(db_path: Path | None, as_json: bool) -> None:
 @json_option
 def kb_stats(db_path: Path | None, as_json: bool) -> None:
     """Row counts, file size and schema version."""
+    _existing(db_path)
     with open_kb(db_path) as store:
         stats = store.stats()
     if as_json:
@@ -138,6 +145,7 @@ def kb_export(db_path: Path | None, fmt: str, tables: tuple[str, ...], output: P
     """Export tables as JSON (default: all) or CSV (one table)."""
     from hpc_advise.knowledge_base import export
 
+    _existing(db_path)
     with open_kb(db_path) as store:
         if fmt == "json":
             text = export.to_json(store, tables or None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from hpc_advise.advisor.traces.formats import FORMATS
-from hpc_advise.clitypes import Aliased
+from hpc_advise.clitypes import Aliased, FiniteFloat, positive_float
 from hpc_advise.advisor.traces.source import TraceError
 from hpc_advise.advisor.traces.writers import DROPS_FAILED, WRITERS
 
@@ -176,19 +176,19 @@ def _store(summary, source: str, db: str | None) -> None:
 )
 @click.option(
     "--latency",
-    type=click.FloatRange(min=0, min_open=True),
+    type=positive_float(86_400.0),
     default=None,
-    help="Per-request latency in s for Little's law.",
+    help="Per-request latency in s for Little's law (at most a day).",
 )
 @click.option(
     "--window",
-    type=click.FloatRange(min=0, min_open=True),
+    type=positive_float(525_600.0),
     default=None,
-    help="Summarize the busiest N minutes only.",
+    help="Summarize the busiest N minutes only (at most a year).",
 )
 @click.option(
     "--sample",
-    type=click.FloatRange(0, 1, min_open=True),
+    type=FiniteFloat(0.0, 1.0, min_open=True),
     default=None,
     help="Keep this fraction of requests.",
 )
