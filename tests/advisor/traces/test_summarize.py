@@ -156,7 +156,7 @@ def test_empty_and_unknown(tmp_path):
     with pytest.raises(TraceError, match="empty trace"):
         summarize(empty)
     unknown = write_lines(tmp_path / "u.jsonl", [{"foo": 1, "bar": 2}])
-    with pytest.raises(TraceError, match=r"u\.jsonl:1: unknown JSON trace format.*--format"):
+    with pytest.raises(TraceError, match=r"u\.jsonl:1: unknown JSON trace format.*--trace-format"):
         summarize(unknown)
     text = tmp_path / "t.txt"
     text.write_text("hello world\n")
