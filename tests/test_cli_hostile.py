@@ -168,7 +168,9 @@ def test_zstd_of_several_frames_reads_whole(tmp_path):
     lines = [json.dumps({"t": i * 0.1, "in": 10, "out": 5}) + "\n" for i in range(3000)]
     comp = zstandard.ZstdCompressor()
     path = tmp_path / "frames.jsonl.zst"
-    path.write_bytes(comp.compress("".join(lines[:1000]).encode()) + comp.compress("".join(lines[1000:]).encode()))
+    path.write_bytes(
+        comp.compress("".join(lines[:1000]).encode()) + comp.compress("".join(lines[1000:]).encode())
+    )
     res = run("trace", "summarize", path, "--no-store", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["n_requests"] == 3000
@@ -388,7 +390,9 @@ def _cases(h) -> list[st.SearchStrategy]:
     out.append(trace_files.map(lambda v: swap(rec, "--trace", v)))
     out.append(st.sampled_from([str(p) for p in h.configs.values()] + [str(h.files["missing"])]).map(
         lambda v: swap(rec, "--model", v)))  # fmt: skip
-    out.append(st.sampled_from(["x.txt", str(h.files["missing"]), str(h.dir)]).map(lambda v: swap(rec, "--plot", v)))
+    out.append(
+        st.sampled_from(["x.txt", str(h.files["missing"]), str(h.dir)]).map(lambda v: swap(rec, "--plot", v))
+    )
     for flag in ("--gpus", "--tp-size", "--ep-size", "--attn-dp-size", "--isl", "--osl", "--concurrency"):
         out.append(num.map(lambda v, f=flag: swap(pred, f, v)))
     out.append(st.sampled_from(["banana", "deep_gemm"]).map(lambda v: swap(pred, "--moe-runner-backend", v)))
@@ -406,12 +410,18 @@ def _cases(h) -> list[st.SearchStrategy]:
         out.append(st.sampled_from(["-1", "99999", "abc", "1e9"]).map(lambda v, c=cmd: [*c, v, *db]))
     out.append(st.sampled_from(["0", "-2", "x"]).map(lambda v: ["notes", "add", "t", "--run", v, *db]))
     out.append(trace_files.map(lambda v: ["runs", "import", v, *db]))
-    out.append(st.sampled_from(["nosuch", "runs; DROP TABLE notes"]).map(lambda v: ["kb", "export", "--table", v, *db]))
+    out.append(
+        st.sampled_from(["nosuch", "runs; DROP TABLE notes"]).map(
+            lambda v: ["kb", "export", "--table", v, *db]
+        )
+    )
     # an empty file is a valid empty SQLite database: only files that cannot be one
     kb_files = [str(h.files[k]) for k in ("missing", "folder", "garbage", "cut_gzip", "header_only")]
     out.append(st.sampled_from(kb_files).map(lambda v: ["kb", "stats", "--db", v]))
     out.append(st.sampled_from(["banana", ""]).map(lambda v: ["model", "eval", "--by", v, *db]))
-    out.append(st.sampled_from(["nosuch-gpu", str(h.files["garbage"])]).map(lambda v: ["profiles", "show", v]))
+    out.append(
+        st.sampled_from(["nosuch-gpu", str(h.files["garbage"])]).map(lambda v: ["profiles", "show", v])
+    )
     out.append(st.sampled_from(["nosuch-gpu"]).map(lambda v: ["profile", "--gpu", v, *db]))
     return out
 

@@ -106,10 +106,16 @@ def _gpus_option(help_text: str):
 
 def _slo_options(f):
     f = click.option(
-        "--slo-ttft-ms", type=SLO_MS, default=None, help="TTFT service-level objective, checked at p99 (ms > 0)."
+        "--slo-ttft-ms",
+        type=SLO_MS,
+        default=None,
+        help="TTFT service-level objective, checked at p99 (ms > 0).",
     )(f)
     return click.option(
-        "--slo-tpot-ms", type=SLO_MS, default=None, help="TPOT service-level objective, checked at p99 (ms > 0)."
+        "--slo-tpot-ms",
+        type=SLO_MS,
+        default=None,
+        help="TPOT service-level objective, checked at p99 (ms > 0).",
     )(f)
 
 
@@ -134,7 +140,9 @@ def model_fit(db, refit) -> None:
     """Fit on the shipped measurements + the KB's serving runs; cache under the data hash."""
     m, info = _load_model(db, refit=refit)
     state = "cached" if info["cached"] else "fitted"
-    click.echo(f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path'] or 'not cached (data folder not writable)'}")
+    click.echo(
+        f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path'] or 'not cached (data folder not writable)'}"
+    )
     if info["left_out"]:
         click.echo(
             f"{len(info['left_out'])} rows left out (first: {info['left_out'][0][0]}: {info['left_out'][0][1]})"
@@ -162,7 +170,9 @@ def model_eval(db, by, as_json) -> None:
     points, _ = pm.training_points(db)
     preps, _ = pm.prepare_all(points)
     groups = {"all": pm.GROUPINGS, "both": ("model", "gpu")}.get(by, (by,))
-    with Timer(f"cross-validating on {len(preps)} rows, holding out each {', '.join(groups)} (minutes on 2 cores)"):
+    with Timer(
+        f"cross-validating on {len(preps)} rows, holding out each {', '.join(groups)} (minutes on 2 cores)"
+    ):
         rows = pm.evaluate(preps, by=groups)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -401,7 +411,9 @@ def _predict_batch(path: str, db, as_json: bool) -> None:
               help="SGLang --kv-cache-dtype.")  # fmt: skip
 @click.option("--isl", type=TOKENS, default=None, help="Mean input tokens per request.")
 @click.option("--osl", type=TOKENS, default=None, help="Mean output tokens per request.")
-@click.option("--concurrency", type=IN_FLIGHT, default=None, help="Requests in flight over all GPUs (1-65536).")
+@click.option(
+    "--concurrency", type=IN_FLIGHT, default=None, help="Requests in flight over all GPUs (1-65536)."
+)
 @click.option(
     "--batch",
     "batch",
@@ -510,9 +522,15 @@ def predict(
 
 @click.command("launch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
-    "--recommendation", "rec_id", type=positive_int(), default=None, help="Launch a logged recommendation's top pick."
+    "--recommendation",
+    "rec_id",
+    type=positive_int(),
+    default=None,
+    help="Launch a logged recommendation's top pick.",
 )
-@click.option("--trace", default=None, help="Trace to recommend for (with --model; instead of --recommendation).")
+@click.option(
+    "--trace", default=None, help="Trace to recommend for (with --model; instead of --recommendation)."
+)
 @click.option("--model", "model_name", default=None, help="Model profile name, HF id or config.json path.")
 @click.option("--model-path", default=None, help="Path or HF id SGLang loads (default: the profile's HF id).")
 @click.option("--gpu", default=None, help="GPU profile (default: detected, else H200).")
@@ -553,8 +571,6 @@ def launch(
     if (node_rank is not None and nnodes is not None) and node_rank >= nnodes:
         _fail(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
     if rec_id is not None:
-        from hpc_advise.knowledge_base.store import KnowledgeBase
-
         from hpc_advise.knowledge_base.cli import open_kb
 
         with open_kb(Path(db) if db else None) as kb:

@@ -118,7 +118,8 @@ def recommend_json(outputs: dict, rec_id: int, note: str, excluded: list, show_e
     )
     if show_excluded:
         out["excluded_by_reason"] = [
-            {"reason": why, "count": len(labels), "configs": labels} for why, labels in excluded_groups(excluded)
+            {"reason": why, "count": len(labels), "configs": labels}
+            for why, labels in excluded_groups(excluded)
         ]
     return json.dumps(out, indent=2)
 

@@ -187,7 +187,9 @@ def _body(text: str | None, file: str | None) -> str | None:
 @click.argument("text", required=False)
 @click.option("--title", help="Short title (searched, and weighted above the body).")
 @click.option("--tag", "tags", multiple=True, help="Tag the note (repeatable).")
-@click.option("--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link to a run id (repeatable).")
+@click.option(
+    "--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link to a run id (repeatable)."
+)
 @_file_option("Read the body from a file ('-': stdin).")
 @db_option
 def notes_add(text, title, tags, run_ids, file, db_path) -> None:
@@ -205,7 +207,9 @@ def notes_add(text, title, tags, run_ids, file, db_path) -> None:
 @click.argument("text", required=False)
 @click.option("--title", help="New title.")
 @click.option("--tag", "tags", multiple=True, help="Replace the tags with these (repeatable).")
-@click.option("--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link one more run id (repeatable).")
+@click.option(
+    "--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link one more run id (repeatable)."
+)
 @_file_option("New body from a file ('-': stdin).")
 @db_option
 def notes_edit(note_id, text, title, tags, run_ids, file, db_path) -> None:
@@ -412,9 +416,8 @@ def runs_compare(run_ids, db_path, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"ids": [...], "new": N} instead of a sentence.')
 def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
     """Import SGLang bench_serving JSONL / vLLM bench serve JSON (all files or nothing)."""
-    from hpc_advise.knowledge_base.importers import ImportFailed, parse_files
-
     from hpc_advise.clitypes import Timer
+    from hpc_advise.knowledge_base.importers import ImportFailed, parse_files
 
     size = sum(f.stat().st_size for f in files)
     try:

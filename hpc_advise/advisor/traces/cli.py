@@ -12,9 +12,9 @@ from pathlib import Path
 import click
 
 from hpc_advise.advisor.traces.formats import FORMATS
-from hpc_advise.clitypes import Aliased, FiniteFloat, positive_float
 from hpc_advise.advisor.traces.source import TraceError
 from hpc_advise.advisor.traces.writers import DROPS_FAILED, WRITERS
+from hpc_advise.clitypes import Aliased, FiniteFloat, positive_float
 
 _BAR = "█▏▎▍▌▋▊▉"
 # the context-spread simulation draws SPREAD_BATCHES x this many requests: a cap on its memory

@@ -362,7 +362,9 @@ def detect(source: TraceSource) -> str:
     if head[0] == "[":
         if '"conversations"' in head[:HEAD_SCAN]:
             return "sharegpt"
-        raise TraceError("a JSON array that is not ShareGPT (no 'conversations'); use --trace-format", source.name)
+        raise TraceError(
+            "a JSON array that is not ShareGPT (no 'conversations'); use --trace-format", source.name
+        )
     first_line = head.split("\n", 1)[0].strip()
     if head[0] == "{":
         try:
