@@ -14,7 +14,29 @@ from pathlib import Path
 
 import click
 
+from hpc_advise.advisor.candidates import ATTENTION_BACKENDS, MOE_RUNNERS
+from hpc_advise.clitypes import (
+    IMAGE_SUFFIXES,
+    MAX_CONCURRENCY,
+    MAX_GPUS,
+    MAX_SLO_MS,
+    MAX_TOKENS,
+    MAX_TOP,
+    Aliased,
+    FiniteFloat,
+    Timer,
+    check_output_file,
+    positive_float,
+    positive_int,
+)
+
 DEFAULT_GPU, DEFAULT_GPUS = "h200", 8
+
+# parse-time types of the scenario's numbers (hpc_advise.clitypes says why the limits are what they are)
+GPUS = positive_int(MAX_GPUS)
+SLO_MS = positive_float(MAX_SLO_MS)
+IN_FLIGHT = FiniteFloat(min=1.0, max=float(MAX_CONCURRENCY))
+TOKENS = FiniteFloat(min=1.0, max=float(MAX_TOKENS))
 
 db_option = click.option(
     "--db",
@@ -32,7 +54,8 @@ def _fail(msg: str) -> None:
 def _load_model(db, refit=False):
     from hpc_advise.advisor import serving_model as pm
 
-    model, info = pm.load_or_fit(db, refit=refit)
+    with Timer("loading the serving model (a refit takes a few seconds)"):
+        model, info = pm.load_or_fit(db, refit=refit)
     return model, info
 
 
@@ -50,18 +73,21 @@ def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str
             keys = [g.profile for g in host.gpus if g.profile]
             if keys:
                 gpu = keys[0]
-                gpus = gpus or len(keys)
+                gpus = gpus if gpus is not None else len(keys)
                 note = f"detected {len(keys)} x {gpu} (NVML)"
             else:
                 raise NvmlUnavailable("no GPU with a shipped profile")
         except Exception as exc:  # NvmlUnavailable and anything else NVML throws
-            gpu, gpus = DEFAULT_GPU, gpus or DEFAULT_GPUS
+            gpu, gpus = DEFAULT_GPU, gpus if gpus is not None else DEFAULT_GPUS
             note = f"no GPU detected ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); assuming {gpus} x H200 (use --gpu NAME --gpus N)"
     try:
         prof = resolve_gpu(gpu)
     except RowError as exc:
         _fail(str(exc))
-    return prof, int(gpus or DEFAULT_GPUS), note
+    n = int(gpus if gpus is not None else DEFAULT_GPUS)
+    if not 1 <= n <= MAX_GPUS:  # NVML reported more than one deployment covers
+        _fail(f"{n} GPUs: the advisor covers 1 to {MAX_GPUS} (give --gpus N)")
+    return prof, n, note
 
 
 def _resolve_model(name: str):
@@ -72,6 +98,31 @@ def _resolve_model(name: str):
         return resolve_model(name)
     except (RowError, ValueError) as exc:
         _fail(str(exc))
+
+
+def _gpus_option(help_text: str):
+    return click.option("--gpus", type=GPUS, default=None, help=f"{help_text} (1-{MAX_GPUS}).")
+
+
+def _slo_options(f):
+    f = click.option(
+        "--slo-ttft-ms",
+        type=SLO_MS,
+        default=None,
+        help="TTFT service-level objective, checked at p99 (ms > 0).",
+    )(f)
+    return click.option(
+        "--slo-tpot-ms",
+        type=SLO_MS,
+        default=None,
+        help="TPOT service-level objective, checked at p99 (ms > 0).",
+    )(f)
+
+
+_IN_FLIGHT_HELP = (
+    "Closed loop: requests in flight over all GPUs (1-65536), instead of the trace's arrival rate "
+    "(not `trace summarize --decode-batch`)."
+)
 
 
 # ----- model ----------------------------------------------------------------------------------
@@ -89,7 +140,9 @@ def model_fit(db, refit) -> None:
     """Fit on the shipped measurements + the KB's serving runs; cache under the data hash."""
     m, info = _load_model(db, refit=refit)
     state = "cached" if info["cached"] else "fitted"
-    click.echo(f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path']}")
+    click.echo(
+        f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path'] or 'not cached (data folder not writable)'}"
+    )
     if info["left_out"]:
         click.echo(
             f"{len(info['left_out'])} rows left out (first: {info['left_out'][0][0]}: {info['left_out'][0][1]})"
@@ -106,7 +159,7 @@ def model_fit(db, refit) -> None:
     show_default=True,
     help="Grouping to hold out: 'both' = model and gpu, 'all' = model, gpu and engine x GPU family.",
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
 def model_eval(db, by, as_json) -> None:
     """Grouped cross-validation: hold out each model, each GPU, each engine x GPU family (e.g. every
     vLLM row on Hopper); median/p90 APE of TPOT, TTFT."""
@@ -117,7 +170,10 @@ def model_eval(db, by, as_json) -> None:
     points, _ = pm.training_points(db)
     preps, _ = pm.prepare_all(points)
     groups = {"all": pm.GROUPINGS, "both": ("model", "gpu")}.get(by, (by,))
-    rows = pm.evaluate(preps, by=groups)
+    with Timer(
+        f"cross-validating on {len(preps)} rows, holding out each {', '.join(groups)} (minutes on 2 cores)"
+    ):
+        rows = pm.evaluate(preps, by=groups)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -127,7 +183,7 @@ def model_eval(db, by, as_json) -> None:
 
 @model.command("show")
 @db_option
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def model_show(db, as_json) -> None:
     """Training data, coefficients and ranges of the fitted model."""
     m, info = _load_model(db)
@@ -155,14 +211,16 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
     prof_gpu, n, note = _resolve_target(gpu, gpus)
     mdl = _resolve_model(model_name)
     try:
-        summary = summarize(trace, fmt=fmt, skip_bad=skip_bad)
+        with Timer(f"reading the trace {trace}"):
+            summary = summarize(trace, fmt=fmt, skip_bad=skip_bad)
     except TraceError as exc:
         _fail(str(exc))
     serving, _ = _load_model(db)
     ranker = Ranker(
         model_name, mdl, prof_gpu, TraceLoad.from_summary(summary), serving, load_attention_model(db)
     )
-    ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
+    with Timer(f"ranking the configurations of {mdl.key} on {n} GPU(s)"):
+        ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
     return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
 
 
@@ -176,25 +234,21 @@ def ranker_concurrency(summary) -> int:
 @click.option("--trace", "trace", required=True, help="Trace file (any supported format; '-' = stdin).")
 @click.option("--model", "model_name", required=True, help="Model profile name, HF id or config.json path.")
 @click.option("--gpu", default=None, help="GPU profile (default: detected, else H200).")
-@click.option("--gpus", type=int, default=None, help="GPUs to use (default: all detected, else 8).")
-@click.option("--slo-tpot-ms", type=float, default=None)
-@click.option("--slo-ttft-ms", type=float, default=None)
+@_gpus_option("GPUs to use (default: all detected, else 8)")
+@_slo_options
+@click.option("--concurrency", type=IN_FLIGHT, default=None, help=_IN_FLIGHT_HELP)
 @click.option(
-    "--concurrency",
-    type=float,
-    default=None,
-    help="Requests in flight (default: from the trace's arrival rate).",
+    "--top", type=positive_int(MAX_TOP), default=5, show_default=True, help="Rows of the ranked table."
 )
-@click.option("--top", type=int, default=5, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
 @click.option(
     "--plot",
     "plot",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write a Pareto chart PNG (needs the 'plot' extra).",
+    help="Write a Pareto chart (.png, .svg or .pdf; needs the 'plot' extra).",
 )
-@click.option("--show-excluded", is_flag=True, help="List excluded candidates with their reasons.")
+@click.option("--show-excluded", is_flag=True, help="List excluded candidates, grouped by reason.")
 @click.option("--skip-bad", is_flag=True, help="Skip malformed trace lines instead of stopping.")
 @click.option(
     "--trace-format", "fmt", default=None, help="Trace format when detection fails (see `trace summarize`)."
@@ -220,6 +274,7 @@ def recommend(
     from hpc_advise.advisor.launch import build_command
 
     if plot:
+        check_output_file(plot, "--plot", IMAGE_SUFFIXES)
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -249,13 +304,17 @@ def recommend(
         top,
         cmd,
     )
-    from hpc_advise.knowledge_base.store import KnowledgeBase
-
-    rec_id = KnowledgeBase(db).add_recommendation(inputs, outputs, serving.key)
-    if plot and ranked:
+    if plot and ranked:  # before the log: a chart that fails leaves no recommendation behind
         from hpc_advise.advisor.plot import pareto_png
 
-        pareto_png(ranked, plot, slo_tpot_ms, title=f"{mdl.key} on {n} x {prof_gpu.key}")
+        try:
+            pareto_png(ranked, plot, slo_tpot_ms, slo_ttft_ms, title=f"{mdl.key} on {n} x {prof_gpu.key}")
+        except OSError as exc:
+            _fail(f"--plot {plot}: {exc.strerror or exc}; nothing logged")
+    from hpc_advise.knowledge_base.cli import open_kb
+
+    with open_kb(Path(db) if db else None) as kb:
+        rec_id = kb.add_recommendation(inputs, outputs, serving.key)
     if as_json:
         click.echo(report.recommend_json(outputs, rec_id, note, excluded, show_excluded))
         return
@@ -334,18 +393,27 @@ def _predict_batch(path: str, db, as_json: bool) -> None:
 
 
 @click.command("predict")
-@click.option("--model", "model_name", default=None)
-@click.option("--gpu", default=None)
-@click.option("--gpus", type=int, default=None, help="Total GPUs (replicas = gpus / tp).")
-@click.option("--tp", type=int, default=None, help="SGLang --tp-size (GPUs per replica; default: --gpus).")
-@click.option("--ep", type=int, default=1, show_default=True)
-@click.option("--attn-dp-size", type=int, default=1, show_default=True)
-@click.option("--attention-backend", default="flashinfer", show_default=True)
-@click.option("--moe-runner-backend", default="auto", show_default=True)
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8_e4m3"]), default="auto", show_default=True)
-@click.option("--isl", type=float, default=None)
-@click.option("--osl", type=float, default=None)
-@click.option("--concurrency", type=float, default=None, help="Requests in flight over all GPUs.")
+@click.option("--model", "model_name", default=None, help="Model profile name, HF id or config.json path.")
+@click.option("--gpu", default=None, help="GPU profile (default: detected, else H200).")
+@_gpus_option("Total GPUs; replicas = gpus / tp-size")
+@click.option("--tp-size", "--tp", "tp", cls=Aliased, aliases=("--tp",), type=GPUS, default=None,
+              help="SGLang --tp-size: GPUs per replica (default: --gpus).")  # fmt: skip
+@click.option("--ep-size", "--ep", "ep", cls=Aliased, aliases=("--ep",), type=GPUS, default=1,
+              show_default=True, help="SGLang --ep-size (MoE models only).")  # fmt: skip
+@click.option("--attn-dp-size", "--dp-size", "attn_dp_size", cls=Aliased, aliases=("--dp-size",), type=GPUS,
+              default=1, show_default=True, help="Attention data parallelism (SGLang --dp-size with --enable-dp-attention).")  # fmt: skip
+@click.option("--attention-backend", type=click.Choice(ATTENTION_BACKENDS), default="flashinfer",
+              show_default=True, help="SGLang --attention-backend (hpc_advise: our decode attention).")  # fmt: skip
+@click.option("--moe-runner-backend", type=click.Choice(MOE_RUNNERS), default=None,
+              help="SGLang --moe-runner-backend (MoE models only; default auto).")  # fmt: skip
+@click.option("--kv-cache-dtype", "--kv-dtype", "kv_cache_dtype", cls=Aliased, aliases=("--kv-dtype",),
+              type=click.Choice(["auto", "fp8_e4m3"]), default="auto", show_default=True,
+              help="SGLang --kv-cache-dtype.")  # fmt: skip
+@click.option("--isl", type=TOKENS, default=None, help="Mean input tokens per request.")
+@click.option("--osl", type=TOKENS, default=None, help="Mean output tokens per request.")
+@click.option(
+    "--concurrency", type=IN_FLIGHT, default=None, help="Requests in flight over all GPUs (1-65536)."
+)
 @click.option(
     "--batch",
     "batch",
@@ -353,7 +421,7 @@ def _predict_batch(path: str, db, as_json: bool) -> None:
     default=None,
     help="CSV with the columns of serving_measurements_train.csv.",
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @db_option
 def predict(
     model_name,
@@ -394,7 +462,13 @@ def predict(
     mdl = _resolve_model(model_name)
     tp = tp or n
     if n % tp:
-        _fail(f"--tp {tp} does not divide --gpus {n}")
+        _fail(f"--tp-size {tp} does not divide --gpus {n}")
+    if not mdl.is_moe:
+        if moe_runner_backend not in (None, "auto"):
+            _fail(f"--moe-runner-backend {moe_runner_backend}: {mdl.key} is a dense model (no MoE layers)")
+        if ep != 1:
+            _fail(f"--ep-size {ep}: {mdl.key} is a dense model (no experts to split)")
+    moe_runner_backend = moe_runner_backend or "auto"
     c = Candidate(
         tp,
         n // tp,
@@ -405,7 +479,7 @@ def predict(
         kv_cache_dtype,
     )
     if tp % attn_dp_size or tp % ep:
-        _fail("--attn-dp-size and --ep must divide --tp")
+        _fail(f"--attn-dp-size {attn_dp_size} and --ep-size {ep} must divide --tp-size {tp}")
     why = support_reason(c, mdl, prof_gpu)
     w = TraceLoad(isl, osl, np.array([[isl, osl]]), None, 0.0, isl + osl / 2, isl + osl, int(concurrency))
     serving, _ = _load_model(db)
@@ -448,19 +522,24 @@ def predict(
 
 @click.command("launch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option(
-    "--recommendation", "rec_id", type=int, default=None, help="Launch a logged recommendation's top pick."
+    "--recommendation",
+    "rec_id",
+    type=positive_int(),
+    default=None,
+    help="Launch a logged recommendation's top pick.",
 )
-@click.option("--trace", default=None)
-@click.option("--model", "model_name", default=None)
+@click.option(
+    "--trace", default=None, help="Trace to recommend for (with --model; instead of --recommendation)."
+)
+@click.option("--model", "model_name", default=None, help="Model profile name, HF id or config.json path.")
 @click.option("--model-path", default=None, help="Path or HF id SGLang loads (default: the profile's HF id).")
-@click.option("--gpu", default=None)
-@click.option("--gpus", type=int, default=None)
-@click.option("--slo-tpot-ms", type=float, default=None)
-@click.option("--slo-ttft-ms", type=float, default=None)
-@click.option("--concurrency", type=float, default=None)
-@click.option("--nnodes", type=int, default=None)
-@click.option("--node-rank", type=int, default=None)
-@click.option("--dist-init-addr", default=None)
+@click.option("--gpu", default=None, help="GPU profile (default: detected, else H200).")
+@_gpus_option("GPUs to use (default: all detected, else 8)")
+@_slo_options
+@click.option("--concurrency", type=IN_FLIGHT, default=None, help=_IN_FLIGHT_HELP)
+@click.option("--nnodes", type=positive_int(MAX_GPUS), default=None, help="SGLang --nnodes.")
+@click.option("--node-rank", type=click.IntRange(0, MAX_GPUS - 1), default=None, help="SGLang --node-rank.")
+@click.option("--dist-init-addr", default=None, help="SGLang --dist-init-addr (HOST:PORT).")
 @click.option("--python", "python", default=None, help="Python that runs SGLang (default: this one).")
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; do not start SGLang.")
 @click.option("--no-validate", is_flag=True, help="Skip SGLang's argument parser check.")
@@ -489,13 +568,13 @@ def launch(
     from hpc_advise.advisor import launch as L
     from hpc_advise.advisor.candidates import Candidate
 
+    if (node_rank is not None and nnodes is not None) and node_rank >= nnodes:
+        _fail(f"--node-rank {node_rank} must be below --nnodes {nnodes}")
     if rec_id is not None:
-        from hpc_advise.knowledge_base.store import KnowledgeBase
+        from hpc_advise.knowledge_base.cli import open_kb
 
-        try:
-            rec = KnowledgeBase(db).recommendation(rec_id)
-        except KeyError as exc:
-            _fail(str(exc.args[0]))
+        with open_kb(Path(db) if db else None) as kb:
+            rec = kb.recommendation(rec_id)
         outputs = rec["outputs"] if isinstance(rec["outputs"], dict) else json.loads(rec["outputs"])
         inputs = rec["inputs"] if isinstance(rec["inputs"], dict) else json.loads(rec["inputs"])
         if not outputs.get("top"):
@@ -527,7 +606,8 @@ def launch(
         extra=tuple(extra),
     )
     if not no_validate:
-        ok, why = L.validate(cmd)
+        with Timer("checking the command with SGLang's argument parser (--no-validate skips it)"):
+            ok, why = L.validate(cmd)
         if ok is False:
             _fail(f"SGLang rejects the command: {why}\n  {cmd.shell()}")
         if ok is None:

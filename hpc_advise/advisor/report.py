@@ -21,6 +21,48 @@ RECOMMEND_HEADERS = [
 ]
 
 
+# the flag recommend's twin folding adds to the survivor: it names OTHER backends, folded into this
+# row because nothing measured tells them apart, and says nothing about this row's own prediction
+OTHER_BACKENDS_FLAG = "unmeasured alternatives predicted the same: "
+EXCLUDED_EXAMPLES = 3  # configurations named per reason in the text's excluded list
+
+
+def confidence(r) -> str:
+    """'low' when a flag concerns this row's own backends or inputs, else 'ok'."""
+    return "low" if any(not f.startswith(OTHER_BACKENDS_FLAG) for f in r.flags) else "ok"
+
+
+def slo_cell(r, slo_tpot_ms, slo_ttft_ms) -> str:
+    """The SLO column: '-' when no SLO was given, else whether the row meets it."""
+    if slo_tpot_ms is None and slo_ttft_ms is None:
+        return "-"
+    return "yes" if r.meets_slo else "no"
+
+
+def excluded_groups(excluded: list) -> list[tuple[str, list[str]]]:
+    """(reason, configuration labels) per distinct reason, the most common first."""
+    groups: dict[str, list[str]] = {}
+    for e in excluded:
+        groups.setdefault(e.reason, []).append(e.candidate.label())
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def excluded_lines(excluded: list) -> list[str]:
+    """The text's excluded list: one line per reason with its count and a few configurations."""
+    groups = excluded_groups(excluded)
+    lines = [f"\nexcluded: {len(excluded)} configuration(s), {len(groups)} reason(s)"]
+    for reason, labels in groups:
+        shown = ", ".join(labels[:EXCLUDED_EXAMPLES])
+        more = f" (+{len(labels) - EXCLUDED_EXAMPLES} more)" if len(labels) > EXCLUDED_EXAMPLES else ""
+        lines.append(f"  {len(labels):>4} x {reason}")
+        lines.append(f"         e.g. {shown}{more}")
+    return lines
+
+
+def _ranked_dict(r) -> dict:
+    return dict(r.to_dict(), confidence=confidence(r))
+
+
 def fmt_ms(x: float) -> str:
     return "inf" if x == math.inf else f"{x:.1f}"
 
@@ -54,8 +96,8 @@ def recommend_record(
         "trace_summary": {k: v for k, v in summary.to_dict().items() if k not in ("sample", "histograms")},
     }
     outputs = {
-        "ranked": [r.to_dict() for r in ranked[:top]],
-        "top": ranked[0].to_dict() if ranked else None,
+        "ranked": [_ranked_dict(r) for r in ranked[:top]],
+        "top": _ranked_dict(ranked[0]) if ranked else None,
         "launch": {"argv": cmd.argv[1:], "env": cmd.env} if cmd else None,
         "n_feasible": len(ranked),
         "n_excluded": len(excluded),
@@ -65,7 +107,7 @@ def recommend_record(
 
 def recommend_json(outputs: dict, rec_id: int, note: str, excluded: list, show_excluded: bool) -> str:
     """``recommend --json``: the logged outputs plus the recommendation id, the note and (with
-    ``--show-excluded``) every excluded candidate with its reason."""
+    ``--show-excluded``) every excluded candidate with its reason, and the reasons with counts."""
     out = dict(
         outputs,
         recommendation_id=rec_id,
@@ -74,6 +116,11 @@ def recommend_json(outputs: dict, rec_id: int, note: str, excluded: list, show_e
         if show_excluded
         else None,
     )
+    if show_excluded:
+        out["excluded_by_reason"] = [
+            {"reason": why, "count": len(labels), "configs": labels}
+            for why, labels in excluded_groups(excluded)
+        ]
     return json.dumps(out, indent=2)
 
 
@@ -115,8 +162,8 @@ def recommend_text(
             f"{r.max_tok_s_per_gpu:.0f}",
             load_x(r.capacity),
             f"{r.headroom_gib:.1f}",
-            "ok" if not r.flags else "low",
-            "yes" if r.meets_slo else "no",
+            confidence(r),
+            slo_cell(r, slo_tpot_ms, slo_ttft_ms),
         ]
         for i, r in enumerate(ranked[:top])
     ]
@@ -149,8 +196,7 @@ def recommend_text(
         lines.append(f"\nlaunch:\n  {cmd.shell()}")
     lines.append(f"\nrecommendation #{rec_id} logged (hpc-advise launch --recommendation {rec_id})")
     if show_excluded:
-        lines.append(f"\nexcluded ({len(excluded)}):")
-        lines += [f"  {e.candidate.label()}: {e.reason}" for e in excluded]
+        lines += excluded_lines(excluded)
     return "\n".join(lines)
 
 

@@ -643,11 +643,14 @@ def load_or_fit(
     preps, bad2 = prepare_all(points)
     model = fit(preps, settings, key=key)
     model.left_out = bad + bad2
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    with tmp.open("wb") as fh:
-        pickle.dump(model, fh)
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with tmp.open("wb") as fh:
+            pickle.dump(model, fh)
+        tmp.replace(path)
+    except OSError:  # read-only data folder: the model serves uncached
+        return model, {"cached": False, "path": None, "left_out": model.left_out}
     return model, {"cached": False, "path": str(path), "left_out": model.left_out}
 
 

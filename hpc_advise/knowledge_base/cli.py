@@ -69,6 +69,12 @@ def open_kb(db_path: Path | None) -> Iterator[KnowledgeBase]:
         kb.close()
 
 
+def _existing(db_path: Path | None) -> None:
+    """Commands that only read: a --db that does not exist is a typo, not a new knowledge base."""
+    if db_path is not None and not db_path.expanduser().exists():
+        raise click.ClickException(f"{db_path}: no knowledge base there (check --db)")
+
+
 def _echo_json(obj: object) -> None:
     click.echo(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
 
@@ -114,6 +120,7 @@ def kb_path_cmd(db_path: Path | None, as_json: bool) -> None:
 @json_option
 def kb_stats(db_path: Path | None, as_json: bool) -> None:
     """Row counts, file size and schema version."""
+    _existing(db_path)
     with open_kb(db_path) as store:
         stats = store.stats()
     if as_json:
@@ -138,6 +145,7 @@ def kb_export(db_path: Path | None, fmt: str, tables: tuple[str, ...], output: P
     """Export tables as JSON (default: all) or CSV (one table)."""
     from hpc_advise.knowledge_base import export
 
+    _existing(db_path)
     with open_kb(db_path) as store:
         if fmt == "json":
             text = export.to_json(store, tables or None)
@@ -179,7 +187,9 @@ def _body(text: str | None, file: str | None) -> str | None:
 @click.argument("text", required=False)
 @click.option("--title", help="Short title (searched, and weighted above the body).")
 @click.option("--tag", "tags", multiple=True, help="Tag the note (repeatable).")
-@click.option("--run", "run_ids", type=int, multiple=True, help="Link to a run id (repeatable).")
+@click.option(
+    "--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link to a run id (repeatable)."
+)
 @_file_option("Read the body from a file ('-': stdin).")
 @db_option
 def notes_add(text, title, tags, run_ids, file, db_path) -> None:
@@ -197,7 +207,9 @@ def notes_add(text, title, tags, run_ids, file, db_path) -> None:
 @click.argument("text", required=False)
 @click.option("--title", help="New title.")
 @click.option("--tag", "tags", multiple=True, help="Replace the tags with these (repeatable).")
-@click.option("--run", "run_ids", type=int, multiple=True, help="Link one more run id (repeatable).")
+@click.option(
+    "--run", "run_ids", type=click.IntRange(min=1), multiple=True, help="Link one more run id (repeatable)."
+)
 @_file_option("New body from a file ('-': stdin).")
 @db_option
 def notes_edit(note_id, text, title, tags, run_ids, file, db_path) -> None:
@@ -213,7 +225,7 @@ def notes_edit(note_id, text, title, tags, run_ids, file, db_path) -> None:
 @tag_option
 @since_option
 @until_option
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=20, show_default=True)
 @db_option
 @json_option
 def notes_search(query, tags, since, until, limit, db_path, as_json) -> None:
@@ -238,7 +250,7 @@ def notes_search(query, tags, since, until, limit, db_path, as_json) -> None:
 @tag_option
 @since_option
 @until_option
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=50, show_default=True)
 @db_option
 @json_option
 def notes_list(tags, since, until, limit, db_path, as_json) -> None:
@@ -317,7 +329,7 @@ def _summary(config: dict, width: int = 48) -> str:
 @click.option("--subject", help="Kernel name or serving engine.")
 @click.option("--provider", help="Implementation, or the serving run's tag/label.")
 @click.option("--gpu", help="GPU name substring, case-insensitive (h200).")
-@click.option("--limit", type=int, default=100, show_default=True, help="Newest N.")
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=100, show_default=True, help="Newest N.")
 @db_option
 @json_option
 def runs_list(kind, subject, provider, gpu, limit, db_path, as_json) -> None:
@@ -404,17 +416,20 @@ def runs_compare(run_ids, db_path, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"ids": [...], "new": N} instead of a sentence.')
 def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
     """Import SGLang bench_serving JSONL / vLLM bench serve JSON (all files or nothing)."""
+    from hpc_advise.clitypes import Timer
     from hpc_advise.knowledge_base.importers import ImportFailed, parse_files
 
+    size = sum(f.stat().st_size for f in files)
     try:
-        rows = parse_files(files, gpu=gpu, subject=subject, provider=provider)
+        with Timer(f"reading {len(files)} file(s), {size / 2**20:.1f} MiB"):
+            rows = parse_files(files, gpu=gpu, subject=subject, provider=provider)
     except ImportFailed as exc:
         for line in exc.errors:
             click.echo(line, err=True)
         raise click.ClickException(
             f"{len(exc.errors)} bad record(s); nothing imported from {len(files)} file(s)"
         ) from None
-    with open_kb(db_path) as store:
+    with open_kb(db_path) as store, Timer(f"storing {len(rows)} run(s)"):
         ids, new = store.import_runs(rows)
     if as_json:
         _echo_json({"ids": ids, "new": new})

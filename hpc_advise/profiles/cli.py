@@ -31,7 +31,8 @@ def _human(n: int | None, unit: str = "") -> str:
 
 @click.group("profiles")
 def profiles() -> None:
-    """GPU and model profiles shipped with hpc-advise."""
+    """Browse the GPU and model profiles shipped with hpc-advise (no GPU needed; `hpc-advise profile`
+    measures this machine instead)."""
 
 
 @profiles.command("list")

@@ -69,6 +69,19 @@ def _layer_counts(cfg: dict[str, Any], num_layers: int) -> tuple[int, int]:
     return 0, 0
 
 
+# ModelProfile field -> the config.json name an error names (None-valued optional fields are skipped)
+_POSITIVE_FIELDS = (
+    ("num_layers", "num_hidden_layers"),
+    ("hidden_size", "hidden_size"),
+    ("num_heads", "num_attention_heads"),
+    ("num_kv_heads", "num_key_value_heads"),
+    ("head_dim", "head_dim"),
+    ("vocab_size", "vocab_size"),
+    ("intermediate_size", "intermediate_size"),
+    ("moe_intermediate_size", "moe_intermediate_size"),
+)
+
+
 def from_hf_config(
     config: dict[str, Any],
     *,
@@ -214,6 +227,13 @@ def from_hf_config(
         if name not in fields:
             raise ModelConfigError(f"unknown override {name!r}")
         fields[name] = value
+    # shapes divide and take logarithms downstream: zero or negative is a broken config, said here
+    for name, cfg_name in _POSITIVE_FIELDS:
+        value = fields[name]
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ModelConfigError(f"{cfg_name} must be a positive integer (got {value!r})")
+    if fields["num_experts"] < 0:
+        raise ModelConfigError(f"num_experts must be >= 0 (got {fields['num_experts']})")
     if fields["attention"] == "mla" and (fields["v_head_dim"] is None or fields["qk_rope_head_dim"] is None):
         raise ModelConfigError("MLA configs need qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
     if fields["num_experts"] and not fields["moe_intermediate_size"]:

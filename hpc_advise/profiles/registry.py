@@ -151,6 +151,8 @@ def load_config_json(path: str | Path) -> ModelProfile:
         raise ModelConfigError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     except OSError as exc:
         raise ModelConfigError(f"{path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ModelConfigError(f"{path}: not a config.json (not UTF-8 text)") from None
     hf_id = str(data.get("_name_or_path") or path.parent.name) if isinstance(data, dict) else ""
     try:
         return from_hf_config(

@@ -14,8 +14,11 @@ import click
 from hpc_advise.advisor.traces.formats import FORMATS
 from hpc_advise.advisor.traces.source import TraceError
 from hpc_advise.advisor.traces.writers import DROPS_FAILED, WRITERS
+from hpc_advise.clitypes import Aliased, FiniteFloat, positive_float
 
 _BAR = "█▏▎▍▌▋▊▉"
+# the context-spread simulation draws SPREAD_BATCHES x this many requests: a cap on its memory
+MAX_DECODE_BATCH = 4096
 
 
 def _fmt(x: float | int | None, digits: int = 3) -> str:
@@ -126,8 +129,11 @@ def trace() -> None:
 
 
 _format_option = click.option(
+    "--trace-format",
     "--format",
     "fmt",
+    cls=Aliased,
+    aliases=("--format",),
     type=click.Choice(sorted(FORMATS)),
     default=None,
     help="Force a format (default: detect).",
@@ -158,26 +164,31 @@ def _store(summary, source: str, db: str | None) -> None:
 @click.argument("path")
 @_format_option
 @click.option(
+    "--decode-batch",
     "--concurrency",
-    type=click.IntRange(min=1),
+    "concurrency",
+    cls=Aliased,
+    aliases=("--concurrency",),
+    type=click.IntRange(1, MAX_DECODE_BATCH),
     default=None,
-    help="Decode batch size for the context spread (default 64).",
+    help=f"Requests in one decode batch for the context spread (default 64, at most {MAX_DECODE_BATCH}; "
+    "not recommend's --concurrency).",
 )
 @click.option(
     "--latency",
-    type=click.FloatRange(min=0, min_open=True),
+    type=positive_float(86_400.0),
     default=None,
-    help="Per-request latency in s for Little's law.",
+    help="Per-request latency in s for Little's law (at most a day).",
 )
 @click.option(
     "--window",
-    type=click.FloatRange(min=0, min_open=True),
+    type=positive_float(525_600.0),
     default=None,
-    help="Summarize the busiest N minutes only.",
+    help="Summarize the busiest N minutes only (at most a year).",
 )
 @click.option(
     "--sample",
-    type=click.FloatRange(0, 1, min_open=True),
+    type=FiniteFloat(0.0, 1.0, min_open=True),
     default=None,
     help="Keep this fraction of requests.",
 )
@@ -244,6 +255,13 @@ def _open_output(path: str):
     return raw, stream, tmp
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 @trace.command("convert")
 @click.argument("path")
 @click.option("-o", "--output", default="-", help="Output file ('-' = stdout; .gz/.zst compress).")
@@ -257,6 +275,10 @@ def convert_cmd(path, output, to_fmt, fmt, skip_bad, tokenizer) -> None:
     """Convert the trace PATH to canonical JSONL (or --to another format)."""
     from hpc_advise.advisor.traces import read_trace
 
+    if output != "-" and path != "-" and _same_file(path, output):
+        raise click.BadParameter(
+            f"{output!r} is the input trace; write to another file", param_hint="-o/--output"
+        )
     written = 0
     failed = 0
 

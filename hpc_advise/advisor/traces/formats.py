@@ -362,7 +362,9 @@ def detect(source: TraceSource) -> str:
     if head[0] == "[":
         if '"conversations"' in head[:HEAD_SCAN]:
             return "sharegpt"
-        raise TraceError("a JSON array that is not ShareGPT (no 'conversations'); use --format", source.name)
+        raise TraceError(
+            "a JSON array that is not ShareGPT (no 'conversations'); use --trace-format", source.name
+        )
     first_line = head.split("\n", 1)[0].strip()
     if head[0] == "{":
         try:
@@ -377,7 +379,7 @@ def detect(source: TraceSource) -> str:
             return "vllm-bench" if '"model_id"' in head or '"date"' in head else "sglang-bench"
         raise TraceError(
             f"unknown JSON trace format (first keys: {', '.join(list(obj)[:8]) if obj else '?'}); "
-            f"use --format ({', '.join(FORMATS)})",
+            f"use --trace-format ({', '.join(FORMATS)})",
             source.name,
             1,
         )
@@ -387,7 +389,7 @@ def detect(source: TraceSource) -> str:
     if "requesttokens" in header and "responsetokens" in header:
         return "burstgpt"
     raise TraceError(
-        f"unknown trace format (first line: {first_line[:80]!r}); use --format ({', '.join(FORMATS)})",
+        f"unknown trace format (first line: {first_line[:80]!r}); use --trace-format ({', '.join(FORMATS)})",
         source.name,
         1,
     )

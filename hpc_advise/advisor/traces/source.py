@@ -70,9 +70,53 @@ def _decompressor(raw: BinaryIO, kind: str) -> BinaryIO:
         return bz2.BZ2File(raw, mode="rb")  # type: ignore[return-value]
     if kind == "xz":
         return lzma.LZMAFile(raw, mode="rb")  # type: ignore[return-value]
-    import zstandard
+    return io.BufferedReader(_ZstdFrames(raw), _READ_BUFFER)  # type: ignore[return-value]
 
-    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+
+class _ZstdFrames(io.RawIOBase):
+    """zstd frames, one after another, decoded from ``raw``. zstandard's ``stream_reader`` ends
+    quietly when the input stops inside a frame, so a cut file would read as a shorter one (or end
+    in a cut line); here the end of input inside a frame raises ``EOFError``, as gzip, bz2 and xz do."""
+
+    def __init__(self, raw: BinaryIO):
+        import zstandard
+
+        self._raw = raw
+        self._zstd = zstandard
+        self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._in_frame = False  # input given to the current frame that has not reached its end
+        self._out = memoryview(b"")  # decoded, not yet served
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Decode more; False at a clean end of input (between frames)."""
+        while not self._out:
+            data = self._raw.read(_READ_BUFFER)
+            if not data:
+                if self._in_frame:
+                    raise EOFError("truncated compressed file: the zstd stream ends inside a frame")
+                return False
+            decoded = []
+            while data:
+                decoded.append(self._dobj.decompress(data))
+                self._in_frame = True
+                if not self._dobj.eof:
+                    break
+                data = self._dobj.unused_data  # the next frame starts here
+                self._dobj = self._zstd.ZstdDecompressor().decompressobj()
+                self._in_frame = False
+            self._out = memoryview(b"".join(decoded))
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if not self._out and not self._fill():
+            return 0
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
 
 
 class _Prefixed(io.RawIOBase):

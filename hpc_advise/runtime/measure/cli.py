@@ -123,6 +123,7 @@ def _print_bench(report, measured: dict[str, float], profile_key: str | None) ->
         click.echo(f"  skipped {name}: {why}")
     for name, why in report.failed:
         click.echo(f"  FAILED {name}: {why}")
+    _print_rows(report.rows)
     if not measured:
         return
     # the shipped profile without its measured table: rate() then gives the vendor figure
@@ -138,6 +139,21 @@ def _print_bench(report, measured: dict[str, float], profile_key: str | None) ->
     click.echo(
         tabulate(rows, headers=["figure", "measured", "vendor", "measured/vendor"], disable_numparse=True)
     )
+
+
+def _print_rows(rows: list[dict]) -> None:
+    """The bench rows, one table per (kind, subject) under its own title and header line (a kernel's
+    rows, e.g. fused_moe's, never follow another table's header)."""
+    from tabulate import tabulate
+
+    from hpc_advise.runtime.measure.profile import RESULT_HEADERS, results_table
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((str(r.get("kind", "")), str(r.get("subject", ""))), []).append(r)
+    for (kind, subject), group in groups.items():
+        click.echo(f"\n{kind} {subject}: {len(group)} row(s)")
+        click.echo(tabulate(results_table(group), headers=RESULT_HEADERS, disable_numparse=True))
 
 
 @click.command("profile")
@@ -165,7 +181,8 @@ def profile(
     results_stem: str | None,
     offline_gpu: str | None,
 ) -> None:
-    """Read the local GPUs (NVML), optionally benchmark them, store the facts in the knowledge base."""
+    """Measure THIS machine: read its GPUs (NVML), optionally benchmark them, store the facts in the
+    knowledge base. (`hpc-advise profiles` browses the shipped GPU and model profiles instead.)"""
     if offline_gpu is not None:
         _offline(offline_gpu, db, as_json)
         return
