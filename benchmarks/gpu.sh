@@ -410,7 +410,6 @@ print(len(rows), 'rows, world size $ws, graph $graph')"
     shift
     [ $# -gt 0 ] || set -- moe-deepseek-ep8-t16 attn-fp8-64x4k
     targets=benchmarks/diagnostics/ncu_targets.py
-    [ -f "$targets" ] || targets=benchmarks/ncu_targets.py
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     [ -n "$NCU" ] || die "no ncu on this machine"
     for t in "$@"; do
