@@ -1,12 +1,11 @@
 """Benchmark the FP32-accurate router GEMM against cuBLAS FP32 / TF32 / BF16 and write the results table.
 
-    python benchmarks/bench_router_gemm.py [--grid full|small] [--no-peers] [--tune [--tune-m 1,8]] [--no-accuracy]
+    python benchmarks/bench_router_gemm.py [--grid full|small] [--no-peers] [--configs PATH] [--no-accuracy]
         [--ship]
 
-Writes router_gemm.md/.jsonl under benchmarks/results/ (or $OUT on the device machine). --tune first
-sweeps launch configs (for the M buckets in --tune-m, default all) and writes router_gemm_configs.json
-next to them: the package table with the tuned buckets replaced. The benchmark that follows in the same
-process uses that table (copy the file to hpc_advise/kernels/router_gemm/configs.json to keep it).
+Writes router_gemm.md/.jsonl under benchmarks/results/ (or $OUT on the device machine). --configs times the
+kernel with the launch configs of that configs.json instead of the package's (the table
+benchmarks/tune_router_gemm.py writes; copy it to hpc_advise/kernels/router_gemm/configs.json to keep it).
 With --ship router_gemm.jsonl is also copied into the package (hpc_advise/advisor/data/kernel_results/,
 benchmarks/ship.py); without it the advisor's data is not touched.
 """
@@ -20,9 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ship import ship  # noqa: E402  (benchmarks/ship.py, beside this script)
+from tune_router_gemm import use_table  # noqa: E402
 
 from hpc_advise.runtime.measure.cases import router_gemm as rb  # noqa: E402
-from hpc_advise.runtime.measure.harness import results_dir, write_results  # noqa: E402
+from hpc_advise.runtime.measure.harness import write_results  # noqa: E402
 
 NOTES = """\
 Timing: CUDA-graph replay (hpc_advise.runtime.measure.harness.time_cuda), p50 of 20 replays. Every call
@@ -40,17 +40,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", choices=("full", "small"), default="full")
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--tune", action="store_true", help="sweep launch configs first")
-    ap.add_argument("--tune-m", default=None, help="comma-separated M buckets to tune (default: all)")
+    ap.add_argument(
+        "--configs", type=Path, default=None, help="a configs.json to time instead of the package's"
+    )
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--ship", action="store_true", help="copy the jsonl into the package's kernel tables")
     args = ap.parse_args()
-    if args.tune:
-        out = results_dir()
-        out.mkdir(parents=True, exist_ok=True)
-        ms = [int(m) for m in args.tune_m.split(",")] if args.tune_m else rb.M_FULL
-        tuned = rb.tune(ms=ms, path=out / "router_gemm_trials.json")
-        rb.use_tuned(tuned["entries"], out / "router_gemm_configs.json")
+    if args.configs is not None:
+        use_table(args.configs)
     rows, table, headers = rb.bench(grid=args.grid, peers=not args.no_peers)
     notes = NOTES
     if not args.no_accuracy and args.grid == "full":

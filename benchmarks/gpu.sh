@@ -22,7 +22,8 @@ Device stages (on the device machine, from the repository root; results in $OUT/
   bench comm                   hpc-advise profile --bench comm -> comm_h200x<N> (+ _graph, _ws1, _ws1_graph rows)
   bench profile                hpc-advise profile --bench all -> profile_bench_h200 (+ runs list)
   tune fused_moe [A]           tune_fused_moe.py [A] into a copy of configs.json ($RES/fused_moe_configs.json)
-  tune router_gemm [A]         bench_router_gemm.py --tune [A] (router_gemm_configs.json beside the table)
+  tune router_gemm [A]         tune_router_gemm.py [A] into a copy of configs.json ($RES/router_gemm_configs.json),
+                               then bench_router_gemm.py --configs on that copy (table router_gemm)
   sglang [run CMD...]          real SGLang 0.5.23 from .whl_sglang: the runtime's SGLang tests (GPU, then CPU
                                with CUDA hidden), or CMD with SGLang's model runner environment
   ncu TARGET...                Nsight Compute sections of diagnostics/ncu_targets.py workloads
@@ -375,8 +376,12 @@ print(len(rows), 'rows, world size $ws, graph $graph')"
         step tune_fused_moe env OUT="$RES" python3 benchmarks/tune_fused_moe.py --out "$RES/fused_moe_configs.json" "$@"
         grep -v "^  cand" "$RES/tune_fused_moe.log" | tail -30 ;;
       router_gemm)
-        step tune_router_gemm python3 benchmarks/bench_router_gemm.py --tune "$@"
-        tail -30 "$RES/tune_router_gemm.log" ;;
+        # ship by copying router_gemm_configs.json over hpc_advise/kernels/router_gemm/configs.json
+        step tune_router_gemm python3 benchmarks/tune_router_gemm.py --out "$RES/router_gemm_configs.json" "$@" \
+          || exit 1
+        tail -12 "$RES/tune_router_gemm.log"
+        step bench_router_gemm python3 benchmarks/bench_router_gemm.py --configs "$RES/router_gemm_configs.json"
+        tail -30 "$RES/bench_router_gemm.log" ;;
       *) die "tune needs one of: fused_moe, router_gemm" ;;
     esac ;;
   sglang)
@@ -405,7 +410,6 @@ print(len(rows), 'rows, world size $ws, graph $graph')"
     shift
     [ $# -gt 0 ] || set -- moe-deepseek-ep8-t16 attn-fp8-64x4k
     targets=benchmarks/diagnostics/ncu_targets.py
-    [ -f "$targets" ] || targets=benchmarks/ncu_targets.py
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     [ -n "$NCU" ] || die "no ncu on this machine"
     for t in "$@"; do

@@ -511,16 +511,6 @@ def _gate_up_two_dots(
 
 
 @triton.jit
-def _in_order(x):
-    """x through a volatile identity (inline PTX ``mov``, not pure): LLVM keeps volatile inline assembly in
-    program order, so the arithmetic that produces x stays ahead of the wgmma issued next. Without it LLVM
-    sank a lagged product's scale math past the next up dot, both products' registers were live at once,
-    the loop's back edge copied the in-flight accumulator, and ptxas serialized every wgmma of the loop
-    (C7514, sm_90a). Device builds only: the interpreter runs no inline PTX."""
-    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _gate_up_tile(
     pid_n, pid_k, offs_m, e, row_ok, tok, xq_ptr, xs_ptr, a_scale_ptr, w_ptr, ws_ptr,
     out_ptr, outs_ptr, a2_scale_ptr, H, I, max_padded, stride_wn, stride_we, stride_wse,

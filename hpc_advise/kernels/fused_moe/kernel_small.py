@@ -30,8 +30,6 @@ n = T·k (token, slot) entries, E local experts, H hidden, I intermediate (a TP 
      slot order j = 0..k−1 (slots of other EP ranks, or −1, skipped: they compute nothing), writes the
      bf16 output and resets the counter to 0. No reduce launch, no atomics on the output. DN_SPLIT
      programs per (entry, H tile) split the K = I steps; their rows are summed in split order too.
-  SCALE_LAG (group / block scales): each K step's up product is scaled one step later
-     (``_gate_up_step_lagged``), so its wgmma stays in flight while the gate product is scaled; bitwise.
   FUSE_QUANT (with PRE_Q): no launch 0. Each gate/up program that owns an expert quantizes the T rows of
      its K range itself (``_quant_span``, the same arithmetic as launch 0: bitwise its values) into a
      private scratch slice, then runs the PRE_Q loop on that slice: one launch boundary fewer per call.
@@ -46,7 +44,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernel import FP8_MAX, SCALE_EPS, _in_order, _prefetch_l2
+from .kernel import FP8_MAX, SCALE_EPS, _prefetch_l2
 from .kernel import _quant_rows as _quant_hidden_tile
 
 
@@ -69,7 +67,7 @@ def _quant_rows(x, static_scale, GROUP_SCALE: tl.constexpr, dtype: tl.constexpr)
 @triton.jit
 def _gate_up_step(bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GROUP: tl.constexpr,
                   W_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """One K step of the swapped gate/up product (small-T and persistent paths): weight tiles bg, bu
+    """One K step of the small-T path's swapped gate/up product: weight tiles bg, bu
     [BLOCK_N, BLOCK_K] times the activations' transpose at [BLOCK_K, tokens]. With group/block scales
     each step's fresh fp32 product is scaled per token (sa, the 1x128 group scale) and per weight row
     (the 128x128 block scale at sg_ptrs / su_ptrs for this K step) and added; without, the fp8
@@ -94,25 +92,6 @@ def _scaled(d, sa, sw_ptrs, k0, n_ok, A_GROUP: tl.constexpr, W_BLOCK: tl.constex
     if W_BLOCK:
         d = d * tl.load(sw_ptrs + k0 // 128, mask=n_ok, other=0.0)[:, None]
     return d
-
-
-@triton.jit
-def _gate_up_step_lagged(bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, pu, psa, kp,
-                         A_GROUP: tl.constexpr, W_BLOCK: tl.constexpr, PIN: tl.constexpr):  # fmt: skip
-    """``_gate_up_step`` with SCALE_LAG (group / block scales): this step's up product is only issued here
-    and returned; the previous step's ``pu`` (from the last call; zeros before the first step) is scaled by
-    its tokens' scales ``psa`` and the block scales of its step kp, and added after the gate dot and before
-    this step's up dot, so Triton 3.6's sm_90 pipeliner leaves the up dot in flight across the step (the
-    gate dot's wait retires it). PIN (device builds): ``kernel._in_order`` keeps that scale math ahead of
-    the up dot's issue. The products, their multiplications and the additions are those of
-    ``_gate_up_step`` in the same order: bitwise."""
-    dg = tl.dot(bg, at)
-    acc_u += _scaled(pu, psa, su_ptrs, kp, n_ok, A_GROUP, W_BLOCK)
-    if PIN:
-        acc_u = _in_order(acc_u)
-    pu = tl.dot(bu, at)
-    acc_g += _scaled(dg, sa, sg_ptrs, k0, n_ok, A_GROUP, W_BLOCK)
-    return acc_g, acc_u, pu
 
 
 @triton.jit
@@ -213,7 +192,6 @@ def _small_gate_up_kernel(
     Q_GROUPS: tl.constexpr = 1,  # FUSE_QUANT: 128-column groups per prologue tile (power of two)
     Q_CHUNKS: tl.constexpr = 1,  # FUSE_QUANT: prologue tiles per row (Q_GROUPS · Q_CHUNKS >= the K span)
     PF_STEPS: tl.constexpr = 0,  # FUSE_QUANT on SM90: K steps of weights prefetched to L2 before the prologue
-    SCALE_LAG: tl.constexpr = 0,  # group / block scales: 1 up products scaled a step late, 2 also pinned (GPU)
 ):
     num_n = tl.cdiv(I, BLOCK_N)
     pid = tl.program_id(0)
@@ -295,10 +273,6 @@ def _small_gate_up_kernel(
     acc_g = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # transposed: [columns of I, tokens]
     acc_u = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     xs_row = xs_ptr + offs_m.to(tl.int64) * tl.cdiv(H, 128)  # PRE_Q with A_GROUP: this row's group scales
-    if SCALE_LAG:  # the previous step's up product (none before the first: zeros, adding 0 · s = 0)
-        tl.static_assert(A_GROUP or W_BLOCK)
-        tl.static_assert(PRE_Q != 0)  # op_small: the scales of a PRE_Q step are loads (sa 1.0 when static)
-        pu = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             k_ok = offs_k >= 0
@@ -313,36 +287,17 @@ def _small_gate_up_kernel(
             at = tl.load(
                 xq_ptrs + k0, mask=k_ok[:, None] & row_ok[None, :], other=0.0, cache_modifier=XQ_CACHE
             )
-            # SCALE_LAG: the previous step's scales are read again, at kp (a value loaded in one step and
-            # carried to the next for a second use left Triton 3.6's pipeliner without a schedule: sm_90a
-            # TTGIR without multi-buffered loads)
-            kp = tl.maximum(k0 - BLOCK_K, k_lo)
             if A_GROUP:
                 sa = tl.load(xs_row + k0 // 128, mask=row_ok, other=0.0, cache_modifier=XQ_CACHE)
-                if SCALE_LAG:
-                    psa = tl.load(xs_row + kp // 128, mask=row_ok, other=0.0, cache_modifier=XQ_CACHE)
             else:  # static activation scale: applied after the loop, unused by _gate_up_step
                 sa = 1.0
-                psa = 1.0
         else:
             x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             a, sa = _quant_rows(x.to(tl.float32), a13, A_GROUP, w_ptr.dtype.element_ty)
             at = tl.trans(a)  # [BLOCK_K, BLOCK_M]
-        if SCALE_LAG:
-            acc_g, acc_u, pu = _gate_up_step_lagged(
-                bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, pu, psa, kp, A_GROUP, W_BLOCK,
-                SCALE_LAG == 2,
-            )  # fmt: skip
-        else:
-            acc_g, acc_u = _gate_up_step(
-                bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GROUP, W_BLOCK, BLOCK_K
-            )
-    if SCALE_LAG and k_lo < k_hi:  # the last step's up product (a split with no K step has none)
-        k_last = k_lo + (tl.cdiv(k_hi - k_lo, BLOCK_K) - 1) * BLOCK_K
-        psa = 1.0
-        if A_GROUP:
-            psa = tl.load(xs_row + k_last // 128, mask=row_ok, other=0.0, cache_modifier=XQ_CACHE)
-        acc_u += _scaled(pu, psa, su_ptrs, k_last, n_ok, A_GROUP, W_BLOCK)
+        acc_g, acc_u = _gate_up_step(
+            bg, bu, at, sa, sg_ptrs, su_ptrs, k0, n_ok, acc_g, acc_u, A_GROUP, W_BLOCK, BLOCK_K
+        )
     if GU_RED:
         # this split's partial sums go to row (p, t·k + j) for the first slot j where token t chose e;
         # the split that arrives last sums all SPLIT_K partials in split order (deterministic) and

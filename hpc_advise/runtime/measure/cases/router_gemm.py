@@ -1,4 +1,4 @@
-"""Benchmark and tuner of the router GEMM (``hpc_advise.kernels.router_gemm``) against cuBLAS.
+"""Benchmark cases of the router GEMM (``hpc_advise.kernels.router_gemm``) against cuBLAS.
 
 ``bench(grid, peers)`` times, per (N, K, M), with CUDA-graph replay (``time_cuda``):
 - ``ours``: ``router_gemm`` on bf16 x (2 bf16 tensor-core products, fp32 out);
@@ -10,18 +10,16 @@ Inputs rotate: every timed call reads its own x and its own weight copy, and one
 through enough sets that their bytes exceed 2× the L2 size, so neither x nor W is served from L2
 (in serving, each layer's router weight is evicted by the rest of the forward pass between uses).
 ``accuracy(...)`` adds relative errors vs float64 and top-8 set changes vs cuBLAS FP32.
-``tune(...)`` sweeps launch configs (compiled in parallel processes first) and returns the best per
-(N, K, M) in the ``configs.json`` format.
+``precompile`` compiles launch configs in parallel processes. The launch-config tuner, which times its
+candidates on these same inputs, is ``benchmarks/tune_router_gemm.py``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-from hpc_advise.kernels.router_gemm.configs import GEMV_MAX_M
 from hpc_advise.runtime.measure.harness import environment, rotating, run_row, time_cuda
 
 SHAPES_FULL = [(192, 4096), (128, 4096), (256, 7168)]  # Hy3, Qwen3-235B, DeepSeek-V3 (N experts, K hidden)
@@ -49,7 +47,7 @@ HEADERS = [
 ]
 
 
-def _ceilings() -> tuple[float, float, float]:
+def ceilings() -> tuple[float, float, float]:
     """(copy bytes/s, bf16 FLOP/s, L2 bytes) of this GPU: measured profile values where known."""
     import torch
 
@@ -66,7 +64,7 @@ def _ceilings() -> tuple[float, float, float]:
         return DESIGN_COPY_TBPS * 1e12, 758e12, l2  # H200 measured (shared/DESIGN.md §7)
 
 
-def _sets(N: int, K: int, M: int, l2_bytes: float, x32: bool, hot_w: bool = False):
+def input_sets(N: int, K: int, M: int, l2_bytes: float, x32: bool, hot_w: bool = False):
     """Rotating input sets; a replay of ``n`` calls touches > 2× L2 bytes. ``hot_w``: every set shares
     one weight (L2-resident weights, rotating x only)."""
     import torch
@@ -91,7 +89,8 @@ def _sets(N: int, K: int, M: int, l2_bytes: float, x32: bool, hot_w: bool = Fals
     return sets
 
 
-def _time(sets, body):
+def time_sets(sets, body):
+    """Timing of ``body`` in CUDA-graph replays that walk through ``sets`` (10 calls or more each)."""
     n = len(sets)
     inner = n * max(1, math.ceil(10 / n))
     return time_cuda(rotating(sets, body), inner=inner, reps=20, warmup=2)
@@ -142,26 +141,26 @@ def bench(grid: str = "full", peers: bool = True):
     shapes, ms = (SHAPES_FULL, M_FULL) if grid == "full" else (SHAPES_SMALL, M_SMALL)
     x32 = grid == "full"
     env = environment()
-    bw, flops_rate, l2 = _ceilings()
+    bw, flops_rate, l2 = ceilings()
     tf32_before = torch.backends.cuda.matmul.allow_tf32
     rows, table = [], []
     _precompile_grid(shapes, ms, x32)
     try:
         for N, K in shapes:
             for M in ms:
-                sets = _sets(N, K, M, l2, x32)
+                sets = input_sets(N, K, M, l2, x32)
                 t = {}
                 for name, body in _providers(peers, x32).items():
-                    t[name] = _time(sets, body)
+                    t[name] = time_sets(sets, body)
                     rows.append(_latency_row(name, N, K, M, len(sets), "hbm", t[name], env))
                 del sets
                 if x32 and M <= 64:  # weights L2-resident (x still rotating): the optimistic case
-                    hot = _sets(N, K, M, l2, False, hot_w=True)
+                    hot = input_sets(N, K, M, l2, False, hot_w=True)
                     prov = _providers(peers, False)
                     for name in ("ours", "cublas_fp32"):
                         if name not in prov:
                             continue
-                        t[name + "_hotw"] = _time(hot, prov[name])
+                        t[name + "_hotw"] = time_sets(hot, prov[name])
                         row = _latency_row(name + "_hotw", N, K, M, len(hot), "l2", t[name + "_hotw"], env)
                         rows.append(row)
                     del hot
@@ -271,85 +270,7 @@ def accuracy(shapes=SHAPES_FULL, M: int = 2048, top_k: int = 8):
     return rows, lines
 
 
-# ---------------------------------------------------------------- tuning
-
-
-def _smem_bytes(c, x32: bool) -> int:
-    if c.get("impl") == "gemv":  # stages of (x, hi, lo) strips when the K loop is pipelined
-        return (
-            0
-            if c["num_stages"] == 1
-            else c["num_stages"] * c["block_n"] * c["block_k"] * 3 * (4 if x32 else 2)
-        )
-    xb = 4 if x32 else 2
-    return c["num_stages"] * (c["block_m"] * c["block_k"] * xb + 2 * c["block_k"] * c["block_n"] * 2)
-
-
-def candidates(M: int, N: int, K: int, num_sms: int) -> list[dict]:
-    """Launch configs worth timing for one (M, N, K)."""
-    out = []
-
-    def add(bm, bn, bk, split, warps, stages):
-        k_blocks = -(-K // bk)
-        if split > k_blocks or bn > max(64, 1 << (N - 1).bit_length()):
-            return
-        c = dict(block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages)
-        if _smem_bytes(c, False) <= 200 * 1024 and c not in out:
-            out.append(c)
-
-    if M <= 64:
-        bms = [16] if M <= 16 else ([32] if M <= 32 else [32, 64])
-        for bm in bms:
-            for bn in (32, 64):
-                for bk in (64, 128, 256):
-                    tiles = -(-M // bm) * -(-N // bn)
-                    k_blocks = -(-K // bk)
-                    for mult in (1, 2, 4):
-                        s = max(1, min(k_blocks, (mult * num_sms) // tiles))
-                        while s > 1 and k_blocks % s:
-                            s -= 1
-                        add(bm, bn, bk, s, 4, 3)
-    elif M <= 512:
-        for bm, bn in ((64, 64), (64, 128), (128, 64)):
-            for bk in (64, 128):
-                tiles = -(-M // bm) * -(-N // bn)
-                k_blocks = -(-K // bk)
-                for s in (1, 2, 4):
-                    if s == 1 or tiles * s <= 2 * num_sms:
-                        while s > 1 and k_blocks % s:
-                            s -= 1
-                        add(bm, bn, bk, s, 4, 3)
-    else:
-        for bm, bn, warps in ((64, 64, 4), (128, 64, 4), (128, 128, 8), (64, 128, 4), (128, 256, 8)):
-            for bk in (64, 128):
-                for stages in (3, 4):
-                    add(bm, bn, bk, 1, warps, stages)
-    if M <= GEMV_MAX_M:
-        out += gemv_candidates(M, K)
-    return out
-
-
-def gemv_candidates(M: int, K: int) -> list[dict]:
-    """CUDA-core small-M configs: experts per program x K strip x warps x stages, keeping each operand
-    strip at <= 64 elements per thread (more spills registers at M_PAD = 8, sm_90a compile)."""
-    m_pad = 1 << (M - 1).bit_length()
-    k_pow2 = 1 << (K - 1).bit_length()
-    out = []
-    for rows in (1, 2, 4):
-        for bk in (512, 1024, 2048, 4096, 8192):
-            for warps in (4, 8):
-                if bk > k_pow2 or m_pad * rows * bk > 64 * 32 * warps:
-                    continue
-                for stages in (1, 3):
-                    if stages > 1 and bk >= K:  # one strip: nothing to pipeline
-                        continue
-                    c = dict(
-                        block_m=1, block_n=rows, block_k=bk, split_k=1, num_warps=warps, num_stages=stages
-                    )
-                    c["impl"] = "gemv"
-                    if _smem_bytes(c, False) <= 200 * 1024:
-                        out.append(c)
-    return out
+# ---------------------------------------------------------------- compiling
 
 
 def _compile_jobs(jobs: list[tuple]) -> int:
@@ -385,54 +306,3 @@ def precompile(jobs: list[tuple], workers: int | None = None) -> int:
     chunks = [uniq[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         return sum(pool.map(_compile_jobs, chunks))
-
-
-def tune(shapes=SHAPES_FULL, ms=M_FULL, log=print, path=None) -> dict:
-    """Time every candidate config; returns ``{"entries": [...]}`` (best per (N, K, M)) plus timings."""
-    import torch
-
-    from hpc_advise.kernels.router_gemm import op
-    from hpc_advise.kernels.router_gemm.configs import Config
-
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    _, _, l2 = _ceilings()
-    plan = {(N, K, M): candidates(M, N, K, num_sms) for N, K in shapes for M in ms}
-    jobs = [(N, K, c, False, M) for (N, K, M), cs in plan.items() for c in cs]
-    log(f"tune: {len(jobs)} candidate timings, compiling in parallel ...")
-    log(f"tune: compiled {precompile(jobs)}")
-    entries, trials = [], []
-    for (N, K, M), cs in plan.items():
-        sets = _sets(N, K, M, l2, False)
-        best = None
-        for c in cs:
-            cfg = Config(**c)
-            try:
-                t = _time(sets, lambda s, cfg=cfg: op.router_gemm(s["x"], s["hi"], s["lo"], config=cfg))
-            except Exception as exc:
-                log(f"  skip {c}: {type(exc).__name__}")
-                continue
-            trials.append({"n": N, "k": K, "m": M, **c, "us": t.p50})
-            if best is None or t.p50 < best[0]:
-                best = (t.p50, c)
-        del sets
-        if best is not None:
-            entries.append({"n": N, "k": K, "m_max": M, **best[1], "us": round(best[0], 2)})
-            log(f"tune N={N} K={K} M={M}: {best[0]:.2f} us {best[1]}")
-        if path is not None:  # progress survives a time limit
-            path.write_text(json.dumps({"entries": entries, "trials": trials}, indent=1) + "\n")
-    return {"entries": entries, "trials": trials}
-
-
-def use_tuned(entries: list[dict], path) -> None:
-    """Write the package config table with ``entries`` replacing the buckets they tuned to ``path`` and
-    make this process's ``router_gemm`` read it (the benchmark after ``--tune`` measures those configs)."""
-    from hpc_advise.kernels.router_gemm import configs
-
-    data = json.loads(configs.CONFIG_FILE.read_text()) if configs.CONFIG_FILE.exists() else {}
-    tuned = {(e["n"], e["k"], e["m_max"]) for e in entries}
-    kept = [e for e in data.get("entries", []) if (e["n"], e["k"], e["m_max"]) not in tuned]
-    merged = sorted(kept + list(entries), key=lambda e: (e["n"], e["k"], e["m_max"]))
-    data["entries"] = merged
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    configs.CONFIG_FILE = path
-    configs._table.cache_clear()

@@ -2,7 +2,7 @@
 few times, so that `ncu` can profile its kernels (the decode-attention and fused-MoE misses of issues 5 and 7).
 
     ncu --clock-control none -k regex:'gate_up|down_kernel' -c 2 --section SpeedOfLight \\
-        python3 benchmarks/ncu_targets.py moe-deepseek-ep8-t16
+        python3 benchmarks/diagnostics/ncu_targets.py moe-deepseek-ep8-t16
 
 The inputs are the benchmarks' own (hpc_advise.runtime.measure.cases: random weights and routings, a KV pool with
 pages scattered over it); this script times nothing itself. `--list` prints the targets.
@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 CALLS = 3  # the first call compiles; ncu's -c / --launch-skip choose which launches it profiles
 

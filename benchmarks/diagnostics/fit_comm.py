@@ -1,6 +1,6 @@
 """Fit the communication-time predictor on measured ``comm`` rows and report its held-out error.
 
-    python benchmarks/fit_comm.py ROWS.jsonl [ROWS2.jsonl ...] [--min-world-size 2]
+    python benchmarks/diagnostics/fit_comm.py ROWS.jsonl [ROWS2.jsonl ...] [--min-world-size 2]
 
 ROWS.jsonl: ``runs`` rows as ``hpc-advise profile --bench comm --write-results`` or
 ``comm_bench.measure`` write them. Prints Markdown, per timing mode (eager / graph): the held-out
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hpc_advise.advisor import comm_model as cm  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Run-to-run spread of one fused-MoE call under sustained load, with the GPU's clocks and power beside it.
 
-    python benchmarks/spread_fused_moe.py [--shape hy3] [--t 16384] [--seconds 40] [--rest 10] [--tag a]
+    python benchmarks/diagnostics/spread_fused_moe.py [--shape hy3] [--t 16384] [--seconds 40] [--rest 10] [--tag a]
 
 Why: the same Hy3 T = 16384 prefill config read ~6380 µs in the bench's process and ~6950 µs in the tuner's
 (TUNING_LOG "Hy3 prefill retune"), which decides whether 55 % of 1410 TFLOP/s is met. This script replays one
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hpc_advise.runtime.measure.cases import fused_moe as fb  # noqa: E402
 from hpc_advise.runtime.measure.harness import capture_graph, environment, results_dir  # noqa: E402
@@ -176,7 +176,7 @@ def main() -> None:
         f"graph replays ({inner} calls each)",
         "",
         f"- GPU: {env.get('gpu', '?')}; versions: torch {env.get('torch', '?')}, triton {env.get('triton', '?')}",
-        f"- command: `python3 benchmarks/spread_fused_moe.py --shape {args.shape} --t {args.t} "
+        f"- command: `python3 benchmarks/diagnostics/spread_fused_moe.py --shape {args.shape} --t {args.t} "
         f"--seconds {args.seconds:g} --rest {args.rest:g} --tag {args.tag}`",
         f"- fp8 GEMM ceiling (microbench: torch._scaled_mm 8192³, fast acc.): {gemm_start:.0f} TFLOP/s before the load, "
         f"{gemm_end:.0f} right after it",

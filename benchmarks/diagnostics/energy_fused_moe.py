@@ -1,6 +1,6 @@
 """Energy per call of fused-MoE config variants under sustained load: the whole call and its down GEMM alone.
 
-    python benchmarks/energy_fused_moe.py [--shape hy3] [--t 4096] [--variant '{"DN_GLUON": 3, ...}'] [--seconds 8]
+    python benchmarks/diagnostics/energy_fused_moe.py [--shape hy3] [--t 4096] [--variant '{"DN_GLUON": 3, ...}'] [--seconds 8]
         [--rounds 2] [--tag a]
 
 The question (TUNING_LOG "Prefill under the power cap"): at the H200's 700 W cap a call's time is its energy over
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spread_fused_moe import add_problem_args, bench_problem, read_smi, replay_loop, start_smi  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
         f"{'NVML total-energy counter' if energy else 'nvidia-smi power samples'}",
         "",
         f"- GPU: {env.get('gpu', '?')}; versions: torch {env.get('torch', '?')}, triton {env.get('triton', '?')}",
-        "- command: `python3 benchmarks/energy_fused_moe.py " + shlex.join(sys.argv[1:]) + "`",
+        "- command: `python3 benchmarks/diagnostics/energy_fused_moe.py " + shlex.join(sys.argv[1:]) + "`",
         f"- pick: `{json.dumps(pick)}`",
         "",
         "| round | graph | variant | µs / call (p50) | J / call | W (energy / time) | SM MHz |",
