@@ -287,7 +287,7 @@ def recommend(
         note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
         click.echo(note, err=True)
-    cmd = build_command(ranked[0].candidate, mdl.hf_id or model_name) if ranked else None
+    cmd = build_command(ranked[0].candidate, mdl.hf_id or model_name, model=mdl) if ranked else None
     from hpc_advise.advisor import report
 
     inputs, outputs = report.recommend_record(
@@ -604,6 +604,7 @@ def launch(
         node_rank=node_rank,
         dist_init_addr=dist_init_addr,
         extra=tuple(extra),
+        model=mdl,
     )
     if not no_validate:
         with Timer("checking the command with SGLang's argument parser (--no-validate skips it)"):
