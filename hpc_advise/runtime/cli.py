@@ -15,6 +15,7 @@ import click
 from tabulate import tabulate
 
 from hpc_advise import rules
+from hpc_advise.clitypes import Aliased
 from hpc_advise.runtime import dispatch, env_report
 
 
@@ -58,15 +59,12 @@ def runtime() -> None:
     "--model", "model_name", default=None, help="Model profile name, HF id, or path to a config.json."
 )
 @click.option("--gpu", "gpu_name", default=None, help="GPU profile name (default: the local GPU via NVML).")
-@click.option("--tp", type=click.IntRange(1, 64), default=1, show_default=True, help="Tensor parallelism.")
-@click.option(
-    "--ep",
-    type=click.IntRange(1, 64),
-    default=1,
-    show_default=True,
-    help="Expert parallelism (divides --tp).",
-)
-@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8_e4m3"]), default="bf16", show_default=True)
+@click.option("--tp-size", "--tp", "tp", cls=Aliased, aliases=("--tp",), type=click.IntRange(1, 64), default=1,
+              show_default=True, help="Tensor parallelism (SGLang's --tp-size).")  # fmt: skip
+@click.option("--ep-size", "--ep", "ep", cls=Aliased, aliases=("--ep",), type=click.IntRange(1, 64), default=1,
+              show_default=True, help="Expert parallelism (divides --tp-size).")  # fmt: skip
+@click.option("--kv-cache-dtype", "--kv-dtype", "kv_dtype", cls=Aliased, aliases=("--kv-dtype",),
+              type=click.Choice(["bf16", "fp8_e4m3"]), default="bf16", show_default=True)  # fmt: skip
 @click.option(
     "--page-size", type=click.IntRange(1, 1024), default=rules.REQUIRED_PAGE_SIZE, show_default=True
 )

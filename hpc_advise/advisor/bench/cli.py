@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from hpc_advise.clitypes import Aliased
+
 
 def _f(x, digits: int = 1) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -164,7 +166,8 @@ def _clean(o):
     "--retries", type=int, default=3, show_default=True, help="Tries to reach the server before giving up."
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--format", "fmt", default=None, help="Force the trace format.")
+@click.option("--trace-format", "--format", "fmt", cls=Aliased, aliases=("--format",), default=None,
+              help="Trace format when detection fails (see `trace formats`).")  # fmt: skip
 @click.option("--skip-bad", is_flag=True, help="Skip malformed trace lines instead of stopping.")
 @click.option("--db", default=None, help="Knowledge-base file (default: hpc-advise kb path).")
 @click.option("--json", "as_json", is_flag=True)
