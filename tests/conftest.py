@@ -112,3 +112,13 @@ def _private_home(request, tmp_path_factory, monkeypatch):
             monkeypatch.setenv("HPC_ADVISE_HOME", str(request.getfixturevalue(name)))
             return
     monkeypatch.setenv("HPC_ADVISE_HOME", str(tmp_path_factory.mktemp("home")))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked ``gpu`` when no CUDA device is present."""
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200 machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
