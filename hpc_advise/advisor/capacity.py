@@ -62,6 +62,8 @@ def failed_condition(r, slo_tpot: float | None, slo_ttft: float | None) -> str |
     """The first of (a) and (c) that a ranked prediction ``r`` fails, or None."""
     if r.rho is not None and r.rho >= 1.0:
         return SATURATED
+    if getattr(r, "kv_saturated_rps", None) is not None:  # the queue for KV grows without bound
+        return MEMORY
     if slo_tpot is not None and not r.tpot_p99 <= slo_tpot:
         return TPOT_SLO
     if slo_ttft is not None and not r.ttft_p99 <= slo_ttft:

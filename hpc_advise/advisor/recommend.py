@@ -5,8 +5,11 @@ Per candidate (``candidates``), at the trace's mean lengths:
 
 1. the serving model (``serving_model``, engine sglang) predicts TPOT and TTFT at the candidate's
    concurrency. With arrival times in the trace, concurrency per replica is the fixed point of
-   Little's law ``C = rate / replicas * (TTFT + osl * TPOT)`` (three iterations); without them it is
-   ``--concurrency`` (default: the trace summary's context-spread concurrency);
+   Little's law ``C = rate / replicas * (TTFT + osl * TPOT)`` (TTFT without queueing: waiting
+   requests hold no KV), damped and held at the KV limit (``Ranker.concurrency``); where it has no
+   fixed point below that limit the candidate is KV-saturated: ranked after those that keep up, TTFT
+   unbounded, with the rate it completes and the GPU count of its layout that would keep up. Without
+   arrival times C is ``--concurrency`` (default: the trace summary's context-spread concurrency);
 2. TPOT p50/p99: 48 decode batches are drawn from the trace's (isl, osl) sample at that concurrency
    (requests weighted by their output length, each at a uniform point of its decode, as
    ``traces.summary.context_spread`` does). Each batch's step time is the calibrated TPOT scaled by its
@@ -71,6 +74,8 @@ REFERENCE_ATTENTION = "flashinfer"
 N_BATCHES = 48
 N_TTFT = 2000
 N_PROMPTS = 128  # sampled prompts whose prefill times the TTFT percentiles draw from
+FIXED_POINT_ITERATIONS = 12  # Little's law's damped fixed point (``Ranker.concurrency``)
+FIXED_POINT_TOLERANCE = 0.02
 
 
 @dataclass
@@ -125,6 +130,7 @@ class Ranked:
     rho: float | None = None  # prefill utilisation per attention group (None: no arrival times)
     latency_ms: float = 0.0  # mean request latency: mean TTFT + osl * mean TPOT
     capacity: Capacity | None = None  # how much more load it takes (``capacity`` module)
+    kv_saturated_rps: float | None = None  # KV-saturated: requests/s it completes (all replicas)
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -149,6 +155,7 @@ class Ranked:
             "concurrency_per_replica": self.concurrency,
             "memory_headroom_gib": num(self.headroom_gib),
             "prefill_utilisation": self.rho,
+            "kv_saturated_rps": self.kv_saturated_rps,
             "request_latency_ms": num(self.latency_ms),
             "meets_slo": self.meets_slo,
             "confidence": "ok" if not self.flags else "low",
@@ -190,6 +197,8 @@ class Ranker:
         self._physics_cache: dict = {}
         self._prefill_cache: dict = {}
         self._attn_cache: dict = {}
+        self._kv_limit: dict = {}
+        self.saturated: dict = {}  # KV-saturated candidates of the last ``concurrency`` call
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
         self._prompts = w.pairs[pick, 0]
 
@@ -250,23 +259,65 @@ class Ranker:
                 out.append((chk, exc))
         return out
 
+    def kv_limit(self, c: Candidate) -> float:
+        """Most requests per replica whose KV fits (``candidates.memory_check``, linear in the
+        concurrency); 0 when the weights alone do not fit. Cached per candidate."""
+        got = self._kv_limit.get(c)
+        if got is None:
+            w, one = self.w, float(c.attn_dp)
+            ok, _, m1 = memory_check(c, self.model, self.gpu, one, w.ctx_mean, w.ctx_p99)
+            if "headroom_gib" not in m1 or m1["weights_gib"] + m1["reserve_gib"] > m1["usable_gib"]:
+                got = 0.0
+            else:
+                _, _, m2 = memory_check(c, self.model, self.gpu, 2.0 * one, w.ctx_mean, w.ctx_p99)
+                per_request = max(m2["kv_gib"] - m1["kv_gib"], 1e-12)  # one more request per group
+                got = one * (1.0 + math.floor(max(m1["headroom_gib"], -per_request) / per_request))
+                got = max(got, 0.0)
+            self._kv_limit[c] = got
+        return got
+
     def concurrency(self, cands: list[Candidate], fixed: float | None, load: dict | None = None) -> dict:
         """Requests in flight per replica. ``load[c]`` (default 1) multiplies the offered load: the
-        arrival rate in Little's law's fixed point, or the fixed / default concurrency itself."""
+        arrival rate in Little's law's fixed point, or the fixed / default concurrency itself.
+
+        With arrival times the fixed point ``C = rate / replicas * latency(C)`` is iterated with
+        damping (geometric mean of the old and new C) and C is held at the KV limit
+        (``kv_limit``). Where latency grows faster than C there is no fixed point: C climbs to the
+        limit, and Little's law at the limit still asks for more requests than the KV holds. Such a
+        candidate is KV-saturated (``self.saturated[c]``: the requests/s per replica it completes
+        there); its queue, and its TTFT, grow without bound at this rate."""
         x = {c: (load or {}).get(c, 1.0) for c in cands}
+        self.saturated = {}
         if fixed is not None or not self.w.rate_rps:
             total = fixed if fixed is not None else float(self.w.default_concurrency)
             return {c: max(total * x[c] / c.replicas, 1.0) for c in cands}
         rate = {c: self.w.rate_rps * x[c] / c.replicas for c in cands}
-        conc = {c: max(rate[c] * (self.w.osl_mean * 0.02), 1.0) for c in cands}
-        for _ in range(3):
-            preds = self.serving_predictions(cands, conc)
-            new = {}
-            for c in cands:
-                tpot, ttft, *_ = preds[self.pred_key(c, conc[c])]
+        limit = {c: self.kv_limit(c) for c in cands}
+        cap_c = {c: max(limit[c], 1.0) for c in cands}
+        conc = {c: min(max(rate[c] * (self.w.osl_mean * 0.02), 1.0), cap_c[c]) for c in cands}
+        asked = dict(conc)
+        open_ = list(cands)
+        for _ in range(FIXED_POINT_ITERATIONS):
+            if not open_:
+                break
+            preds = self.serving_predictions(open_, conc)
+            still = []
+            for c in open_:
+                tpot, _, prep, (over, coef, corr, _) = preds[self.pred_key(c, conc[c])]
+                # the TTFT without queueing: the calibrated TTFT holds the closed-loop queueing of
+                # its training runs, which fed back here grows C without bound; requests waiting
+                # for their prefill hold no KV and are not in the decode batch
+                ttft = (over + coef * float(self._prefill_ms(prep.dep).mean())) * corr
                 latency_s = (ttft + self.w.osl_mean * tpot) / 1e3
-                new[c] = max(rate[c] * latency_s, 1.0)
-            conc = new
+                asked[c] = max(rate[c] * latency_s, 1.0)
+                new = min(math.sqrt(conc[c] * asked[c]), cap_c[c])
+                if abs(new / conc[c] - 1.0) > FIXED_POINT_TOLERANCE:
+                    still.append(c)
+                conc[c] = new
+            open_ = still
+        for c in cands:
+            if conc[c] >= cap_c[c] * (1 - 1e-9) and asked[c] > cap_c[c] * (1 + FIXED_POINT_TOLERANCE):
+                self.saturated[c] = rate[c] * cap_c[c] / asked[c]  # what the full KV completes
         return conc
 
     def _attn_times(self, c: Candidate, batch: int) -> tuple[np.ndarray, list[str]]:
@@ -329,13 +380,17 @@ class Ranker:
             mean_step = F.total_us(F.decode_step(s, r, dep, ctx_sum=mean_ctx, batch=batch))
             steps = [F.total_us(F.decode_step(s, r, dep, ctx_sum=float(x.sum()), batch=batch)) for x in ctx]
             self._physics_cache[key] = (np.array(steps), mean_step)
+        return (*self._physics_cache[key], self._prefill_ms(dep))
+
+    def _prefill_ms(self, dep: F.Deployment) -> np.ndarray:
+        """Roofline prefill (ms) of the sampled prompts, cached per deployment."""
         if dep not in self._prefill_cache:  # the prompts' prefill does not depend on the batch
-            reuse = w.prefix_reuse
+            s, r, reuse = self.shapes, self.rates, self.w.prefix_reuse
             pf = [
                 F.total_us(F.prefill(s, r, dep, max(x * (1 - reuse), 1.0), x * reuse)) for x in self._prompts
             ]
             self._prefill_cache[dep] = np.array(pf) / 1e3
-        return (*self._physics_cache[key], self._prefill_cache[dep])
+        return self._prefill_cache[dep]
 
     def rank_one(
         self,
@@ -410,9 +465,35 @@ class Ranker:
         r.attn_delta_ms = float(np.median(delta_us)) / 1e3
         if saturated:
             r.flags.append("prefill saturated: arrivals exceed prefill capacity (rho >= 1)")
+        served = self.saturated.get(c)
+        if rate and served is not None:
+            r.kv_saturated_rps = served * c.replicas
+            r.ttft_p50 = r.ttft_p99 = math.inf
+            r.latency_ms = math.inf
+            r.tok_s_per_gpu = r.kv_saturated_rps * w.osl_mean / c.n_gpus
+            r.flags.insert(0, kv_saturation_note(c, rate, conc, r.kv_saturated_rps, rho))
         r.flags += self.serving.out_of_range(prep)
         r.meets_slo = failed_condition(r, slo_tpot, slo_ttft) is None
         return r
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f} ms" if math.isfinite(x) else "unbounded (saturated)"
+
+
+def kv_saturation_note(c: Candidate, rate: float, conc: float, served_rps: float, rho: float | None) -> str:
+    """What breaks for a KV-saturated candidate, and the GPU count (2, 4, 8 times this one, same
+    layout, more replicas) whose KV and prefill would keep up at the predicted per-replica rates."""
+    need = next((k for k in (2, 4, 8) if served_rps * k >= rate and (rho or 0.0) < k), None)
+    more = (
+        f"the same layout on {c.n_gpus * need} GPUs ({need}x the replicas) would keep up"
+        if need
+        else f"more than {8 * c.n_gpus} GPUs of this layout would be needed"
+    )
+    return (
+        f"saturated: TTFT grows without bound at {rate:.2f} req/s: the KV cache holds {conc:.0f} "
+        f"requests per replica, which complete {served_rps:.2f} req/s in all; {more}"
+    )
 
 
 def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
@@ -472,7 +553,7 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
     if other:  # the best-ranked other deployment, and what separates them
         alt = other[0]
         out.append(
-            f"vs {alt.candidate.label()}: TTFT p50 {r.ttft_p50:.0f} vs {alt.ttft_p50:.0f} ms, TPOT p50 {r.tpot_p50:.1f} vs {alt.tpot_p50:.1f} ms"
+            f"vs {alt.candidate.label()}: TTFT p50 {_ms(r.ttft_p50)} vs {_ms(alt.ttft_p50)}, TPOT p50 {r.tpot_p50:.1f} vs {alt.tpot_p50:.1f} ms"
         )
         capacity = _capacity_contrast(r, alt)
         if capacity:  # ahead of the backend and KV lines, which the cut below may drop
@@ -552,6 +633,9 @@ def at_load(ranker: Ranker, base: dict, load: dict, slo_tpot, slo_ttft, fixed, n
         rho = base[c].rho
         if rho is not None and load[c] * rho >= 1.0:
             out[c] = (cap.SATURATED, None)
+            continue
+        if c in ranker.saturated:  # Little's law asks for more requests than the KV holds
+            out[c] = (cap.MEMORY, None)
             continue
         ok, _, mem = memory_check(c, ranker.model, ranker.gpu, conc[c], w.ctx_mean, w.ctx_p99)
         if not ok:
@@ -636,7 +720,9 @@ def rank_candidates(
     def key(r: Ranked):
         unmeasured = sum("no kernel measurement" in f for f in r.flags)
         if not r.meets_slo:  # none of these meets the SLOs: the closest first
-            return (True, round(overshoot(r), 6), unmeasured, r.tpot_p50, r.ttft_p99)
+            if r.kv_saturated_rps is not None:  # after those that keep up: the most served per GPU
+                return (True, math.inf, -r.kv_saturated_rps / r.candidate.n_gpus, unmeasured, r.tpot_p50)
+            return (True, round(overshoot(r), 6), 0.0, unmeasured, r.tpot_p50, r.ttft_p99)
         latency = (round(r.latency_ms, 6), r.tpot_p50)
         if slo_given:  # within 5 % of the best goodput per GPU (below the model's error): by latency
             if r.max_tok_s_per_gpu >= 0.95 * best_tok:

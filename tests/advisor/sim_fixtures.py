@@ -36,6 +36,26 @@ def agentic_workload(
     think_s: float = 20.0,
     max_blocks: int = 250,
 ) -> Workload:
+    """``agentic_requests`` as a ``Workload``."""
+    return workload(
+        agentic_requests(
+            n, seed, block, rate, system_blocks, growth_blocks, turns, mean_out, think_s, max_blocks
+        )
+    )
+
+
+def agentic_requests(
+    n: int,
+    seed: int,
+    block: int = 512,
+    rate: float = 5.5,
+    system_blocks: int = 4,
+    growth_blocks: int = 9,
+    turns: float = 5.0,
+    mean_out: float = 361.0,
+    think_s: float = 20.0,
+    max_blocks: int = 250,
+) -> list[Request]:
     """Coding-agent sessions: every prompt starts with one shared system prompt, then the session's
     context, which grows by about ``growth_blocks`` new blocks per turn (so a turn re-sends all of
     the previous turn's blocks); about ``turns`` turns per session, ``think_s`` apart; outputs
@@ -63,4 +83,4 @@ def agentic_workload(
     recs = recs[:n]
     span = recs[-1][0] - recs[0][0]
     scale = (n / rate) / span if span > 0 else 1.0
-    return workload([req((x[0] - recs[0][0]) * scale, x[1], x[2], hashes=x[3], block=block) for x in recs])
+    return [req((x[0] - recs[0][0]) * scale, x[1], x[2], hashes=x[3], block=block) for x in recs]
