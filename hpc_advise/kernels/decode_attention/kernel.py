@@ -683,14 +683,14 @@ def _merge_partials(
     o 0), lse and partials are all in flight together, about one L2 round trip per chunk (a loop of dependent
     descriptor -> slot -> partial loads, twice over, paid two per participant).
 
-    Arithmetic against merge_kernel (one step over up to merge_block = 16 participants: maximum lse, weights
+    Arithmetic against merge_kernel (one step over up to BLOCK_P = 16 participants: maximum lse, weights
     2^(lse - max), weighted sum / sum of weights): with two participants the same numbers (the first's weight
     enters as the rescale 2^(lse_0 - max) of its weight-1 term: 1 * s = s and o * s exactly as there), so
     bitwise equal; with n more, each growth of the running maximum rounds the sums' rescale once (one exp2
     and one product, the same factor on both sums: the weights of the weighted average move by about 2^-23
     each time) and the sums run in another order, so the result moves by at most about 3 n 2^-24 max_k |o_k|
     (|o_k| <= v_scale max |V|, a partial is a convex combination of V rows);
-    tests/kernels/test_decode_attention_merge_in_pass.py asserts n 2^-22 v_scale max |V| plus one bf16 unit.
+    tests/kernels/decode_attention/test_merge.py asserts (n + 2) 2^-22 v_scale max |V| plus one bf16 unit.
     Partials are read through L2 (``.cg``): other programs wrote them during this pass."""
     m_run = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
     w_sum = tl.zeros(rows.shape, dtype=tl.float32)
@@ -1159,13 +1159,11 @@ def merge_kernel(
     p, lo, cw, is_wide = merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, D_CHUNK // WIDE_COLS, BLOCK_P)
     if PDL:
         # launched before the attention pass finished: everything read above, and in _combine_segment before its
-        # wait (HOIST), comes from the planner (done before that pass started); partials may be read only after
+        # wait, comes from the planner (done before that pass started); partials may be read only after
         # griddepcontrol.wait, which a merging program reaches inside _combine_segment. Program (0, 0, 0) always
         # waits, so the launch never completes before the attention pass: pass and merge complete in that order,
         # and whatever is launched after them (without PDL) finds every output row written, even when no segment
-        # needed merging and every other program exited at once. (The two-launch form this replaced needed the
-        # same in each launch, and let the wide launch start only once every narrow program had started: its
-        # waits were on the narrow grid's completion.)
+        # needed merging and every other program exited at once.
         if (lo < 0) & (x == 0) & (r == 0) & (c == 0):
             gdc_wait()
     if lo >= 0:

@@ -13,7 +13,7 @@ no merge launch. With ``tail`` a second, dependent launch follows in the merge l
 dependent launch on the GPU as the merge is): ``'grid'`` (or True) on the merge launch's grid, all its programs
 exiting at once but program (0, 0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to
 ``sums[G]``; ``'one'`` the same as one program; ``'duty'`` the merge grid whose merging programs (``kernel.merge_duty``)
-wait and exit (what the grid and its parked duties cost, without the merge's work; sweep mgrid).
+wait and exit (what the grid and its parked duties cost, without the merge's work).
 
 ``bench_cells`` times both forms beside ours in ``decode_attention.bench_case`` (``--floor``): µs, TB/s of K/V
 read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor; also ``empty_launch`` (the attention
