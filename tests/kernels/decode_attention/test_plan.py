@@ -77,9 +77,10 @@ def test_plan_of_adversarial_mixes_is_the_model(monkeypatch, case, whole_below):
 
 
 def test_plan_of_random_mixes_is_the_model(monkeypatch):
+    # fresh draws each run (the seed is in the failure message); the kept and the refused whole-segment plans
+    # are also pinned by the adversarial table and the two tests below
     seed = torch.seed() % (2**31)
     rng = random.Random(seed)
-    kept_any = False
     for _ in range(12):
         b = rng.randint(1, 40)
         if rng.random() < 0.5:  # log-uniform lengths
@@ -89,9 +90,12 @@ def test_plan_of_random_mixes_is_the_model(monkeypatch):
         hkv, g = rng.choice((1, 2, 4)), rng.randint(2, 60)
         seg_cost, whole_below = rng.choice((0, 2, 4, 6)), rng.choice((0, 25, 60, 100, 140, 200))
         p = plan_case(monkeypatch, lens, hkv, g, seg_cost=seg_cost, whole_below=whole_below)
-        kept, _ = check_plan(p, lens, hkv)
-        kept_any |= kept
-    assert kept_any, f"seed {seed}: the draws never kept a whole-segment plan"
+        try:
+            check_plan(p, lens, hkv)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"seed {seed}, lens {lens}, hkv {hkv}, G {g}, keys {p.config}: {exc}"
+            ) from exc
 
 
 def test_whole_plan_keeps_short_segments_whole_and_splits_long_ones_evenly(monkeypatch):
