@@ -42,9 +42,8 @@ def plan_kernel(
     G,
     splits,  # static schedule: programs per (request, KV head)
     seg_cost,  # dynamic schedule: cost of starting a segment, in tiles (0: balance tiles alone)
-    snap,  # dynamic schedule: a boundary moves to a segment boundary within snap % of the share (0: never)
     whole_below,  # dynamic schedule: segments costing <= whole_below % of the share are never split (0: off)
-    gate,  # snap / whole_below: the candidate plan is kept only if no range exceeds (100 + gate) % of T / G
+    gate,  # whole_below: the whole-segment plan is kept only if no range exceeds (100 + gate) % of T / G
     W,  # slots of wide_list
     NUM_KV_HEADS: tl.constexpr,
     TILE: tl.constexpr,
@@ -53,7 +52,7 @@ def plan_kernel(
     BLOCK_G: tl.constexpr,  # programs handled per step of the loops below (op.py: >= G + 1 up to 1024)
     G_STEPS: tl.constexpr,  # cdiv(G + 1, BLOCK_G)
     SEARCH_STEPS: tl.constexpr,  # ceil(log2(BLOCK_B)) + 1
-    BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list (0: no list)
+    BLOCK_P: tl.constexpr,  # merges with more participants than this go to wide_list
     MERGE_IN_PASS: tl.constexpr = 0,  # > 0: split segments of at most this many programs merge in the pass
 ):
     # One program. Step 1: per-request unit counts and their prefix sum.
@@ -97,11 +96,10 @@ def plan_kernel(
             tl.store(region_ptr + 2 * offs_b + 1, r_end, mask=in_batch)
     tl.debug_barrier()  # req_start / req_cost / region are read back below (global memory, same CTA)
 
-    # Step 2: every program boundary, once: the even split's (program p starts at the first unit whose span
-    # starts at or after x = ceil(p T / G)) into prog_start / prog_b, and with snap or whole_below the
-    # candidate plan's (cost position, unit, request) into bounds. With whole_below the even split is searched
-    # only where the gate (step 2b) refuses the candidate: its search shares nothing with the candidate's.
-    candidate = (snap > 0) | (whole_below > 0)
+    # Step 2: every program boundary, once: without whole_below the even split's (program p starts at the
+    # first unit whose span starts at or after x = ceil(p T / G)) into prog_start / prog_b; with it the
+    # whole-segment plan's (cost position, unit, request) into bounds, and the even split is searched only
+    # where the gate (step 2b) refuses that plan: its search shares nothing with the other's.
     for step in range(G_STEPS):
         p = step * BLOCK_G + tl.arange(0, BLOCK_G)
         live = p <= G
@@ -116,30 +114,6 @@ def plan_kernel(
                 )
                 near = _is_short(tiles_b + seg_cost, total_cost, G, whole_below) & (y < total_cost)
                 moved = tl.where(near, _nearer_end(off, tiles_b + seg_cost), off)
-            else:
-                y, b, h, off, tiles_b = _even_boundaries(
-                    p,
-                    live,
-                    G,
-                    B,
-                    total,
-                    total_cost,
-                    seg_cost,
-                    req_cost_ptr,
-                    seq_lens_ptr,
-                    req_start_ptr,
-                    prog_start_ptr,
-                    prog_b_ptr,
-                    TILE,
-                    SEARCH_STEPS,
-                )
-                moved = off
-                if snap > 0:
-                    # boundary snap: onto the nearer end of its segment when that lies within snap % of T / G
-                    moved = tl.where(
-                        y < total_cost, _snap_offset(off, tiles_b + seg_cost, total_cost, G, snap), off
-                    )
-            if candidate:  # the candidate plan's boundary (cost position y, moved unit offset) into bounds
                 _store_bounds(
                     bounds_ptr,
                     p,
@@ -156,6 +130,23 @@ def plan_kernel(
                     total_cost,
                     seg_cost,
                     req_start_ptr,
+                )
+            else:
+                _even_boundaries(
+                    p,
+                    live,
+                    G,
+                    B,
+                    total,
+                    total_cost,
+                    seg_cost,
+                    req_cost_ptr,
+                    seq_lens_ptr,
+                    req_start_ptr,
+                    prog_start_ptr,
+                    prog_b_ptr,
+                    TILE,
+                    SEARCH_STEPS,
                 )
         else:
             # static split-k: program p = (b, h, s); s-th of `splits` equal chunks of the segment
@@ -178,10 +169,10 @@ def plan_kernel(
             tl.store(prog_desc_ptr + 9 * G + p, p * 0, mask=p < G)
     tl.debug_barrier()  # bounds is read back below
 
-    # Step 2b (snap / whole_below): the candidate plan is kept only if no program's cost-axis range exceeds
-    # (100 + gate) % of the even share T / G; else the even split stays.
+    # Step 2b (whole_below): the whole-segment plan is kept only if no program's cost-axis range exceeds
+    # (100 + gate) % of the even share T / G; else the even split runs.
     if not STATIC:
-        if candidate:
+        if whole_below > 0:
             heaviest = total * 0
             for step in range(G_STEPS):
                 p = step * BLOCK_G + tl.arange(0, BLOCK_G)
@@ -199,7 +190,7 @@ def plan_kernel(
                     b_c = tl.load(bounds_ptr + 2 * (G + 1) + p, mask=live, other=0)
                     tl.store(prog_start_ptr + p, u_c, mask=live)
                     tl.store(prog_b_ptr + p, b_c, mask=p < G)
-            elif whole_below > 0:  # refused: the even split, which step 2 left out for whole_below
+            else:  # refused: the even split, which step 2 left out
                 for step in range(G_STEPS):
                     p = step * BLOCK_G + tl.arange(0, BLOCK_G)
                     _even_boundaries(
@@ -261,17 +252,16 @@ def plan_kernel(
             )
             duty = duty & (in_pass == 0)
         tl.store(merge_first_ptr + p, tl.where(duty, first, -1), mask=live)
-        if BLOCK_P > 0:
-            # compact list of the programs whose merge has more than BLOCK_P participants (at most one
-            # such segment per BLOCK_P programs, so W = G // BLOCK_P + 1 slots hold them all)
-            wide = duty & (p - first + 1 > BLOCK_P)
-            slot = n_wide + tl.cumsum(wide.to(tl.int32), axis=0) - 1
-            tl.store(wide_list_ptr + slot, p, mask=wide)
-            n_wide += tl.sum(wide.to(tl.int32), axis=0)
+        # compact list of the programs whose merge has more than BLOCK_P participants (at most one such
+        # segment per BLOCK_P programs, so W = G // BLOCK_P + 1 slots hold them all)
+        wide = duty & (p - first + 1 > BLOCK_P)
+        slot = n_wide + tl.cumsum(wide.to(tl.int32), axis=0) - 1
+        tl.store(wide_list_ptr + slot, p, mask=wide)
+        n_wide += tl.sum(wide.to(tl.int32), axis=0)
         tl.store(merge_bh_ptr + p, b * NUM_KV_HEADS + h, mask=live)
         tl.store(merge_seg_ptr + p, seg_start, mask=live)
-        # descriptor of the program's first segment: one 32-byte load in decode_kernel (DESC) instead
-        # of the chain range -> request -> request start / length
+        # descriptor of the program's first segment: one 32-byte load in the attention pass instead of the
+        # chain range -> request -> request start / length
         desc = prog_desc_ptr + p * 8
         tl.store(desc, u_b, mask=live)
         tl.store(desc + 1, u_e, mask=live)
@@ -282,10 +272,9 @@ def plan_kernel(
         tl.store(desc + 6, lens_b, mask=live)
         if MERGE_IN_PASS == 0:
             tl.store(desc + 7, u_b * 0, mask=live)
-    if BLOCK_P > 0:
-        for w0 in range(0, W, BLOCK_G):
-            k = w0 + tl.arange(0, BLOCK_G)
-            tl.store(wide_list_ptr + k, k * 0 - 1, mask=(k >= n_wide) & (k < W))
+    for w0 in range(0, W, BLOCK_G):
+        k = w0 + tl.arange(0, BLOCK_G)
+        tl.store(wide_list_ptr + k, k * 0 - 1, mask=(k >= n_wide) & (k < W))
 
 
 @triton.jit
@@ -441,29 +430,6 @@ def _range_head(u, b, live, req_start_ptr, seq_lens_ptr, TILE: tl.constexpr):
 def _nearer_end(off, seg_len):
     """The nearer end of a segment of cost seg_len from offset off: its start (0; also on a tie) or end."""
     return tl.where((off > 0) & (seg_len - off < off), seg_len, tl.where(off > 0, 0, off))
-
-
-@triton.jit
-def _snap_offset(off, seg_len, total_cost, G, snap):
-    """Where a program boundary at cost offset ``off`` inside a segment of cost ``seg_len`` goes: to the
-    segment's nearer end (_nearer_end) when that end lies within snap % of the even share T / G (integer
-    test: 100 G d <= snap T); else it stays. Monotone in ``off``, so snapped boundaries stay ordered;
-    snap <= 50 keeps the slack under one share."""
-    d = tl.minimum(off, seg_len - off)
-    near = d.to(tl.int64) * G * 100 <= snap * total_cost.to(tl.int64)
-    return tl.where(near, _nearer_end(off, seg_len), off)
-
-
-@triton.jit
-def _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE: tl.constexpr):
-    """(kv head, first tile, tiles in segment) of unit u, which belongs to request b."""
-    r_start = tl.load(req_start_ptr + b)
-    seq_len = tl.load(seq_lens_ptr + b)
-    n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
-    local = u - r_start
-    h = local // n_tiles
-    t0 = local - h * n_tiles
-    return h, t0, n_tiles, seq_len
 
 
 @triton.jit
@@ -717,14 +683,14 @@ def _merge_partials(
     o 0), lse and partials are all in flight together, about one L2 round trip per chunk (a loop of dependent
     descriptor -> slot -> partial loads, twice over, paid two per participant).
 
-    Arithmetic against merge_kernel (one step over up to merge_block = 16 participants: maximum lse, weights
+    Arithmetic against merge_kernel (one step over up to BLOCK_P = 16 participants: maximum lse, weights
     2^(lse - max), weighted sum / sum of weights): with two participants the same numbers (the first's weight
     enters as the rescale 2^(lse_0 - max) of its weight-1 term: 1 * s = s and o * s exactly as there), so
     bitwise equal; with n more, each growth of the running maximum rounds the sums' rescale once (one exp2
     and one product, the same factor on both sums: the weights of the weighted average move by about 2^-23
     each time) and the sums run in another order, so the result moves by at most about 3 n 2^-24 max_k |o_k|
     (|o_k| <= v_scale max |V|, a partial is a convex combination of V rows);
-    tests/kernels/test_decode_attention_merge_in_pass.py asserts n 2^-22 v_scale max |V| plus one bf16 unit.
+    tests/kernels/decode_attention/test_merge.py asserts (n + 2) 2^-22 v_scale max |V| plus one bf16 unit.
     Partials are read through L2 (``.cg``): other programs wrote them during this pass."""
     m_run = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
     w_sum = tl.zeros(rows.shape, dtype=tl.float32)
@@ -843,10 +809,7 @@ def decode_kernel(
     out_ptr,  # [B, Hq, D], dtype of q
     page_table_ptr,  # [B, >= max pages] int32
     seq_lens_ptr,  # [B] int32
-    req_start_ptr,  # [B + 1] int32
-    prog_start_ptr,  # [G + 1] int32
-    prog_b_ptr,  # [G] int32
-    prog_desc_ptr,  # [G, 8] int32 (planner): first segment of each program, read when DESC
+    prog_desc_ptr,  # [G, 8] int32 (planner): range and first segment of each program
     ws_o_ptr,  # [2G, GROUP, D] fp32 partial outputs (normalised)
     ws_lse_ptr,  # [2G, GROUP] fp32 partial log2-sum-exp
     scale_ptr,  # [2] fp32 (k_scale, v_scale) when SCALES_FROM_PTR
@@ -863,7 +826,7 @@ def decode_kernel(
     stride_ob,
     stride_oh,
     stride_ptb,
-    num_kv_heads,  # read when DESC
+    num_kv_heads,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # >= 16 and a power of two (tl.dot needs 16 rows)
     HEAD_DIM: tl.constexpr,
@@ -871,9 +834,7 @@ def decode_kernel(
     TILE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     SCALES_FROM_PTR: tl.constexpr,
-    PREFETCH: tl.constexpr,  # True: carry the next tile's K/V in registers (and page ids 2 tiles ahead)
-    DESC: tl.constexpr,  # True: first segment from the planner's descriptor, later ones by stepping
-    PT_CHUNK: tl.constexpr,  # > 0, PAGE >= TILE or == TILE/2: page ids of PT_CHUNK tiles loaded ahead
+    PT_CHUNK: tl.constexpr,  # PAGE >= TILE or == TILE/2: page ids of PT_CHUNK tiles loaded ahead
     F16_DOT: tl.constexpr = False,  # fp8 KV: products in fp16 (q rescaled by a power of two)
     ASM_CVT: tl.constexpr = False,  # F16_DOT: V's e4m3 -> fp16 by inline PTX (False under the interpreter)
     PDL: tl.constexpr = False,  # let the merge grid launch now (programmatic dependent launch, SM90)
@@ -885,18 +846,9 @@ def decode_kernel(
         # as soon as all of them got here; its programs wait (griddepcontrol.wait) before reading partials
         gdc_launch_dependents()
     pid = tl.program_id(0)
-    if DESC:
-        # the next segment of a range is always (b, h + 1) or (b + 1, 0) from its first tile, so no
-        # request-start lookups are needed at all
-        u_begin, u_end, b, h, t0, n_tiles, seq_len = _range_desc(prog_desc_ptr, pid)
-    else:
-        u_begin = tl.load(prog_start_ptr + pid)
-        u_end = tl.load(prog_start_ptr + pid + 1)
-        b = tl.load(prog_b_ptr + pid)
-        h = b * 0
-        t0 = b * 0
-        n_tiles = b * 0 + 1
-        seq_len = b * 0 + 1
+    # the next segment of a range is always (b, h + 1) or (b + 1, 0) from its first tile, so no
+    # request-start lookups are needed at all
+    u_begin, u_end, b, h, t0, n_tiles, seq_len = _range_desc(prog_desc_ptr, pid)
     desc_first = pid
     if MERGE_IN_PASS:
         desc_first = tl.load(prog_desc_ptr + pid * 8 + 7)
@@ -911,33 +863,22 @@ def decode_kernel(
     offs_d2 = tl.arange(0, HEAD_DIM // 2)
     offs_n = tl.arange(0, TILE)
 
-    if DESC:
-        # the q rows of the range's first segment; later segments' rows (and lengths) are loaded one
-        # segment ahead, so a program walking many short segments does not wait for them each time
-        q_next = _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, u_begin < u_end, GROUP)
+    # the q rows of the range's first segment; later segments' rows (and lengths) are loaded one
+    # segment ahead, so a program walking many short segments does not wait for them each time
+    q_next = _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, u_begin < u_end, GROUP)
     u = u_begin
     while u < u_end:
-        if not DESC:
-            # advance to the request that holds unit u (every request owns >= 1 unit per KV head)
-            nxt = tl.load(req_start_ptr + b + 1)
-            while nxt <= u:
-                b += 1
-                nxt = tl.load(req_start_ptr + b + 1)
-            h, t0, n_tiles, seq_len = _segment_of(req_start_ptr, seq_lens_ptr, b, u, TILE)
         seg_start = u - t0
         t1 = tl.minimum(n_tiles, u_end - seg_start)
 
         b64 = b.to(tl.int64)
         h64 = h.to(tl.int64)
         q_rows = h64 * GROUP + rows
-        if DESC:
-            q = q_next
-            b_n, h_n, more, seq_len_n = _next_segment(
-                b, h, num_kv_heads, seg_start, t1, u_end, seq_lens_ptr, seq_len
-            )
-            q_next = _load_q(q_ptr, b_n, h_n, rows, row_ok, offs_d, stride_qb, stride_qh, more, GROUP)
-        else:
-            q = _load_q(q_ptr, b, h, rows, row_ok, offs_d, stride_qb, stride_qh, u < u_end, GROUP)
+        q = q_next
+        b_n, h_n, more, seq_len_n = _next_segment(
+            b, h, num_kv_heads, seg_start, t1, u_end, seq_lens_ptr, seq_len
+        )
+        q_next = _load_q(q_ptr, b_n, h_n, rows, row_ok, offs_d, stride_qb, stride_qh, more, GROUP)
         seg_scale = qk_scale
         if F16_DOT:
             q, q_unscale = _q_as_f16(q)
@@ -949,29 +890,8 @@ def decode_kernel(
         k_head = k_ptr + h64 * stride_kh
         v_head = v_ptr + h64 * stride_vh
 
-        if PREFETCH:
-            # software pipeline by hand: tile t+1's K/V loads are in flight while tile t is computed,
-            # and tile t+2's page ids while tile t+1's rows are addressed.
-            pg = _tile_pages(pt_row, t0, t1, seq_len, TILE, PAGE)
-            rows_n = _tile_rows(pg, t0, stride_kp, stride_ks, TILE, PAGE)
-            ok_n = (t0 * TILE + offs_n) < seq_len
-            k_n = tl.load(k_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
-            rows_n = _tile_rows(pg, t0, stride_vp, stride_vs, TILE, PAGE)
-            v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
-            pg_n = _tile_pages(pt_row, t0 + 1, t1, seq_len, TILE, PAGE)
-            for t in tl.range(t0, t1, num_stages=1):
-                k = k_n
-                v = v_n
-                valid = ok_n
-                ok_n = ((t + 1) * TILE + offs_n < seq_len) & (t + 1 < t1)
-                rows_n = _tile_rows(pg_n, t + 1, stride_kp, stride_ks, TILE, PAGE)
-                k_n = tl.load(k_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
-                rows_n = _tile_rows(pg_n, t + 1, stride_vp, stride_vs, TILE, PAGE)
-                v_n = tl.load(v_head + rows_n[:, None] + offs_d[None, :], mask=ok_n[:, None], other=0.0)
-                pg_n = _tile_pages(pt_row, t + 2, t1, seq_len, TILE, PAGE)
-                m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, seg_scale)
-        elif WARP_SPLIT > 0:
-            # (op.py: PT_CHUNK > 0, PAGE >= TILE, TILE / WARP_SPLIT >= 16) the page ids of PT_CHUNK tiles per
+        if WARP_SPLIT > 0:
+            # (op.py: PAGE >= TILE, TILE / WARP_SPLIT >= 16) the page ids of PT_CHUNK tiles per
             # load as below; warp w takes tokens [w * TW, (w + 1) * TW) of every tile with its own online
             # softmax state, merged once at the segment's end
             TW: tl.constexpr = TILE // WARP_SPLIT
@@ -1004,7 +924,7 @@ def decode_kernel(
                         )
                     m3, l3, acc3 = _attend_split(q3, k, v, valid, m3, l3, acc3, seg_scale)
             m_i, l_i, acc = _combine_split(m3, l3, acc3)
-        elif PT_CHUNK > 0 and (PAGE >= TILE or TILE == 2 * PAGE):
+        elif PAGE >= TILE or TILE == 2 * PAGE:
             # no load feeds the K/V addresses inside the tile loop (the page ids of a chunk of tiles come
             # from one vector load before it), so the pipeliner gives K/V their full distance: two
             # buffers at 3 stages instead of one (the page-id load in the loop costs a stage).
@@ -1094,148 +1014,12 @@ def decode_kernel(
                 HEAD_DIM,
             )
         u = seg_start + t1
-        if DESC:
-            # the segment ended inside the range (or the range ends here): step to the next one
-            b = b_n
-            h = h_n
-            t0 = t0 * 0
-            seq_len = seq_len_n
-            n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
-
-
-@triton.jit
-def fill_units_kernel(
-    seq_lens_ptr,  # [B] int32 (plan's copy)
-    req_start_ptr,  # [B + 1] int32
-    unit_bh_ptr,  # [U_max] int32 out: b * Hkv + h of each unit
-    unit_t_ptr,  # [U_max] int32 out: tile index of each unit inside its segment
-    NUM_KV_HEADS: tl.constexpr,
-    TILE: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    # grid (B,): request b writes the descriptors of its units [req_start[b], req_start[b + 1])
-    b = tl.program_id(0)
-    base = tl.load(req_start_ptr + b)
-    count = tl.load(req_start_ptr + b + 1) - base
-    n_tiles = tl.maximum((tl.load(seq_lens_ptr + b) + TILE - 1) // TILE, 1)
-    for i in range(0, count, BLOCK):
-        idx = i + tl.arange(0, BLOCK)
-        ok = idx < count
-        h = idx // n_tiles
-        tl.store(unit_bh_ptr + base + idx, b * NUM_KV_HEADS + h, mask=ok)
-        tl.store(unit_t_ptr + base + idx, idx - h * n_tiles, mask=ok)
-
-
-@triton.jit
-def decode_flat_kernel(
-    q_ptr,  # [B, Hq, D]
-    k_ptr,  # [P, PAGE, Hkv, D] bf16/fp16/fp8e4m3
-    v_ptr,  # [P, PAGE, Hkv, D]
-    out_ptr,  # [B, Hq, D], dtype of q
-    page_table_ptr,  # [B, >= max pages] int32
-    seq_lens_ptr,  # [B] int32
-    unit_bh_ptr,  # [U] int32: b * Hkv + h
-    unit_t_ptr,  # [U] int32: tile index in the segment
-    prog_start_ptr,  # [G + 1] int32
-    ws_o_ptr,  # [2G, GROUP, D] fp32 partial outputs (normalised)
-    ws_lse_ptr,  # [2G, GROUP] fp32 partial log2-sum-exp
-    scale_ptr,  # [2] fp32 (k_scale, v_scale) when SCALES_FROM_PTR
-    qk_scale,
-    v_scale,
-    stride_qb,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    stride_kh,
-    stride_vp,
-    stride_vs,
-    stride_vh,
-    stride_ob,
-    stride_oh,
-    stride_ptb,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
-    TILE: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    SCALES_FROM_PTR: tl.constexpr,
-):
-    """One flat loop over the program's units, each located through its descriptor (no dependence on
-    the previous iteration), so Triton's pipeliner keeps K/V copies in flight across segment ends;
-    the online-softmax state is reset where a segment starts and written where one ends."""
-    pid = tl.program_id(0)
-    u_begin = tl.load(prog_start_ptr + pid)
-    u_end = tl.load(prog_start_ptr + pid + 1)
-    if SCALES_FROM_PTR:
-        qk_scale = qk_scale * tl.load(scale_ptr)
-        v_scale = tl.load(scale_ptr + 1)
-    rows = tl.arange(0, GROUP_PAD)
-    row_ok = rows < GROUP
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, TILE)
-
-    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    seg_t0 = u_begin * 0  # first tile of the current segment inside this program
-    seg_u0 = u_begin  # first unit of the current segment inside this program
-    for u in tl.range(u_begin, u_end, num_stages=NUM_STAGES):
-        bh = tl.load(unit_bh_ptr + u)
-        t = tl.load(unit_t_ptr + u)
-        b = bh // NUM_KV_HEADS
-        h = bh - b * NUM_KV_HEADS
-        b64 = b.to(tl.int64)
-        h64 = h.to(tl.int64)
-        seq_len = tl.load(seq_lens_ptr + b)
+        # the segment ended inside the range (or the range ends here): step to the next one
+        b = b_n
+        h = h_n
+        t0 = t0 * 0
+        seq_len = seq_len_n
         n_tiles = tl.maximum((seq_len + TILE - 1) // TILE, 1)
-        q_rows = h64 * GROUP + rows
-        q = tl.load(
-            q_ptr + b64 * stride_qb + q_rows[:, None] * stride_qh + offs_d[None, :],
-            mask=row_ok[:, None],
-            other=0.0,
-        )
-        pt_row = page_table_ptr + b64 * stride_ptb
-        valid = (t * TILE + offs_n) < seq_len
-        pg = _tile_pages(pt_row, t, n_tiles, seq_len, TILE, PAGE)
-        rows_k = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
-        rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
-        k = tl.load(
-            k_ptr + h64 * stride_kh + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0
-        )
-        v = tl.load(
-            v_ptr + h64 * stride_vh + rows_v[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0
-        )
-
-        fresh = (u == u_begin) | (t == 0)  # a segment starts here for this program
-        seg_t0 = tl.where(fresh, t, seg_t0)
-        seg_u0 = tl.where(fresh, u, seg_u0)
-        m_i = tl.where(fresh, float("-inf"), m_i)
-        l_i = tl.where(fresh, 0.0, l_i)
-        acc = tl.where(fresh, 0.0, acc)
-        m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
-        if (u == u_end - 1) | (t == n_tiles - 1):  # the segment ends here for this program
-            _finish(
-                out_ptr,
-                ws_o_ptr,
-                ws_lse_ptr,
-                b64,
-                q_rows,
-                rows,
-                row_ok,
-                offs_d,
-                m_i,
-                l_i,
-                acc,
-                v_scale,
-                (seg_t0 == 0) & (t == n_tiles - 1),
-                2 * pid + (seg_u0 != u_begin).to(tl.int32),
-                stride_ob,
-                stride_oh,
-                GROUP,
-                HEAD_DIM,
-            )
 
 
 @triton.jit
@@ -1273,50 +1057,37 @@ def _combine_segment(
     COLS: tl.constexpr,  # columns of D combined here: c * COLS ..
     BLOCK_P: tl.constexpr,  # partials combined per step
     PDL: tl.constexpr,  # griddepcontrol.wait before the first partial is read
-    HOIST: tl.constexpr,  # planner loads before the wait (op.MERGE_HOIST); False: the form before sweep mprol
-    NEXT: tl.constexpr,  # with HOIST, step i + 1's slots: 0 none (one step: p - lo < BLOCK_P), 1 after step i's
-    # math, 2 before it
+    ONE_STEP: tl.constexpr,  # the caller guarantees p - lo < BLOCK_P: one step, no next-step slot loads
 ):
     """Query row ``r``, columns ``c * COLS ..`` of the split segment whose partials programs ``lo`` .. ``p`` of
     the attention pass wrote: their log-sum-exp combination, BLOCK_P partials per step, into ``out``. Every
     column's arithmetic is its own (the weights are per partial, the sums per column), so a column's result
     does not depend on COLS.
 
-    Only ``ws_lse`` / ``ws_o`` come from the attention pass. With HOIST everything else (the segment, its output
-    row, the first step's slots) is loaded before the wait, so after it the first dependent load is the
-    partials', and each later step's slots are loaded during the step before it: NEXT 2 right after that step's
-    partials are issued (their latency hidden by its math; the wide [128, 8] tiles), NEXT 1 after its math (the
-    narrow programs without wide_merge: their [BLOCK_P] slot vectors sit replicated in every thread, and carried
-    across the math they spill at the launch's 64-register cap, 240 bytes offline on sm_90a), NEXT 0 never (the
-    narrow programs with wide_merge: at most BLOCK_P participants, one step, no dead next-step code after the
-    math). Without HOIST (the pre-mprol form, op.MERGE_HOIST 0, kept for the sweep and the bitwise test; sweep mprol
-    measured the hoisted form with NEXT 1 on the narrow programs slower, this one 2.3 % faster on bf16 8/1 and the
-    default since, git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md "Sweep mprol"): the wait first, then each step's slots, then its partials. The same values meet the same arithmetic in each form."""
-    if PDL and not HOIST:
-        gdc_wait()
+    Only ``ws_lse`` / ``ws_o`` come from the attention pass: everything else (the segment, its output row, the
+    first step's slots) is loaded before the wait, so after it the first dependent load is the partials', and
+    each later step's slots are loaded right after that step's partials are issued (their latency hidden by
+    its math)."""
     bh = tl.load(merge_bh_ptr + p)
     seg_start = tl.load(merge_seg_ptr + p)
-    if HOIST:
-        slot_id, ok = _step_slots(prog_start_ptr, lo, p, seg_start, BLOCK_P)
-        if PDL:
-            gdc_wait()
+    slot_id, ok = _step_slots(prog_start_ptr, lo, p, seg_start, BLOCK_P)
+    if PDL:
+        gdc_wait()
     offs_d = c * COLS + tl.arange(0, COLS)
     m_run = tl.full([COLS], float("-inf"), dtype=tl.float32)  # kept as a vector
     w_sum = tl.zeros([COLS], dtype=tl.float32)
     acc = tl.zeros([COLS], dtype=tl.float32)
     last = p + 1
-    if HOIST and NEXT == 0:
-        last = lo + 1  # one step (the caller's guarantee)
+    if ONE_STEP:
+        last = lo + 1
     for q0 in range(lo, last, BLOCK_P):
-        if not HOIST:
-            slot_id, ok = _step_slots(prog_start_ptr, q0, p, seg_start, BLOCK_P)
         lse = tl.load(ws_lse_ptr + slot_id * GROUP + r, mask=ok, other=float("-inf"))
         o = tl.load(
             ws_o_ptr + (slot_id * GROUP + r)[:, None] * HEAD_DIM + offs_d[None, :],
             mask=ok[:, None],
             other=0.0,
         )  # [BLOCK_P, COLS]
-        if HOIST and NEXT == 2:  # (all masked off after the last step)
+        if not ONE_STEP:  # (all masked off after the last step)
             slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
         m_new = tl.maximum(m_run, tl.max(lse, axis=0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -1325,8 +1096,6 @@ def _combine_segment(
         acc = acc * scale_old + tl.sum(w * o, axis=0)
         w_sum = w_sum * scale_old + tl.sum(w, axis=0)
         m_run = m_new
-        if HOIST and NEXT == 1:
-            slot_id, ok = _step_slots(prog_start_ptr, q0 + BLOCK_P, p, seg_start, BLOCK_P)
     res = acc / tl.where(w_sum > 0.0, w_sum, 1.0)
     b = bh // NUM_KV_HEADS
     row = (bh - b * NUM_KV_HEADS).to(tl.int64) * GROUP + r
@@ -1351,8 +1120,7 @@ def merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, S: tl.constexpr, NARROW:
     else:
         cw = c
         lo = tl.load(merge_first_ptr + p)
-        if NARROW > 0:
-            lo = tl.where(p - lo + 1 > NARROW, -1, lo)
+        lo = tl.where(p - lo + 1 > NARROW, -1, lo)
     return p, lo, cw, is_wide
 
 
@@ -1365,7 +1133,7 @@ def merge_kernel(
     merge_seg_ptr,  # [G]
     ws_o_ptr,  # [2G, GROUP, D] fp32
     ws_lse_ptr,  # [2G, GROUP] fp32
-    wide_list_ptr,  # [W] int32 (plan): programs whose merge has > NARROW participants, then -1s
+    wide_list_ptr,  # [W] int32 (plan): programs whose merge has > BLOCK_P participants, then -1s
     G,  # programs of the attention pass
     W,  # wide_list entries the launch covers (0: no wide programs)
     stride_ob,
@@ -1374,12 +1142,10 @@ def merge_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_CHUNK: tl.constexpr,  # columns of D per narrow program
-    BLOCK_P: tl.constexpr,  # partials combined per step by a narrow program
-    NARROW: tl.constexpr,  # 0: the narrow programs merge every split segment; > 0: only those of <= NARROW
+    BLOCK_P: tl.constexpr,  # a narrow program merges a segment of at most BLOCK_P participants, in one step
     WIDE_COLS: tl.constexpr,  # columns of D per wide program
     WIDE_BLOCK_P: tl.constexpr,  # partials combined per step by a wide program
     PDL: tl.constexpr = False,  # launched as a programmatic dependent of the attention pass
-    HOIST: tl.constexpr = False,  # planner loads before griddepcontrol.wait (op.MERGE_HOIST)
 ):
     # grid (G + W * S, GROUP, HEAD_DIM // D_CHUNK), S = D_CHUNK // WIDE_COLS. Along axis 0, for query row r and
     # columns c * D_CHUNK .. of the group: G narrow programs, program p combining the segment that program p of
@@ -1390,18 +1156,14 @@ def merge_kernel(
     x = tl.program_id(0)
     r = tl.program_id(1)
     c = tl.program_id(2)
-    # a narrow program's segment has at most NARROW <= BLOCK_P participants (one step) when NARROW > 0
-    NARROW_NEXT: tl.constexpr = 0 if NARROW > 0 and NARROW <= BLOCK_P else 1
-    p, lo, cw, is_wide = merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, D_CHUNK // WIDE_COLS, NARROW)
+    p, lo, cw, is_wide = merge_duty(x, c, G, merge_first_ptr, wide_list_ptr, D_CHUNK // WIDE_COLS, BLOCK_P)
     if PDL:
         # launched before the attention pass finished: everything read above, and in _combine_segment before its
-        # wait (HOIST), comes from the planner (done before that pass started); partials may be read only after
+        # wait, comes from the planner (done before that pass started); partials may be read only after
         # griddepcontrol.wait, which a merging program reaches inside _combine_segment. Program (0, 0, 0) always
         # waits, so the launch never completes before the attention pass: pass and merge complete in that order,
         # and whatever is launched after them (without PDL) finds every output row written, even when no segment
-        # needed merging and every other program exited at once. (The two-launch form this replaced needed the
-        # same in each launch, and let the wide launch start only once every narrow program had started: its
-        # waits were on the narrow grid's completion.)
+        # needed merging and every other program exited at once.
         if (lo < 0) & (x == 0) & (r == 0) & (c == 0):
             gdc_wait()
     if lo >= 0:
@@ -1409,10 +1171,10 @@ def merge_kernel(
         if is_wide:
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, cw,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P, PDL, HOIST, 2,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, WIDE_COLS, WIDE_BLOCK_P, PDL, False,
             )  # fmt: skip
         else:
             _combine_segment(
                 out_ptr, prog_start_ptr, merge_bh_ptr, merge_seg_ptr, ws_o_ptr, ws_lse_ptr, p, lo, r, c,
-                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, HOIST, NARROW_NEXT,
+                stride_ob, stride_oh, NUM_KV_HEADS, GROUP, HEAD_DIM, D_CHUNK, BLOCK_P, PDL, True,
             )  # fmt: skip

@@ -30,11 +30,11 @@ memory, the second with V^T from registers (converted V through shared memory, `
 from shared memory; with fewer warps they are mma.sync. For 16-bit KV (bf16 / fp16 in q's dtype, no
 conversion) both warpgroup MMAs read every operand from shared memory: K straight from its async-copy buffer,
 Vᵀ as a transposed view of V's buffer, qᵀ and Pᵀ as above, so nothing is staged through registers; each of
-``NUM_STAGES`` buffers holds a K and a V tile (32 KB at tile 64, D 128). git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md ("What limits it") has the
+``NUM_STAGES`` buffers holds a K and a V tile (32 KB at tile 64, D 128). README.md ("Decisions") points to the
 offline sm_90a counts. Products: fp16 for fp8 e4m3 KV (``F16_DOT``: q scaled by a power of two, exact
 e4m3 -> fp16), q's dtype for 16-bit KV.
 
-Tiles of 128 tokens (an option; measured slower than 64 for fp8, git show 41fb96b:hpc_advise/kernels/decode_attention/TUNING_LOG.md "Sweep fp8w"): with PAGE = TILE / 2 each
+Tiles of 128 tokens (a Config option no tuned row uses; measured slower than 64 for fp8): with PAGE = TILE / 2 each
 tile's two pages come from two page-id vectors per chunk. 8 warps run the tile as one product (two warpgroups,
 each an m64 half of S^T and then of O^T's D rows); ``HALVES`` 2 (op._halves: 4 warps) runs it as two products of
 TILE / 2 tokens, one page base each, whose logits meet in one element-wise max before the one reduction over the

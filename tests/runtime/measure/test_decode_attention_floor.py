@@ -1,4 +1,4 @@
-"""Tests of the decode-attention stream floor (hpc_advise/runtime/benches/decode_attention_floor.py).
+"""Tests of the decode-attention stream floor (hpc_advise/runtime/measure/cases/decode_attention_floor.py).
 
 The floor must read exactly the K/V bytes the plan gives each program: its per-program fp32 sums are checked
 against a float64 sum over the tokens of each program's units, computed here from the unit numbering alone
@@ -8,12 +8,13 @@ sum by about 256 (one token's K and V row at D = 128) against a tolerance of 1e-
 no request uses (spare pages, slots past each length) hold NaN: a read there makes the sum NaN.
 CPU: the Triton interpreter, small cases; GPU (``-m gpu``): benchmark-size cases, PDL tail, CUDA-graph replay.
 Also the split of our call (``--split``): the attention pass with the merge launch held back, then that launch,
-must give our call's output bitwise; and sweep set 'split' (its defaults, flags of op.py constants).
+must give our call's output bitwise.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -21,11 +22,10 @@ import torch
 
 from hpc_advise.kernels.decode_attention import op
 from hpc_advise.kernels.decode_attention.reference import decode_attention_reference
-from hpc_advise.runtime.benches import decode_attention as da
-from hpc_advise.runtime.benches import decode_attention_floor as fl
+from hpc_advise.runtime.measure.cases import decode_attention_floor as fl
 from hpc_advise.runtime.measure.harness import Timing
+from tests.kernels.decode_attention.helpers import fix_grid, make_case
 from tests.kernels.sm90_compile import compile_sm90
-from tests.kernels.test_decode_attention import make_case
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,7 +74,11 @@ def check_sums(got, plan, k, v):
     assert not bad.any(), [(p, got[p].item(), ref[p].item()) for p in bad.nonzero().flatten().tolist()]
 
 
-def make_plan(seq_lens, table, *, hkv, page, kv_dtype, hq=8, **kw):
+def make_plan(seq_lens, table, *, hkv, page, kv_dtype, hq=8, monkeypatch=None, programs=None, **kw):
+    """The tuned plan of the case; with ``programs`` its grid is that many programs (helpers.fix_grid)."""
+    if programs is not None:
+        fix_grid(monkeypatch, programs)
+        kw["config"] = replace(op.tuned_config(kv_dtype, hkv, 128, page), ctas_per_sm=1)
     return op.plan(
         seq_lens,
         table,
@@ -90,11 +94,13 @@ def make_plan(seq_lens, table, *, hkv, page, kv_dtype, hq=8, **kw):
 @pytest.mark.parametrize("kv_dtype", [BF16, FP8], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("hkv,num_programs", [(1, None), (2, None), (2, 2)])
-def test_floor_reads_exactly_the_plans_tokens(kv_dtype, page, hkv, num_programs):
+def test_floor_reads_exactly_the_plans_tokens(monkeypatch, kv_dtype, page, hkv, num_programs):
     # lengths 1 / 65 / 97: a one-token request, tiles ending mid-page; the default grid (4 x programs per SM on CPU)
     # splits segments over programs and leaves some empty; 2 programs walk several segments each
     _, k, v, table, seq_lens = shifted_case([1, 65, 97], hkv=hkv, page=page, kv_dtype=kv_dtype)
-    p = make_plan(seq_lens, table, hkv=hkv, page=page, kv_dtype=kv_dtype, num_programs=num_programs)
+    p = make_plan(
+        seq_lens, table, hkv=hkv, page=page, kv_dtype=kv_dtype, monkeypatch=monkeypatch, programs=num_programs
+    )
     sums = torch.full((p.grid_size() + 1,), float("nan"), device=k.device)
     fl.stream_floor(p, k, v, sums=sums, tail=True)
     check_sums(sums, p, k, v)
@@ -102,12 +108,12 @@ def test_floor_reads_exactly_the_plans_tokens(kv_dtype, page, hkv, num_programs)
     assert math.isclose(sums[g].item(), sums[:g].double().sum().item(), rel_tol=1e-6, abs_tol=1e-3)
 
 
-def test_floor_tail_forms_write_the_total():
+def test_floor_tail_forms_write_the_total(monkeypatch):
     # the tails in the merge launch's slot: its grid, one program, and its grid with
     # the merging programs waiting (kernel.merge_duty: a wide segment over > 16 of 24 programs and a narrow one
     # here, so both kinds of duty exist); each writes the pass's total to sums[G] and leaves sums[:G] as the floor
     _, k, v, table, seq_lens = shifted_case([1, 65, 1100], hkv=1, page=64, kv_dtype=BF16)
-    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, num_programs=24)
+    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, monkeypatch=monkeypatch, programs=24)
     assert int((p.wide_list >= 0).sum()) == 1 and int((p.merge_first >= 0).sum()) == 2, p.merge_first.tolist()
     g = p.grid_size()
     assert fl.tail_grid(p) == (24 + len(p.wide_list) * 64 // op.WIDE_MERGE_COLS, 8, 2)
@@ -119,12 +125,12 @@ def test_floor_tail_forms_write_the_total():
         assert math.isclose(sums[g].item(), total, rel_tol=1e-6, abs_tol=1e-3), tail
 
 
-def test_floor_page_id_chunks_and_long_segments():
+def test_floor_page_id_chunks_and_long_segments(monkeypatch):
     # page = tile = 64 with 32 page ids per load: a 2100-token segment crosses a chunk (33 tiles) inside one
     # program and the next request's segments follow in the same range
     _, k, v, table, seq_lens = shifted_case([2100, 70, 5], hkv=1, page=64, kv_dtype=BF16)
-    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, num_programs=2)
-    assert p.pt_chunk == 32 and p.tile == 64
+    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, monkeypatch=monkeypatch, programs=2)
+    assert op.PT_CHUNK == 32 and p.tile == 64
     check_sums(fl.stream_floor(p, k, v), p, k, v)
 
 
@@ -216,14 +222,14 @@ def test_bench_cells_split_columns_fake_timer():
     assert len(cells) == len(fl.HEADERS) + len(fl.SPLIT_HEADERS)
 
 
-def test_pass_then_merge_launch_is_our_call_bitwise():
+def test_pass_then_merge_launch_is_our_call_bitwise(monkeypatch):
     # lengths 1 / 65 / 1100 over 24 programs (tuned bf16 form: wide merge, 16 partials per narrow step): the 1100-token
     # segment splits over > 16 programs (a wide merge), 65 over 2 (narrow). The pass alone leaves every row of a
     # split segment unwritten (NaN-filled out) and the merge launch alone completes them to our call's output, bitwise
     q, k, v, table, seq_lens = make_case([1, 65, 1100], hq=8, hkv=1, d=128, page=64, kv_dtype=BF16)
-    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, num_programs=24)
+    p = make_plan(seq_lens, table, hkv=1, page=64, kv_dtype=BF16, monkeypatch=monkeypatch, programs=24)
     wide = int((p.wide_list >= 0).sum())
-    assert p.wide_merge and wide == 1, p.wide_list.tolist()
+    assert wide == 1, p.wide_list.tolist()
     whole = op.run(p, q, k, v)
     w = SimpleNamespace(q=q, k=k, v=v)
     out = torch.full_like(q, float("nan"))
@@ -236,76 +242,6 @@ def test_pass_then_merge_launch_is_our_call_bitwise():
     assert torch.equal(out, whole)
     ref = decode_attention_reference(q, k, v, table, seq_lens, page_size=64)
     assert ((whole.double() - ref).norm() / ref.norm()).item() < 5e-3
-    # the wide merge's op.py constants as sweep 'split' sets them: same result within the bf16 tolerance (16
-    # columns per wide program bitwise under the interpreter: per-column arithmetic, though another GPU build may
-    # order a reduction differently, sweep merge1b; 256 partials per wide step: another summation order)
-    for consts, bitwise in (({"wide_merge_cols": 16}, True), ({"wide_merge_block": 256}, False)):
-        with da.op_constants(consts):
-            got = op.run(p, q, k, v)
-        assert op.WIDE_MERGE_COLS == 8 and op.WIDE_MERGE_BLOCK == 128  # restored
-        if bitwise and op._interpreting():
-            assert torch.equal(got, whole), consts
-        assert ((got.double() - ref).norm() / ref.norm()).item() < 5e-3, consts
-
-
-@pytest.mark.parametrize("name", ["split", "mprol"])
-def test_sweep_set_split_defaults_first_and_op_constant_flags(name):
-    # each head count's entry 0 is what plan(kv_dtype=...) ships for that head count and KV dtype (timed first and
-    # again last)
-    by_heads = da.SWEEP_SETS[name]["configs_by_heads"]
-    assert {(kv, f"{hq}/{hkv}") for _, hq, hkv, kv in da.SWEEP_SETS[name]["cases"]} == set(by_heads)
-    for (kv, heads), entries in by_heads.items():
-        hkv, kv_dtype = int(heads.split("/")[1]), FP8 if kv == "fp8" else BF16
-        first = da.variant_config(*entries[0])
-        assert da.variant_constants(entries[0][4]) == {}
-        shipped = dict(
-            tile=op.DEFAULT_TILE,
-            ctas_per_sm=op.DEFAULT_CTAS_PER_SM,
-            num_stages=op.DEFAULT_NUM_STAGES,
-            num_warps=op.DEFAULT_NUM_WARPS,
-        ) | op.tuned_config(kv_dtype, hkv)
-        assert all(first[key] == value for key, value in shipped.items()), (heads, first, shipped)
-        _, _, _, table, seq_lens = make_case(
-            [4096, 70], hq=8 * hkv, hkv=hkv, d=128, page=64, kv_dtype=kv_dtype
-        )
-        for entry in entries:  # every entry a valid plan (the op.py constants left to variant_constants)
-            cfg = da.variant_config(*entry)
-            cfg.pop("ctas_per_sm")
-            make_plan(seq_lens, table, hq=8 * hkv, hkv=hkv, page=64, kv_dtype=kv_dtype, num_programs=7, **cfg)
-        if name == "mprol":  # the default (hoisted merge loads) against the pre-mprol merge, alternating
-            before = (*entries[0][:4], entries[0][4] + "-mh0")
-            assert entries == [entries[0], before] * (2 if heads == "8/1" else 1), entries
-    assert da.variant_constants("nested-desc-w-pdl-wp256-mr0") == {
-        "wide_merge_block": 256,
-        "merge_maxnreg": 0,
-    }
-    assert da.variant_constants("nested-desc-w-wc16") == {"wide_merge_cols": 16}
-    assert da.variant_constants("nested-desc-w-pdl-mh1") == {"merge_hoist": 1}
-    with pytest.raises(ValueError, match="unknown variant"):
-        da.variant_config(64, 2, 3, 4, "nested-mr0-mr64")
-    with pytest.raises(ValueError, match="unknown op.py constant keys"):
-        da.op_constants({"merge_block": 32})
-    with pytest.raises(RuntimeError), da.op_constants({"merge_maxnreg": 0}):
-        assert op.MERGE_MAXNREG == 0
-        raise RuntimeError
-    assert op.MERGE_MAXNREG == 64  # restored after the exception
-    # best_config keys on the constants: the uncapped rows are their own configuration
-    row = lambda case, p50, **c: {
-        "p50": p50,
-        "config": da.variant_config(64, 2, 3, 4, "nested") | c | {"case": case},
-    }  # noqa: E731
-    rows = [row("a", 10.0), row("b", 10.0), row("a", 9.0, merge_maxnreg=0), row("b", 9.5, merge_maxnreg=0)]
-    assert da.best_config(rows)["merge_maxnreg"] == 0 and da.best_config(rows[:2])["merge_maxnreg"] is None
-
-
-def test_load_package_gives_a_copy_its_own_op_and_kernels():
-    # the loader of benchmarks/plan_time_decode_attention.py and merge_ab_decode_attention.py: a package copy's op
-    # module with its own kernel modules, so its _merge can be swapped into ours on the same plan
-    from pathlib import Path
-
-    copy = da.load_package(str(Path(op.__file__).parent))
-    assert copy is not op and copy._k is not op._k and copy._k.merge_kernel is not op._k.merge_kernel
-    assert copy.__name__ == "decode_attention_before.op" and callable(copy._merge)
 
 
 def test_floor_builds_for_sm90_as_resident_as_the_real_pass():

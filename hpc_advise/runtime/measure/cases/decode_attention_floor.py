@@ -13,7 +13,7 @@ no merge launch. With ``tail`` a second, dependent launch follows in the merge l
 dependent launch on the GPU as the merge is): ``'grid'`` (or True) on the merge launch's grid, all its programs
 exiting at once but program (0, 0, 0), which waits for the floor pass and writes the total of ``sums[:G]`` to
 ``sums[G]``; ``'one'`` the same as one program; ``'duty'`` the merge grid whose merging programs (``kernel.merge_duty``)
-wait and exit (what the grid and its parked duties cost, without the merge's work; sweep mgrid).
+wait and exit (what the grid and its parked duties cost, without the merge's work).
 
 ``bench_cells`` times both forms beside ours in ``decode_attention.bench_case`` (``--floor``): µs, TB/s of K/V
 read, that against DESIGN.md §7's 4.12 TB/s device copy, and ours / floor; also ``empty_launch`` (the attention
@@ -236,8 +236,8 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail=False):
         HEAD_DIM=plan.head_dim,
         PAGE=plan.page_size,
         TILE=plan.tile,
-        NUM_STAGES=plan.num_stages,
-        PT_CHUNK=plan.pt_chunk,
+        NUM_STAGES=op.NUM_STAGES,
+        PT_CHUNK=op.PT_CHUNK,
         PDL=pdl,
         num_warps=plan.num_warps,
         **op._register_cap(plan),
@@ -256,7 +256,7 @@ def stream_floor(plan, k_cache, v_cache, *, sums=None, tail=False):
             BLOCK=TAIL_BLOCK,
             PDL=pdl,
             S=min(64, plan.head_dim) // op.WIDE_MERGE_COLS,
-            NARROW=plan.merge_block if plan.wide_merge else 0,
+            NARROW=op.MERGE_BLOCK,
             num_warps=2,
             **launch,
         )
@@ -282,11 +282,13 @@ def pass_only(plan, w, out) -> tuple:
     """Our call (``op.run``) with its merge launch held back: only the attention pass runs. Returns the held
     ``op._merge`` arguments (plan, out, pdl), for ``merge_only``."""
     from hpc_advise.kernels.decode_attention import op
-    from hpc_advise.runtime.benches.decode_attention import swapped
 
     held = []
-    with swapped(op, _merge=lambda *args: held.append(args)):
+    merge, op._merge = op._merge, lambda *args: held.append(args)
+    try:
         op.run(plan, w.q, w.k, w.v, out=out)
+    finally:
+        op._merge = merge
     if len(held) != 1:
         raise RuntimeError(f"pass_only: op.run launched the merge {len(held)} times, expected once")
     return held[0]
@@ -333,9 +335,7 @@ def _form_extra(provider: str, plan, buf, g: int) -> dict:
     if provider.startswith("stream_floor"):
         extra = {
             "tile": plan.tile,
-            "num_stages": plan.num_stages,
             "num_warps": plan.num_warps,
-            "pt_chunk": plan.pt_chunk,
             "finite": bool(buf["sums"][:g].isfinite().all()),
             "build": stream_floor.last_build,
         }
@@ -351,21 +351,15 @@ def _form_extra(provider: str, plan, buf, g: int) -> dict:
 
 
 def bench_cells(
-    w, plans, ours_calls, t_ours, time_calls, base: dict, env, split: bool = False, consts=None
+    w, plans, ours_calls, t_ours, time_calls, base: dict, env, split: bool = False
 ) -> tuple[list[dict], list]:
     """Time the floor (one launch), the floor + tail (two, PDL) and the empty launch over the benchmark's
     rotated plans of workload ``w`` right after ours (``t_ours``), with ``split`` then our pass alone and our
     merge launch alone, then ours (``ours_calls``) again, all with the benchmark's timer ``time_calls``;
-    returns (rows, the table cells of HEADERS, then of SPLIT_HEADERS with ``split``). ``consts``: op.py constants
-    ({OP_CONSTANT_KEYS key: value}, e.g. the merge's fold) set around every call, as around ours."""
+    returns (rows, the table cells of HEADERS, then of SPLIT_HEADERS with ``split``)."""
     import torch
 
-    from hpc_advise.runtime.benches.decode_attention import op_constants
     from hpc_advise.runtime.measure.harness import run_row
-
-    def under(form, p, b):
-        with op_constants(consts or {}):
-            return form(p, w, b)
 
     g = plans[0].grid_size()
     dev = plans[0].device
@@ -379,7 +373,7 @@ def bench_cells(
     ]
     rows, us = [], {}
     for provider, form in (FORMS | SPLIT_FORMS if split else FORMS).items():
-        calls = [lambda p=p, b=b, form=form: under(form, p, b) for p, b in zip(plans, bufs, strict=True)]
+        calls = [lambda p=p, b=b, form=form: form(p, w, b) for p, b in zip(plans, bufs, strict=True)]
         for c in calls:
             c()  # compiles outside the timed graph
         t, how = time_calls(calls)
