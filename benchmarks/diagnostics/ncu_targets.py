@@ -43,7 +43,7 @@ def moe_calls(shape: str, t: int) -> list:
 def attn_calls(case: str, hq: int, hkv: int, kv: str) -> list:
     import torch
 
-    from hpc_advise.runtime.benches import decode_attention as da
+    from hpc_advise.runtime.measure.cases import decode_attention as da
 
     kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
     w = da.Workload(da.case_lengths(case), hq, hkv, kv_dtype)

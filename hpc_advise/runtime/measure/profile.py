@@ -21,8 +21,6 @@ import click
 
 KERNEL_BENCHES = ("decode_attention", "router_gemm", "fused_moe")
 CASES = "hpc_advise.runtime.measure.cases"
-# decode_attention's case still lives under runtime/benches/ on this branch (its move is another branch's)
-CASE_MODULES = {"decode_attention": "hpc_advise.runtime.benches.decode_attention"}
 STAGES = ("micro", "kernels", "comm")
 DEFAULT_STAGES = ("micro", "kernels")
 
@@ -70,7 +68,7 @@ class BenchReport:
 def _kernel_steps(model, report: BenchReport) -> list[Step]:
     steps = []
     for name in KERNEL_BENCHES:
-        module_name = CASE_MODULES.get(name, f"{CASES}.{name}")
+        module_name = f"{CASES}.{name}"
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
