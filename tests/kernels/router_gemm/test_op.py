@@ -418,7 +418,7 @@ GPU_SHAPES = [(192, 4096), (128, 4096), (256, 7168), (256, 8192)]  # K = 8192: t
 # CUDA-core forms beside the shipped and heuristic picks: 1-4 experts per program, pipelined K strips
 GEMV_FORMS = [
     Config(1, 1, 1024, 1, 4, 3, "gemv"),
-    Config(1, 2, 2048, 1, 8, 3, "gemv"),
+    Config(1, 2, 1024, 1, 8, 2, "gemv"),  # x rows of 1024 fp32 per stage: fits 227 KiB at M = 8
     Config(1, 4, 512, 1, 8, 3, "gemv"),
 ]
 
