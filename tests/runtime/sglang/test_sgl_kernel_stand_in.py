@@ -15,7 +15,7 @@ import pytest
 
 from tests.runtime.sglang import sgl_kernel_stand_in as stand_in
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # What the GPU tests of test_sglang_attention/_moe/_plugin import, plus the plugin's own hook targets.
 GPU_TEST_IMPORTS = (
