@@ -24,24 +24,9 @@ def poisson_workload(n: int, rate: float, seed: int, mean_in: int = 1500, mean_o
     return workload([req(float(a), int(b), int(c)) for a, b, c in zip(t, n_in, n_out, strict=True)])
 
 
-def agentic_workload(
-    n: int,
-    seed: int,
-    block: int = 512,
-    rate: float = 5.5,
-    system_blocks: int = 4,
-    growth_blocks: int = 9,
-    turns: float = 5.0,
-    mean_out: float = 361.0,
-    think_s: float = 20.0,
-    max_blocks: int = 250,
-) -> Workload:
-    """``agentic_requests`` as a ``Workload``."""
-    return workload(
-        agentic_requests(
-            n, seed, block, rate, system_blocks, growth_blocks, turns, mean_out, think_s, max_blocks
-        )
-    )
+def agentic_workload(n: int, seed: int, **kwargs) -> Workload:
+    """``agentic_requests`` (same arguments) as a ``Workload``."""
+    return workload(agentic_requests(n, seed, **kwargs))
 
 
 def agentic_requests(
