@@ -133,12 +133,34 @@ def model() -> None:
     """Fit, evaluate and show the serving performance model."""
 
 
+def _load_calibration(db, serving):
+    """Per-deployment corrections from the KB's measured runs (``calibration``)."""
+    from hpc_advise.advisor import calibration
+    from hpc_advise.knowledge_base.migrations import KnowledgeBaseError
+
+    try:
+        return calibration.from_kb(db, serving)
+    except KnowledgeBaseError as exc:
+        _fail(str(exc))
+
+
 @model.command("fit")
 @db_option
 @click.option("--refit", is_flag=True, help="Fit even when a cached model matches the training data.")
-def model_fit(db, refit) -> None:
-    """Fit on the shipped measurements + the KB's serving runs; cache under the data hash."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def model_fit(db, refit, as_json) -> None:
+    """Fit on the shipped measurements + the KB's serving runs; cache under the data hash. Then
+    calibrate each measured deployment on its runs and list every run left out with its reason."""
     m, info = _load_model(db, refit=refit)
+    cal = _load_calibration(db, m)
+    if as_json:
+        click.echo(json.dumps({
+            "key": m.key, "cached": info["cached"], "path": info["path"], "n_rows": m.n_rows,
+            "left_out": [list(x) for x in info["left_out"]],
+            "calibration": [c.to_dict() for c in cal.corrections.values()],
+            "calibration_dropped": [{"run": w, "reason": r} for w, r in cal.dropped],
+        }, indent=2))  # fmt: skip
+        return
     state = "cached" if info["cached"] else "fitted"
     click.echo(
         f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path'] or 'not cached (data folder not writable)'}"
@@ -147,6 +169,13 @@ def model_fit(db, refit) -> None:
         click.echo(
             f"{len(info['left_out'])} rows left out (first: {info['left_out'][0][0]}: {info['left_out'][0][1]})"
         )
+    n_runs = sum(c.n for c in cal.corrections.values())
+    if cal.corrections or cal.dropped:
+        click.echo(f"calibration: {len(cal.corrections)} deployment(s) from {n_runs} measured run(s)")
+    for c in cal.corrections.values():
+        click.echo(f"  {c.deployment.label()}: {c.note()} (runs {', '.join(map(str, c.run_ids))})")
+    for where, why in cal.dropped:
+        click.echo(f"  left out {where}: {why}")
 
 
 @model.command("eval")
@@ -217,7 +246,13 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
         _fail(str(exc))
     serving, _ = _load_model(db)
     ranker = Ranker(
-        model_name, mdl, prof_gpu, TraceLoad.from_summary(summary), serving, load_attention_model(db)
+        model_name,
+        mdl,
+        prof_gpu,
+        TraceLoad.from_summary(summary),
+        serving,
+        load_attention_model(db),
+        _load_calibration(db, serving),
     )
     with Timer(f"ranking the configurations of {mdl.key} on {n} GPU(s)"):
         ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
@@ -483,7 +518,9 @@ def predict(
     why = support_reason(c, mdl, prof_gpu)
     w = TraceLoad(isl, osl, np.array([[isl, osl]]), None, 0.0, isl + osl / 2, isl + osl, int(concurrency))
     serving, _ = _load_model(db)
-    ranker = Ranker(model_name, mdl, prof_gpu, w, serving, load_attention_model(db))
+    ranker = Ranker(
+        model_name, mdl, prof_gpu, w, serving, load_attention_model(db), _load_calibration(db, serving)
+    )
     conc = max(concurrency / c.replicas, 1.0)
     ok, mem_why, mem = memory_check(c, mdl, prof_gpu, conc, w.ctx_mean, w.ctx_p99)
     try:
@@ -507,6 +544,8 @@ def predict(
         "model_key": serving.key,
         "note": note,
     }
+    if r.calibration:
+        out["calibration"] = r.calibration
     if as_json:
         click.echo(json.dumps(out, indent=2))
         return

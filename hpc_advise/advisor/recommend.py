@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hpc_advise.advisor import calibration
 from hpc_advise.advisor import capacity as cap
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.candidates import Candidate, Checked, check_all, memory_check
@@ -131,6 +132,7 @@ class Ranked:
     latency_ms: float = 0.0  # mean request latency: mean TTFT + osl * mean TPOT
     capacity: Capacity | None = None  # how much more load it takes (``capacity`` module)
     kv_saturated_rps: float | None = None  # KV-saturated: requests/s it completes (all replicas)
+    calibration: str | None = None  # "calibrated on N runs: ..." when its deployment was measured
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -143,7 +145,7 @@ class Ranked:
         def num(x: float) -> float | None:
             return float(x) if math.isfinite(x) else None
 
-        return {
+        out = {
             "config": self.candidate.label(),
             "candidate": self.candidate.to_dict(),
             "tpot_ms": {"p50": num(self.tpot_p50), "p99": num(self.tpot_p99)},
@@ -162,6 +164,9 @@ class Ranked:
             "flags": self.flags,
             "reasons": self.reasons,
         }
+        if self.calibration:  # only then: uncalibrated output stays as it was
+            out["calibration"] = self.calibration
+        return out
 
 
 BATCH_BLOCK = 64  # requests per block of the batch sample (``_batches``)
@@ -186,10 +191,18 @@ class Ranker:
     """Predicts every feasible candidate for one (model, GPU, workload)."""
 
     def __init__(
-        self, model_name: str, model, gpu, w: TraceLoad, serving: ServingModel, attn: AttentionModel
+        self,
+        model_name: str,
+        model,
+        gpu,
+        w: TraceLoad,
+        serving: ServingModel,
+        attn: AttentionModel,
+        calibration=None,
     ):
         self.model_name, self.model, self.gpu, self.w = model_name, model, gpu, w
         self.serving, self.attn = serving, attn
+        self.calibration = calibration  # ``calibration.Calibration`` of the user's runs, or None
         self.shapes = F.shapes_of(model)
         self.rates = F.Rates.of(gpu)
         self.dense_q, self.moe_q = model_quants(model)
@@ -219,6 +232,12 @@ class Ranker:
             attn_dp=c.attn_dp,
             moe_ep=c.ep,
         )
+
+    def correction(self, c: Candidate):
+        """The measured-runs correction of ``c``'s deployment (``calibration``), or None."""
+        if not self.calibration:
+            return None
+        return self.calibration.lookup(self.model.key, self.gpu.key, c)
 
     @staticmethod
     def pred_key(c: Candidate, conc: float) -> tuple:
@@ -303,7 +322,8 @@ class Ranker:
             preds = self.serving_predictions(open_, conc)
             still = []
             for c in open_:
-                tpot, _, prep, (over, coef, corr, _) = preds[self.pred_key(c, conc[c])]
+                pred = calibration.apply(self.correction(c), preds[self.pred_key(c, conc[c])])
+                tpot, _, prep, (over, coef, corr, _) = pred
                 # the TTFT without queueing: the calibrated TTFT holds the closed-loop queueing of
                 # its training runs, which fed back here grows C without bound; requests waiting
                 # for their prefill hold no KV and are not in the decode batch
@@ -404,7 +424,8 @@ class Ranker:
         """Predictions for one candidate at ``conc`` requests per replica; ``load`` multiplies the
         trace's arrival rate (the capacity search's probes)."""
         c = chk.candidate
-        tpot_mean, ttft_mean, prep, (over, coef, corr, occupancy) = pred
+        fix = self.correction(c)
+        tpot_mean, ttft_mean, prep, (over, coef, corr, occupancy) = calibration.apply(fix, pred)
         w = self.w
         rate = w.rate_rps * load if w.rate_rps else None
         batch = max(int(round(conc / c.attn_dp)), 1)
@@ -459,6 +480,7 @@ class Ranker:
             meets_slo=True,
             flags=list(flags),
             rho=rho,
+            calibration=fix.note() if fix else None,
         )
         ctx_cv = float(np.median(ctx.std(axis=1) / np.maximum(ctx.mean(axis=1), 1)))
         r.ctx_cv = ctx_cv

@@ -191,6 +191,7 @@ def recommend_text(
                 f"  capacity {load_x(cap)}x the {over}: {cap.max_tok_s_per_gpu:.0f} out tok/s/GPU{edge}"
             )
         lines += [f"  - {why}" for why in r.reasons]
+        lines += [f"  = {r.calibration}"] if r.calibration else []
         lines += [f"  ! {f}" for f in r.flags[:3]]
     if cmd:
         lines.append(f"\nlaunch:\n  {cmd.shell()}")
@@ -209,5 +210,6 @@ def predict_text(c, r, out: dict, n: int, prof_gpu, isl, osl, concurrency, flags
         f"  TPOT p50 {fmt_ms(r.tpot_p50)} ms  p99 {fmt_ms(r.tpot_p99)} ms",
         f"  output {out['output_tok_s']:.0f} tok/s ({r.tok_s_per_gpu:.0f} per GPU); memory headroom {mem.get('headroom_gib', float('nan')):.1f} GiB",
     ]
+    lines += [f"  = {r.calibration}"] if r.calibration else []
     lines += [f"  ! {f}" for f in flags]
     return "\n".join(lines)

@@ -412,9 +412,14 @@ def runs_compare(run_ids, db_path, as_json) -> None:
 @click.option(
     "--provider", help="Configuration label to store (default: the run's tag/label, else its backend)."
 )
+@click.option(
+    "--model",
+    "model",
+    help="Model the runs served, stored for records that do not name one (no server_info / model_id).",
+)
 @db_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"ids": [...], "new": N} instead of a sentence.')
-def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
+def runs_import(files, gpu, subject, provider, model, db_path, as_json) -> None:
     """Import SGLang bench_serving JSONL / vLLM bench serve JSON (all files or nothing)."""
     from hpc_advise.clitypes import Timer
     from hpc_advise.knowledge_base.importers import ImportFailed, parse_files
@@ -429,6 +434,13 @@ def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
         raise click.ClickException(
             f"{len(exc.errors)} bad record(s); nothing imported from {len(files)} file(s)"
         ) from None
+    if model is not None and not model.strip():
+        raise click.ClickException("--model must not be empty")
+    named = 0
+    for row in rows if model else ():
+        if not row["config"].get("model"):  # a model the record names wins over --model
+            row["config"]["model"] = model.strip()
+            named += 1
     with open_kb(db_path) as store, Timer(f"storing {len(rows)} run(s)"):
         ids, new = store.import_runs(rows)
     if as_json:
@@ -437,6 +449,8 @@ def runs_import(files, gpu, subject, provider, db_path, as_json) -> None:
     dup = len(ids) - new
     click.echo(f"imported {new} run(s) from {len(files)} file(s)" + (f", {dup} already present" if dup else "")
                + (f": {_id_list(ids)}" if ids else ""))  # fmt: skip
+    if model:
+        click.echo(f"model {model.strip()} stored for {named} record(s) that name none")
 
 
 def _id_list(ids: list[int], show: int = 10) -> str:

@@ -211,12 +211,21 @@ def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
     """Predicted vs measured per metric for a recommendation, the error, and the term a miss points at."""
     from tabulate import tabulate
 
-    from hpc_advise.advisor.bench.validate import ValidateError, compare, find_run
+    from hpc_advise.advisor.bench.validate import ValidateError, calibration_check, compare, find_run
     from hpc_advise.knowledge_base.migrations import KnowledgeBaseError
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
     if (recommendation_id is None) == (run_id is None):
         raise click.ClickException("give one of --recommendation ID or --run ID")
+
+    def load_serving():
+        from hpc_advise.advisor import serving_model as pm
+        from hpc_advise.clitypes import Timer
+
+        with Timer("loading the serving model (a refit takes a few seconds)"):
+            return pm.load_or_fit(db)[0]
+
+    out = None
     try:
         with KnowledgeBase(db) as kb:
             run = find_run(kb, recommendation_id, run_id)
@@ -225,27 +234,63 @@ def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
                 if recommendation_id is not None
                 else (run.get("config") or {}).get("recommendation_id")
             )
-            if rid is None:
-                raise ValidateError(
-                    f"run {run_id} was not benched for a recommendation (bench --recommendation ID)"
-                )
-            try:
-                rec = kb.recommendation(int(rid))
-            except KeyError:
-                raise ValidateError(f"no recommendation with id {rid}") from None
-            out = compare(rec, run, threshold)
+            if rid is not None:
+                try:
+                    rec = kb.recommendation(int(rid))
+                except KeyError:
+                    raise ValidateError(f"no recommendation with id {rid}") from None
+                out = compare(rec, run, threshold)
+            runs = kb.runs(kind="serving")
+        calib = calibration_check(runs, run, load_serving)
     except (ValidateError, KnowledgeBaseError) as exc:
         raise click.ClickException(str(exc)) from None
+    if out is None and calib["deployment"] is None:
+        raise click.ClickException(
+            f"run {run_id} was not benched for a recommendation (bench --recommendation ID) and cannot be "
+            f"calibrated: {calib['reason']}"
+        )
     if as_json:
-        click.echo(json.dumps(_clean(out), indent=2))
+        click.echo(json.dumps(_clean(dict(out or {"run_id": run.get("id")}, calibration=calib)), indent=2))
         return
-    click.echo(f"recommendation {out['recommendation_id']} ({out['configuration']}) vs run {out['run_id']}")
-    rows = [[r["label"], _f(r["predicted"], 2), _f(r["measured"], 2), _ci(r["ci"]) if r["ci"] else "",
-             "-" if r["error"] is None else f"{100 * r['error']:+.1f} %", r["points_at"] or ""] for r in out["rows"]]  # fmt: skip
+    if out is not None:
+        click.echo(f"recommendation {out['recommendation_id']} ({out['configuration']}) vs run {out['run_id']}")
+        rows = [[r["label"], _f(r["predicted"], 2), _f(r["measured"], 2), _ci(r["ci"]) if r["ci"] else "",
+                 "-" if r["error"] is None else f"{100 * r['error']:+.1f} %", r["points_at"] or ""] for r in out["rows"]]  # fmt: skip
+        click.echo(
+            tabulate(
+                rows, headers=["metric", "predicted", "measured", "measured 95% CI", "error", "miss points at"]
+            )
+        )
+        for note in out["notes"]:
+            click.echo(f"note: {note}", err=True)
+    _print_calibration(calib, run.get("id"))
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} %"
+
+
+def _print_calibration(calib: dict, run_id) -> None:
+    from tabulate import tabulate
+
+    if calib["deployment"] is None:
+        click.echo(f"\ncalibration: not possible for run {run_id}: {calib['reason']}")
+        return
+    if not calib["metrics"]:
+        click.echo(f"\ncalibration of {calib['deployment']}: no usable run ({calib['reason']})")
+        return
+    n = calib["n_runs"]
+    click.echo(
+        f"\ncalibration of {calib['deployment']}: {n} run(s), each predicted with the correction fitted "
+        f"on the other {n - 1} (leave-one-out)"
+    )
+    rows = [[m["label"], _pct(m["median_abs_before"]).lstrip("+"), _pct(m["median_abs_after"]).lstrip("+"),
+             _pct(m["run_before"]), _pct(m["run_after"])] for m in calib["metrics"]]  # fmt: skip
     click.echo(
         tabulate(
-            rows, headers=["metric", "predicted", "measured", "measured 95% CI", "error", "miss points at"]
+            rows,
+            headers=["metric", "median |error| before", "after", f"run {run_id} before", "after"],
         )
     )
-    for note in out["notes"]:
-        click.echo(f"note: {note}", err=True)
+    for where, why in calib["dropped"]:
+        click.echo(f"left out {where}: {why}")

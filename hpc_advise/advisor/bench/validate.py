@@ -17,9 +17,10 @@ is past the threshold, the modelled term the miss points at:
   step costs above;
 - request latency: TTFT + output length x TPOT; see those rows.
 
-Calibration: runs that ``bench`` stores are ordinary ``serving`` runs, so ``model fit`` can use them;
-the per-deployment correction and the before/after errors on held-out runs are the fit's (see
-docs/bench.md, "Calibration").
+Calibration (``calibration_check``): the run's deployment (model x GPU x configuration) is looked up
+among the knowledge base's runs, and each of that deployment's usable runs is predicted by the serving
+model before and after the per-deployment correction (``advisor.calibration``) fitted on the
+deployment's *other* runs (leave-one-out), per metric (mean TPOT, mean TTFT).
 """
 
 from __future__ import annotations
@@ -112,6 +113,45 @@ def compare(recommendation: dict, run: dict, threshold: float = THRESHOLD) -> di
         "rows": rows,
         "notes": _notes(recommendation, run, cfg),
     }
+
+
+def calibration_check(runs: list[dict], run: dict, load_serving) -> dict:
+    """Leave-one-out errors before / after calibration over ``run``'s deployment among ``runs``.
+
+    ``load_serving()`` returns the serving model; it is called only when the run's deployment can be
+    calibrated at all. Returns {"deployment": label or None, "reason": why not (or None),
+    "n_runs", "metrics": [{"metric", "label", "median_abs_before", "median_abs_after", "run_before",
+    "run_after"}], "runs": per-run rows, "dropped": [(where, reason)] of that deployment's runs}."""
+    from hpc_advise.advisor import calibration as cal
+    from hpc_advise.advisor.serving_data import RowError
+
+    try:
+        dep = cal.deployment_of_run(run)
+    except (RowError, ValueError, TypeError) as exc:
+        return {"deployment": None, "reason": str(exc), "n_runs": 0, "metrics": [], "runs": [], "dropped": []}
+    same = []
+    for r in runs:
+        try:
+            if cal.deployment_of_run(r) == dep:
+                same.append(r)
+        except (RowError, ValueError, TypeError):
+            continue
+    obs, dropped = cal.observe(same, load_serving())
+    out = {"deployment": dep.label(), "reason": None, "n_runs": len(obs), "metrics": [], "runs": [],
+           "dropped": dropped}  # fmt: skip
+    if not obs:
+        out["reason"] = "; ".join(f"{w}: {why}" for w, why in dropped) or "no usable run"
+        return out
+    loo = cal.leave_one_out(obs)
+    mine = next((r for r in loo["runs"] if r["run_id"] == run.get("id")), None)
+    for m, label in (("tpot", "TPOT mean [ms]"), ("ttft", "TTFT mean [ms]")):
+        out["metrics"].append({
+            "metric": m, "label": label,
+            "median_abs_before": loo[m]["median_abs_before"], "median_abs_after": loo[m]["median_abs_after"],
+            "run_before": mine[m]["before"] if mine else None, "run_after": mine[m]["after"] if mine else None,
+        })  # fmt: skip
+    out["runs"] = loo["runs"]
+    return out
 
 
 def _ci(m: dict, key: str):
