@@ -5,7 +5,6 @@ Ranker for that deployment only, ``model fit`` / ``validate`` output and ``runs 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -181,5 +180,7 @@ def test_runs_import_model_names_records_without_one(tmp_path):
     assert "model Qwen/Qwen3-32B stored for 1 record(s)" in r.output
     models = sorted(run["config"].get("model") for run in kb_runs(db))
     assert models == ["Qwen/Qwen3-32B", "Qwen/Qwen3-32B"]
-    r = CliRunner().invoke(main, ["runs", "import", str(f), "--model", " ", "--db", str(tmp_path / "b.sqlite")])
+    r = CliRunner().invoke(
+        main, ["runs", "import", str(f), "--model", " ", "--db", str(tmp_path / "b.sqlite")]
+    )
     assert r.exit_code == 1 and "--model must not be empty" in r.output

@@ -253,12 +253,15 @@ def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
         click.echo(json.dumps(_clean(dict(out or {"run_id": run.get("id")}, calibration=calib)), indent=2))
         return
     if out is not None:
-        click.echo(f"recommendation {out['recommendation_id']} ({out['configuration']}) vs run {out['run_id']}")
+        click.echo(
+            f"recommendation {out['recommendation_id']} ({out['configuration']}) vs run {out['run_id']}"
+        )
         rows = [[r["label"], _f(r["predicted"], 2), _f(r["measured"], 2), _ci(r["ci"]) if r["ci"] else "",
                  "-" if r["error"] is None else f"{100 * r['error']:+.1f} %", r["points_at"] or ""] for r in out["rows"]]  # fmt: skip
         click.echo(
             tabulate(
-                rows, headers=["metric", "predicted", "measured", "measured 95% CI", "error", "miss points at"]
+                rows,
+                headers=["metric", "predicted", "measured", "measured 95% CI", "error", "miss points at"],
             )
         )
         for note in out["notes"]:
