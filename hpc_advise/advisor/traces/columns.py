@@ -32,7 +32,11 @@ from hpc_advise.advisor.traces.summary import Columns, to_columns
 
 BLOCK_BYTES = 1 << 20  # 1 MiB: ~4x less peak memory than 4 MiB blocks, no slower
 CHUNK = 1 << 16  # requests per chunk of a whole-document format
-MAX_LINE_BYTES = 256 << 20
+# 64 MiB: the longest line one request can need with lengths capped at MAX_TOKENS (10 M) is an
+# OpenAI response carrying a 10 M-token completion (~4 bytes a token: ~40 MB) or a 10 M-token prompt's
+# 16-token hash blocks (625,000 ids of up to 20 digits: ~13 MB); parsing a line takes about 12x its
+# size in memory, so this also bounds one line's parse to under 1 GB.
+MAX_LINE_BYTES = 64 << 20
 LINE_FORMATS = {"canonical", "mooncake", "bailian", "azure", "burstgpt", "openai"}
 CSV_FORMATS = {"azure", "burstgpt"}
 USE_FAST_PATH = True  # tests switch it off to compare with the per-line reader
@@ -109,26 +113,47 @@ def check_items(items: Iterable, skip_bad: bool) -> Parsed:
 
 
 def iter_blocks(source: TraceSource) -> Iterator[tuple[int, bytes]]:
-    """``(first_line, bytes)`` blocks of whole lines of the decoded input."""
-    binary = source.binary
+    """``(first_line, bytes)`` blocks of whole lines of the decoded input; a line longer than
+    ``MAX_LINE_BYTES`` raises ``TraceError`` naming it.
+
+    Linear in the input: each read is searched for newlines once, and the pieces of a line that
+    spans reads are kept in a list and joined once (growing one bytes object read by read, and
+    searching all of it again each time, made a 200 MB line take a minute)."""
+    read = source.binary.read
     line = 1
-    rest = b""
+    pending: list[bytes] = []  # the start of a line that no read so far has ended
+    pending_len = 0
     while True:
-        data = binary.read(BLOCK_BYTES)
+        data = read(BLOCK_BYTES)
         if not data:
-            if rest:
-                yield line, rest
+            if pending_len > MAX_LINE_BYTES:
+                raise TraceError(_too_long(), source.name, line)
+            if pending:
+                yield line, b"".join(pending)
             return
-        data = rest + data if rest else data
         cut = data.rfind(b"\n") + 1
         if cut == 0:
-            if len(data) > MAX_LINE_BYTES:
-                raise TraceError(f"a line longer than {MAX_LINE_BYTES >> 20} MiB", source.name, line)
-            rest = data
+            pending.append(data)
+            pending_len += len(data)
+            if pending_len > MAX_LINE_BYTES:
+                raise TraceError(_too_long(), source.name, line)
             continue
-        block, rest = data[:cut], data[cut:]
+        if pending:
+            if pending_len + data.find(b"\n") > MAX_LINE_BYTES:
+                raise TraceError(_too_long(), source.name, line)
+            pending.append(data[:cut])
+            block = b"".join(pending)
+        else:
+            block = data[:cut] if cut < len(data) else data
+        rest = data[cut:]
+        pending = [rest] if rest else []
+        pending_len = len(rest)
         yield line, block
         line += block.count(b"\n")
+
+
+def _too_long() -> str:
+    return f"line longer than {MAX_LINE_BYTES} bytes ({MAX_LINE_BYTES >> 20} MiB)"
 
 
 def parsed_chunks(

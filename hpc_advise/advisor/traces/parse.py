@@ -174,7 +174,9 @@ def json_array(source: TraceSource) -> Iterator[tuple[int, object]]:
 
     def fill() -> None:
         nonlocal buf, pos, eof
-        chunk = read(_CHUNK)
+        # At least double what is unparsed: an element is re-decoded from its start after each
+        # fill, so fixed-size reads would make a big element cost quadratic time.
+        chunk = read(max(_CHUNK, len(buf) - pos))
         if not chunk:
             eof = True
             return

@@ -1,9 +1,9 @@
 """Low-level trace I/O: the ``Request`` record, ``TraceError``, and opening a trace source.
 
-``open_source(path)`` opens a file or ``-`` (stdin), recognises gzip / zstd / bz2 / xz compression
+``TraceSource(path)`` opens a file or ``-`` (stdin), recognises gzip / zstd / bz2 / xz compression
 from the magic bytes (not the file name), keeps the first decoded bytes as ``head`` for format
-detection, and then serves the whole decoded text again from the start, line by line, without
-reading the input twice (so stdin works).
+detection (refusing binary data there), and then serves the whole decoded text again from the
+start, line by line, without reading the input twice (so stdin works).
 """
 
 from __future__ import annotations
@@ -191,6 +191,16 @@ class TraceSource:
             raise TraceError(
                 f"cannot read ({self.compression}): {type(exc).__name__}: {exc}", self.name
             ) from exc
+        nul = head.find(b"\0")
+        if nul >= 0:
+            # No text trace holds a NUL byte; binary data (and an all-zero file) has one in its
+            # first block all but surely, so it is refused here instead of read to the end.
+            what = f"the decompressed {self.compression} data" if self.compression else "the file"
+            raise TraceError(
+                f"binary data, not a text trace (a NUL byte at offset {nul} of {what}; "
+                "UTF-16 text must be converted to UTF-8)",
+                self.name,
+            )
         self.head = head.decode("utf-8", errors="ignore").lstrip("\ufeff")
         self.first_line = 1
         # ``binary`` and ``text`` read the same bytes: use one or the other.
