@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ship.py"
+from tests.benchmarks.helpers import load_script
 
 
 def _ship_module():
-    spec = importlib.util.spec_from_file_location("bench_ship", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("ship")
 
 
 def test_ship_copies_the_jsonl_under_its_own_name(tmp_path):

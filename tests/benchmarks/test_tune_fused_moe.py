@@ -3,10 +3,7 @@ the op reads back."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,18 +11,13 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from hpc_advise.kernels.fused_moe import op  # noqa: E402
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_fused_moe.py"
+from tests.benchmarks.helpers import load_script, unload_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tuner():
-    spec = importlib.util.spec_from_file_location("tune_fused_moe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield load_script("tune_fused_moe")
+    unload_script("tune_fused_moe")
 
 
 def test_tune_output_round_trips_through_config_lookup(tuner, tmp_path, monkeypatch):

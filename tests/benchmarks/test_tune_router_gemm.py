@@ -3,10 +3,7 @@ what the op reads back."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,18 +12,13 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.router_gemm import configs  # noqa: E402
 from hpc_advise.kernels.router_gemm.configs import GEMV_MAX_M, Config, pick_config  # noqa: E402
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_router_gemm.py"
+from tests.benchmarks.helpers import load_script, unload_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tuner():
-    spec = importlib.util.spec_from_file_location("tune_router_gemm", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield load_script("tune_router_gemm")
+    unload_script("tune_router_gemm")
 
 
 def test_candidates_are_valid_configs(tuner):

@@ -3,20 +3,15 @@ count behind the bandwidth floor, and the table from rows (no GPU, no SGLang nee
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_layer.py"
-_SPEC = importlib.util.spec_from_file_location("bench_layer", _PATH)
-bl = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_layer"] = bl
-_SPEC.loader.exec_module(bl)
+from tests.benchmarks.helpers import load_script
+
+bl = load_script("bench_layer")
 
 
 def test_shard_config_hy3_tp8():
