@@ -84,15 +84,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _load_nvml():
-    try:
-        import pynvml
-    except ImportError:
-        raise NvmlUnavailable("NVML Python bindings are missing (pip install nvidia-ml-py)") from None
-    return pynvml
-
-
-def _init(nvml) -> None:
+def open_nvml(nvml=None):
+    """The started NVML module (``nvml`` defaults to ``pynvml``); ``NvmlUnavailable`` says why not.
+    The caller shuts it down with ``nvmlShutdown()``."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            raise NvmlUnavailable("NVML Python bindings are missing (pip install nvidia-ml-py)") from None
     try:
         nvml.nvmlInit()
     except nvml.NVMLError_LibraryNotFound:
@@ -103,12 +102,12 @@ def _init(nvml) -> None:
         raise NvmlUnavailable("no permission to open the NVIDIA driver (NVML)") from None
     except nvml.NVMLError as exc:
         raise NvmlUnavailable(f"NVML failed to start: {exc}") from None
+    return nvml
 
 
 def probe(nvml=None) -> HostFacts:
     """Read the host's GPUs through NVML. ``nvml`` defaults to the ``pynvml`` module."""
-    nvml = nvml or _load_nvml()
-    _init(nvml)
+    nvml = open_nvml(nvml)
     try:
         return _read(nvml)
     finally:

@@ -1,6 +1,6 @@
 """GPU memory and utilization sampled through NVML while a bench runs, when the server is on this host.
 
-NVML is opened through ``gpu_probe``'s loader (the advisor's one NVML entry); a host without NVML, or
+NVML is opened through ``gpu_probe.open_nvml`` (the advisor's one NVML entry); a host without NVML, or
 a server elsewhere, samples nothing and the run says so. Samples are folded into running maxima and
 means as they come, so a long run keeps no sample list.
 """
@@ -53,8 +53,7 @@ class GpuSampler:
         from hpc_advise.advisor import gpu_probe
 
         try:
-            nvml = self.nvml or gpu_probe._load_nvml()
-            gpu_probe._init(nvml)
+            nvml = gpu_probe.open_nvml(self.nvml)
             count = nvml.nvmlDeviceGetCount()
             self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
             if self.handles:
