@@ -39,7 +39,8 @@ Carry stages (here, not on the device; write into the root of the checkout the d
   carry tree                   .whl_tree: this worktree's HEAD (git archive); device stages then run that tree
 
 Environment: CARRY (the folder holding the carried .whl_* folders; default the repository root), LIMIT_S
-(seconds per step; default 540), WARM_S (FlashInfer's warm-up; 200), TEST_N (pytest workers; default 2); for
+(seconds per step; default 540), TREE_DIR (the carried tree's folder here and there; default .whl_tree),
+WARM_S (FlashInfer's warm-up; 200), TEST_N (pytest workers; default 2); for
 carry stages PYTHON (default .venv/bin/python) and CARRY_ROOT (default: the main checkout of these worktrees).
 EOF
 }
@@ -48,6 +49,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 CARRY=${CARRY:-$ROOT}
 LIMIT_S=${LIMIT_S:-540}
+TREE_DIR=${TREE_DIR:-.whl_tree}
 T0=$SECONDS
 
 die() { echo "gpu.sh: $*" >&2; exit 2; }
@@ -160,7 +162,7 @@ EOF
       rm -rf "$dl" ;;
     tree)
       # the device copy is the main checkout; this carries a worktree's committed HEAD (no uncommitted edits)
-      dest=$(carry_dest .whl_tree) || exit 1
+      dest=$(carry_dest "$TREE_DIR") || exit 1
       git rev-parse HEAD > "$dest/TREE_COMMIT"
       git archive --format=tar.gz -o "$dest/tree.tar.gz" --add-file="$dest/TREE_COMMIT" HEAD \
         hpc_advise tests benchmarks pyproject.toml README.md ':!benchmarks/results' || exit 1
@@ -186,9 +188,9 @@ esac
 command -v nvidia-smi > /dev/null || [ "$1 ${2:-}" = "bench traces" ] || die "no nvidia-smi: not a GPU machine"
 
 # A carried worktree (carry tree): unpack it and run its own gpu.sh there, carried folders still read from here.
-if [ -z "${GPU_SH_TREE:-}" ] && [ -f "$CARRY/.whl_tree/tree.tar.gz" ]; then
+if [ -z "${GPU_SH_TREE:-}" ] && [ -f "$CARRY/$TREE_DIR/tree.tar.gz" ]; then
   TREE=$(mktemp -d /tmp/tree.XXXX)
-  tar xzf "$CARRY/.whl_tree/tree.tar.gz" -C "$TREE" || die "cannot unpack $CARRY/.whl_tree/tree.tar.gz"
+  tar xzf "$CARRY/$TREE_DIR/tree.tar.gz" -C "$TREE" || die "cannot unpack $CARRY/$TREE_DIR/tree.tar.gz"
   [ -f "$TREE/benchmarks/gpu.sh" ] \
     || die "the carried tree ($(cat "$TREE/TREE_COMMIT" 2>/dev/null)) has no benchmarks/gpu.sh"
   echo "running the carried tree $(cat "$TREE/TREE_COMMIT" 2>/dev/null) in $TREE"
