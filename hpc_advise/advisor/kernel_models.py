@@ -20,10 +20,11 @@ step replayed from its CUDA graph, per attention backend x MoE runner; parsed by
 are used as measured, not fitted:
 
 - attention (:class:`LayerAttention`): per layer, the step-time difference of two backends in cells of one
-  run that differ only in the attention backend, interpolated piecewise-linearly over the per-request KV
-  floor (the context mix) at each measured batch and linearly over log(batch) between batches: a measured
+  run that differ only in the attention backend, interpolated piecewise-linearly over the mean context
+  (the context mix) at each measured batch and linearly over log(batch) between batches: a measured
   cell is reproduced exactly, so the predicted order of the backends is the measured one in every cell;
-  outside the measured batches, contexts or shapes the nearest value is kept and the prediction says so;
+  outside the measured batches or contexts the nearest value is kept, at another rank shape it is scaled
+  by the KV bytes per token, and the prediction says so;
 - MoE runners (:class:`LayerMoe`): per MoE layer, a runner's step time minus SGLang's default runner's
   (``measured.moe_points``: layer-step pairs, kernel pairs where no layer step was measured), interpolated
   over log(tokens); at another rank shape of the same FP8 scheme and top-k, scaled by the expert bytes the
@@ -299,7 +300,7 @@ class LayerAttention:
         return {c.attention for c in self.cells}
 
     def pairs(self, a: str, b: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
-        """{subject: {batch: [(per-request KV floor µs, (a - b) µs per layer)]}} over the cells of one
+        """{subject: {batch: [(mean context tokens, (a - b) µs per layer)]}} over the cells of one
         run that differ only in the backend (the MoE runners' differences averaged)."""
         by: dict[tuple, dict[str, object]] = {}
         for c in self.cells:
@@ -309,7 +310,7 @@ class LayerAttention:
             if a in got and b in got:
                 ca, cb = got[a], got[b]
                 acc.setdefault((subject, run, mix, batch), []).append(
-                    (ca.kv_floor_per_request_us, (ca.p50 - cb.p50) / ca.layers)
+                    (ca.context_mean, (ca.p50 - cb.p50) / ca.layers)
                 )
         out: dict[str, dict[int, list[tuple[float, float]]]] = {}
         for (subject, _run, _mix, batch), vals in sorted(acc.items()):
@@ -323,11 +324,12 @@ class LayerAttention:
 
     def delta_us(
         self, a: str, b: str, *, q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str, mla: bool,
-        batch: int, floor_per_request_us: np.ndarray,
+        batch: int, context: np.ndarray, kv_bytes_per_token: float,
     ) -> tuple[np.ndarray, list[str]] | None:  # fmt: skip
-        """(a - b) µs per layer for batches of ``batch`` requests whose per-request KV floors (µs, one
-        layer, one rank) are ``floor_per_request_us`` (one value per sampled batch), and notes on any
-        extrapolation; None when no run measured both backends at an attention of this kind."""
+        """(a - b) µs per layer for batches of ``batch`` requests of mean context ``context`` tokens (one
+        value per sampled batch) at ``kv_bytes_per_token`` (one layer's KV on one rank), and notes on any
+        extrapolation; None when no run measured both backends at an attention of this kind. At another
+        rank shape the difference is scaled by the KV bytes per token (said so)."""
         pairs = self.pairs(a, b)
         if not pairs:
             return None
@@ -348,22 +350,28 @@ class LayerAttention:
         if not exact:
             notes.append(
                 f"measured at {subject} ({c.q_heads}/{c.kv_heads} heads x {c.head_dim}, {c.kv_dtype} KV), "
-                f"not this rank's {q_heads}/{kv_heads} x {head_dim}, {kv_dtype}"
+                f"not this rank's {q_heads:g}/{kv_heads:g} x {head_dim}, {kv_dtype} (scaled by KV bytes per token)"
             )
-        xq = np.asarray(floor_per_request_us, dtype=float)
+        xq = np.asarray(context, dtype=float)
+        ref = next(x for x in self.cells if x.subject == subject)
+        scale = kv_bytes_per_token / (ref.kv_bytes / ref.layers / ref.batch / max(ref.context_mean, 1.0))
+        scale = 1.0 if exact else scale
         table = pairs[subject]
         batches = sorted(table)
+        j = int(np.searchsorted(batches, batch))
+        used = {batches[min(j, len(batches) - 1)]} | ({batches[j - 1]} if 0 < j and batches[min(j, len(batches) - 1)] != batch else set())
         vals, outside = [], False
         for bs in batches:
             pts = sorted(table[bs])
             xs, ds = [p[0] for p in pts], [p[1] for p in pts]
             vals.append(np.interp(xq, xs, ds))
-            outside |= bool(np.any(xq < xs[0] * (1 - 1e-6)) or np.any(xq > xs[-1] * (1 + 1e-6)))
+            if bs in used:  # the measured batches this prediction is read from
+                outside |= bool(np.any(xq < xs[0] * (1 - 1e-6)) or np.any(xq > xs[-1] * (1 + 1e-6)))
         if batch < batches[0] or batch > batches[-1]:
             notes.append(f"batch {batch} outside the measured {batches[0]}-{batches[-1]}")
         if outside:
             notes.append("contexts outside the measured mixes")
-        return _interp_log(float(batch), [float(x) for x in batches], vals), notes
+        return _interp_log(float(batch), [float(x) for x in batches], vals) * scale, notes
 
 
 @dataclass

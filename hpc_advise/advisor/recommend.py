@@ -413,8 +413,7 @@ class Ranker:
             return None
         s = self.shapes
         q_heads = max(1, s.heads // (c.tp // c.attn_dp))
-        per_token = 2.0 * s.head_dim * elem * kv_heads / bw  # µs per token of one layer's KV on one rank
-        x = ctx.mean(axis=1) * per_token
+        per_token = 2.0 * s.head_dim * elem * kv_heads  # bytes of one layer's KV per token on one rank
         anchors = [REFERENCE_ATTENTION] if REFERENCE_ATTENTION in layer.backends() else []
         if not anchors and self.attn.provider_for(backend) is not None:
             return None  # the kernel fit measured it against the reference: keep that
@@ -422,7 +421,7 @@ class Ranker:
         for anchor in anchors:
             got = layer.delta_us(backend, anchor, q_heads=q_heads, kv_heads=kv_heads, head_dim=s.head_dim,
                                  kv_dtype="fp8_e4m3" if elem == 1.0 else "bf16", mla=s.mla, batch=ctx.shape[1],
-                                 floor_per_request_us=x)  # fmt: skip
+                                 context=ctx.mean(axis=1), kv_bytes_per_token=per_token)  # fmt: skip
             if got is None:
                 continue
             per_layer, notes = got
