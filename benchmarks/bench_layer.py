@@ -32,6 +32,9 @@ Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds
 
     python3 benchmarks/bench_layer.py --model hy3 --out $OUT        # all combinations, one table
     python3 benchmarks/bench_layer.py --table layer_step_hy3.jsonl   # Markdown table from the rows (CPU)
+    python3 benchmarks/bench_layer.py --table benchmarks/results/layer_step_hy3.jsonl --ship
+        # the committed rows into the package (hpc_advise/advisor/data/kernel_results/), where the advisor
+        # and the dispatch table's MoE hand-off read them (benchmarks/ship.py; commit both copies)
 """
 
 from __future__ import annotations
@@ -591,8 +594,18 @@ def driver(a) -> int:
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     (out / f"layer_step_{a.model}.md").write_text(render_table(rows, a.model))
     print(render_table(rows, a.model))
+    if a.ship:
+        print(f"shipped {_ship(path)}")
     del torch
     return 0
+
+
+def _ship(path: Path) -> Path:
+    """benchmarks/ship.py: the advisor and the dispatch table read layer-step rows only from the package."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ship import ship
+
+    return ship(path)
 
 
 def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
@@ -724,6 +737,8 @@ def main(argv=None) -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--combo", help=argparse.SUPPRESS)
     p.add_argument("--table", help="render the Markdown table of a layer_step .jsonl and exit")
+    p.add_argument("--ship", action="store_true",
+                   help="copy the jsonl (written, or given with --table) into the package's kernel tables")  # fmt: skip
     a = p.parse_args(argv)
     for m in a.mixes:
         if m not in MIXES:
@@ -734,6 +749,8 @@ def main(argv=None) -> int:
             p.error(f"no such file: {path}")
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         print(render_table(rows, a.model), end="")
+        if a.ship:
+            print(f"shipped {_ship(path)}")
         return 0
     if a.worker:
         return worker(a)

@@ -14,6 +14,22 @@ longest request's bytes of one KV head / copy bandwidth: a kernel that cannot sp
 over many SMs pays ``c`` (static split-k schedules have a large ``c``, dynamic schedules a small
 one). ``a`` is the fixed cost (launch, planning, merge). Bandwidths come from the row's GPU profile,
 so the fit transfers to another GPU by its bandwidth.
+
+Layer-step rows (kind 'layer_step', benchmarks/bench_layer.py: SGLang's own decoder layers, one decode
+step replayed from its CUDA graph, per attention backend x MoE runner; parsed by ``hpc_advise.measured``)
+are used as measured, not fitted:
+
+- attention (:class:`LayerAttention`): per layer, the step-time difference of two backends in cells of one
+  run that differ only in the attention backend, interpolated piecewise-linearly over the mean context
+  (the context mix) at each measured batch and linearly over log(batch) between batches: a measured
+  cell is reproduced exactly, so the predicted order of the backends is the measured one in every cell;
+  outside the measured batches or contexts the nearest value is kept, at another rank shape it is scaled
+  by the KV bytes per token, and the prediction says so;
+- MoE runners (:class:`LayerMoe`): per MoE layer, a runner's step time minus SGLang's default runner's
+  (``measured.moe_points``: layer-step pairs, kernel pairs where no layer step was measured), interpolated
+  over log(tokens); at another rank shape of the same FP8 scheme and top-k, scaled by the expert bytes the
+  tokens touch, and said so. Our runner hands the buckets where SGLang's measured faster to SGLang's
+  kernel (``runtime/sglang/moe.py``), so its difference there is taken as zero.
 """
 
 from __future__ import annotations
@@ -89,6 +105,8 @@ class AttentionModel:
     sources: dict[str, list[str]]
     plan_us: dict[str, float] = field(default_factory=dict)  # per decode step
     eager_shift_us: dict[str, float] = field(default_factory=dict)  # taken off eager-only intercepts
+    layer: LayerAttention | None = None  # layer-step attention differences (``load_attention_model``)
+    moe: LayerMoe | None = None  # MoE runners against SGLang's default
 
     def plan_for(self, backend: str) -> float:
         """Per-step planning µs of the backend's measured provider (0 when none was measured)."""
@@ -141,7 +159,12 @@ def kb_rows(kb_path: str | Path | None) -> list[dict]:
         return []
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
-    return KnowledgeBase(path).runs(kind="kernel", subject="decode_attention")
+    kb = KnowledgeBase(path)
+    return (
+        kb.runs(kind="kernel", subject="decode_attention")
+        + kb.runs(kind="kernel", subject="fused_moe")
+        + kb.runs(kind="layer_step")
+    )
 
 
 def fit_attention(rows: list[dict]) -> AttentionModel:
@@ -234,4 +257,157 @@ def _plan_costs(rows: list[dict]) -> dict[str, float]:
 
 
 def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
-    return fit_attention(seed_rows() + shipped_rows() + kb_rows(kb_path))
+    """The attention kernel fit, with the layer-step attention and MoE comparisons attached, on the seed,
+    the shipped tables and the knowledge base's rows."""
+    rows = seed_rows() + shipped_rows() + kb_rows(kb_path)
+    model = fit_attention(rows)
+    model.layer = LayerAttention.from_rows(rows)
+    model.moe = LayerMoe.from_rows(rows)
+    return model
+
+
+# ------------------------------------------------------------------------------------- layer steps
+def _interp_log(xq: float, xs: list[float], ys: list[np.ndarray]) -> np.ndarray:
+    """Linear in log(x) between the two measured xs around ``xq`` (clamped to the ends)."""
+    if xq <= xs[0]:
+        return ys[0]
+    if xq >= xs[-1]:
+        return ys[-1]
+    j = int(np.searchsorted(xs, xq))
+    lo, hi = math.log(xs[j - 1]), math.log(xs[j])
+    f = (math.log(xq) - lo) / (hi - lo)
+    return (1 - f) * ys[j - 1] + f * ys[j]
+
+
+def _same_attention_shape(c, q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str, mla: bool) -> bool:
+    return (c.attention == "mla") == mla and (c.q_heads, c.kv_heads, c.head_dim, c.kv_dtype) == (
+        q_heads, kv_heads, head_dim, kv_dtype)  # fmt: skip
+
+
+@dataclass
+class LayerAttention:
+    """Per-layer step-time differences between decode attention backends, from layer-step cells."""
+
+    cells: list = field(default_factory=list)  # measured.LayerCell
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> LayerAttention:
+        from hpc_advise.measured import layer_cells
+
+        return cls(layer_cells(rows))
+
+    def backends(self) -> set[str]:
+        return {c.attention for c in self.cells}
+
+    def pairs(self, a: str, b: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
+        """{subject: {batch: [(mean context tokens, (a - b) µs per layer)]}} over the cells of one
+        run that differ only in the backend (the MoE runners' differences averaged)."""
+        by: dict[tuple, dict[str, object]] = {}
+        for c in self.cells:
+            by.setdefault((c.subject, c.run, c.moe, c.mix, c.batch), {})[c.attention] = c
+        acc: dict[tuple, list] = {}
+        for (subject, run, _moe, mix, batch), got in by.items():
+            if a in got and b in got:
+                ca, cb = got[a], got[b]
+                acc.setdefault((subject, run, mix, batch), []).append(
+                    (ca.context_mean, (ca.p50 - cb.p50) / ca.layers)
+                )
+        out: dict[str, dict[int, list[tuple[float, float]]]] = {}
+        for (subject, _run, _mix, batch), vals in sorted(acc.items()):
+            x = float(np.mean([v[0] for v in vals]))
+            d = float(np.mean([v[1] for v in vals]))
+            out.setdefault(subject, {}).setdefault(batch, []).append((x, d))
+        return out
+
+    def subject_shape(self, subject: str):
+        return next(c.conditions for c in self.cells if c.subject == subject)
+
+    def delta_us(
+        self, a: str, b: str, *, q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str, mla: bool,
+        batch: int, context: np.ndarray, kv_bytes_per_token: float,
+    ) -> tuple[np.ndarray, list[str]] | None:  # fmt: skip
+        """(a - b) µs per layer for batches of ``batch`` requests of mean context ``context`` tokens (one
+        value per sampled batch) at ``kv_bytes_per_token`` (one layer's KV on one rank), and notes on any
+        extrapolation; None when no run measured both backends at an attention of this kind. At another
+        rank shape the difference is scaled by the KV bytes per token (said so)."""
+        pairs = self.pairs(a, b)
+        if not pairs:
+            return None
+        exact = [s for s in pairs if _same_attention_shape(self.subject_shape(s), q_heads, kv_heads, head_dim, kv_dtype, mla)]
+        near = [s for s in pairs if (self.subject_shape(s).attention == "mla") == mla]
+        if not exact and not near:
+            return None
+        subject = (exact or near)[0]
+        if not exact:  # nearest by GQA group, then by KV bytes per token of one rank
+            def dist(s):
+                c = self.subject_shape(s)
+                return (abs(math.log((c.q_heads / c.kv_heads) / max(q_heads / kv_heads, 1e-9))),
+                        abs(math.log((c.kv_heads * c.head_dim) / max(kv_heads * head_dim, 1))))  # fmt: skip
+
+            subject = min(near, key=dist)
+        notes = []
+        c = self.subject_shape(subject)
+        if not exact:
+            notes.append(
+                f"measured at {subject} ({c.q_heads}/{c.kv_heads} heads x {c.head_dim}, {c.kv_dtype} KV), "
+                f"not this rank's {q_heads:g}/{kv_heads:g} x {head_dim}, {kv_dtype} (scaled by KV bytes per token)"
+            )
+        xq = np.asarray(context, dtype=float)
+        ref = next(x for x in self.cells if x.subject == subject)
+        scale = kv_bytes_per_token / (ref.kv_bytes / ref.layers / ref.batch / max(ref.context_mean, 1.0))
+        scale = 1.0 if exact else scale
+        table = pairs[subject]
+        batches = sorted(table)
+        j = int(np.searchsorted(batches, batch))
+        used = {batches[min(j, len(batches) - 1)]} | ({batches[j - 1]} if 0 < j and batches[min(j, len(batches) - 1)] != batch else set())
+        vals, outside = [], False
+        for bs in batches:
+            pts = sorted(table[bs])
+            xs, ds = [p[0] for p in pts], [p[1] for p in pts]
+            vals.append(np.interp(xq, xs, ds))
+            if bs in used:  # the measured batches this prediction is read from
+                outside |= bool(np.any(xq < xs[0] * (1 - 1e-6)) or np.any(xq > xs[-1] * (1 + 1e-6)))
+        if batch < batches[0] or batch > batches[-1]:
+            notes.append(f"batch {batch} outside the measured {batches[0]}-{batches[-1]}")
+        if outside:
+            notes.append("contexts outside the measured mixes")
+        return _interp_log(float(batch), [float(x) for x in batches], vals) * scale, notes
+
+
+@dataclass
+class LayerMoe:
+    """Per-MoE-layer step-time differences of MoE runners against SGLang's default, from measured pairs."""
+
+    points: list = field(default_factory=list)  # measured.MoePoint
+
+    @classmethod
+    def from_rows(cls, rows: list[dict]) -> LayerMoe:
+        from hpc_advise.measured import moe_points
+
+        return cls(moe_points(rows))
+
+    def delta_us(self, runner: str, shape, tokens: int) -> tuple[float, list[str]] | None:
+        """(runner - SGLang's default) µs per MoE layer at ``tokens`` tokens of rank shape ``shape``
+        (``measured.MoeShape``), and notes on any extrapolation; None when nothing comparable was
+        measured. Our runner's buckets where SGLang's measured faster count as zero: it hands them over."""
+        from hpc_advise.measured import moe_buckets
+
+        buckets = moe_buckets(self.points, shape, runner)
+        notes: list[str] = []
+        scale = 1.0
+        if not buckets:  # another rank shape of the same scheme and top-k, scaled by expert bytes
+            others = {p.shape for p in self.points if p.runner == runner and p.shape.quant == shape.quant
+                      and p.shape.top_k == shape.top_k}  # fmt: skip
+            if not others:
+                return None
+            size = shape.experts * shape.hidden * shape.inter
+            near = min(others, key=lambda s: (abs(math.log(s.experts * s.hidden * s.inter / size)), s.label()))
+            buckets = moe_buckets(self.points, near, runner)
+            scale = shape.expert_bytes(tokens) / max(near.expert_bytes(tokens), 1.0)
+            notes.append(f"MoE measured at {near.label()}, scaled by expert bytes to {shape.label()}")
+        handoff = runner == "hpc_advise" and scale == 1.0
+        ts = [float(b.tokens) for b in buckets]
+        ds = [np.array(min(b.per_layer_delta_us, 0.0) if handoff else b.per_layer_delta_us) for b in buckets]
+        if tokens < ts[0] or tokens > ts[-1]:
+            notes.append(f"MoE tokens {tokens} outside the measured {int(ts[0])}-{int(ts[-1])}")
+        return float(_interp_log(float(tokens), ts, ds)) * scale, notes

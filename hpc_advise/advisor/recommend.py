@@ -72,6 +72,9 @@ from hpc_advise.advisor.serving_data import RowError, ServingPoint
 from hpc_advise.advisor.serving_model import ServingModel, model_quants, prepare
 
 REFERENCE_ATTENTION = "flashinfer"
+# how the flags of a backend / runner nobody measured begin (ranked after a measured tie, folded into it)
+UNMEASURED_ATTENTION = "no kernel measurement for attention backend"
+UNMEASURED_MOE = "no kernel comparison for MoE runner"
 N_BATCHES = 48
 N_TTFT = 2000
 N_PROMPTS = 128  # sampled prompts whose prefill times the TTFT percentiles draw from
@@ -210,6 +213,7 @@ class Ranker:
         self._physics_cache: dict = {}
         self._prefill_cache: dict = {}
         self._attn_cache: dict = {}
+        self._moe_cache: dict = {}
         self._kv_limit: dict = {}
         self.saturated: dict = {}  # KV-saturated candidates of the last ``concurrency`` call
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
@@ -374,9 +378,11 @@ class Ranker:
             f, t = attention_terms(row, kv_heads, s.head_dim, elem, bw)
             floors.append(f)
             tails.append(t)
-        ref = self.attn.predict_us(REFERENCE_ATTENTION, np.array(floors), np.array(tails))
-        mine = self.attn.predict_us(c.attention_backend, np.array(floors), np.array(tails))
-        if ref is None or mine is None:
+        layered = self._layer_attn(c, ctx, kv_heads, elem, bw, n_layers, floors, tails)
+        if layered is not None:
+            return layered
+        delta = self._kernel_delta(c.attention_backend, floors, tails, n_layers)
+        if delta is None:
             flag = (
                 []
                 if c.attention_backend == REFERENCE_ATTENTION
@@ -385,8 +391,71 @@ class Ranker:
                 ]
             )
             return np.zeros(len(ctx)), flag
-        plan = self.attn.plan_for(c.attention_backend) - self.attn.plan_for(REFERENCE_ATTENTION)
-        return n_layers * (mine - ref) + plan, []
+        return delta, []
+
+    def _kernel_delta(self, backend: str, floors, tails, n_layers: int) -> np.ndarray | None:
+        """Per-step µs of ``backend`` minus the reference from the fitted kernel timings (None: unfitted)."""
+        ref = self.attn.predict_us(REFERENCE_ATTENTION, np.array(floors), np.array(tails))
+        mine = self.attn.predict_us(backend, np.array(floors), np.array(tails))
+        if ref is None or mine is None:
+            return None
+        return n_layers * (mine - ref) + self.attn.plan_for(backend) - self.attn.plan_for(REFERENCE_ATTENTION)
+
+    def _layer_attn(self, c: Candidate, ctx, kv_heads, elem, bw, n_layers, floors, tails):
+        """(per-step µs vs the reference, flags) from layer-step rows, or None where they do not apply:
+        measured against the reference itself, or against an anchor backend whose kernel timings are
+        fitted against the reference (anchor's kernel difference + the layer-step difference). A
+        backend the kernel fit covers directly keeps the kernel path unless the layer rows measured it
+        against the reference."""
+        layer = self.attn.layer
+        backend = c.attention_backend
+        if layer is None or backend == REFERENCE_ATTENTION or backend not in layer.backends():
+            return None
+        s = self.shapes
+        q_heads = max(1, s.heads // (c.tp // c.attn_dp))
+        per_token = 2.0 * s.head_dim * elem * kv_heads  # bytes of one layer's KV per token on one rank
+        anchors = [REFERENCE_ATTENTION] if REFERENCE_ATTENTION in layer.backends() else []
+        if not anchors and self.attn.provider_for(backend) is not None:
+            return None  # the kernel fit measured it against the reference: keep that
+        anchors += sorted(b for b in layer.backends() - {backend} if self.attn.provider_for(b) is not None)
+        for anchor in anchors:
+            got = layer.delta_us(backend, anchor, q_heads=q_heads, kv_heads=kv_heads, head_dim=s.head_dim,
+                                 kv_dtype="fp8_e4m3" if elem == 1.0 else "bf16", mla=s.mla, batch=ctx.shape[1],
+                                 context=ctx.mean(axis=1), kv_bytes_per_token=per_token)  # fmt: skip
+            if got is None:
+                continue
+            per_layer, notes = got
+            base = np.zeros(len(ctx)) if anchor == REFERENCE_ATTENTION else self._kernel_delta(anchor, floors, tails, n_layers)
+            if base is None:
+                continue
+            flags = [f"decode attention {backend} vs {anchor} from layer-step rows, extrapolated: " + "; ".join(notes)] if notes else []
+            return n_layers * per_layer + base, flags
+        return None
+
+    def _moe_times(self, c: Candidate, batch: int) -> tuple[float, list[str]]:
+        """Per-step µs of c's MoE runner minus SGLang's default (measured layer-step / kernel pairs,
+        ``kernel_models.LayerMoe``), and flags; a runner nobody compared keeps the default's time."""
+        if c.moe_runner in (None, "auto"):
+            return 0.0, []
+        unmeasured = [
+            f"no kernel comparison for MoE runner {c.moe_runner} in the knowledge base: predicted as SGLang's default"
+        ]
+        if self.attn.moe is None:
+            return 0.0, unmeasured
+        from hpc_advise import rules
+        from hpc_advise.measured import moe_shape_of
+
+        cond = rules.conditions(self.model, self.gpu, tp=c.tp, ep=c.ep, attn_dp=c.attn_dp,
+                                kv_dtype="bf16", page_size=c.page_size)  # fmt: skip
+        key = (c.moe_runner, moe_shape_of(cond, c.ep), batch * c.attn_dp)
+        if key not in self._moe_cache:
+            self._moe_cache[key] = self.attn.moe.delta_us(c.moe_runner, key[1], key[2])
+        got = self._moe_cache[key]
+        if got is None:
+            return 0.0, unmeasured
+        per_layer, notes = got
+        flags = [f"MoE runner {c.moe_runner} vs SGLang's triton extrapolated: " + "; ".join(notes)] if notes else []
+        return self.shapes.moe_layers * per_layer, flags
 
     def _physics(
         self, dep: F.Deployment, batch: int, ctx: np.ndarray
@@ -435,11 +504,9 @@ class Ranker:
         dep = prep.dep
         steps, mean_step, pf_ms = self._physics(dep, batch, ctx)
         delta_us, flags = self._attn_times(c, batch)
-        if c.moe_runner not in (None, "auto"):
-            flags.append(
-                f"no kernel comparison for MoE runner {c.moe_runner} in the knowledge base: predicted as SGLang's default"
-            )
-        tpot = tpot_mean * steps / mean_step + delta_us / 1e3
+        moe_us, moe_flags = self._moe_times(c, batch)
+        flags += moe_flags
+        tpot = tpot_mean * steps / mean_step + (delta_us + moe_us) / 1e3
         tpot = np.maximum(tpot, 0.05 * tpot_mean)
         # TTFT: overhead + calibrated prefill of each sampled prompt, plus queueing
         rng = np.random.default_rng(1)
@@ -523,7 +590,7 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
     c = r.candidate
     out = []
     batch = r.concurrency / c.attn_dp
-    measured = not any("attention backend" in f for f in r.flags)
+    measured = not any(f.startswith(UNMEASURED_ATTENTION) for f in r.flags)
     spread = (
         f"context-length CV {r.ctx_cv:.2f} at {batch:.0f} concurrent requests"
         if batch >= 2
@@ -619,8 +686,8 @@ def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
     out = []
     for r in ranked:
         c = r.candidate
-        unmeasured_moe = c.moe_runner not in (None, "auto") and any("MoE runner" in f for f in r.flags)
-        unmeasured_attn = any("attention backend" in f for f in r.flags)
+        unmeasured_moe = c.moe_runner not in (None, "auto") and any(f.startswith(UNMEASURED_MOE) for f in r.flags)
+        unmeasured_attn = any(f.startswith(UNMEASURED_ATTENTION) for f in r.flags)
         key_moe = (c.tp, c.replicas, c.ep, c.attn_dp, c.attention_backend, c.kv_dtype, round(r.tpot_p50, 6))
         key_attn = (c.tp, c.replicas, c.ep, c.attn_dp, c.moe_runner, c.kv_dtype, round(r.tpot_p50, 6))
         twin = (kept.get(("moe",) + key_moe) if unmeasured_moe else None) or (
@@ -740,7 +807,7 @@ def rank_candidates(
         return max(ratios)
 
     def key(r: Ranked):
-        unmeasured = sum("no kernel measurement" in f for f in r.flags)
+        unmeasured = sum(f.startswith((UNMEASURED_ATTENTION, UNMEASURED_MOE)) for f in r.flags)
         if not r.meets_slo:  # none of these meets the SLOs: the closest first
             if r.kv_saturated_rps is not None:  # after those that keep up: the most served per GPU
                 return (True, math.inf, -r.kv_saturated_rps / r.candidate.n_gpus, unmeasured, r.tpot_p50)

@@ -1,7 +1,8 @@
 """``hpc-advise runtime``: the dispatch table for a model on a GPU, and the environment report.
 
 ``hpc-advise runtime check [--model NAME|config.json] [--gpu NAME] [--tp N] [--ep N] [--kv-dtype D] [--page-size P]
-[--json]`` prints, per op, whether our kernel or SGLang's runs and why (``dispatch.py``), then the
+[--json]`` prints, per op, whether our kernel or SGLang's runs and why (``dispatch.py``), the MoE token
+buckets handed to SGLang's triton because it measured faster there (with the figure), then the
 versions of the GPU stack (``env_report.py``). Without ``--gpu`` the local GPU (NVML) is used; without
 a GPU the table says so. torch is not imported unless it is installed and the report asks it for CUDA.
 """
@@ -81,7 +82,7 @@ def check(model_name, gpu_name, tp, ep, kv_dtype, page_size, as_json) -> None:
         raise click.ClickException(str(exc)) from None
     if tp % ep:
         raise click.ClickException(f"--ep {ep} does not divide --tp {tp}")
-    rows = []
+    rows, handoffs = [], []
     if model is not None:
         cond = rules.conditions(
             model,
@@ -92,7 +93,8 @@ def check(model_name, gpu_name, tp, ep, kv_dtype, page_size, as_json) -> None:
             page_size=page_size,
             architecture=_architecture(model_name),
         )
-        rows = dispatch.table(cond)
+        rows = dispatch.table(cond, ep=ep)
+        handoffs = dispatch.moe_handoffs(cond, ep=ep)
     if as_json:
         click.echo(
             json.dumps(
@@ -104,6 +106,7 @@ def check(model_name, gpu_name, tp, ep, kv_dtype, page_size, as_json) -> None:
                     "kv_dtype": kv_dtype,
                     "page_size": page_size,
                     "dispatch": [d.to_dict() for d in rows],
+                    "moe_handoff": [d.to_dict() for d in handoffs],
                     "environment": rep,
                 },
                 indent=2,
@@ -119,6 +122,10 @@ def check(model_name, gpu_name, tp, ep, kv_dtype, page_size, as_json) -> None:
                 headers=["op", "runs", "provider", "reason"],
             )
         )
+        if handoffs:
+            click.echo("\nMoE token buckets handed to SGLang's triton (measured faster than ours):")
+            for d in handoffs:
+                click.echo(f"  {d.reason}")
         click.echo("")
     else:
         click.echo("(no --model: dispatch table skipped)\n")

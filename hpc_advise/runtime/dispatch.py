@@ -13,8 +13,15 @@ Ops: ``decode_attention`` (paged GQA decode, the ``hpc_advise`` attention backen
 (FP8 MoE experts, the ``hpc_advise`` MoE runner), ``router_gemm`` (FP32-accurate router logits, opt-in
 with ``HPC_ADVISE_ROUTER_GEMM=1``).
 
-Imports only the standard library and ``hpc_advise.rules`` (no torch): the table is computed from
-profiles, so it answers for a GPU you do not have.
+Never slower than SGLang's default: where SGLang's own Triton MoE measured faster than ours at a rank's
+MoE shape for a bucket of token counts (``hpc_advise.measured``: layer-step or kernel rows shipped as
+package data), ``moe_handoffs`` gives a ``handoff`` decision for that bucket with the measured figure (printed under
+the table by ``hpc-advise runtime check``), and the plugin's
+runner calls SGLang's Triton path for it (``moe_handoff``, read by ``sglang/moe.py``). The buckets come
+from the rows, not from shapes written here.
+
+Imports only the standard library, ``hpc_advise.rules`` and ``hpc_advise.measured`` (no torch): the table
+is computed from profiles, so it answers for a GPU you do not have.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpc_advise import measured
 from hpc_advise.rules import SM90, Conditions, first_rule
 
 OPS = ("decode_attention", "fused_moe", "router_gemm")
@@ -123,6 +131,50 @@ def decide(op: str, c: Conditions) -> Decision:
     return Decision(op, True, OURS[op], _ours_reason(op, c), "ours")
 
 
-def table(c: Conditions) -> list[Decision]:
-    """One decision per op, in ``OPS`` order."""
-    return [decide(op, c) for op in OPS]
+HANDOFF_PROVIDER = "triton (SGLang's fused_experts)"
+
+
+def moe_buckets(shape: measured.MoeShape) -> list[measured.MoeBucket]:
+    """Our MoE runner against SGLang's triton at exactly this rank shape, per measured token bucket."""
+    return measured.moe_buckets(list(measured.shipped_points()), shape)
+
+
+def moe_handoff(shape: measured.MoeShape, tokens: int) -> measured.Handoff:
+    """Which runner a MoE layer of ``shape`` gets at ``tokens`` tokens (the plugin's runner asks this)."""
+    return measured.handoff_in(moe_buckets(shape), tokens)
+
+
+def moe_handoffs(c: Conditions, ep: int = 1) -> list[Decision]:
+    """A ``handoff`` decision per token bucket where SGLang's triton measured faster than ours at this
+    rank's MoE shape (none when our runner does not take the layer at all)."""
+    if not decide("fused_moe", c).use_ours:
+        return []
+    return [
+        Decision("fused_moe", False, HANDOFF_PROVIDER, f"{b.span()}: SGLang's triton measured faster; {b.figure()}",
+                 "handoff")  # fmt: skip
+        for b in moe_buckets(measured.moe_shape_of(c, ep))
+        if b.default_faster
+    ]
+
+
+def _moe_comparison(c: Conditions, ep: int) -> str:
+    """What was measured against SGLang's triton at this rank's MoE shape, in a few words."""
+    buckets = moe_buckets(measured.moe_shape_of(c, ep))
+    if not buckets:
+        return "not compared with SGLang's triton at this shape (no measured rows)"
+    ours = [b.span() for b in buckets if not b.default_faster]
+    handed = [b.span() for b in buckets if b.default_faster]
+    text = f"measured against SGLang's triton ({buckets[0].source}): ours faster at {', '.join(ours) or 'no bucket'}"
+    return text + (f"; handed to SGLang's triton at {', '.join(handed)}" if handed else "")
+
+
+def table(c: Conditions, ep: int = 1) -> list[Decision]:
+    """One decision per op, in ``OPS`` order; the fused_moe row says what was measured against SGLang's
+    triton at this rank's shape (its hand-off buckets are ``moe_handoffs``)."""
+    out = []
+    for op in OPS:
+        d = decide(op, c)
+        if op == "fused_moe" and d.use_ours:
+            d = Decision(d.op, True, d.provider, f"{d.reason}; {_moe_comparison(c, ep)}", d.outcome)
+        out.append(d)
+    return out

@@ -240,3 +240,44 @@ def test_deepseek_fused_shared_expert_is_257_experts_top9_untuned():
         "257 experts"
         in next(d for d in json.loads(res.output)["dispatch"] if d["op"] == "fused_moe")["reason"]
     )
+
+
+def _hy3_points(sglang_faster_at_32: bool):
+    """Measured layer-step pairs at Hy3's TP8 rank shape (tests/measured_rows.py): ours faster at bs 1,
+    SGLang's triton faster at bs 32 or not."""
+    from hpc_advise import measured
+    from tests.measured_rows import layer_row
+
+    ours_32 = 1040.0 if sglang_faster_at_32 else 960.0
+    rows = [layer_row("hpc_advise", "triton", "agentic", 1, 700.0), layer_row("hpc_advise", "hpc_advise", "agentic", 1, 650.0),
+            layer_row("hpc_advise", "triton", "agentic", 32, 1000.0), layer_row("hpc_advise", "hpc_advise", "agentic", 32, ours_32)]  # fmt: skip
+    return tuple(measured.moe_points(rows))
+
+
+def test_moe_buckets_where_sglang_measured_faster_are_handed_off(monkeypatch):
+    """The hand-off comes from measured rows: the same shape is handed to SGLang's triton at T = 6-64 when
+    the rows say SGLang's was faster there, and not when they say ours was, or when nothing was measured."""
+    from hpc_advise import measured
+
+    c = rules.conditions(get_model("hy3"), get_gpu("h200"), tp=8)
+    monkeypatch.setattr(measured, "shipped_points", lambda: _hy3_points(True))
+    handed = dispatch.moe_handoffs(c)
+    assert [(d.op, d.outcome, d.provider) for d in handed] == [("fused_moe", "handoff", dispatch.HANDOFF_PROVIDER)]
+    assert handed[0].reason.startswith("T = 6-64: SGLang's triton measured faster")
+    assert "1000.0 us with SGLang's triton MoE runner vs 1040.0 us with ours (ours 0.96x)" in handed[0].reason
+    shape = measured.moe_shape_of(c)
+    assert [dispatch.moe_handoff(shape, t).runner for t in (1, 5, 6, 32, 64, 65)] == [
+        "hpc_advise", "hpc_advise", "triton", "triton", "triton", "hpc_advise"]  # fmt: skip
+    moe = {d.op: d for d in dispatch.table(c)}["fused_moe"]
+    assert moe.use_ours and "handed to SGLang's triton at T = 6-64" in moe.reason
+    res = CliRunner().invoke(runtime, ["check", "--model", "hy3", "--gpu", "h200", "--tp", "8", "--json"])
+    assert [d["reason"] for d in json.loads(res.output)["moe_handoff"]] == [handed[0].reason]
+    text = CliRunner().invoke(runtime, ["check", "--model", "hy3", "--gpu", "h200", "--tp", "8"]).output
+    assert "handed to SGLang's triton (measured faster than ours)" in text and "ours 0.96x" in text
+    # another TP: another rank shape, nothing measured there
+    assert dispatch.moe_handoffs(rules.conditions(get_model("hy3"), get_gpu("h200"), tp=4)) == []
+    monkeypatch.setattr(measured, "shipped_points", lambda: _hy3_points(False))
+    assert dispatch.moe_handoffs(c) == []
+    assert "ours faster at T = 1-5, T = 6-64" in {d.op: d for d in dispatch.table(c)}["fused_moe"].reason
+    monkeypatch.setattr(measured, "shipped_points", lambda: ())
+    assert dispatch.moe_handoffs(c) == [] and dispatch.moe_handoff(shape, 32).runner == "hpc_advise"

@@ -17,6 +17,11 @@ directly (no ``MoeRunner.run`` hook is needed). Two hooks on ``Fp8MoEMethod`` do
   these hooks: the plugin's resolution step (``resolution.py``) turns our runner name into ``auto``
   for them before any layer is built.
 
+Never slower than SGLang's default: where SGLang's own Triton MoE measured faster than ours at this layer's
+rank shape for a bucket of token counts (``dispatch.moe_handoff``, from measured rows), the layer also gets
+SGLang's triton ``MoeRunner`` and ``apply`` sends calls of that many tokens to it (:func:`path_for`; the
+token count of a decode step is fixed per captured CUDA graph, so the choice is made once per graph).
+
 Expert ids arrive as SGLang's dispatcher leaves them for a non-global-id backend: local ids, -1 for
 experts of other EP ranks; ``fused_moe`` skips -1, so ``expert_offset`` stays 0. The routed scaling
 factor is applied exactly where SGLang's triton runner applies it (``MoeRunnerConfig``).
@@ -256,9 +261,45 @@ def create_moe_runner_hook(original, method, layer, moe_runner_config, *args, **
     )
     if reason is None:
         method.runner = MoeRunner(resolve_moe_runner_backend(NAME), moe_runner_config)
+        _attach_handoff(method, layer, moe_runner_config)
     else:
         log_fallback_once(type(layer).__name__, reason)
         return _auto_create(original, method, layer, moe_runner_config, *args, **kwargs)
+
+
+def layer_moe_shape(method, layer, runner_config: MoeRunnerConfig):
+    """The rank MoE shape of a layer as the measured rows name it (``hpc_advise.measured.MoeShape``)."""
+    from hpc_advise.measured import MoeShape
+
+    w = layer.w13_weight
+    quant = "fp8-block128" if method.block_quant else "fp8-per-tensor"
+    return MoeShape(int(w.shape[0]), int(w.shape[2]), int(w.shape[1]) // 2, int(runner_config.top_k), quant)
+
+
+def _attach_handoff(method, layer, runner_config: MoeRunnerConfig) -> None:
+    """Give the layer SGLang's triton runner too when some token bucket is handed to it."""
+    from sglang.srt.layers.moe.moe_runner.runner import MoeRunner
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+    shape = layer_moe_shape(method, layer, runner_config)
+    buckets = dispatch.moe_buckets(shape)
+    handed = [b for b in buckets if b.default_faster]
+    method._hpc_advise_buckets = buckets
+    method._hpc_advise_sglang_runner = MoeRunner(MoeRunnerBackend.TRITON, runner_config) if handed else None
+    for b in handed:
+        key = (shape.label(), b.span())
+        if key not in _logged:
+            _logged.add(key)
+            logger.info("hpc_advise MoE runner: %s at %s runs SGLang's triton: %s", shape.label(), b.span(), b.figure())
+
+
+def path_for(method, tokens: int) -> str:
+    """'triton' when this layer hands calls of ``tokens`` tokens to SGLang's triton runner, else 'hpc_advise'."""
+    if getattr(method, "_hpc_advise_sglang_runner", None) is None:
+        return NAME
+    from hpc_advise.measured import handoff_in
+
+    return handoff_in(method._hpc_advise_buckets, tokens).runner
 
 
 def apply_hook(original, method, layer, dispatch_output, *args, **kwargs):
@@ -273,4 +314,6 @@ def apply_hook(original, method, layer, dispatch_output, *args, **kwargs):
             _auto_create(_ORIGINAL_CREATE, method, layer, method.moe_runner_config)
             return original(method, layer, dispatch_output, *args, **kwargs)
         layer._hpc_advise_weights_checked = True
+    if path_for(method, int(dispatch_output.hidden_states.shape[0])) == "triton":
+        return method._hpc_advise_sglang_runner.run(dispatch_output, method.get_triton_quant_info(layer))
     return runner.run(dispatch_output, quant_info(method, layer))

@@ -338,3 +338,49 @@ def test_real_shapes_on_gpu(sglang_moe, shape):
         )
         rel = float((out.hidden_states.double() - ref.double()).norm() / ref.double().norm())
         assert rel <= REL_TOL_QUANT_REF, (shape, t, rel, f"seed {seed}")
+
+
+def _dispatch_of(gen: torch.Generator, tokens: int):
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    x = torch.randn(tokens, H, generator=gen).to(torch.bfloat16)
+    logits = torch.randn(tokens, E, generator=gen)
+    w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+    return StandardDispatchOutput(
+        hidden_states=x, hidden_states_scale=None, topk_output=StandardTopKOutput(w, ids.to(torch.int32), logits)
+    )
+
+
+def test_buckets_measured_slower_run_sglang_triton(sglang_moe, monkeypatch):
+    """Measured rows at this layer's shape: ours faster at T = 5, SGLang's triton faster at T = 64. Calls of
+    T = 40 (64's bucket) go to SGLang's triton runner with SGLang's own quant info; T = 5 stays on ours;
+    with no measured rows the layer gets no second runner. (Both runners' ``run`` are replaced by markers:
+    the triton path needs CUDA, and which path runs is what is checked.)"""
+    from hpc_advise import measured
+    from hpc_advise.runtime.sglang import moe
+
+    _, gen = fresh_seed()
+    shape = measured.MoeShape(E, H, I, K, "fp8-per-tensor")
+    points = (measured.MoePoint(shape, 5, "hpc_advise", 90.0, 100.0, -10.0, "kernel fused_moe test"),
+              measured.MoePoint(shape, 64, "hpc_advise", 110.0, 100.0, 10.0, "kernel fused_moe test"))  # fmt: skip
+    monkeypatch.setattr(measured, "shipped_points", lambda: points)
+    method, layer = _method(False), _layer(False, gen)
+    method.create_moe_runner(layer, _config())
+    assert method.runner.runner_backend.value == "hpc_advise"
+    assert method._hpc_advise_sglang_runner.runner_backend.value == "triton"
+    assert [moe.path_for(method, t) for t in (1, 5, 17, 18, 40, 128, 129)] == [
+        "hpc_advise", "hpc_advise", "hpc_advise", "triton", "triton", "triton", "hpc_advise"]  # fmt: skip
+    calls = []
+    monkeypatch.setattr(method._hpc_advise_sglang_runner, "run", lambda d, q: calls.append(("triton", q)) or "triton")
+    monkeypatch.setattr(method.runner, "run", lambda d, q: calls.append(("ours", q)) or "ours")
+    assert method.apply(layer, _dispatch_of(gen, 40)) == "triton"
+    assert method.apply(layer, _dispatch_of(gen, 5)) == "ours"
+    (_, q_triton), (_, q_ours) = calls
+    assert type(q_triton).__name__ == "TritonMoeQuantInfo" and q_triton.w13_weight is layer.w13_weight
+    assert q_triton.use_fp8_w8a8 and q_triton.a13_scale is layer.w13_input_scale
+    assert isinstance(q_ours, moe.HpcAdviseMoeQuantInfo)
+    monkeypatch.setattr(measured, "shipped_points", lambda: ())
+    method, layer = _method(False), _layer(False, gen)
+    method.create_moe_runner(layer, _config())
+    assert method._hpc_advise_sglang_runner is None and moe.path_for(method, 40) == "hpc_advise"

@@ -1,0 +1,97 @@
+"""The advisor's layer-step models (``kernel_models.LayerAttention`` / ``LayerMoe``): a measured cell is
+reproduced exactly, so the predicted order of attention backends is the measured one in every cell of
+the shipped tables; between cells it interpolates and outside them it says so; MoE runners are told
+apart by measured pairs, our runner's handed-off buckets count as SGLang's time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpc_advise import measured
+from hpc_advise.advisor.kernel_models import LayerAttention, LayerMoe, shipped_rows
+from tests.measured_rows import layer_row
+
+HY3_TP8 = measured.MoeShape(192, 4096, 192, 8, "fp8-per-tensor")
+
+
+def _query(cell):
+    c = cell.conditions
+    return dict(q_heads=c.q_heads, kv_heads=c.kv_heads, head_dim=c.head_dim, kv_dtype=c.kv_dtype,
+                mla=c.attention == "mla", batch=cell.batch, context=np.array([cell.context_mean]),
+                kv_bytes_per_token=2.0 * c.kv_heads * c.head_dim * (1 if c.kv_dtype == "fp8_e4m3" else 2))  # fmt: skip
+
+
+def test_predicted_attention_order_is_the_measured_one_in_every_shipped_cell():
+    layer = LayerAttention.from_rows(shipped_rows())
+    if len(layer.backends()) < 2:
+        pytest.skip("no shipped layer-step table compares two attention backends")
+    cells: dict[tuple, dict[str, float]] = {}
+    for c in layer.cells:
+        cells.setdefault((c.subject, c.moe, c.mix, c.batch), {})[c.attention] = c
+    checked = 0
+    for key, by_attn in cells.items():
+        names = sorted(by_attn)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                got = layer.delta_us(a, b, **_query(by_attn[a]))
+                assert got is not None, key
+                predicted, notes = float(got[0][0]), got[1]
+                measured_d = (by_attn[a].p50 - by_attn[b].p50) / by_attn[a].layers
+                assert np.sign(predicted) == np.sign(measured_d), (key, a, b, predicted, measured_d)
+                assert predicted == pytest.approx(measured_d, rel=1e-9, abs=1e-9) and notes == [], key
+                checked += 1
+    assert checked >= 18  # Hy3: 3 mixes x 6 batches
+
+
+def _two_backend_rows():
+    rows = []
+    for bs, (fast, slow) in {8: (900.0, 1000.0), 64: (1100.0, 1400.0)}.items():
+        for mix, ctx, scale in (("uniform-2k", 2049.0, 1.0), ("agentic", 20000.0, 3.0)):
+            rows.append(layer_row("hpc_advise", "hpc_advise", mix, bs, fast, context=ctx))
+            rows.append(layer_row("triton", "hpc_advise", mix, bs, fast + (slow - fast) * scale, context=ctx))
+    return rows
+
+
+def test_attention_interpolates_between_cells_and_flags_outside():
+    layer = LayerAttention.from_rows(_two_backend_rows())
+    q = dict(q_heads=8, kv_heads=1, head_dim=128, kv_dtype="bf16", mla=False, kv_bytes_per_token=512.0)
+    # bs 8: triton - ours = 25 us per layer at 2K, 75 at 20K; bs 64: 75 / 225
+    at = lambda bs, ctx: layer.delta_us("triton", "hpc_advise", batch=bs, context=np.array([ctx]), **q)  # noqa: E731
+    d, notes = at(8, 2049.0)
+    assert float(d[0]) == pytest.approx(25.0) and notes == []
+    d, notes = at(8, (2049.0 + 20000.0) / 2)  # halfway in context: halfway in difference
+    assert float(d[0]) == pytest.approx(50.0) and notes == []
+    d, notes = at(int(round(np.sqrt(8 * 64))), 2049.0)  # geometric middle of the batches
+    assert float(d[0]) == pytest.approx(50.0, rel=0.02) and notes == []
+    d, notes = at(256, 40000.0)  # beyond both: the edge value, said so
+    assert float(d[0]) == pytest.approx(225.0)
+    assert any("batch 256 outside the measured 8-64" in n for n in notes)
+    assert any("contexts outside" in n for n in notes)
+    d, notes = layer.delta_us("triton", "hpc_advise", q_heads=32, kv_heads=4, head_dim=128, kv_dtype="bf16",
+                              mla=False, batch=8, context=np.array([2049.0]), kv_bytes_per_token=2048.0)  # fmt: skip
+    assert float(d[0]) == pytest.approx(100.0)  # 4 KV heads per rank: 4x the bytes of the measured 1
+    assert any("measured at hy3-tp8-rank" in n and "scaled by KV bytes" in n for n in notes)
+    assert layer.delta_us("fa3", "hpc_advise", batch=8, context=np.array([1.0]), **q) is None
+    assert layer.delta_us("triton", "hpc_advise", q_heads=128, kv_heads=1, head_dim=576, kv_dtype="bf16", mla=True,
+                          batch=8, context=np.array([1.0]), kv_bytes_per_token=1152.0) is None  # fmt: skip
+
+
+def test_moe_runners_told_apart_by_measured_pairs():
+    rows = []
+    for bs, (sglang, ours) in {1: (700.0, 660.0), 32: (1000.0, 1040.0), 256: (2100.0, 2000.0)}.items():
+        rows += [layer_row("hpc_advise", "triton", "agentic", bs, sglang), layer_row("hpc_advise", "hpc_advise", "agentic", bs, ours)]
+    moe = LayerMoe.from_rows(rows)
+    d, notes = moe.delta_us("hpc_advise", HY3_TP8, 1)
+    assert d == pytest.approx(-10.0) and notes == []  # (660 - 700) / 4 layers
+    d, notes = moe.delta_us("hpc_advise", HY3_TP8, 32)
+    assert d == 0.0 and notes == []  # SGLang's faster there: our runner hands the bucket over
+    d, _ = moe.delta_us("hpc_advise", HY3_TP8, 256)
+    assert d == pytest.approx(-25.0)
+    d, notes = moe.delta_us("hpc_advise", HY3_TP8, 1024)
+    assert d == pytest.approx(-25.0) and any("outside the measured 1-256" in n for n in notes)
+    tp4 = measured.MoeShape(192, 4096, 384, 8, "fp8-per-tensor")  # not measured: scaled by expert bytes, said so
+    d, notes = moe.delta_us("hpc_advise", tp4, 1)
+    assert d == pytest.approx(-20.0) and any("scaled by expert bytes" in n for n in notes)
+    assert moe.delta_us("deep_gemm", HY3_TP8, 32) is None
+    assert moe.delta_us("hpc_advise", measured.MoeShape(256, 7168, 256, 9, "fp8-block128"), 32) is None

@@ -1,0 +1,91 @@
+"""The measured comparisons behind the MoE hand-off (``hpc_advise.measured``): rows where ours wins, where
+SGLang's triton wins and where nothing was measured, layer-step and kernel rows, and the shipped rows'
+rank shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_advise import measured, rules
+from hpc_advise.profiles import get_gpu, get_model
+from tests.measured_rows import kernel_row, layer_row
+
+HY3_TP8 = measured.MoeShape(192, 4096, 192, 8, "fp8-per-tensor")
+
+
+def _rows():
+    """Hy3 TP8 rank: ours faster at bs 1 and 256, SGLang's triton faster at bs 32 (both attention
+    backends, two mixes: the medians decide)."""
+    rows = []
+    for attn in ("triton", "hpc_advise"):
+        for mix in ("uniform-2k", "agentic"):
+            rows += [
+                layer_row(attn, "triton", mix, 1, 700.0),
+                layer_row(attn, "hpc_advise", mix, 1, 650.0),
+                layer_row(attn, "triton", mix, 32, 1000.0),
+                layer_row(attn, "hpc_advise", mix, 32, 1040.0),
+                layer_row(attn, "triton", mix, 256, 2100.0),
+                layer_row(attn, "hpc_advise", mix, 256, 2000.0),
+            ]
+    return rows
+
+
+def test_layer_rows_take_the_rank_shape_of_their_subject():
+    cells = measured.layer_cells(_rows())
+    assert len(cells) == 24
+    assert {c.moe_shape for c in cells} == {HY3_TP8}
+    assert {(c.conditions.q_heads, c.conditions.kv_heads) for c in cells} == {(8, 1)}
+
+
+def test_handoff_where_sglang_measured_faster_and_ours_elsewhere():
+    points = measured.moe_points(_rows())
+    assert len(points) == 12  # 2 attention backends x 2 mixes x 3 batches, each paired with triton
+    slower = measured.moe_handoff(HY3_TP8, 32, points)
+    assert slower.runner == "triton" and slower.measured
+    assert slower.bucket.per_layer_delta_us == pytest.approx(10.0)  # (1040 - 1000) / 4 layers
+    assert "1000.0 us with SGLang's triton" in slower.reason() and "0.96x" in slower.reason()
+    # buckets: bs 1 -> T 1-5, bs 32 -> 6-90, bs 256 -> 91-512 (geometric midpoints)
+    for t in (1, 5, 91, 200, 512):
+        got = measured.moe_handoff(HY3_TP8, t, points)
+        assert (got.runner, got.measured) == ("hpc_advise", True), t
+    for t in (6, 20, 90):
+        assert measured.moe_handoff(HY3_TP8, t, points).runner == "triton", t
+
+
+def test_unmeasured_tokens_and_shapes_keep_ours():
+    points = measured.moe_points(_rows())
+    beyond = measured.moe_handoff(HY3_TP8, 513, points)  # past twice the largest measured batch
+    assert (beyond.runner, beyond.measured, beyond.bucket) == ("hpc_advise", False, None)
+    other = measured.MoeShape(192, 4096, 384, 8, "fp8-per-tensor")  # Hy3 at TP4: never measured
+    assert measured.moe_handoff(other, 32, points).runner == "hpc_advise"
+    assert not measured.moe_handoff(other, 32, points).measured
+    assert measured.moe_handoff(HY3_TP8, 32, []).runner == "hpc_advise"
+
+
+def test_kernel_rows_decide_where_no_layer_step_was_measured():
+    rows = [kernel_row("ours", 32, 80.0), kernel_row("sglang_triton", 32, 70.0),
+            kernel_row("ours", 2048, 500.0), kernel_row("sglang_triton", 2048, 600.0),
+            kernel_row("torch", 32, 10.0)]  # fmt: skip
+    points = measured.moe_points(rows)
+    assert {(p.tokens, p.runner) for p in points} == {(32, "hpc_advise"), (2048, "hpc_advise")}
+    assert measured.moe_handoff(HY3_TP8, 32, points).runner == "triton"
+    assert measured.moe_handoff(HY3_TP8, 2048, points).runner == "hpc_advise"
+    # with layer steps of the same shape, those decide (the real layer)
+    both = points + measured.moe_points(_rows())
+    assert measured.moe_handoff(HY3_TP8, 32, both).bucket.source.startswith("layer step")
+
+
+def test_rows_of_different_runs_are_not_paired():
+    rows = [layer_row("triton", "triton", "agentic", 8, 900.0, command="run a"),
+            layer_row("triton", "hpc_advise", "agentic", 8, 950.0, command="run b")]  # fmt: skip
+    assert measured.moe_points(rows) == []
+
+
+def test_bucket_edges_split_at_geometric_midpoints():
+    assert measured.bucket_edges([1, 8, 32, 256]) == [(1, 2), (3, 16), (17, 90), (91, 512)]
+
+
+def test_conditions_and_layer_give_the_same_shape():
+    c = rules.conditions(get_model("hy3"), get_gpu("h200"), tp=8)
+    assert measured.moe_shape_of(c) == HY3_TP8
+    assert measured.moe_shape_of(rules.conditions(get_model("hy3"), None, tp=8, ep=8), ep=8).experts == 24
