@@ -14,10 +14,17 @@ longest request's bytes of one KV head / copy bandwidth: a kernel that cannot sp
 over many SMs pays ``c`` (static split-k schedules have a large ``c``, dynamic schedules a small
 one). ``a`` is the fixed cost (launch, planning, merge). Bandwidths come from the row's GPU profile,
 so the fit transfers to another GPU by its bandwidth.
+
+The fit of the package's rows alone ships as ``data/attention_model.json`` (the rows' hash beside
+it), so an advisor run without the user's kernel rows neither fits nor imports scipy; with kernel rows
+in the knowledge base it fits. ``tests/advisor/test_shipped_data.py`` fails when a fresh fit differs
+from the shipped one; ``HPC_ADVISE_WRITE_GOLDENS=1`` rewrites it there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -233,5 +240,38 @@ def _plan_costs(rows: list[dict]) -> dict[str, float]:
     return {k: float(np.median(v)) for k, v in out.items()}
 
 
+SHIPPED_FIT = "attention_model.json"  # in hpc_advise.advisor.data: fit_attention(seed + shipped rows)
+
+
+def rows_hash(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fit_to_json(model: AttentionModel, rows: list[dict]) -> str:
+    """The shipped file's text: the fit's fields and the hash of the rows it was fitted on."""
+    text = json.dumps({"rows": rows_hash(rows), **dataclasses.asdict(model)}, indent=1)  # fit order kept
+    return text + "\n"
+
+
+def shipped_fit(rows: list[dict]) -> AttentionModel | None:
+    """The shipped fit when it was fitted on exactly ``rows``, else None."""
+    try:
+        text = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_FIT).read_text(encoding="utf-8")
+        d = json.loads(text)
+        if d.pop("rows") != rows_hash(rows):
+            return None
+        d["coef"] = {k: tuple(v) for k, v in d["coef"].items()}
+        return AttentionModel(**d)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
-    return fit_attention(seed_rows() + shipped_rows() + kb_rows(kb_path))
+    """The attention model of the package's rows plus the knowledge base's kernel rows: the shipped
+    fit when the knowledge base adds none (and the package's rows are the ones it was fitted on)."""
+    base, kb = seed_rows() + shipped_rows(), kb_rows(kb_path)
+    if not kb:
+        shipped = shipped_fit(base)
+        if shipped is not None:
+            return shipped
+    return fit_attention(base + kb)
