@@ -293,40 +293,51 @@ class TreeEnsemble:
         return {k: getattr(self, k) for k in self.ARRAYS}
 
     def _compile(self) -> None:
-        starts = np.concatenate([[0], np.cumsum(self.tree_size)[:-1]]).astype(np.int64)
-        trees = []
-        for start, size in zip(starts, self.tree_size, strict=True):
-            internal, leaves = [], []  # (node) and (node, [(internal position, +1 | -1), ...])
-            stack = [(0, [])] if size else []
+        is_leaf, left, right = self.is_leaf.tolist(), self.left.tolist(), self.right.tolist()
+        splits: list[tuple[int, int, int]] = []  # (tree, position among its splits, node)
+        leaves: list[tuple[int, int, int]] = []  # (tree, position among its leaves, node)
+        turns: list[tuple[int, int, int, float]] = []  # (tree, split position, leaf position, +1 | -1)
+        need: list[float] = []  # left turns on each leaf's path, in ``leaves`` order
+        start = 0
+        for t, size in enumerate(self.tree_size.tolist()):
+            n_split = n_leaf = 0
+            stack = [(0, ())] if size else []
             while stack:
                 node, path = stack.pop()
                 g = start + node
-                if self.is_leaf[g]:
-                    leaves.append((g, path))
+                if is_leaf[g]:
+                    leaves.append((t, n_leaf, g))
+                    turns += [(t, k, n_leaf, turn) for k, turn in path]
+                    need.append(float(sum(turn > 0 for _, turn in path)))
+                    n_leaf += 1
                     continue
-                internal.append(g)
-                k = len(internal) - 1
-                stack.append((int(self.right[g]), [*path, (k, -1.0)]))
-                stack.append((int(self.left[g]), [*path, (k, 1.0)]))
-            trees.append((internal, leaves))
-        n_t = len(trees)
-        n_k = max([len(i) for i, _ in trees] + [1])
-        n_l = max([len(lv) for _, lv in trees] + [1])
+                splits.append((t, n_split, g))
+                stack.append((right[g], (*path, (n_split, -1.0))))
+                stack.append((left[g], (*path, (n_split, 1.0))))
+                n_split += 1
+            start += size
+        n_t = len(self.tree_size)
+        n_k = max([k for _, k, _ in splits] + [0]) + 1
+        n_l = max([j for _, j, _ in leaves] + [0]) + 1
         self._feat = np.zeros((n_t, n_k), dtype=np.int64)
         self._thr = np.zeros((n_t, n_k))
         self._nan = np.zeros((n_t, n_k), dtype=bool)
         self._path = np.zeros((n_t, n_k, n_l))
         self._need = np.full((n_t, n_l), -1.0)  # padding leaves: never reached
         self._leaf_value = np.zeros((n_t, n_l))
-        for t, (internal, leaves) in enumerate(trees):
-            self._feat[t, : len(internal)] = self.feature[internal]
-            self._thr[t, : len(internal)] = self.threshold[internal]
-            self._nan[t, : len(internal)] = self.nan_left[internal]
-            for j, (g, path) in enumerate(leaves):
-                for k, turn in path:
-                    self._path[t, k, j] = turn
-                self._need[t, j] = sum(turn > 0 for _, turn in path)
-                self._leaf_value[t, j] = self.value[g]
+        if splits:
+            t, k, g = np.array(splits).T
+            self._feat[t, k], self._thr[t, k], self._nan[t, k] = (
+                self.feature[g],
+                self.threshold[g],
+                self.nan_left[g],
+            )
+        if leaves:
+            t, j, g = np.array(leaves).T
+            self._need[t, j], self._leaf_value[t, j] = need, self.value[g]
+        if turns:
+            t, k, j, turn = (np.array(c) for c in zip(*turns, strict=True))
+            self._path[t, k, j] = turn
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
@@ -650,7 +661,7 @@ def fit(preps: list[Prepared], settings: dict | None = None) -> ServingModel:
             est = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, target)
         gbm[which] = TreeEnsemble.from_sklearn(est)
     counts: dict = {}
-    for e in engines:
+    for e in sorted(engines):  # sorted: the order a stored model's JSON gives back
         counts[str(e)] = counts.get(str(e), 0) + 1
     model = ServingModel(theta, gbm, _ranges(preps), len(preps), "", settings, counts)
     model.key = content_key(model.to_arrays())
