@@ -146,6 +146,8 @@ def test_wheel_contains_only_hpc_advise(tmp_path):
     dist_info = f"hpc_advise-{hpc_advise.__version__}.dist-info"
     assert top == {"hpc_advise", dist_info}, f"unexpected top-level entries: {sorted(top)}"
     assert "hpc_advise/knowledge_base/store.py" in names
+    for fitted in ("serving_model.npz", "attention_model.json"):  # recommend neither fits nor imports sklearn
+        assert f"hpc_advise/advisor/data/{fitted}" in names, fitted
     lab_notes = [n for n in names if "TUNING_LOG" in n]
     assert lab_notes == [], f"the wheel ships tuning logs: {lab_notes}"
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()

@@ -146,22 +146,26 @@ def _load_calibration(db, serving):
 
 @model.command("fit")
 @db_option
-@click.option("--refit", is_flag=True, help="Fit even when a cached model matches the training data.")
+@click.option(
+    "--refit", is_flag=True, help="Fit even when the shipped or a cached model matches the training data."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def model_fit(db, refit, as_json) -> None:
-    """Fit on the shipped measurements + the KB's serving runs; cache under the data hash. Then
-    calibrate each measured deployment on its runs and list every run left out with its reason."""
+    """Fit on the shipped measurements + the KB's serving runs; cache under the data hash (without
+    serving runs in the KB: the fit shipped with hpc-advise). Then calibrate each measured deployment
+    on its runs and list every run left out with its reason."""
     m, info = _load_model(db, refit=refit)
     cal = _load_calibration(db, m)
     if as_json:
         click.echo(json.dumps({
-            "key": m.key, "cached": info["cached"], "path": info["path"], "n_rows": m.n_rows,
+            "key": m.key, "cached": info["cached"], "shipped": info.get("shipped", False),
+            "path": info["path"], "n_rows": m.n_rows,
             "left_out": [list(x) for x in info["left_out"]],
             "calibration": [c.to_dict() for c in cal.corrections.values()],
             "calibration_dropped": [{"run": w, "reason": r} for w, r in cal.dropped],
         }, indent=2))  # fmt: skip
         return
-    state = "cached" if info["cached"] else "fitted"
+    state = "shipped" if info.get("shipped") else "cached" if info["cached"] else "fitted"
     click.echo(
         f"{state}: model {m.key} on {m.n_rows} rows {m.rows_by_engine} -> {info['path'] or 'not cached (data folder not writable)'}"
     )

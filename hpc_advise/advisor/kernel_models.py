@@ -30,10 +30,17 @@ are used as measured, not fitted:
   over log(tokens); at another rank shape of the same FP8 scheme and top-k, scaled by the expert bytes the
   tokens touch, and said so. Our runner hands the buckets where SGLang's measured faster to SGLang's
   kernel (``runtime/sglang/moe.py``), so its difference there is taken as zero.
+
+The fit of the package's rows alone ships as ``data/attention_model.json`` (the rows' hash beside
+it), so an advisor run without the user's kernel rows neither fits nor imports scipy; with kernel rows
+in the knowledge base it fits. ``tests/advisor/test_shipped_data.py`` fails when a fresh fit differs
+from the shipped one; ``HPC_ADVISE_WRITE_GOLDENS=1`` rewrites it there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -256,13 +263,41 @@ def _plan_costs(rows: list[dict]) -> dict[str, float]:
     return {k: float(np.median(v)) for k, v in out.items()}
 
 
+SHIPPED_FIT = "attention_model.json"  # in hpc_advise.advisor.data: fit_attention(seed + shipped rows)
+
+
+def rows_hash(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fit_to_json(model: AttentionModel, rows: list[dict]) -> str:
+    """The shipped file's text: the fit's fields and the hash of the rows it was fitted on."""
+    fit = {k: v for k, v in dataclasses.asdict(model).items() if k not in ("layer", "moe")}  # attached on load
+    text = json.dumps({"rows": rows_hash(rows), **fit}, indent=1)  # fit order kept
+    return text + "\n"
+
+
+def shipped_fit(rows: list[dict]) -> AttentionModel | None:
+    """The shipped fit when it was fitted on exactly ``rows``, else None."""
+    try:
+        text = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_FIT).read_text(encoding="utf-8")
+        d = json.loads(text)
+        if d.pop("rows") != rows_hash(rows):
+            return None
+        d["coef"] = {k: tuple(v) for k, v in d["coef"].items()}
+        return AttentionModel(**d)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
-    """The attention kernel fit, with the layer-step attention and MoE comparisons attached, on the seed,
-    the shipped tables and the knowledge base's rows."""
-    rows = seed_rows() + shipped_rows() + kb_rows(kb_path)
-    model = fit_attention(rows)
-    model.layer = LayerAttention.from_rows(rows)
-    model.moe = LayerMoe.from_rows(rows)
+    """The attention kernel fit on the package's rows plus the knowledge base's kernel rows (the shipped
+    fit when the knowledge base adds none and the package's rows are the ones it was fitted on), with the
+    layer-step attention and MoE comparisons attached."""
+    base, kb = seed_rows() + shipped_rows(), kb_rows(kb_path)
+    model = (None if kb else shipped_fit(base)) or fit_attention(base + kb)
+    model.layer = LayerAttention.from_rows(base + kb)
+    model.moe = LayerMoe.from_rows(base + kb)
     return model
 
 

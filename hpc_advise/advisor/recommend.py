@@ -255,7 +255,7 @@ class Ranker:
             keys.setdefault(self.pred_key(c, conc[c]), c)
         preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
         pred = self.serving.predict(preps)
-        split = self.serving.ttft_split(preps)
+        split = self.serving.ttft_split(preps, pred)
         occupancy = self.serving.prefill_occupancy("sglang")
         out = {}
         for i, k in enumerate(keys):

@@ -28,10 +28,17 @@ decode time the measured runs lost per unit of roofline prefill work run beside 
 
 ``evaluate`` runs grouped cross-validation (hold out every model, every GPU, every engine x GPU family
 such as all vLLM rows on Hopper) and reports the median and p90 absolute percentage error per held-out
-group; nothing fitted (θ, engine factors, the correction) sees a held-out row. ``load_or_fit`` caches
-the fitted model under ``hpc_advise.paths.cache_dir()`` keyed by a hash of its training rows and
-settings. Predictions carry ``out_of_range`` notes when an input lies outside what the model was
-trained on.
+group; nothing fitted (θ, engine factors, the correction) sees a held-out row. Predictions carry
+``out_of_range`` notes when an input lies outside what the model was trained on.
+
+``load_or_fit``: the fit of the shipped data alone (no serving runs in the knowledge base, default
+settings) ships as package data, ``data/serving_model.npz``: plain arrays (``TreeEnsemble`` holds the
+correction's trees) that load and predict with numpy, so ``recommend`` neither fits nor imports
+scikit-learn or scipy. ``tests/advisor/test_shipped_data.py`` fails when a fresh fit differs from it;
+``HPC_ADVISE_WRITE_GOLDENS=1`` rewrites it there (and before the advisor goldens are recorded). A
+knowledge base with serving runs changes the fit: that one is fitted on first use and cached, in the
+same format, under ``hpc_advise.paths.cache_dir()`` keyed by a hash of its training rows, settings
+and code. A model's ``key`` is a hash of its fitted numbers (``content_key``).
 """
 
 from __future__ import annotations
@@ -41,7 +48,6 @@ import hashlib
 import json
 import math
 import os
-import pickle
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -230,6 +236,123 @@ def _one_thread():
     return _controller().limit(limits=1)
 
 
+class TreeEnsemble:
+    """A fitted ``HistGradientBoostingRegressor`` (one tree per iteration, numeric features) as plain
+    arrays, evaluated with numpy to the bit of scikit-learn's ``predict``.
+
+    Stored per node, the trees concatenated in order (``tree_size`` nodes each, child indices local
+    to their tree): ``feature``, ``threshold``, ``nan_left`` (where a NaN goes), ``left``, ``right``,
+    ``is_leaf``, ``value``; plus the ``baseline``. scikit-learn's rule, kept exactly: a row goes left
+    at a split when ``x <= threshold`` in float64 (this estimator does not cast to float32, unlike
+    the ``tree`` module's), or when x is NaN and ``nan_left``; the prediction is the baseline plus the
+    trees' leaf values added one tree after another in float64 (a pairwise sum would differ in the
+    last bits).
+
+    Evaluation without walking the trees node by node: every split of every tree is compared at
+    once; a leaf is reached when all splits on its path went its way, which one batched matrix
+    product per tree finds (``_path`` holds +1 / -1 for the left / right turns on each leaf's path,
+    ``_need`` the count of left turns; the product of the 0/1 comparisons with it equals the count
+    exactly when no turn is missed), whatever the depth."""
+
+    ARRAYS = ("feature", "threshold", "nan_left", "left", "right", "is_leaf", "value", "tree_size")
+
+    def __init__(self, baseline: float, **arrays: np.ndarray) -> None:
+        self.baseline = float(baseline)
+        self.feature = np.asarray(arrays["feature"], dtype=np.int64)
+        self.threshold = np.asarray(arrays["threshold"], dtype=np.float64)
+        self.nan_left = np.asarray(arrays["nan_left"], dtype=bool)
+        self.left = np.asarray(arrays["left"], dtype=np.int64)
+        self.right = np.asarray(arrays["right"], dtype=np.int64)
+        self.is_leaf = np.asarray(arrays["is_leaf"], dtype=bool)
+        self.value = np.asarray(arrays["value"], dtype=np.float64)
+        self.tree_size = np.asarray(arrays["tree_size"], dtype=np.int64)
+        self._compile()
+
+    @classmethod
+    def from_sklearn(cls, est) -> TreeEnsemble:
+        """The arrays of a fitted ``HistGradientBoostingRegressor`` (numeric features only)."""
+        if est.n_trees_per_iteration_ != 1 or getattr(est, "_preprocessor", None) is not None:
+            raise ValueError("only single-output regressors on numeric features convert")
+        nodes = [pred.nodes for (pred,) in est._predictors]
+        if not nodes or any(n["is_categorical"].any() for n in nodes):
+            raise ValueError("only fitted estimators without categorical splits convert")
+        cat = np.concatenate(nodes)
+        return cls(
+            float(np.asarray(est._baseline_prediction).reshape(-1)[0]),
+            feature=cat["feature_idx"],
+            threshold=cat["num_threshold"],
+            nan_left=cat["missing_go_to_left"],
+            left=cat["left"],
+            right=cat["right"],
+            is_leaf=cat["is_leaf"],
+            value=cat["value"],
+            tree_size=np.array([len(n) for n in nodes]),
+        )
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in self.ARRAYS}
+
+    def _compile(self) -> None:
+        is_leaf, left, right = self.is_leaf.tolist(), self.left.tolist(), self.right.tolist()
+        splits: list[tuple[int, int, int]] = []  # (tree, position among its splits, node)
+        leaves: list[tuple[int, int, int]] = []  # (tree, position among its leaves, node)
+        turns: list[tuple[int, int, int, float]] = []  # (tree, split position, leaf position, +1 | -1)
+        need: list[float] = []  # left turns on each leaf's path, in ``leaves`` order
+        start = 0
+        for t, size in enumerate(self.tree_size.tolist()):
+            n_split = n_leaf = 0
+            stack = [(0, ())] if size else []
+            while stack:
+                node, path = stack.pop()
+                g = start + node
+                if is_leaf[g]:
+                    leaves.append((t, n_leaf, g))
+                    turns += [(t, k, n_leaf, turn) for k, turn in path]
+                    need.append(float(sum(turn > 0 for _, turn in path)))
+                    n_leaf += 1
+                    continue
+                splits.append((t, n_split, g))
+                stack.append((right[g], (*path, (n_split, -1.0))))
+                stack.append((left[g], (*path, (n_split, 1.0))))
+                n_split += 1
+            start += size
+        n_t = len(self.tree_size)
+        n_k = max([k for _, k, _ in splits] + [0]) + 1
+        n_l = max([j for _, j, _ in leaves] + [0]) + 1
+        self._feat = np.zeros((n_t, n_k), dtype=np.int64)
+        self._thr = np.zeros((n_t, n_k))
+        self._nan = np.zeros((n_t, n_k), dtype=bool)
+        self._path = np.zeros((n_t, n_k, n_l))
+        self._need = np.full((n_t, n_l), -1.0)  # padding leaves: never reached
+        self._leaf_value = np.zeros((n_t, n_l))
+        if splits:
+            t, k, g = np.array(splits).T
+            self._feat[t, k], self._thr[t, k], self._nan[t, k] = (
+                self.feature[g],
+                self.threshold[g],
+                self.nan_left[g],
+            )
+        if leaves:
+            t, j, g = np.array(leaves).T
+            self._need[t, j], self._leaf_value[t, j] = need, self.value[g]
+        if turns:
+            t, k, j, turn = (np.array(c) for c in zip(*turns, strict=True))
+            self._path[t, k, j] = turn
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        n = X.shape[0]
+        acc = np.zeros((self._feat.shape[0] + 1, n))
+        acc[0] += self.baseline
+        if self._feat.shape[0] and n:
+            x = X[:, self._feat]  # [N, T, K]
+            go_left = (x <= self._thr) | (np.isnan(x) & self._nan)
+            score = np.matmul(go_left.transpose(1, 0, 2).astype(np.float64), self._path)  # [T, N, L]
+            leaf = (score == self._need[:, None, :]).argmax(axis=2)  # [T, N]
+            acc[1:] = np.take_along_axis(self._leaf_value, leaf, axis=1)
+        return np.cumsum(acc, axis=0)[-1]  # sequential, in tree order
+
+
 def _nnls_rel(X: np.ndarray, y: np.ndarray, l1: bool = True) -> np.ndarray:
     """Non-negative θ minimising the relative error of ``X @ θ`` against ``y``: least squares, then
     (``l1``) iteratively reweighted toward least absolute relative error (weights 1/|r|, floored at
@@ -255,7 +378,7 @@ class ServingModel:
     """Fitted calibration; ``predict`` takes Prepared points."""
 
     theta: dict  # {"tpot"|"ttft": {engine|"*": list[float]}}
-    gbm: dict  # {"tpot"|"ttft": estimator|None}
+    gbm: dict  # {"tpot"|"ttft": TreeEnsemble|None}
     ranges: dict
     n_rows: int
     key: str
@@ -276,20 +399,20 @@ class ServingModel:
             if est is not None and preps:
                 Z = np.column_stack([np.array([p.feats for p in preps]), np.log(base)])
                 clip = self.settings.get("residual_clip", 1.5)
-                with _one_thread():
-                    corr = np.clip(est.predict(Z), -clip, clip)
+                corr = np.clip(est.predict(Z), -clip, clip)
             else:
                 corr = np.zeros(len(preps))
             res[f"{which}_base_ms"] = base / 1e3
             res[f"{which}_ms"] = base * np.exp(corr) / 1e3
         return res
 
-    def ttft_split(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
+    def ttft_split(self, preps: list[Prepared], pred: dict | None = None) -> dict[str, np.ndarray]:
         """TTFT as ``(overhead_ms + prefill_coef * roofline_prefill_ms) * correction`` plus queueing:
         the stage-1 terms other than prefill and queue wait form the overhead, ``prefill_coef`` is the
         prefill term's coefficient, ``correction`` the stage-2 factor. Lets a caller put its own
         queue (from a trace's arrivals) in place of the closed-loop one. All of it is latency: the
-        GPU time a prefill occupies is ``prefill_occupancy``."""
+        GPU time a prefill occupies is ``prefill_occupancy``. ``pred``: ``predict(preps)`` when the
+        caller has it already."""
         th = self.theta["ttft"]
         i_pf, i_wait = TTFT_TERMS.index("prefill"), TTFT_TERMS.index("wait")
         over, coef = np.empty(len(preps)), np.empty(len(preps))
@@ -299,7 +422,7 @@ class ServingModel:
             coef[i] = t[i_pf]
             x[i_pf] = x[i_wait] = 0.0
             over[i] = float(x @ t) / 1e3
-        pred = self.predict(preps)
+        pred = self.predict(preps) if pred is None else pred
         corr = pred["ttft_ms"] / pred["ttft_base_ms"]
         return {"overhead_ms": over, "prefill_coef": coef, "correction": corr}
 
@@ -379,6 +502,83 @@ class ServingModel:
             "settings": self.settings,
         }
 
+    # ----- stored form: plain arrays plus one JSON string, no pickle ------------------------------
+    def _meta(self) -> dict:
+        return {
+            "format": STORED_FORMAT,
+            "theta": self.theta,
+            "gbm": {k: (None if v is None else v.baseline) for k, v in self.gbm.items()},
+            "ranges": self.ranges,
+            "n_rows": self.n_rows,
+            "settings": self.settings,
+            "rows_by_engine": self.rows_by_engine,
+        }
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Everything the model is, as arrays (``from_arrays`` inverts it; ``content_key`` hashes all
+        but the training rows left out, which are a note about the data, not part of the model, and
+        the shipped file's ``training_hash``)."""
+        out = {
+            "meta": np.array(json.dumps(self._meta(), sort_keys=True)),
+            "left_out": np.array(json.dumps([list(x) for x in self.left_out])),
+        }
+        for which, est in self.gbm.items():
+            if est is not None:
+                out.update({f"{which}.{k}": v for k, v in est.arrays().items()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays) -> ServingModel:
+        meta = json.loads(str(arrays["meta"][()]))
+        if meta.get("format") != STORED_FORMAT:
+            raise ValueError(f"stored serving model format {meta.get('format')!r}, expected {STORED_FORMAT}")
+        gbm = {
+            which: None
+            if base is None
+            else TreeEnsemble(base, **{k: arrays[f"{which}.{k}"] for k in TreeEnsemble.ARRAYS})
+            for which, base in meta["gbm"].items()
+        }
+        ranges = {
+            k: tuple(v) if k not in ("engines", "models", "gpus") else v for k, v in meta["ranges"].items()
+        }
+        model = cls(
+            meta["theta"], gbm, ranges, meta["n_rows"], "", meta["settings"], meta["rows_by_engine"],
+            [tuple(x) for x in json.loads(str(arrays["left_out"][()]))],
+        )  # fmt: skip
+        model.key = content_key(model.to_arrays())
+        return model
+
+    def save(self, path: Path, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Write ``to_arrays`` (and ``extra``) as a compressed .npz, atomically (a temp file renamed
+        over ``path``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with tmp.open("wb") as fh:
+            np.savez_compressed(fh, **self.to_arrays(), **(extra or {}))
+        tmp.replace(path)
+
+
+STORED_FORMAT = 1
+
+
+def content_key(arrays: dict[str, np.ndarray]) -> str:
+    """16 hex digits of a hash of a stored model's arrays: the same numbers give the same key, on any
+    machine and whatever code computed them (the key a recommendation records)."""
+    h = hashlib.sha256()
+    for name in sorted(set(arrays) - {"left_out", "shipped"}):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}:".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def load(source) -> ServingModel:
+    """A model written by ``ServingModel.save`` (a path or a binary file object). Raises ValueError
+    (or OSError) when it cannot be read."""
+    with np.load(source, allow_pickle=False) as z:
+        return ServingModel.from_arrays({k: z[k] for k in z.files})
+
 
 def _ranges(preps: list[Prepared]) -> dict:
     def rng(vals):
@@ -431,7 +631,7 @@ def _group_medians(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit(preps: list[Prepared], settings: dict | None = None, key: str = "") -> ServingModel:
+def fit(preps: list[Prepared], settings: dict | None = None) -> ServingModel:
     """Fit both stages on prepared points with measured TTFT and TPOT."""
     settings = dict(settings or SETTINGS)
     if len(preps) < 20:
@@ -458,11 +658,14 @@ def fit(preps: list[Prepared], settings: dict | None = None, key: str = "") -> S
             # learns the shape within each model (batch, lengths, parallelism, GPU), not its level
             target = target - _group_medians(target, models)
         with _one_thread():
-            gbm[which] = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, target)
+            est = HistGradientBoostingRegressor(**settings["gbm"]).fit(Z, target)
+        gbm[which] = TreeEnsemble.from_sklearn(est)
     counts: dict = {}
-    for e in engines:
+    for e in sorted(engines):  # sorted: the order a stored model's JSON gives back
         counts[str(e)] = counts.get(str(e), 0) + 1
-    return ServingModel(theta, gbm, _ranges(preps), len(preps), key, settings, counts)
+    model = ServingModel(theta, gbm, _ranges(preps), len(preps), "", settings, counts)
+    model.key = content_key(model.to_arrays())
+    return model
 
 
 def _ape(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
@@ -620,38 +823,104 @@ def data_key(settings: dict, kb_runs: list[dict], csv_paths: tuple = ()) -> str:
 def cache_path(key: str) -> Path:
     from hpc_advise.paths import cache_dir
 
-    return cache_dir() / f"serving_model-{key}.pkl"
+    return cache_dir() / f"serving_model-{key}.npz"
+
+
+SHIPPED_MODEL = "serving_model.npz"  # in hpc_advise.advisor.data: the fit of the shipped data alone
+
+
+def training_hash(settings: dict) -> str:
+    """What the shipped model was fitted from and how, as the shipped file records it: settings,
+    model version, the seed file's bytes. A shipped model whose record differs is not used (a fit
+    takes its place); the test that refits it also catches code that changes the fit."""
+    from importlib import resources
+
+    from hpc_advise.advisor.serving_data import SEED_CSV
+
+    h = hashlib.sha256()
+    h.update(json.dumps(settings, sort_keys=True).encode() + f";v={MODEL_VERSION};".encode())
+    h.update(resources.files("hpc_advise.advisor.data").joinpath(SEED_CSV).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def fit_shipped_data() -> ServingModel:
+    """The fit of the shipped training data alone with ``SETTINGS`` (what ``SHIPPED_MODEL`` holds),
+    its left-out rows noted."""
+    from hpc_advise.advisor.serving_data import points_from_csv
+
+    points, bad = points_from_csv(None, require_targets=True)
+    preps, bad2 = prepare_all(dedupe(points))
+    model = fit(preps, SETTINGS)
+    model.left_out = bad + bad2
+    return model
+
+
+def write_shipped(model: ServingModel, path: Path) -> bool:
+    """Write ``model`` as the shipped model at ``path`` unless the file holds it already (same
+    content key); True when it wrote."""
+    old = _read_shipped(Path(path).open("rb")) if Path(path).exists() else None
+    if old is not None and old.key == model.key and old.left_out == model.left_out:
+        return False
+    model.save(path, {"shipped": np.array(json.dumps({"training": training_hash(model.settings)}))})
+    return True
+
+
+def _read_shipped(fh) -> ServingModel | None:
+    """The shipped model from an open file, or None when it is unreadable or was fitted from other
+    data or settings than today's (``training_hash``)."""
+    try:
+        with fh, np.load(fh, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        note = json.loads(str(arrays["shipped"][()]))
+        if note.get("training") != training_hash(SETTINGS):
+            return None
+        return ServingModel.from_arrays(arrays)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def load_shipped() -> tuple[ServingModel | None, str]:
+    """(the shipped model or None, where it lies)."""
+    from importlib import resources
+
+    entry = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_MODEL)
+    try:
+        fh = entry.open("rb")
+    except OSError:
+        return None, str(entry)
+    return _read_shipped(fh), str(entry)
 
 
 def load_or_fit(
     kb_path: str | Path | None = None, refit: bool = False, settings: dict | None = None
 ) -> tuple[ServingModel, dict]:
-    """The fitted model for the current training data (from the cache when its hash matches).
-    Returns (model, info) with info = {'cached': bool, 'path', 'left_out': [(where, reason)], ...}."""
+    """The fitted model for the current training data: the shipped one when the knowledge base holds
+    no serving runs and the settings are the defaults, else the per-home cache's when its data hash
+    matches, else a fresh fit (cached). ``refit`` fits in any case.
+    Returns (model, info) with info = {'cached': bool, 'shipped': bool, 'path', 'left_out': [(where, reason)]}."""
     settings = dict(settings or SETTINGS)
-    key = data_key(settings, _kb_serving_runs(kb_path))
+    kb_runs = _kb_serving_runs(kb_path)
+    if not refit and not kb_runs and settings == SETTINGS:
+        model, where = load_shipped()
+        if model is not None:
+            return model, {"cached": True, "shipped": True, "path": where, "left_out": model.left_out}
+    key = data_key(settings, kb_runs)
     path = cache_path(key)
     if path.exists() and not refit:
         try:
-            with path.open("rb") as fh:
-                model = pickle.load(fh)
-            if isinstance(model, ServingModel) and model.key == key:
-                return model, {"cached": True, "path": str(path), "left_out": model.left_out}
-        except Exception:  # unreadable cache: refit below
+            model = load(path)
+            return model, {"cached": True, "shipped": False, "path": str(path), "left_out": model.left_out}
+        except (OSError, ValueError, KeyError):  # unreadable cache: refit below
             pass
     points, bad = training_points(kb_path)
     preps, bad2 = prepare_all(points)
-    model = fit(preps, settings, key=key)
+    model = fit(preps, settings)
     model.left_out = bad + bad2
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with tmp.open("wb") as fh:
-            pickle.dump(model, fh)
-        tmp.replace(path)
+        model.save(path)
     except OSError:  # read-only data folder: the model serves uncached
-        return model, {"cached": False, "path": None, "left_out": model.left_out}
-    return model, {"cached": False, "path": str(path), "left_out": model.left_out}
+        return model, {"cached": False, "shipped": False, "path": None, "left_out": model.left_out}
+    return model, {"cached": False, "shipped": False, "path": str(path), "left_out": model.left_out}
 
 
 def describe_row(row: dict) -> list:

@@ -140,7 +140,13 @@ class ModelProfile:
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        """How many i in [0, num_layers) satisfy ``is_moe_layer(i)``, counted without the loop (the
+        advisor asks for it on every prepared point)."""
+        if not self.is_moe:
+            return 0
+        freq = max(self.moe_layer_freq, 1)
+        first = -(-max(self.first_k_dense, 0) // freq) * freq  # first multiple of freq >= first_k_dense
+        return len(range(first, self.num_layers, freq))
 
     @property
     def num_dense_layers(self) -> int:

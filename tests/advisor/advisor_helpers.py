@@ -1,6 +1,6 @@
-"""Shared set-up for the advisor model tests: one fitted serving model per test session, cached on
-disk under a private HPC_ADVISE_HOME (the cache is what makes later loads cheap). The variable is set
-per test module and restored after it, so other parts' tests never see it."""
+"""Shared set-up for the advisor model tests: a private HPC_ADVISE_HOME (set per test module and
+restored after it, so other parts' tests never see it) and the serving model ``load_or_fit`` gives
+there: the shipped fit, as nothing in that home adds serving runs."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ import pytest
 
 @pytest.fixture(scope="module")
 def advisor_home(tmp_path_factory):
-    """HPC_ADVISE_HOME with a fitted model in its cache; returns the directory."""
+    """A private HPC_ADVISE_HOME; returns the directory."""
     home = tmp_path_factory.getbasetemp() / "advisor-home"
     mp = pytest.MonkeyPatch()
     mp.setenv("HPC_ADVISE_HOME", str(home))
-    from hpc_advise.advisor import serving_model as pm
-
-    pm.load_or_fit()
     yield home
     mp.undo()
 

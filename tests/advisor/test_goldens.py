@@ -2,8 +2,8 @@
 three models x {no SLO, one SLO pair} and ``trace summarize --json`` for each example trace, plus the
 text renderings (recommend with ``--show-excluded``, trace summarize, predict) so moving the rendering
 code is checked too. Stored under ``tests/advisor/goldens/`` and compared byte for byte, with one
-field normalised: ``predict --json``'s ``model_key``, the fitted model's cache id (a hash of the
-training data and of the model code's bytes, so moving that code changes it and no prediction).
+field normalised: ``predict --json``'s ``model_key``, the serving model's id (a hash of its fitted
+numbers, which the shipped model's own test checks).
 
 Each command runs in-process through click's CliRunner (its stdout is byte-identical to the console
 script's) with ``HPC_ADVISE_HOME`` at a temp dir, the GPU given explicitly (no NVML probe), a fresh
@@ -13,7 +13,9 @@ rather than taken from the machine: ``sys.executable`` is ``python`` (the text l
 with the interpreter that runs hpc-advise, a path of the install, not a result).
 
 Record them again after a deliberate change of output with
-``HPC_ADVISE_WRITE_GOLDENS=1 python -m pytest tests/advisor/test_goldens.py`` and say why in the commit.
+``HPC_ADVISE_WRITE_GOLDENS=1 python -m pytest tests/advisor/test_goldens.py`` and say why in the commit
+(it first rewrites the shipped fits, ``hpc_advise/advisor/data/serving_model.npz`` and
+``attention_model.json``, from fresh fits).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def _cases() -> list[tuple[str, list[str]]]:
 
 @pytest.fixture(scope="module")
 def golden_home(tmp_path_factory):
+    if WRITE:  # the goldens come from the shipped fits: never record them from stale ones
+        from tests.advisor.test_shipped_data import refresh_shipped_fits
+
+        refresh_shipped_fits()
     home = tmp_path_factory.mktemp("goldens-home")
     mp = pytest.MonkeyPatch()
     mp.setenv("HPC_ADVISE_HOME", str(home))

@@ -1,8 +1,9 @@
 """What the CLI imports (issue 30: ``recommend`` on a small trace in <= 2 s cold on 2 cores).
 
-scikit-learn and scipy take about 1 s to import on 2 cores; only fitting or unpickling the serving
-model needs them, so loading the CLI and reading a trace must not import them. Run in a fresh
-interpreter: the test process has usually imported both already.
+scikit-learn and scipy take about 1 s to import on 2 cores; only fitting needs them (the serving
+model and the attention model ship fitted, as arrays numpy evaluates), so loading the CLI, reading a
+trace and a whole ``recommend`` or ``predict`` must not import them. Run in a fresh interpreter: the
+test process has usually imported both already.
 """
 
 from __future__ import annotations
@@ -49,3 +50,13 @@ def test_reading_a_trace_imports_no_sklearn_or_scipy(tmp_path):
 
 def test_help_imports_no_sklearn_or_scipy(tmp_path):
     assert _heavy_after(tmp_path, "recommend", "--help") == ""
+
+
+def test_recommend_and_predict_import_no_sklearn_or_scipy(tmp_path):
+    trace = REPO / "examples" / "traces" / "chat_uniform.csv"
+    db = str(tmp_path / "kb.db")
+    args = ["recommend", "--trace", str(trace), "--model", "qwen3-32b", "--gpu", "h200", "--gpus", "2"]
+    assert _heavy_after(tmp_path, *args, "--top", "1", "--db", db) == ""
+    args = ["predict", "--model", "hy3", "--gpu", "h200", "--gpus", "8", "--tp-size", "8", "--isl", "2000"]
+    assert _heavy_after(tmp_path, *args, "--osl", "500", "--concurrency", "64", "--db", db) == ""
+    assert (tmp_path / "kb.db").exists()  # the commands ran to the end: they log what they answered

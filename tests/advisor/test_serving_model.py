@@ -1,4 +1,5 @@
-"""Serving model: roofline physics, CSV parsing with reasons, fit, cache, range flags, grouped CV."""
+"""Serving model: roofline physics, CSV parsing with reasons, fit, the trees as arrays, the shipped fit
+and the cache, range flags, grouped CV."""
 
 from __future__ import annotations
 
@@ -178,20 +179,56 @@ def test_quantized_reuploads_resolve_to_base_architecture():
         pm.resolve_model("acme/NotAModel-7B")
 
 
-def test_fitted_model_in_sample_accuracy_and_cache(advisor_home, serving_model):  # noqa: F811
+def test_fitted_model_in_sample_accuracy_and_the_shipped_fit(advisor_home, serving_model):  # noqa: F811
     points, _ = pm.training_points()
     preps, _ = pm.prepare_all(points[::7])
     pred = serving_model.predict(preps)
     meas = np.array([p.point.tpot_ms for p in preps])
     ape = np.abs(pred["tpot_ms"] / meas - 1)
     assert np.median(ape) < 0.25  # in-sample; the held-out numbers come from `model eval`
+    # without serving runs in the KB the shipped fit serves: nothing is fitted or written
     again, info = pm.load_or_fit()
-    assert info["cached"] and again.key == serving_model.key
-    assert (advisor_home / "cache" / f"serving_model-{serving_model.key}.pkl").exists()
-    # another setting is another model
-    assert pm.data_key(dict(pm.SETTINGS, use_gbm=False), []) != serving_model.key
-    assert pm.data_key(pm.SETTINGS, [{"id": 1, "kind": "serving"}]) != serving_model.key
-    assert pm.data_key(pm.SETTINGS, []) == serving_model.key
+    assert info["shipped"] and info["cached"] and again.key == serving_model.key
+    assert (
+        info["path"].endswith(pm.SHIPPED_MODEL) and not pm.cache_path(pm.data_key(pm.SETTINGS, [])).exists()
+    )
+    # other settings are another model: fitted, not the shipped one
+    assert pm.data_key(dict(pm.SETTINGS, use_gbm=False), []) != pm.data_key(pm.SETTINGS, [])
+    assert pm.data_key(pm.SETTINGS, [{"id": 1, "kind": "serving"}]) != pm.data_key(pm.SETTINGS, [])
+    other, info = pm.load_or_fit(settings=dict(pm.SETTINGS, use_gbm=False))
+    assert not info["shipped"] and not info["cached"] and other.key != serving_model.key
+    assert info["path"] == str(pm.cache_path(pm.data_key(dict(pm.SETTINGS, use_gbm=False), [])))
+
+
+def test_tree_ensemble_predicts_what_sklearn_predicts_to_the_bit():
+    """The stored trees, evaluated with numpy, give scikit-learn's predictions exactly: on the rows it
+    was fitted on, on values lying exactly on a split threshold (``<=`` goes left), on NaNs
+    (seen in training, so both NaN directions occur) and on values outside the training range."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    rng = np.random.default_rng(int(rng_seed()))
+    X = rng.lognormal(size=(900, 6)) * [1.0, 1e-3, 1e3, 7.0, 1.0, 0.1]
+    X[rng.random(X.shape) < 0.05] = np.nan
+    y = np.log1p(np.nan_to_num(X[:, 0])) - 0.3 * np.nan_to_num(X[:, 3]) + rng.normal(0, 0.1, 900)
+    est = HistGradientBoostingRegressor(**pm.SETTINGS["gbm"]).fit(X, y)
+    trees = pm.TreeEnsemble.from_sklearn(est)
+    splits = np.flatnonzero(~trees.is_leaf)  # one row per split, its feature set to the threshold
+    on_split = X[rng.integers(0, len(X), size=len(splits))]
+    on_split[np.arange(len(splits)), trees.feature[splits]] = trees.threshold[splits]
+    wide = rng.normal(0, 1e4, size=(50, 6))
+    for Z in (X, on_split, wide, X[:1]):
+        np.testing.assert_array_equal(trees.predict(Z), est.predict(Z))
+    assert trees.predict(X[:0]).shape == (0,)
+    again = pm.TreeEnsemble(trees.baseline, **trees.arrays())
+    np.testing.assert_array_equal(again.predict(X), est.predict(X))
+
+
+def rng_seed() -> int:
+    import os
+
+    seed = int(os.environ.get("HPC_ADVISE_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+    print(f"HPC_ADVISE_TEST_SEED={seed}")
+    return seed
 
 
 def test_out_of_range_is_flagged(serving_model):  # noqa: F811
@@ -250,7 +287,19 @@ def test_imported_serving_runs_join_the_training_data(tmp_path, serving_model): 
     assert prep.gpu_key == "h200" and prep.model_key == "qwen3-32b" and prep.point.dense_quant == "bf16"
     points, _ = pm.training_points(db)
     assert any(q.where == f"kb:runs:{run['id']}" for q in points)
-    assert pm.data_key(pm.SETTINGS, pm._kb_serving_runs(db)) != serving_model.key
+    key = pm.data_key(pm.SETTINGS, pm._kb_serving_runs(db))
+    assert key != pm.data_key(pm.SETTINGS, [])
+    # a KB with serving runs is fitted (not the shipped model), cached under its data hash, and the
+    # cached file gives the same model back, to the bit
+    fitted, info = pm.load_or_fit(db)
+    assert not info["shipped"] and not info["cached"] and info["path"] == str(pm.cache_path(key))
+    assert fitted.n_rows == serving_model.n_rows + 1 and fitted.key != serving_model.key
+    cached, info = pm.load_or_fit(db)
+    assert info["cached"] and not info["shipped"] and cached.key == fitted.key
+    assert cached.left_out == fitted.left_out and cached.theta == fitted.theta
+    preps, _ = pm.prepare_all(points[::50])
+    for k, v in fitted.predict(preps).items():
+        np.testing.assert_array_equal(cached.predict(preps)[k], v)
 
 
 def test_model_cli_fit_and_show(advisor_home, serving_model):  # noqa: F811
@@ -261,7 +310,7 @@ def test_model_cli_fit_and_show(advisor_home, serving_model):  # noqa: F811
     from hpc_advise.advisor.cli import model
 
     res = CliRunner().invoke(model, ["fit"])
-    assert res.exit_code == 0 and f"cached: model {serving_model.key}" in res.output
+    assert res.exit_code == 0 and f"shipped: model {serving_model.key}" in res.output
     assert "rows left out" in res.output and "disagg" in res.output
     res = CliRunner().invoke(model, ["show", "--json"])
     assert res.exit_code == 0, res.output
@@ -358,9 +407,9 @@ def test_engine_family_cv_never_trains_on_the_held_out_group(monkeypatch):
     calls = []
     real_fit = pm.fit
 
-    def spy(train, settings=None, key=""):
+    def spy(train, settings=None):
         calls.append({pm.group_key(p, "engine_family") for p in train})
-        return real_fit(train, settings, key)
+        return real_fit(train, settings)
 
     monkeypatch.setattr(pm, "fit", spy)
     out = pm.cv_predictions(preps, "engine_family", dict(pm.SETTINGS, use_gbm=False))

@@ -3,6 +3,7 @@ values (Llama-3.1-8B dense GQA; DeepSeek-V3 MLA MoE; Hy3 GQA MoE; Qwen3-30B-A3B)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -280,6 +281,19 @@ def test_moe_config_variants():
     )
     m = from_hf_config(interleaved)
     assert m.num_moe_layers == len([i for i in range(32) if i >= 2 and i % 2 == 0]) == 15
+
+
+def test_moe_layer_count_equals_the_layers_is_moe_layer_picks():
+    """``num_moe_layers`` is counted in closed form; it must equal the per-layer rule it stands for."""
+    base = get_model("qwen3-30b-a3b")
+    for experts in (0, 8):
+        for layers in range(0, 13):
+            for first in range(-1, 6):
+                for freq in range(0, 5):
+                    m = dataclasses.replace(
+                        base, num_experts=experts, num_layers=layers, first_k_dense=first, moe_layer_freq=freq
+                    )
+                    assert m.num_moe_layers == sum(m.is_moe_layer(i) for i in range(layers)), m
 
 
 @pytest.mark.parametrize(

@@ -8,4 +8,9 @@
 - ``kernel_seed.jsonl``: kernel timings of the team's reference H200 run (shared DESIGN §7)
   as knowledge-base ``runs`` rows, the per-operator efficiency models' prior when no local
   measurements exist.
+- ``serving_model.npz`` and ``attention_model.json``: the serving model and the decode-attention
+  model fitted on the files here alone (``serving_model``, ``kernel_models``), so the advisor neither
+  fits nor imports scikit-learn or scipy unless the knowledge base adds measurements.
+  ``tests/advisor/test_shipped_data.py`` checks them against fresh fits;
+  ``HPC_ADVISE_WRITE_GOLDENS=1`` rewrites them there.
 """
