@@ -232,9 +232,13 @@ def model_show(db, as_json) -> None:
 # ----- recommend ------------------------------------------------------------------------------
 
 
-def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None):
+def _recommend_core(
+    trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None, advise=False
+):
+    """Read, rank; with ``advise``, when nothing meets the SLOs, also rank on more GPUs (``more``,
+    the last item returned; None otherwise)."""
     from hpc_advise.advisor.kernel_models import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad, more_gpus, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
 
     prof_gpu, n, note = _resolve_target(gpu, gpus)
@@ -256,7 +260,12 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
     )
     with Timer(f"ranking the configurations of {mdl.key} on {n} GPU(s)"):
         ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
-    return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
+    more = None
+    if advise and ranked and (slo_tpot or slo_ttft) and not ranked[0].meets_slo:
+        node = prof_gpu.node_gpus
+        with Timer(f"nothing meets the SLOs: ranking on {', '.join(str(k * node) for k in (1, 2, 4) if k * node > n)} GPUs"):
+            more = more_gpus(ranker, n, slo_tpot, slo_ttft, concurrency)
+    return prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more
 
 
 def ranker_concurrency(summary) -> int:
@@ -314,8 +323,8 @@ def recommend(
             import matplotlib  # noqa: F401
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'hpc-advise[plot]'")
-    prof_gpu, n, note, mdl, summary, serving, ranked, excluded = _recommend_core(
-        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt
+    prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more = _recommend_core(
+        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt, advise=True
     )
     if not summary.rate_rps and concurrency is None:
         extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
@@ -338,6 +347,7 @@ def recommend(
         excluded,
         top,
         cmd,
+        more,
     )
     if plot and ranked:  # before the log: a chart that fails leaves no recommendation behind
         from hpc_advise.advisor.plot import pareto_png
@@ -369,6 +379,7 @@ def recommend(
             cmd,
             rec_id,
             show_excluded,
+            more,
         )
     )
 
@@ -623,7 +634,7 @@ def launch(
     else:
         if not (trace and model_name):
             _fail("give --recommendation ID, or --trace FILE --model NAME")
-        _, _, note, _, _, _, ranked, _ = _recommend_core(
+        _, _, note, _, _, _, ranked, _, _ = _recommend_core(
             trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, False
         )
         if note:
