@@ -19,6 +19,7 @@ from hpc_advise.clitypes import (
     IMAGE_SUFFIXES,
     MAX_CONCURRENCY,
     MAX_GPUS,
+    MAX_NIC_GBPS,
     MAX_SLO_MS,
     MAX_TOKENS,
     MAX_TOP,
@@ -37,6 +38,7 @@ GPUS = positive_int(MAX_GPUS)
 SLO_MS = positive_float(MAX_SLO_MS)
 IN_FLIGHT = FiniteFloat(min=1.0, max=float(MAX_CONCURRENCY))
 TOKENS = FiniteFloat(min=1.0, max=float(MAX_TOKENS))
+NIC_GBPS = positive_float(MAX_NIC_GBPS)
 
 db_option = click.option(
     "--db",
@@ -59,8 +61,9 @@ def _load_model(db, refit=False):
     return model, info
 
 
-def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str]:
-    """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default."""
+def _resolve_target(gpu: str | None, gpus: int | None, nic_gbps: float | None = None) -> tuple[object, int, str]:
+    """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default; ``nic_gbps``
+    replaces the profile's inter-node link."""
     from hpc_advise.advisor.serving_data import RowError
     from hpc_advise.advisor.serving_model import resolve_gpu
 
@@ -84,6 +87,10 @@ def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str
         prof = resolve_gpu(gpu)
     except RowError as exc:
         _fail(str(exc))
+    if nic_gbps is not None:
+        import dataclasses
+
+        prof = dataclasses.replace(prof, nic_gbps=float(nic_gbps))
     n = int(gpus if gpus is not None else DEFAULT_GPUS)
     if not 1 <= n <= MAX_GPUS:  # NVML reported more than one deployment covers
         _fail(f"{n} GPUs: the advisor covers 1 to {MAX_GPUS} (give --gpus N)")
@@ -102,6 +109,14 @@ def _resolve_model(name: str):
 
 def _gpus_option(help_text: str):
     return click.option("--gpus", type=GPUS, default=None, help=f"{help_text} (1-{MAX_GPUS}).")
+
+
+_nic_option = click.option(
+    "--nic-gbps",
+    type=NIC_GBPS,
+    default=None,
+    help="Inter-node GB/s per GPU per direction, for deployments beyond one node (default: the GPU profile's).",
+)
 
 
 def _slo_options(f):
@@ -233,7 +248,7 @@ def model_show(db, as_json) -> None:
 
 
 def _recommend_core(
-    trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None, advise=False
+    trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None, advise=False, nic=None
 ):
     """Read, rank; with ``advise``, when nothing meets the SLOs, also rank on more GPUs (``more``,
     the last item returned; None otherwise)."""
@@ -241,7 +256,7 @@ def _recommend_core(
     from hpc_advise.advisor.recommend import Ranker, TraceLoad, more_gpus, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
 
-    prof_gpu, n, note = _resolve_target(gpu, gpus)
+    prof_gpu, n, note = _resolve_target(gpu, gpus, nic)
     mdl = _resolve_model(model_name)
     try:
         with Timer(f"reading the trace {trace}"):
@@ -297,6 +312,7 @@ def ranker_concurrency(summary) -> int:
 @click.option(
     "--trace-format", "fmt", default=None, help="Trace format when detection fails (see `trace summarize`)."
 )
+@_nic_option
 @db_option
 def recommend(
     trace,
@@ -312,6 +328,7 @@ def recommend(
     show_excluded,
     skip_bad,
     fmt,
+    nic_gbps,
     db,
 ) -> None:
     """Rank SGLang configurations for a trace, a model and GPUs; print the launch command."""
@@ -324,14 +341,18 @@ def recommend(
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'hpc-advise[plot]'")
     prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more = _recommend_core(
-        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt, advise=True
+        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt, advise=True, nic=nic_gbps
     )
     if not summary.rate_rps and concurrency is None:
         extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
         note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
         click.echo(note, err=True)
-    cmd = build_command(ranked[0].candidate, mdl.hf_id or model_name, model=mdl) if ranked else None
+    cmd = (
+        build_command(ranked[0].candidate, mdl.hf_id or model_name, model=mdl, node_gpus=prof_gpu.node_gpus)
+        if ranked
+        else None
+    )
     from hpc_advise.advisor import report
 
     inputs, outputs = report.recommend_record(
@@ -468,6 +489,7 @@ def _predict_batch(path: str, db, as_json: bool) -> None:
     help="CSV with the columns of serving_measurements_train.csv.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_nic_option
 @db_option
 def predict(
     model_name,
@@ -484,6 +506,7 @@ def predict(
     concurrency,
     batch,
     as_json,
+    nic_gbps,
     db,
 ) -> None:
     """Predict TTFT/TPOT/throughput for one configuration (or every row of --batch FILE)."""
@@ -504,7 +527,7 @@ def predict(
     from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.serving_data import RowError
 
-    prof_gpu, n, note = _resolve_target(gpu, gpus)
+    prof_gpu, n, note = _resolve_target(gpu, gpus, nic_gbps)
     mdl = _resolve_model(model_name)
     tp = tp or n
     if n % tp:
@@ -593,6 +616,7 @@ def predict(
 @click.option("--python", "python", default=None, help="Python that runs SGLang (default: this one).")
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; do not start SGLang.")
 @click.option("--no-validate", is_flag=True, help="Skip SGLang's argument parser check.")
+@_nic_option
 @db_option
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def launch(
@@ -611,6 +635,7 @@ def launch(
     python,
     dry_run,
     no_validate,
+    nic_gbps,
     db,
     extra,
 ) -> None:
@@ -631,12 +656,14 @@ def launch(
             _fail(f"recommendation {rec_id} has no feasible configuration")
         cand = Candidate.from_dict(outputs["top"]["candidate"])
         model_name = model_name or inputs["model"]
+        node_gpus = _resolve_target(gpu or inputs.get("gpu") or DEFAULT_GPU, cand.n_gpus)[0].node_gpus
     else:
         if not (trace and model_name):
             _fail("give --recommendation ID, or --trace FILE --model NAME")
-        _, _, note, _, _, _, ranked, _, _ = _recommend_core(
-            trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, False
+        prof_gpu, _, note, _, _, _, ranked, _, _ = _recommend_core(
+            trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, False, nic=nic_gbps
         )
+        node_gpus = prof_gpu.node_gpus
         if note:
             click.echo(note, err=True)
         if not ranked:
@@ -655,6 +682,7 @@ def launch(
         dist_init_addr=dist_init_addr,
         extra=tuple(extra),
         model=mdl,
+        node_gpus=node_gpus,
     )
     if not no_validate:
         with Timer("checking the command with SGLang's argument parser (--no-validate skips it)"):
@@ -664,9 +692,13 @@ def launch(
         if ok is None:
             click.echo(f"validation skipped: {why}", err=True)
     if dry_run:
+        for line in cmd.notes:
+            click.echo(f"# {line}")
         for k, v in sorted(cmd.env.items()):
             click.echo(f"export {k}={v}")
         click.echo(cmd.shell())
         return
+    for line in cmd.notes:
+        click.echo(f"note: {line}", err=True)
     sys.stdout.flush()
     L.exec_command(cmd)

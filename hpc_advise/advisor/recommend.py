@@ -254,7 +254,7 @@ class Ranker:
         keys = {}
         for c in cands:
             keys.setdefault(self.pred_key(c, conc[c]), c)
-        preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
+        preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse, self.gpu) for c in keys.values()]
         pred = self.serving.predict(preps)
         split = self.serving.ttft_split(preps)
         occupancy = self.serving.prefill_occupancy("sglang")
@@ -440,6 +440,10 @@ class Ranker:
         dep = prep.dep
         steps, mean_step, pf_ms = self._physics(dep, batch, ctx)
         delta_us, flags = self._attn_times(c, batch)
+        if c.tp > self.gpu.node_gpus and not self.gpu.nic_gbps:
+            flags.append(
+                f"no inter-node link in the {self.gpu.key} profile: {F.NIC_FALLBACK_GBPS:g} GB/s per GPU assumed (--nic-gbps)"
+            )
         if c.moe_runner not in (None, "auto"):
             flags.append(
                 f"no kernel comparison for MoE runner {c.moe_runner} in the knowledge base: predicted as SGLang's default"

@@ -110,7 +110,9 @@ def recommend_record(
     outputs = {
         "ranked": [_ranked_dict(r) for r in ranked[:top]],
         "top": _ranked_dict(ranked[0]) if ranked else None,
-        "launch": {"argv": cmd.argv[1:], "env": cmd.env} if cmd else None,
+        "launch": ({"argv": cmd.argv[1:], "env": cmd.env} | ({"notes": cmd.notes} if cmd.notes else {}))
+        if cmd
+        else None,
         "n_feasible": len(ranked),
         "n_excluded": len(excluded),
     }
@@ -216,6 +218,7 @@ def recommend_text(
             lines.append(f"  + {more.line(prof_gpu.node_gpus, prof_gpu.key)}")
     if cmd:
         lines.append(f"\nlaunch:\n  {cmd.shell()}")
+        lines += [f"  ({note})" for note in cmd.notes]
     lines.append(f"\nrecommendation #{rec_id} logged (hpc-advise launch --recommendation {rec_id})")
     if show_excluded:
         lines += excluded_lines(excluded)

@@ -149,10 +149,11 @@ class Prepared:
     x_ttft: np.ndarray
 
 
-def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
-    """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot."""
+def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
+    """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot.
+    ``gpu``: the GPU profile to use instead of ``p.gpu``'s (one with the user's ``--nic-gbps``)."""
     model = resolve_model(p.model)
-    gpu = resolve_gpu(p.gpu)
+    gpu = gpu if gpu is not None else resolve_gpu(p.gpu)
     if not p.dense_quant or not p.moe_quant:  # not stated: the model's shipped checkpoint
         dq, mq = model_quants(model)
         p = replace(p, dense_quant=p.dense_quant or dq, moe_quant=p.moe_quant or mq)

@@ -606,3 +606,24 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
     hy3 = _recommend("chat_uniform.csv", tmp_path / "kb2.db", "--slo-tpot-ms", "35", "--top", "5")
     dp = [x for r in hy3["ranked"][:5] for x in r["reasons"] if "attention data-parallel 8" in x]
     assert dp and not any("avoiding replicated" in x for x in dp), dp  # hy3: 8 KV heads, TP8 splits them
+
+
+def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: F811
+    """On 2 x 8 H200s the printed launch is what SGLang runs across nodes: a replica wider than a node
+    carries --nnodes 2 --node-rank 0 --dist-init-addr; smaller ones run one server per node (never
+    --dp-size with --nnodes, which SGLang refuses); the notes say how. No candidate straddles a node."""
+    args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "deepseek-v3", "--gpu", "h200"]
+    res = CliRunner().invoke(recommend, [*args, "--gpus", "16", "--json", "--top", "500", "--db", str(tmp_path / "kb.db")])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    launch, top = out["launch"], out["top"]["candidate"]
+    argv = launch["argv"]
+    assert argv[argv.index("--tp-size") + 1] == str(top["tp"])
+    if top["tp"] > 8:
+        assert argv[argv.index("--nnodes") + 1] == str(top["tp"] // 8) and "--dist-init-addr" in argv
+        assert "--dp-size" not in argv and "--node-rank" in launch["notes"][0]
+    else:
+        assert "--nnodes" not in argv and "one server per 8-GPU node" in launch["notes"][0]
+    assert {r["candidate"]["tp"] for r in out["ranked"]} <= {1, 2, 4, 8, 16}
+    wide = [r for r in out["ranked"] if r["candidate"]["tp"] == 16]
+    assert wide  # TP16 is a candidate, its collectives over the NIC
