@@ -92,7 +92,9 @@ def measure(trace: Path, model: str, slo: tuple, home: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--models", nargs="+", default=["hy3", "deepseek-v3", "qwen3-235b-a22b"])
     parser.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is reported")

@@ -61,7 +61,9 @@ def _load_model(db, refit=False):
     return model, info
 
 
-def _resolve_target(gpu: str | None, gpus: int | None, nic_gbps: float | None = None) -> tuple[object, int, str]:
+def _resolve_target(
+    gpu: str | None, gpus: int | None, nic_gbps: float | None = None
+) -> tuple[object, int, str]:
     """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default; ``nic_gbps``
     replaces the profile's inter-node link."""
     from hpc_advise.advisor.serving_data import RowError
@@ -248,7 +250,18 @@ def model_show(db, as_json) -> None:
 
 
 def _recommend_core(
-    trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None, advise=False, nic=None
+    trace,
+    model_name,
+    gpu,
+    gpus,
+    slo_tpot,
+    slo_ttft,
+    concurrency,
+    db,
+    skip_bad,
+    fmt=None,
+    advise=False,
+    nic=None,
 ):
     """Read, rank; with ``advise``, when nothing meets the SLOs, also rank on more GPUs (``more``,
     the last item returned; None otherwise)."""
@@ -278,7 +291,9 @@ def _recommend_core(
     more = None
     if advise and ranked and (slo_tpot or slo_ttft) and not ranked[0].meets_slo:
         node = prof_gpu.node_gpus
-        with Timer(f"nothing meets the SLOs: ranking on {', '.join(str(k * node) for k in (1, 2, 4) if k * node > n)} GPUs"):
+        with Timer(
+            f"nothing meets the SLOs: ranking on {', '.join(str(k * node) for k in (1, 2, 4) if k * node > n)} GPUs"
+        ):
             more = more_gpus(ranker, n, slo_tpot, slo_ttft, concurrency)
     return prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more
 
@@ -341,7 +356,18 @@ def recommend(
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'hpc-advise[plot]'")
     prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more = _recommend_core(
-        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt, advise=True, nic=nic_gbps
+        trace,
+        model_name,
+        gpu,
+        gpus,
+        slo_tpot_ms,
+        slo_ttft_ms,
+        concurrency,
+        db,
+        skip_bad,
+        fmt,
+        advise=True,
+        nic=nic_gbps,
     )
     if not summary.rate_rps and concurrency is None:
         extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"

@@ -533,7 +533,9 @@ def what_breaks(r: Ranked, w: TraceLoad, slo_tpot: float | None, slo_ttft: float
     why = failed_condition(r, slo_tpot, slo_ttft)
     c = r.candidate
     if why == cap.MEMORY and r.kv_saturated_rps is not None:
-        what = f"KV cache full: {r.concurrency:.0f} requests per replica complete {r.kv_saturated_rps:.2f} req/s"
+        what = (
+            f"KV cache full: {r.concurrency:.0f} requests per replica complete {r.kv_saturated_rps:.2f} req/s"
+        )
     elif why == cap.SATURATED:
         what = f"prefill saturated: utilisation {r.rho:.2f} at {w.rate_rps:.2f} req/s"
     elif why == cap.TPOT_SLO:

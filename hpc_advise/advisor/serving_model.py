@@ -451,10 +451,13 @@ def decode_fraction(osl: np.ndarray, tpot_us: np.ndarray, ttft_us: np.ndarray) -
     return dec / np.maximum(dec + ttft_us, 1e-9)
 
 
-FRACTION_ITERATIONS = 8  # the decoding fraction's fixed point (``_tpot_base``): < 0.1 % after 4 on the training rows
+# the decoding fraction's fixed point (``_tpot_base``): < 0.1 % after 4 rounds on the training rows
+FRACTION_ITERATIONS = 8
 
 
-def _tpot_base(X: np.ndarray, engines: np.ndarray, th: dict, osl: np.ndarray, ttft_us: np.ndarray) -> np.ndarray:
+def _tpot_base(
+    X: np.ndarray, engines: np.ndarray, th: dict, osl: np.ndarray, ttft_us: np.ndarray
+) -> np.ndarray:
     """Stage-1 TPOT µs with the prefill terms at the decoding fraction that this TPOT and the
     predicted TTFT give (``decode_fraction``): a fixed point, as TPOT enters the fraction. Stage 1 is
     linear, TPOT = A + f * B with B the prefill terms; f rises with T, so the iteration from

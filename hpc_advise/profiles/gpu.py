@@ -60,7 +60,15 @@ VENDOR_FIELDS = (
 )
 
 # vendor figures a GPU may lack (no FP8 on A100, no NVLink on L40S, unpublished L2): None when absent
-OPTIONAL_VENDOR_FIELDS = ("fp8_tflops", "fp4_tflops", "nvlink_gbps", "pcie_gbps", "nic_gbps", "gpus_per_node", "l2_mib")
+OPTIONAL_VENDOR_FIELDS = (
+    "fp8_tflops",
+    "fp4_tflops",
+    "nvlink_gbps",
+    "pcie_gbps",
+    "nic_gbps",
+    "gpus_per_node",
+    "l2_mib",
+)
 DEFAULT_GPUS_PER_NODE = 8  # a profile that does not say: the usual 8-GPU server
 
 

@@ -70,7 +70,10 @@ def test_sixteen_gpus_on_two_nodes_launch_as_sglang_takes_them():
     assert _flag(a, "--dist-init-addr") == L.DIST_INIT_PLACEHOLDER and "--dp-size" not in a
     assert "--node-rank 0 to 1" in tp16.notes[0] and L.DIST_INIT_PLACEHOLDER in tp16.notes[0]
     given = L.build_command(
-        Candidate(16, 1, 16, 16, "flashinfer", "auto", "auto"), "m", node_gpus=8, dist_init_addr="10.0.0.1:5000"
+        Candidate(16, 1, 16, 16, "flashinfer", "auto", "auto"),
+        "m",
+        node_gpus=8,
+        dist_init_addr="10.0.0.1:5000",
     )
     assert _flag(given.argv, "--dist-init-addr") == "10.0.0.1:5000" and "in place of" not in given.notes[0]
     per_node = L.build_command(Candidate(8, 2, 8, 1, "flashinfer", "auto", "auto"), "m", node_gpus=8)

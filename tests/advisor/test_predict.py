@@ -92,5 +92,8 @@ def test_nic_bandwidth_enters_only_beyond_one_node(advisor_home):  # noqa: F811
     inter = F.comm_model.BUSBW_FACTOR["allreduce"](2) * nbytes / 8 / r.nic
     assert F._collective(nbytes, 16, r, "allreduce") == F._collective(nbytes, 8, r, "allreduce") + inter
     for bad in ("0", "-1", "nan", "inf", "fast", "2000"):
-        res = CliRunner().invoke(predict, ["--model", "qwen3-32b", "--isl", "1", "--osl", "1", "--concurrency", "1", "--nic-gbps", bad])
+        res = CliRunner().invoke(
+            predict,
+            ["--model", "qwen3-32b", "--isl", "1", "--osl", "1", "--concurrency", "1", "--nic-gbps", bad],
+        )
         assert res.exit_code == 2 and "--nic-gbps" in res.output and "Traceback" not in res.output, res.output

@@ -613,7 +613,9 @@ def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: 
     carries --nnodes 2 --node-rank 0 --dist-init-addr; smaller ones run one server per node (never
     --dp-size with --nnodes, which SGLang refuses); the notes say how. No candidate straddles a node."""
     args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "deepseek-v3", "--gpu", "h200"]
-    res = CliRunner().invoke(recommend, [*args, "--gpus", "16", "--json", "--top", "500", "--db", str(tmp_path / "kb.db")])
+    res = CliRunner().invoke(
+        recommend, [*args, "--gpus", "16", "--json", "--top", "500", "--db", str(tmp_path / "kb.db")]
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     launch, top = out["launch"], out["top"]["candidate"]
