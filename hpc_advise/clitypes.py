@@ -24,6 +24,7 @@ MAX_CONCURRENCY = 65536
 MAX_TOKENS = 10_000_000  # one request's input or output length (predict --isl/--osl)
 MAX_SLO_MS = 3_600_000.0  # an hour
 MAX_TOP = 1000
+MAX_NIC_GBPS = 1000.0  # inter-node GB/s per GPU per direction (an 800 Gb/s NIC is 100)
 
 ENV_PROGRESS = "HPC_ADVISE_PROGRESS"
 

@@ -201,11 +201,26 @@ def enumerate_candidates(model, n_gpus: int) -> list[Candidate]:
     return out
 
 
+def node_layout_reason(c: Candidate, gpu) -> str | None:
+    """Why ``c``'s replicas do not fit whole nodes of the GPU profile (``node_gpus``), or None. SGLang
+    runs one replica over several nodes only when its tensor-parallel group spans whole nodes
+    (``tp_size`` divisible by ``--nnodes``) and no data-parallel replica across nodes; smaller replicas
+    run one server per node, so they must tile every node."""
+    node = gpu.node_gpus
+    if c.n_gpus <= node:
+        return None
+    if c.tp > node:
+        return None if c.tp % node == 0 else f"TP{c.tp} does not span whole {node}-GPU nodes"
+    if node % c.tp or (c.n_gpus % node) % c.tp:
+        return f"TP{c.tp} replicas do not tile {node}-GPU nodes"
+    return None
+
+
 def check_all(model, gpu, n_gpus: int, concurrency_fn, ctx_mean: float, ctx_p99: float) -> list[Checked]:
     """Every candidate with ok/reason; ``concurrency_fn(candidate)`` gives requests per replica."""
     out = []
     for c in enumerate_candidates(model, n_gpus):
-        why = support_reason(c, model, gpu)
+        why = support_reason(c, model, gpu) or node_layout_reason(c, gpu)
         if why:
             out.append(Checked(c, False, why))
             continue

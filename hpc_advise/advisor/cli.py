@@ -19,6 +19,7 @@ from hpc_advise.clitypes import (
     IMAGE_SUFFIXES,
     MAX_CONCURRENCY,
     MAX_GPUS,
+    MAX_NIC_GBPS,
     MAX_SLO_MS,
     MAX_TOKENS,
     MAX_TOP,
@@ -37,6 +38,7 @@ GPUS = positive_int(MAX_GPUS)
 SLO_MS = positive_float(MAX_SLO_MS)
 IN_FLIGHT = FiniteFloat(min=1.0, max=float(MAX_CONCURRENCY))
 TOKENS = FiniteFloat(min=1.0, max=float(MAX_TOKENS))
+NIC_GBPS = positive_float(MAX_NIC_GBPS)
 
 db_option = click.option(
     "--db",
@@ -59,8 +61,11 @@ def _load_model(db, refit=False):
     return model, info
 
 
-def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str]:
-    """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default."""
+def _resolve_target(
+    gpu: str | None, gpus: int | None, nic_gbps: float | None = None
+) -> tuple[object, int, str]:
+    """(GpuProfile, N, note) from the flags, the NVML probe, or the announced default; ``nic_gbps``
+    replaces the profile's inter-node link."""
     from hpc_advise.advisor.serving_data import RowError
     from hpc_advise.advisor.serving_model import resolve_gpu
 
@@ -84,6 +89,10 @@ def _resolve_target(gpu: str | None, gpus: int | None) -> tuple[object, int, str
         prof = resolve_gpu(gpu)
     except RowError as exc:
         _fail(str(exc))
+    if nic_gbps is not None:
+        import dataclasses
+
+        prof = dataclasses.replace(prof, nic_gbps=float(nic_gbps))
     n = int(gpus if gpus is not None else DEFAULT_GPUS)
     if not 1 <= n <= MAX_GPUS:  # NVML reported more than one deployment covers
         _fail(f"{n} GPUs: the advisor covers 1 to {MAX_GPUS} (give --gpus N)")
@@ -102,6 +111,14 @@ def _resolve_model(name: str):
 
 def _gpus_option(help_text: str):
     return click.option("--gpus", type=GPUS, default=None, help=f"{help_text} (1-{MAX_GPUS}).")
+
+
+_nic_option = click.option(
+    "--nic-gbps",
+    type=NIC_GBPS,
+    default=None,
+    help="Inter-node GB/s per GPU per direction, for deployments beyond one node (default: the GPU profile's).",
+)
 
 
 def _slo_options(f):
@@ -236,12 +253,27 @@ def model_show(db, as_json) -> None:
 # ----- recommend ------------------------------------------------------------------------------
 
 
-def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrency, db, skip_bad, fmt=None):
+def _recommend_core(
+    trace,
+    model_name,
+    gpu,
+    gpus,
+    slo_tpot,
+    slo_ttft,
+    concurrency,
+    db,
+    skip_bad,
+    fmt=None,
+    advise=False,
+    nic=None,
+):
+    """Read, rank; with ``advise``, when nothing meets the SLOs, also rank on more GPUs (``more``,
+    the last item returned; None otherwise)."""
     from hpc_advise.advisor.kernel_models import load_attention_model
-    from hpc_advise.advisor.recommend import Ranker, TraceLoad, rank_candidates
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad, more_gpus, rank_candidates
     from hpc_advise.advisor.traces import TraceError, summarize
 
-    prof_gpu, n, note = _resolve_target(gpu, gpus)
+    prof_gpu, n, note = _resolve_target(gpu, gpus, nic)
     mdl = _resolve_model(model_name)
     try:
         with Timer(f"reading the trace {trace}"):
@@ -260,7 +292,14 @@ def _recommend_core(trace, model_name, gpu, gpus, slo_tpot, slo_ttft, concurrenc
     )
     with Timer(f"ranking the configurations of {mdl.key} on {n} GPU(s)"):
         ranked, excluded = rank_candidates(ranker, n, slo_tpot, slo_ttft, concurrency)
-    return prof_gpu, n, note, mdl, summary, serving, ranked, excluded
+    more = None
+    if advise and ranked and (slo_tpot or slo_ttft) and not ranked[0].meets_slo:
+        node = prof_gpu.node_gpus
+        with Timer(
+            f"nothing meets the SLOs: ranking on {', '.join(str(k * node) for k in (1, 2, 4) if k * node > n)} GPUs"
+        ):
+            more = more_gpus(ranker, n, slo_tpot, slo_ttft, concurrency)
+    return prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more
 
 
 def ranker_concurrency(summary) -> int:
@@ -292,6 +331,7 @@ def ranker_concurrency(summary) -> int:
 @click.option(
     "--trace-format", "fmt", default=None, help="Trace format when detection fails (see `trace summarize`)."
 )
+@_nic_option
 @db_option
 def recommend(
     trace,
@@ -307,6 +347,7 @@ def recommend(
     show_excluded,
     skip_bad,
     fmt,
+    nic_gbps,
     db,
 ) -> None:
     """Rank SGLang configurations for a trace, a model and GPUs; print the launch command."""
@@ -318,15 +359,30 @@ def recommend(
             import matplotlib  # noqa: F401
         except ImportError:
             _fail("--plot needs matplotlib: pip install 'hpc-advise[plot]'")
-    prof_gpu, n, note, mdl, summary, serving, ranked, excluded = _recommend_core(
-        trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, skip_bad, fmt
+    prof_gpu, n, note, mdl, summary, serving, ranked, excluded, more = _recommend_core(
+        trace,
+        model_name,
+        gpu,
+        gpus,
+        slo_tpot_ms,
+        slo_ttft_ms,
+        concurrency,
+        db,
+        skip_bad,
+        fmt,
+        advise=True,
+        nic=nic_gbps,
     )
     if not summary.rate_rps and concurrency is None:
         extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
         note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
         click.echo(note, err=True)
-    cmd = build_command(ranked[0].candidate, mdl.hf_id or model_name, model=mdl) if ranked else None
+    cmd = (
+        build_command(ranked[0].candidate, mdl.hf_id or model_name, model=mdl, node_gpus=prof_gpu.node_gpus)
+        if ranked
+        else None
+    )
     from hpc_advise.advisor import report
 
     inputs, outputs = report.recommend_record(
@@ -342,6 +398,7 @@ def recommend(
         excluded,
         top,
         cmd,
+        more,
     )
     if plot and ranked:  # before the log: a chart that fails leaves no recommendation behind
         from hpc_advise.advisor.plot import pareto_png
@@ -373,6 +430,7 @@ def recommend(
             cmd,
             rec_id,
             show_excluded,
+            more,
         )
     )
 
@@ -461,6 +519,7 @@ def _predict_batch(path: str, db, as_json: bool) -> None:
     help="CSV with the columns of serving_measurements_train.csv.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_nic_option
 @db_option
 def predict(
     model_name,
@@ -477,6 +536,7 @@ def predict(
     concurrency,
     batch,
     as_json,
+    nic_gbps,
     db,
 ) -> None:
     """Predict TTFT/TPOT/throughput for one configuration (or every row of --batch FILE)."""
@@ -497,7 +557,7 @@ def predict(
     from hpc_advise.advisor.recommend import Ranker, TraceLoad
     from hpc_advise.advisor.serving_data import RowError
 
-    prof_gpu, n, note = _resolve_target(gpu, gpus)
+    prof_gpu, n, note = _resolve_target(gpu, gpus, nic_gbps)
     mdl = _resolve_model(model_name)
     tp = tp or n
     if n % tp:
@@ -586,6 +646,7 @@ def predict(
 @click.option("--python", "python", default=None, help="Python that runs SGLang (default: this one).")
 @click.option("--dry-run", is_flag=True, help="Print the command and environment; do not start SGLang.")
 @click.option("--no-validate", is_flag=True, help="Skip SGLang's argument parser check.")
+@_nic_option
 @db_option
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def launch(
@@ -604,6 +665,7 @@ def launch(
     python,
     dry_run,
     no_validate,
+    nic_gbps,
     db,
     extra,
 ) -> None:
@@ -624,12 +686,14 @@ def launch(
             _fail(f"recommendation {rec_id} has no feasible configuration")
         cand = Candidate.from_dict(outputs["top"]["candidate"])
         model_name = model_name or inputs["model"]
+        node_gpus = _resolve_target(gpu or inputs.get("gpu") or DEFAULT_GPU, cand.n_gpus)[0].node_gpus
     else:
         if not (trace and model_name):
             _fail("give --recommendation ID, or --trace FILE --model NAME")
-        _, _, note, _, _, _, ranked, _ = _recommend_core(
-            trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, False
+        prof_gpu, _, note, _, _, _, ranked, _, _ = _recommend_core(
+            trace, model_name, gpu, gpus, slo_tpot_ms, slo_ttft_ms, concurrency, db, False, nic=nic_gbps
         )
+        node_gpus = prof_gpu.node_gpus
         if note:
             click.echo(note, err=True)
         if not ranked:
@@ -648,6 +712,7 @@ def launch(
         dist_init_addr=dist_init_addr,
         extra=tuple(extra),
         model=mdl,
+        node_gpus=node_gpus,
     )
     if not no_validate:
         with Timer("checking the command with SGLang's argument parser (--no-validate skips it)"):
@@ -657,9 +722,13 @@ def launch(
         if ok is None:
             click.echo(f"validation skipped: {why}", err=True)
     if dry_run:
+        for line in cmd.notes:
+            click.echo(f"# {line}")
         for k, v in sorted(cmd.env.items()):
             click.echo(f"export {k}={v}")
         click.echo(cmd.shell())
         return
+    for line in cmd.notes:
+        click.echo(f"note: {line}", err=True)
     sys.stdout.flush()
     L.exec_command(cmd)

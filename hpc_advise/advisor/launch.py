@@ -12,6 +12,13 @@ plans FP8 over a bf16 checkpoint (Hy3) gets SGLang's online ``--quantization fp8
 for its folder. Extra arguments that contradict the plan are refused unless ``--force``; ``--use-ray``
 with our backends is refused (Ray workers never load plugins).
 
+Beyond one node (``node_gpus``, the GPU profile's ``gpus_per_node``) the deployment becomes several
+SGLang servers (``node_plan``), since SGLang 0.5.23 refuses data-parallel replicas across nodes
+(``--dp-size`` with ``--nnodes`` > 1): a replica whose tensor-parallel group spans k nodes is one server
+launched on each of them with ``--nnodes k --node-rank i --dist-init-addr HOST:PORT`` (node 0's
+address; ``DIST_INIT_PLACEHOLDER`` until the user gives one), smaller replicas run one server per node
+(``--dp-size`` = replicas per node) behind a router. ``LaunchCommand.notes`` say so.
+
 Validation runs in a child Python: SGLang's plugin loader, its parser, then its server-args resolution,
 where our plugin's resolution hooks apply the support rules (``hpc_advise.rules``); the real cause is
 reported. torch stays out of this process; the launch itself is ``os.execvpe`` so signals and the exit
@@ -55,11 +62,54 @@ class LaunchCommand:
     env: dict[str, str]  # variables to add to the environment
     planned: list[str] = field(default_factory=list)  # argv before the user's extra arguments
     forced: bool = False  # extra arguments may override the plan (--force)
+    notes: list[str] = field(default_factory=list)  # how to run it on several nodes (``node_plan``)
 
     def shell(self) -> str:
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cmd = " ".join(shlex.quote(a) for a in self.argv)
         return f"{prefix} {cmd}".strip()
+
+
+DIST_INIT_PLACEHOLDER = "NODE0_HOST:5000"  # printed until --dist-init-addr names node 0's address
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """How a candidate maps onto nodes: ``servers`` SGLang servers, each over ``nnodes`` nodes,
+    each holding ``dp`` replicas (``--dp-size``)."""
+
+    servers: int
+    nnodes: int
+    dp: int
+
+
+def node_plan(c: Candidate, node_gpus: int | None) -> NodePlan:
+    """The servers ``c`` needs on nodes of ``node_gpus`` GPUs (None: one node holds it all). Assumes
+    ``candidates.node_layout_reason`` passed: a replica spans whole nodes or tiles them."""
+    if not node_gpus or c.n_gpus <= node_gpus:
+        return NodePlan(1, 1, c.replicas)
+    if c.tp >= node_gpus:
+        return NodePlan(c.replicas, c.tp // node_gpus, 1)
+    per_node = node_gpus // c.tp
+    return NodePlan(-(-c.replicas // per_node), 1, min(per_node, c.replicas))
+
+
+def _node_notes(plan: NodePlan, node_gpus: int, dist_init_addr: str | None) -> list[str]:
+    if plan.nnodes > 1:
+        where = "node 0's address" + ("" if dist_init_addr else f" in place of {DIST_INIT_PLACEHOLDER}")
+        text = (
+            f"run this on each of the {plan.nnodes} nodes of a replica with --node-rank 0 to {plan.nnodes - 1} "
+            f"and --dist-init-addr {where}"
+        )
+        if plan.servers > 1:
+            text += f"; {plan.servers} such replicas ({plan.servers * plan.nnodes} nodes) behind a router"
+        return [text]
+    if plan.servers > 1:
+        return [
+            f"one server per {node_gpus}-GPU node ({plan.servers} nodes), this command on each, behind a "
+            f"router (e.g. python -m sglang_router.launch_router --worker-urls http://NODE:30000 ...)"
+        ]
+    return []
 
 
 def plugins_env(environ: dict | None = None) -> dict[str, str]:
@@ -182,11 +232,20 @@ def build_command(
     model=None,
     force: bool = False,
     environ: dict | None = None,
+    node_gpus: int | None = None,
 ) -> LaunchCommand:
     """The SGLang command for candidate ``c`` serving ``model_path`` (``model``: its profile, when known,
-    for the flags the profile implies). Raises :class:`LaunchError` when a support rule refuses ``c`` or
-    the extra arguments (see :func:`check_extra`)."""
+    for the flags the profile implies). ``node_gpus``: GPUs per node, for a candidate larger than one
+    node (``node_plan``; ``nnodes`` / ``node_rank`` / ``dist_init_addr`` given explicitly win). Raises
+    :class:`LaunchError` when a support rule refuses ``c`` or the extra arguments (see
+    :func:`check_extra`)."""
     model = model if model is not None else _profile_for(model_path)
+    plan = node_plan(c, node_gpus)
+    notes = _node_notes(plan, node_gpus or 0, dist_init_addr) if nnodes is None else []
+    if plan.nnodes > 1 and nnodes is None:
+        nnodes = plan.nnodes
+        node_rank = 0 if node_rank is None else node_rank
+        dist_init_addr = dist_init_addr or DIST_INIT_PLACEHOLDER
     argv = [
         python or sys.executable,
         "-m",
@@ -195,8 +254,8 @@ def build_command(
         model_path_arg(model_path, model),
     ]
     argv += ["--tp-size", str(c.tp)]
-    if c.replicas > 1:
-        argv += ["--dp-size", str(c.replicas)]
+    if plan.dp > 1:
+        argv += ["--dp-size", str(plan.dp)]
     if c.attn_dp > 1:
         argv += ["--attn-dp-size", str(c.attn_dp)]
     if c.ep > 1:
@@ -228,7 +287,7 @@ def build_command(
     forced = force or FORCE_FLAG in extra
     argv += check_extra(planned[3:], tuple(extra), force=forced)
     env = plugins_env(environ) if ours else {}
-    return LaunchCommand(argv, env, planned, forced)
+    return LaunchCommand(argv, env, planned, forced, notes)
 
 
 _NOT_IMPORTABLE = 3

@@ -47,7 +47,9 @@ Ranking: candidates meeting the SLOs first; among them, with SLOs given, the hig
 tokens/s per GPU (goodput per GPU at capacity: what an operator buys GPUs for; those within 5 % of
 the best, below the model's error, by the lowest mean request latency), otherwise the lowest mean
 request latency, with capacity shown; measured backends win ties. Candidates missing an SLO follow,
-closest to meeting it first. Mean request latency = mean TTFT + mean osl * mean TPOT (the sampled
+closest to meeting it first; then each top row says what breaks (``what_breaks``: the condition, its
+figure, and the highest rate at which it would hold) and ``more_gpus`` ranks again on 1, 2, 4 nodes
+for the smallest GPU count that meets the SLOs. Mean request latency = mean TTFT + mean osl * mean TPOT (the sampled
 ones, queueing and attention backend included): per-token time for decode-heavy traces, and TTFT
 where prompts dominate. Ranking by TPOT p50 alone let 0.4 % of TPOT decide between TP8 and 2 x TP4 on
 the agentic example while TP8's TTFT p99 was 37 % lower. The top picks' reasons name a capacity
@@ -136,6 +138,7 @@ class Ranked:
     capacity: Capacity | None = None  # how much more load it takes (``capacity`` module)
     kv_saturated_rps: float | None = None  # KV-saturated: requests/s it completes (all replicas)
     calibration: str | None = None  # "calibrated on N runs: ..." when its deployment was measured
+    breaks: str | None = None  # what fails, when no candidate meets the SLOs (``what_breaks``)
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -169,6 +172,8 @@ class Ranked:
         }
         if self.calibration:  # only then: uncalibrated output stays as it was
             out["calibration"] = self.calibration
+        if self.breaks:  # only when nothing meets the SLOs
+            out["breaks"] = self.breaks
         return out
 
 
@@ -253,7 +258,7 @@ class Ranker:
         keys = {}
         for c in cands:
             keys.setdefault(self.pred_key(c, conc[c]), c)
-        preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse) for c in keys.values()]
+        preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse, self.gpu) for c in keys.values()]
         pred = self.serving.predict(preps)
         split = self.serving.ttft_split(preps, pred)
         occupancy = self.serving.prefill_occupancy("sglang")
@@ -504,6 +509,10 @@ class Ranker:
         dep = prep.dep
         steps, mean_step, pf_ms = self._physics(dep, batch, ctx)
         delta_us, flags = self._attn_times(c, batch)
+        if c.tp > self.gpu.node_gpus and not self.gpu.nic_gbps:
+            flags.append(
+                f"no inter-node link in the {self.gpu.key} profile: {F.NIC_FALLBACK_GBPS:g} GB/s per GPU assumed (--nic-gbps)"
+            )
         moe_us, moe_flags = self._moe_times(c, batch)
         flags += moe_flags
         tpot = tpot_mean * steps / mean_step + (delta_us + moe_us) / 1e3
@@ -583,6 +592,89 @@ def kv_saturation_note(c: Candidate, rate: float, conc: float, served_rps: float
         f"saturated: TTFT grows without bound at {rate:.2f} req/s: the KV cache holds {conc:.0f} "
         f"requests per replica, which complete {served_rps:.2f} req/s in all; {more}"
     )
+
+
+def what_breaks(r: Ranked, w: TraceLoad, slo_tpot: float | None, slo_ttft: float | None) -> str:
+    """What keeps ``r`` from meeting the SLOs at the trace's load, and where it would meet them (its
+    capacity: the largest multiple of the load that passes)."""
+    why = failed_condition(r, slo_tpot, slo_ttft)
+    c = r.candidate
+    if why == cap.MEMORY and r.kv_saturated_rps is not None:
+        what = (
+            f"KV cache full: {r.concurrency:.0f} requests per replica complete {r.kv_saturated_rps:.2f} req/s"
+        )
+    elif why == cap.SATURATED:
+        what = f"prefill saturated: utilisation {r.rho:.2f} at {w.rate_rps:.2f} req/s"
+    elif why == cap.TPOT_SLO:
+        what = f"TPOT p99 {r.tpot_p99:.1f} ms > {slo_tpot:g} ms at {r.concurrency:.0f} requests per replica"
+    elif why == cap.TTFT_SLO:
+        what = f"TTFT p99 {_ms(r.ttft_p99)} > {slo_ttft:g} ms"
+        if r.rho is not None:
+            what += f" (prefill utilisation {r.rho:.2f} at {w.rate_rps:.2f} req/s)"
+    else:
+        what = why or "KV memory"
+    k = r.capacity
+    if k is None:
+        return what
+    if k.x > 0:
+        if k.over == "arrival rate":
+            return what + f"; meets them up to {k.x * w.rate_rps:.2f} req/s ({k.x:.2f}x the trace's)"
+        return what + f"; meets them up to {k.x * r.concurrency * c.replicas:.0f} requests in flight"
+    return what + f"; misses them even at 1/{cap.BOUND:g} of the trace's {k.over}"
+
+
+NODE_MULTIPLES = (1, 2, 4)  # GPU counts ``more_gpus`` tries, in nodes of the GPU profile
+
+
+@dataclass
+class MoreGpus:
+    """The smallest GPU count (whole nodes) on which a candidate meets the SLOs (``more_gpus``)."""
+
+    tried: list[int]  # GPU counts ranked, smallest first
+    gpus: int | None = None  # the first that meets them (None: none of ``tried``)
+    best: Ranked | None = None  # its top pick
+
+    def to_dict(self, node: int) -> dict:
+        out: dict = {"tried_gpus": self.tried, "gpus": self.gpus, "nodes": None, "config": None}
+        if self.gpus is not None and self.best is not None:
+            out.update(
+                nodes=self.gpus / node,
+                config=self.best.candidate.label(),
+                tpot_ms_p99=self.best.tpot_p99,
+                ttft_ms_p99=self.best.ttft_p99,
+            )
+        return out
+
+    def line(self, node: int, gpu_key: str) -> str:
+        if self.gpus is None:
+            if not self.tried:
+                return "no larger GPU count tried"
+            return f"no configuration meets them on up to {max(self.tried)} x {gpu_key} ({max(self.tried) // node} nodes)"
+        b = self.best
+        nodes = self.gpus / node
+        where = f"{nodes:g} node{'s' if nodes != 1 else ''}" if self.gpus >= node else f"{self.gpus} GPUs"
+        return (
+            f"on {self.gpus} x {gpu_key} ({where}) {b.candidate.label()} meets them: "
+            f"TPOT p99 {b.tpot_p99:.1f} ms, TTFT p99 {_ms(b.ttft_p99)}"
+        )
+
+
+def more_gpus(ranker: Ranker, n_gpus: int, slo_tpot, slo_ttft, concurrency) -> MoreGpus:
+    """Rank again on 1, 2 and 4 nodes of the GPU profile (``node_gpus``), those above ``n_gpus``,
+    and stop at the first count whose top pick meets the SLOs (the trace's load split over more
+    replicas, or larger tensor-parallel groups)."""
+    node = ranker.gpu.node_gpus
+    out = MoreGpus(tried=[])
+    for k in NODE_MULTIPLES:
+        g = k * node
+        if g <= n_gpus:
+            continue
+        out.tried.append(g)
+        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency)
+        if ranked and ranked[0].meets_slo:
+            out.gpus, out.best = g, ranked[0]
+            break
+    return out
 
 
 def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
@@ -825,4 +917,7 @@ def rank_candidates(
     ranked = _drop_twins(ranked)
     for r in ranked[:5]:
         r.reasons = reasons_for(r, ranker, ranked)
+    if slo_given and not ranked[0].meets_slo:
+        for r in ranked[:5]:
+            r.breaks = what_breaks(r, w, slo_tpot, slo_ttft)
     return ranked, excluded

@@ -81,10 +81,22 @@ def load_x(cap) -> str:
 
 
 def recommend_record(
-    trace, model_name, prof_gpu, n, slo_tpot_ms, slo_ttft_ms, concurrency, summary, ranked, excluded, top, cmd
+    trace,
+    model_name,
+    prof_gpu,
+    n,
+    slo_tpot_ms,
+    slo_ttft_ms,
+    concurrency,
+    summary,
+    ranked,
+    excluded,
+    top,
+    cmd,
+    more=None,
 ) -> tuple[dict, dict]:
     """(inputs, outputs) of a recommendation, as the knowledge base logs them and ``--json`` prints
-    the outputs."""
+    the outputs. ``more`` (``recommend.MoreGpus``, when nothing meets the SLOs) adds ``more_gpus``."""
     inputs = {
         "trace": str(trace),
         "model": model_name,
@@ -98,10 +110,14 @@ def recommend_record(
     outputs = {
         "ranked": [_ranked_dict(r) for r in ranked[:top]],
         "top": _ranked_dict(ranked[0]) if ranked else None,
-        "launch": {"argv": cmd.argv[1:], "env": cmd.env} if cmd else None,
+        "launch": ({"argv": cmd.argv[1:], "env": cmd.env} | ({"notes": cmd.notes} if cmd.notes else {}))
+        if cmd
+        else None,
         "n_feasible": len(ranked),
         "n_excluded": len(excluded),
     }
+    if more is not None:
+        outputs["more_gpus"] = more.to_dict(prof_gpu.node_gpus)
     return inputs, outputs
 
 
@@ -146,6 +162,7 @@ def recommend_text(
     cmd,
     rec_id: int,
     show_excluded: bool,
+    more=None,
 ) -> str:
     """``recommend``'s text: the header line, the ranked table, what "load x" means, the top three's
     capacity, reasons and flags, the launch line, the logged id and (optionally) the excluded list."""
@@ -191,10 +208,17 @@ def recommend_text(
                 f"  capacity {load_x(cap)}x the {over}: {cap.max_tok_s_per_gpu:.0f} out tok/s/GPU{edge}"
             )
         lines += [f"  - {why}" for why in r.reasons]
+        lines += [f"  x {r.breaks}"] if r.breaks else []
         lines += [f"  = {r.calibration}"] if r.calibration else []
         lines += [f"  ! {f}" for f in r.flags[:3]]
+    if ranked and ranked[0].breaks:
+        lines.append("\nno configuration meets the SLOs:")
+        lines += [f"  x {r.candidate.label()}: {r.breaks}" for r in ranked[min(top, 3) : top] if r.breaks]
+        if more is not None:
+            lines.append(f"  + {more.line(prof_gpu.node_gpus, prof_gpu.key)}")
     if cmd:
         lines.append(f"\nlaunch:\n  {cmd.shell()}")
+        lines += [f"  ({note})" for note in cmd.notes]
     lines.append(f"\nrecommendation #{rec_id} logged (hpc-advise launch --recommendation {rec_id})")
     if show_excluded:
         lines += excluded_lines(excluded)

@@ -19,6 +19,8 @@ shared experts / dense FFN; the all-reduces of attention TP (which also combine 
 under EP without attention DP: every rank holds every token, so no all-to-all) or all-gather +
 reduce-scatter around the MoE under attention DP: the collective's fitted time where the GPU profile's
 measured figures hold one for that op and world size (``comm_model``), else bytes over link bandwidth;
+a collective over more ranks than one node (``gpus_per_node``) is hierarchical: the same collective
+inside the node plus the inter-node exchange of each GPU's 1/node share over its NIC (``nic_gbps``);
 plus the LM head once per step. Prefill: the same operators at ``tokens`` tokens, compute-bound for long prompts, plus causal
 attention FLOPs.
 """
@@ -200,6 +202,9 @@ def shapes_of(model) -> Shapes:
     )
 
 
+NIC_FALLBACK_GBPS = 25.0  # a profile without ``nic_gbps``: one 200 Gb/s NIC per GPU (recommend flags it)
+
+
 @dataclass(frozen=True)
 class Rates:
     """The GPU rates the roofline uses, in bytes/µs and FLOP/µs."""
@@ -209,6 +214,8 @@ class Rates:
     link: float  # all-reduce bus bandwidth, bytes/µs
     # measured collective times: ((op, world size), CommFit) pairs from the profile's figures
     comm: tuple = ()
+    node: int = 8  # GPUs in one NVLink domain (``GpuProfile.node_gpus``)
+    nic: float = NIC_FALLBACK_GBPS * 1e3  # inter-node bandwidth per GPU per direction, bytes/µs
 
     @classmethod
     def of(cls, gpu) -> Rates:
@@ -226,7 +233,9 @@ class Rates:
         flops = {"bf16_tflops": bf16 * 1e6, "fp8_tflops": float(fp8) * 1e6, "fp4_tflops": float(fp4) * 1e6}
         link = gpu.rate("allreduce_busbw_gbps") or getattr(gpu, "pcie_gbps", None) or 25.0
         comm = tuple(sorted(comm_model.fits_from_figures(getattr(gpu, "measured", None) or {}).items()))
-        return cls(bw=bw, flops=flops, link=float(link) * 1e3, comm=comm)
+        node = int(getattr(gpu, "node_gpus", 8))
+        nic = float(getattr(gpu, "nic_gbps", None) or NIC_FALLBACK_GBPS) * 1e3
+        return cls(bw=bw, flops=flops, link=float(link) * 1e3, comm=comm, node=node, nic=nic)
 
     def peak(self, quant: str) -> float:
         return self.flops[COMPUTE_RATE[quant]]
@@ -265,6 +274,13 @@ def _collective(nbytes: float, ranks: int, rates: Rates, kind: str) -> float:
     bus-bandwidth factors over the link rate: measured peak bus bandwidth, or the vendor's)."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
+    if ranks > rates.node:
+        # hierarchical, as NCCL runs it over rail-connected nodes: the collective inside each node,
+        # then every GPU exchanges its 1/node share with its peers on the other nodes over its own
+        # NIC (bandwidth term only: no inter-node latency is measured)
+        nodes = math.ceil(ranks / rates.node)
+        inter = comm_model.BUSBW_FACTOR[kind](nodes) * nbytes / rates.node / rates.nic
+        return _collective(nbytes, rates.node, rates, kind) + inter
     for key, fit in rates.comm:
         if key == (kind, ranks):
             return fit.time_us(nbytes)

@@ -19,6 +19,13 @@ Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge
    to a new one. TTFT uses the same fit since version 3 (held-out model TTFT median / p90 38.6 / 121.9 %
    -> 33.2 / 95.6 %; see ``SETTINGS``).
 
+Since version 4 a prediction scales TPOT's two prefill-interference terms by the fraction of its life
+a request spends decoding (``decode_fraction``, from the predicted TTFT and TPOT): requests waiting
+for or running their prefill are not in the decode batch. The fit keeps them unscaled: its runs
+decoded 97.6 % of the time (median; 5 % of them under 89 %), and fitting with each run's measured
+fraction, or with the predicted one, scored worse in ``evaluate`` (held-out model TPOT median / p90
+16.2 / 40.6 % and 15.7 / 40.2 % against 15.8 / 39.6 % for this and 15.9 / 39.9 % for version 3).
+
 TTFT is a latency: its calibration absorbs everything between a request's arrival and its first
 token in the measured runs (scheduling, waiting behind other prefills of the closed-loop benchmark,
 tokenization), so SGLang's TTFT prefill coefficient is ~10x the prefill roofline. It is not the GPU
@@ -56,7 +63,8 @@ import numpy as np
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 
-MODEL_VERSION = 3  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit
+MODEL_VERSION = 4  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit;
+# 4: TPOT's prefill terms at the predicted decoding fraction
 SETTINGS: dict = {
     "version": MODEL_VERSION,
     "min_engine_rows": 150,
@@ -92,6 +100,8 @@ TPOT_TERMS = (
     "interference",
     "interference_alone",
 )
+# the prefill-interference terms of TPOT_TERMS (scaled by ``decode_fraction``)
+INTERFERENCE = [TPOT_TERMS.index("interference"), TPOT_TERMS.index("interference_alone")]
 TTFT_TERMS = ("const_ms", "layers", "prefill", "wait", "step", "collectives")
 
 
@@ -145,10 +155,11 @@ class Prepared:
     x_ttft: np.ndarray
 
 
-def prepare(p: ServingPoint, prefix_reuse: float = 0.0) -> Prepared:
-    """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot."""
+def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
+    """Resolve profiles and compute the roofline of one point. Raises RowError when it cannot.
+    ``gpu``: the GPU profile to use instead of ``p.gpu``'s (one with the user's ``--nic-gbps``)."""
     model = resolve_model(p.model)
-    gpu = resolve_gpu(p.gpu)
+    gpu = gpu if gpu is not None else resolve_gpu(p.gpu)
     if not p.dense_quant or not p.moe_quant:  # not stated: the model's shipped checkpoint
         dq, mq = model_quants(model)
         p = replace(p, dense_quant=p.dense_quant or dq, moe_quant=p.moe_quant or mq)
@@ -391,10 +402,17 @@ class ServingModel:
         return _base_of(X, np.array([pr.point.engine for pr in preps]), self.theta[which])
 
     def predict(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
-        """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms'} arrays for the points."""
+        """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms'} arrays for the points. TTFT first:
+        TPOT's prefill terms are scaled by the decoding fraction its TTFT implies (``decode_fraction``)."""
         res = {}
-        for which in ("tpot", "ttft"):
-            base = self._base(preps, which)
+        for which in ("ttft", "tpot"):
+            if which == "tpot":
+                X = np.array([pr.x_tpot for pr in preps]).reshape(len(preps), -1)
+                engines = np.array([pr.point.engine for pr in preps])
+                osl = np.array([pr.point.osl for pr in preps], dtype=float)
+                base = _tpot_base(X, engines, self.theta["tpot"], osl, res["ttft_ms"] * 1e3)
+            else:
+                base = self._base(preps, which)
             est = self.gbm.get(which)
             if est is not None and preps:
                 Z = np.column_stack([np.array([p.feats for p in preps]), np.log(base)])
@@ -620,6 +638,40 @@ def _base_of(X: np.ndarray, engines: np.ndarray, th: dict) -> np.ndarray:
         return np.empty(0)
     T = np.array([th.get(e, th["*"]) for e in engines], dtype=float)
     return np.maximum(np.einsum("ij,ij->i", X, T), 1.0)
+
+
+def decode_fraction(osl: np.ndarray, tpot_us: np.ndarray, ttft_us: np.ndarray) -> np.ndarray:
+    """Fraction of a closed-loop request's life spent decoding, ``osl * TPOT / (TTFT + osl * TPOT)``.
+
+    The roofline's prefill interference charges every decode step with ``batch / osl`` prefills, as
+    if all ``batch`` requests in flight were decoding. A request waiting for or running its prefill
+    is not in the decode batch: the prefills that enter per decode step are the arrival rate
+    ``batch / (TTFT + osl * TPOT)`` times the step, i.e. ``batch / osl`` times this fraction."""
+    dec = np.maximum(osl, 1.0) * tpot_us
+    return dec / np.maximum(dec + ttft_us, 1e-9)
+
+
+# the decoding fraction's fixed point (``_tpot_base``): < 0.1 % after 4 rounds on the training rows
+FRACTION_ITERATIONS = 8
+
+
+def _tpot_base(
+    X: np.ndarray, engines: np.ndarray, th: dict, osl: np.ndarray, ttft_us: np.ndarray
+) -> np.ndarray:
+    """Stage-1 TPOT µs with the prefill terms at the decoding fraction that this TPOT and the
+    predicted TTFT give (``decode_fraction``): a fixed point, as TPOT enters the fraction. Stage 1 is
+    linear, TPOT = A + f * B with B the prefill terms; f rises with T, so the iteration from
+    f = 1 decreases monotonically to it."""
+    if not len(X):
+        return np.empty(0)
+    T = np.array([th.get(e, th["*"]) for e in engines], dtype=float)
+    part = X * T
+    b = part[:, INTERFERENCE].sum(axis=1)
+    a = part.sum(axis=1) - b
+    f = np.ones(len(X))
+    for _ in range(FRACTION_ITERATIONS):
+        f = decode_fraction(osl, np.maximum(a + f * b, 1.0), ttft_us)
+    return np.maximum(a + f * b, 1.0)
 
 
 def _group_medians(values: np.ndarray, groups: np.ndarray) -> np.ndarray:

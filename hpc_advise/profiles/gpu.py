@@ -10,6 +10,9 @@ One TOML file per GPU under ``profiles/gpus/``. Units are in the field names:
 - ``nvlink_gbps``: NVLink bandwidth per GPU **per direction** (the datasheet's "900 GB/s" for H100/H200
   is both directions together, so 450 here). This is the ceiling that nccl-tests' bus bandwidth is
   compared against;
+- ``nic_gbps``: inter-node (scale-out) bandwidth per GPU per direction, of the vendor's reference
+  system (one 400 Gb/s ConnectX-7 per GPU on HGX H100/H200/B200 = 50); ``gpus_per_node``: GPUs that
+  share one NVLink domain in that system (8 on HGX). Beyond it collectives cross the NIC;
 - ``power_w``: board power (TDP) in watts; ``l2_mib``: L2 cache in MiB (the vendor's "MB").
 
 The ``[vendor]`` table holds datasheet figures (with ``source``); the ``[measured]`` table holds figures
@@ -50,12 +53,23 @@ VENDOR_FIELDS = (
     "compute_capability",
     "nvlink_gbps",
     "pcie_gbps",
+    "nic_gbps",
+    "gpus_per_node",
     "power_w",
     "l2_mib",
 )
 
 # vendor figures a GPU may lack (no FP8 on A100, no NVLink on L40S, unpublished L2): None when absent
-OPTIONAL_VENDOR_FIELDS = ("fp8_tflops", "fp4_tflops", "nvlink_gbps", "pcie_gbps", "l2_mib")
+OPTIONAL_VENDOR_FIELDS = (
+    "fp8_tflops",
+    "fp4_tflops",
+    "nvlink_gbps",
+    "pcie_gbps",
+    "nic_gbps",
+    "gpus_per_node",
+    "l2_mib",
+)
+DEFAULT_GPUS_PER_NODE = 8  # a profile that does not say: the usual 8-GPU server
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,8 @@ class GpuProfile:
     l2_mib: float | None
     fp4_tflops: float | None = None
     pcie_gbps: float | None = None
+    nic_gbps: float | None = None
+    gpus_per_node: int | None = None
     vendor_source: str = ""
     measured: dict[str, float] = field(default_factory=dict)
     measured_source: str = ""
@@ -100,6 +116,11 @@ class GpuProfile:
             )
         value = getattr(self, vendor)
         return None if value is None else value
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs of one node (one NVLink domain): the profile's ``gpus_per_node``, else 8."""
+        return int(self.gpus_per_node or DEFAULT_GPUS_PER_NODE)
 
     def with_measured(self, measured: dict[str, float], source: str) -> GpuProfile:
         """A copy whose measured figures are overlaid by ``measured`` (e.g. from this machine's KB row)."""

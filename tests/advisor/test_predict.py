@@ -69,3 +69,31 @@ def test_batch_predicts_in_order_with_reasons(advisor_home, tmp_path):  # noqa: 
     written = list(csv.DictReader((tmp_path / "eval.predictions.csv").open()))
     assert [r["id"] for r in written] == [o["id"] for o in out]
     assert float(written[1]["tpot_ms"]) == out[1]["tpot_ms"]
+
+
+def test_nic_bandwidth_enters_only_beyond_one_node(advisor_home):  # noqa: F811
+    """TP16 on two 8-GPU H200 nodes: its all-reduces cross the NIC (the profile's 50 GB/s per GPU, or
+    --nic-gbps), so a slower NIC slows it; TP8 inside one node does not move. --nic-gbps is refused
+    at parse time when it is not a positive finite number."""
+    from hpc_advise.advisor import roofline as F
+    from hpc_advise.profiles.resolve import resolve_gpu
+
+    def tpot(gpus, nic=()):
+        args = ["--model", "deepseek-v3", "--gpu", "h200", "--gpus", str(gpus), "--tp", str(gpus)]
+        args += ["--isl", "2000", "--osl", "500", "--concurrency", "64", "--json", *nic]
+        return json.loads(_run(args))["tpot_ms"]["p50"]
+
+    assert tpot(16, ("--nic-gbps", "5")) > 1.2 * tpot(16) and tpot(16, ("--nic-gbps", "50")) == tpot(16)
+    assert tpot(8, ("--nic-gbps", "5")) == tpot(8)
+    r = F.Rates.of(resolve_gpu("h200"))
+    assert (r.node, r.nic) == (8, 50e3)
+    # hierarchical all-reduce over 2 nodes: the in-node one plus each GPU's 1/8 share over its NIC
+    nbytes = 64 * 7168 * 2.0
+    inter = F.comm_model.BUSBW_FACTOR["allreduce"](2) * nbytes / 8 / r.nic
+    assert F._collective(nbytes, 16, r, "allreduce") == F._collective(nbytes, 8, r, "allreduce") + inter
+    for bad in ("0", "-1", "nan", "inf", "fast", "2000"):
+        res = CliRunner().invoke(
+            predict,
+            ["--model", "qwen3-32b", "--isl", "1", "--osl", "1", "--concurrency", "1", "--nic-gbps", bad],
+        )
+        assert res.exit_code == 2 and "--nic-gbps" in res.output and "Traceback" not in res.output, res.output

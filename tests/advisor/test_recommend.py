@@ -165,6 +165,37 @@ def test_agentic_trace_gets_a_ranked_answer_with_reasons(advisor_home, tmp_path,
         assert "GPUs" in r["flags"][0]
 
 
+def test_nothing_meets_the_slos_says_what_breaks_the_rate_and_the_gpus_that_would(advisor_home, tmp_path):  # noqa: F811
+    """30 req/s of 2K-token prompts and 300-token outputs is too much for 8 x H200 under TPOT 50 ms /
+    TTFT 2 s: every top row names what breaks and the rate it would meet them at, and recommend ranks
+    1, 2, 4 nodes for the smallest count that meets them (exit 0: the input was valid). The named
+    rate is checked by asking again at 90 % of it: something then meets the SLOs."""
+    from hpc_advise.advisor.traces import summarize
+
+    slo = ("--slo-tpot-ms", "50", "--slo-ttft-ms", "2000")
+    trace = _poisson_trace(tmp_path / "hi.jsonl", 2000, 300, rate=30.0)
+    out = _recommend(trace, tmp_path / "kb.db", *slo)
+    assert out["ranked"] and not any(r["meets_slo"] for r in out["ranked"])
+    conditions = ("TPOT p99", "TTFT p99", "KV cache full", "prefill saturated")
+    for r in out["ranked"]:
+        assert r["breaks"].startswith(conditions), r["breaks"]
+    best = max(out["ranked"], key=lambda r: r["capacity_x"])
+    assert 0 < best["capacity_x"] < 1
+    rate = best["capacity_x"] * summarize(str(trace)).rate_rps
+    assert f"meets them up to {rate:.2f} req/s" in best["breaks"]
+    more = out["more_gpus"]
+    assert more["tried_gpus"][0] == 16 and more["gpus"] in more["tried_gpus"]
+    assert more["nodes"] == more["gpus"] / 8 and more["tpot_ms_p99"] <= 50 and more["ttft_ms_p99"] <= 2000
+    assert more["gpus"] >= 8 / best["capacity_x"] * 0.5  # more replicas for 1/x of the load, not fewer
+    lower = _poisson_trace(tmp_path / "lower.jsonl", 2000, 300, rate=0.9 * 30.0 * best["capacity_x"])
+    again = _recommend(lower, tmp_path / "kb.db", *slo)
+    assert again["top"]["meets_slo"] and "more_gpus" not in again and "breaks" not in again["top"]
+    text = CliRunner().invoke(recommend, _args(tmp_path / "hi.jsonl", tmp_path / "kb.db", *slo))
+    assert text.exit_code == 0, text.output
+    assert "no configuration meets the SLOs:" in text.output
+    assert f"+ on {more['gpus']} x h200 ({more['nodes']:g} nodes) {more['config']} meets them" in text.output
+
+
 def test_table_output_has_reasons_and_launch_line(advisor_home, tmp_path):  # noqa: F811
     args = _args("chat_uniform.csv", tmp_path / "kb.db", "--slo-tpot-ms", "50", "--top", "3")
     res = CliRunner().invoke(recommend, args)
@@ -577,3 +608,26 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
     hy3 = _recommend("chat_uniform.csv", tmp_path / "kb2.db", "--slo-tpot-ms", "35", "--top", "5")
     dp = [x for r in hy3["ranked"][:5] for x in r["reasons"] if "attention data-parallel 8" in x]
     assert dp and not any("avoiding replicated" in x for x in dp), dp  # hy3: 8 KV heads, TP8 splits them
+
+
+def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: F811
+    """On 2 x 8 H200s the printed launch is what SGLang runs across nodes: a replica wider than a node
+    carries --nnodes 2 --node-rank 0 --dist-init-addr; smaller ones run one server per node (never
+    --dp-size with --nnodes, which SGLang refuses); the notes say how. No candidate straddles a node."""
+    args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "deepseek-v3", "--gpu", "h200"]
+    res = CliRunner().invoke(
+        recommend, [*args, "--gpus", "16", "--json", "--top", "500", "--db", str(tmp_path / "kb.db")]
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    launch, top = out["launch"], out["top"]["candidate"]
+    argv = launch["argv"]
+    assert argv[argv.index("--tp-size") + 1] == str(top["tp"])
+    if top["tp"] > 8:
+        assert argv[argv.index("--nnodes") + 1] == str(top["tp"] // 8) and "--dist-init-addr" in argv
+        assert "--dp-size" not in argv and "--node-rank" in launch["notes"][0]
+    else:
+        assert "--nnodes" not in argv and "one server per 8-GPU node" in launch["notes"][0]
+    assert {r["candidate"]["tp"] for r in out["ranked"]} <= {1, 2, 4, 8, 16}
+    wide = [r for r in out["ranked"] if r["candidate"]["tp"] == 16]
+    assert wide  # TP16 is a candidate, its collectives over the NIC

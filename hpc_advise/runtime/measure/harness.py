@@ -250,7 +250,7 @@ def results_dir() -> Path:
     for var in ("HPC_ADVISE_RESULTS", "OUT"):
         if os.environ.get(var):
             return Path(os.environ[var])
-    return Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    return Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 
 
 def write_results(
