@@ -822,7 +822,7 @@ def several(a, argv: list[str]) -> int:
             ["--skip", *skip] if skip else []
         )
         procs.append((m, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-        time.sleep(1.0)
+        time.sleep(6.0)  # the first model's workers queue for the GPU first
     rc = 0
     for _m, p in procs:
         out, _ = p.communicate()
@@ -846,7 +846,7 @@ def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
 
     spec = MODELS[a.model]
     logs = {}
-    for c in combos(a.model) + [REFERENCE]:
+    for c in [c for c in combos(a.model) if ":".join(c) not in getattr(a, "skip", [])] + [REFERENCE]:
         f = work / f"{_tag(*c)}.json"
         logs[c] = (
             json.loads(f.read_text()) if f.exists() else {"errors": ["worker wrote nothing"], "cells": []}
