@@ -201,3 +201,28 @@ def test_bad_combination_is_one_line(capsys):
         bl.main(["--model", "dsv3", "--skip", "hpc_advise:triton:sglang"])
     assert e.value.code != 0
     assert "unknown combination" in capsys.readouterr().err
+
+
+def test_several_models_share_one_lock_and_split_skips(monkeypatch, capsys):
+    started = []
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, cmd, **kw):
+            started.append(cmd[2:])
+
+        def communicate(self):
+            return "", None
+
+    monkeypatch.setattr(bl.subprocess, "Popen", Proc)
+    monkeypatch.setattr(bl.time, "sleep", lambda s: None)
+    argv = ["--model", "hy3", "dsv3", "--skip", "hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang",
+            "--budget-s", "9", "--out", "/tmp/x"]  # fmt: skip
+    assert bl.main(argv) == 0
+    hy3, dsv3 = started
+    assert hy3[:2] == ["--model", "hy3"] and dsv3[:2] == ["--model", "dsv3"]
+    assert hy3[hy3.index("--lock") + 1] == dsv3[dsv3.index("--lock") + 1]
+    assert hy3[hy3.index("--skip") + 1 :] == ["hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang"]
+    assert dsv3[dsv3.index("--skip") + 1 :] == ["triton:hpc_advise:sglang"]
+    assert "--budget-s" in dsv3 and "9" in dsv3
