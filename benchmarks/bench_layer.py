@@ -43,6 +43,7 @@ Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds
 from __future__ import annotations
 
 import argparse
+import atexit
 import fcntl
 import json
 import math
@@ -62,7 +63,7 @@ VOCAB = 1024
 BATCHES = (1, 8, 32, 64, 128, 256)
 MIXES = ("uniform-2k", "mixed-1k-32k", "agentic")
 MAX_CONTEXT = 32768
-AGENTIC_TRACE = ROOT / "examples" / "traces" / "agentic_coding.jsonl"
+AGENTIC_TRACE = Path("examples") / "traces" / "agentic_coding.jsonl"
 
 # One rank's shapes. Full-model numbers: hpc_advise/profiles/models/<key>.json. ``tp``: attention heads (and,
 # with ``ep`` 1, expert widths) split that many ways; ``ep``: an expert-parallel rank, emulated on one GPU as
@@ -245,9 +246,18 @@ def draw_lengths(mix: str, n: int, seed: int) -> list[int]:
     if mix == "mixed-1k-32k":
         return [int(round(math.exp(rng.uniform(math.log(1024), math.log(MAX_CONTEXT))))) for _ in range(n)]
     if mix == "agentic":
-        pool = [json.loads(line)["input_length"] for line in AGENTIC_TRACE.read_text().splitlines() if line]
+        pool = [json.loads(line)["input_length"] for line in _trace().read_text().splitlines() if line]
         return [min(max(rng.choice(pool), 256), MAX_CONTEXT) for _ in range(n)]
     raise ValueError(f"unknown mix {mix!r} (one of {', '.join(MIXES)})")
+
+
+def _trace() -> Path:
+    """The agentic example trace: in this checkout, or (a carried tree holds no examples/) in the checkout
+    the device tool sent, ``$CARRY``."""
+    for root in (ROOT, Path(os.environ.get("CARRY", ROOT))):
+        if (root / AGENTIC_TRACE).is_file():
+            return root / AGENTIC_TRACE
+    raise FileNotFoundError(f"{AGENTIC_TRACE} is neither under {ROOT} nor under $CARRY")
 
 
 def split_prefix(length: int) -> int:
@@ -365,17 +375,56 @@ def _server_argv(a, cfg_dir: str, attn: str, moe: str, max_tokens: int) -> list[
 
 
 class _Lock:
-    """The GPU, one worker at a time. Never released by hand: the lock goes with the process, so the next
-    worker starts building only once this one's GPU memory is gone."""
+    """The GPU, one worker at a time, in ticket order (lowest live ticket first: the first model's
+    combinations, SGLang's default first, whatever the import order). Each worker leaves
+    ``<lock>.queue/<ticket>.<pid>`` while it lives; a ticket whose process is gone no longer counts. The
+    flock is never released by hand: it goes with the process, so the next worker starts building only once
+    this one's GPU memory is gone."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, ticket: int):
         self.f = open(path, "a")
+        self.queue = Path(f"{path}.queue")
+        self.queue.mkdir(exist_ok=True)
+        self.ticket = ticket
+        self.mine = self.queue / f"{ticket:06d}.{os.getpid()}"
+        self.mine.touch()
+        atexit.register(self.mine.unlink, missing_ok=True)
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:  # a process that ended but is not reaped yet (a zombie) counts as gone
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    def wait_until_ahead(self, n: int) -> None:
+        """Until at most ``n`` live workers are ahead (so dozens of queued workers do not all import
+        SGLang at once, beside a worker being timed)."""
+        while True:
+            ahead = 0
+            for entry in self.queue.iterdir():
+                ticket, pid = entry.name.split(".")
+                ahead += int(ticket) < self.ticket and int(pid) != os.getpid() and self._alive(int(pid))
+            if ahead <= n:
+                return
+            time.sleep(0.5)
+
+    def _first(self) -> bool:
+        for entry in sorted(self.queue.iterdir()):
+            ticket, pid = entry.name.split(".")
+            if int(pid) == os.getpid():
+                return True
+            if int(ticket) < self.ticket and self._alive(int(pid)):
+                return False
+        return True
 
     def __enter__(self):
+        while not self._first():
+            time.sleep(0.2)
         fcntl.flock(self.f, fcntl.LOCK_EX)
 
     def __exit__(self, *exc):
-        pass
+        self.mine.unlink(missing_ok=True)
 
 
 def _build_runner(a, cfg_dir, attn, moe, max_tokens):
@@ -660,6 +709,8 @@ def worker(a) -> int:
     }
     out_json = work / f"{_tag(attn, moe, router)}.json"
     save = lambda: out_json.write_text(json.dumps(log))  # noqa: E731  (after every cell: a kill keeps them)
+    lock = _Lock(Path(a.lock) if a.lock else work / "gpu.lock", a.ticket)  # in the queue before importing
+    lock.wait_until_ahead(3)
     t0 = time.time()
     _sgl_kernel_twins()
     import sglang.srt.managers.schedule_batch  # noqa: F401  (import cost outside the lock)
@@ -669,7 +720,7 @@ def worker(a) -> int:
     mixes = {m: draw_lengths(m, max(a.batches), a.seed) for m in a.mixes}
     need = sum(sum(split_prefix(n) for n in lens) for lens in mixes.values())
     max_tokens = need + 1600 * 2 * PAGE + 8 * PAGE * len(a.batches) + sum(a.prefill) + 4 * PAGE
-    with _Lock(Path(a.lock) if a.lock else work / "gpu.lock"):
+    with lock:
         t1 = time.time()
         try:
             runner = _build_runner(a, str(work / "model"), attn, moe, max_tokens)
@@ -770,17 +821,16 @@ def driver(a) -> int:
     )
     todo = [c for c in combos(a.model) if ":".join(c) not in a.skip] + [REFERENCE]
     procs = []
-    for attn, moe, router in todo:
+    for i, (attn, moe, router) in enumerate(todo):
         cmd = [sys.executable, __file__, "--worker", "--combo", f"{attn}:{moe}:{router}", "--model", a.model,
                "--layers", str(a.layers), "--seed", str(a.seed), "--work", str(work), "--reps", str(a.reps),
                "--batches", *map(str, a.batches), "--mixes", *a.mixes, "--prefill", *map(str, a.prefill)]  # fmt: skip
-        if a.lock:
-            cmd += ["--lock", a.lock]
+        cmd += ["--ticket", str(a.ticket + i)] + (["--lock", a.lock] if a.lock else [])
         wenv = dict(env, HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0")
         logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
         procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))
         time.sleep(0.5)  # lock order = start order: the default combination builds first
-    deadline = time.time() + a.budget_s
+    deadline = min(time.time() + a.budget_s, a.deadline or float("inf"))
     for p in procs:
         try:
             p.wait(timeout=max(1, deadline - time.time()))
@@ -814,15 +864,15 @@ def several(a, argv: list[str]) -> int:
         drop = False
         rest.append(x)
     procs = []
-    for m in a.model:
+    deadline = time.time() + a.budget_s
+    for k, m in enumerate(a.model):
         names = {":".join(c) for c in combos(m)}
         skip = [c for c in a.skip if (c.split(":", 1)[1] if c.count(":") == 3 and c.startswith(m + ":") else c) in names
                 and (c.count(":") == 2 or c.startswith(m + ":"))]  # fmt: skip
-        cmd = [sys.executable, __file__, "--model", m, "--lock", lock, *rest] + (
-            ["--skip", *skip] if skip else []
-        )
+        cmd = [sys.executable, __file__, "--model", m, "--lock", lock, "--ticket", str(100 * k),
+               "--deadline", str(deadline), *rest] + (["--skip", *skip] if skip else [])  # fmt: skip
         procs.append((m, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-        time.sleep(6.0)  # the first model's workers queue for the GPU first
+        time.sleep(1.0)
     rc = 0
     for _m, p in procs:
         out, _ = p.communicate()
@@ -1046,6 +1096,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=420.0, help="wall time the workers get")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--combo", help=argparse.SUPPRESS)
+    p.add_argument("--ticket", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--table", help="render the Markdown table of a layer_step .jsonl and exit")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)

@@ -12,6 +12,7 @@ import pytest
 from tests.benchmarks.helpers import load_script
 
 bl = load_script("bench_layer")
+ROOT_DIR = bl.ROOT
 
 
 def test_shard_config_hy3_tp8():
@@ -226,3 +227,36 @@ def test_several_models_share_one_lock_and_split_skips(monkeypatch, capsys):
     assert hy3[hy3.index("--skip") + 1 :] == ["hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang"]
     assert dsv3[dsv3.index("--skip") + 1 :] == ["triton:hpc_advise:sglang"]
     assert "--budget-s" in dsv3 and "9" in dsv3
+
+
+def test_gpu_lock_goes_by_ticket_not_arrival(tmp_path):
+    """Workers queued before the GPU is free take it lowest ticket first; a dead ticket is skipped."""
+    import subprocess
+    import sys
+    import time
+
+    lock, order = tmp_path / "gpu.lock", tmp_path / "order"
+    (tmp_path / "gpu.lock.queue").mkdir()
+    (tmp_path / "gpu.lock.queue" / "000000.999999999").touch()  # a worker that died in the queue
+    prog = (
+        "import sys, time; sys.path.insert(0, {b!r}); import bench_layer as bl; "
+        "lk = bl._Lock(bl.Path({lock!r}), int(sys.argv[1])); time.sleep(float(sys.argv[2])); "
+        "lk.__enter__(); open({order!r}, 'a').write(sys.argv[1] + ' '); time.sleep(float(sys.argv[3]))"
+    ).format(b=str(bl.ROOT / "benchmarks"), lock=str(lock), order=str(order))
+    # ticket 5 arrives first and takes the free GPU; 3, 1 and 2 queue behind it in that arrival order
+    first = subprocess.Popen([sys.executable, "-c", prog, "5", "0", "2.0"])
+    deadline = time.time() + 60
+    while not order.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    procs = [first] + [subprocess.Popen([sys.executable, "-c", prog, t, d, "0.1"]) for t, d in (("3", "0"), ("1", "0.3"), ("2", "0.6"))]  # fmt: skip
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+    assert order.read_text().split() == ["5", "1", "2", "3"]
+
+
+def test_agentic_trace_from_the_sent_checkout(tmp_path, monkeypatch):
+    monkeypatch.setattr(bl, "ROOT", tmp_path / "tree")
+    monkeypatch.setenv("CARRY", str(ROOT_DIR))
+    assert bl._trace() == ROOT_DIR / bl.AGENTIC_TRACE
+    monkeypatch.setenv("CARRY", str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        bl._trace()
