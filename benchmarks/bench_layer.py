@@ -52,6 +52,7 @@ import random
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,6 +355,56 @@ def _sgl_kernel_twins() -> None:
     sk.utils = utils
 
 
+def _rescale_dummy_weights(model, seed: int = 1234) -> None:
+    """Give SGLang's dummy weights (every element U(-1e-3, 1e-3)) a spread under which the decoder layers
+    move the logits, so the output check can tell backends apart: weight matrices U(-a, a) with
+    a = sqrt(3 / fan_in) (unit-variance outputs), norm weights 1. FP8 weights (experts quantized at init)
+    get values U(-1, 1) and their per-tensor scale ``<name>_scale`` = a. Seeded by parameter name (the same
+    values in every worker, different ones in every layer); runs where SGLang's ``initialize_dummy_weights`` ran,
+    before any ``process_weights_after_loading``."""
+    import torch
+
+    state = model.state_dict()
+    for name, param in state.items():
+        if (
+            not torch.is_floating_point(param)
+            or name.endswith("_scale")
+            or "scale" in name.rsplit(".", 1)[-1]
+        ):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if param.dim() == 1 and "norm" in name:
+            param.fill_(1.0)
+            continue
+        if param.dim() < 2 or not leaf.endswith("weight"):
+            continue
+        a = math.sqrt(3.0 / param.shape[-1])
+        g = torch.Generator(device=param.device).manual_seed(seed + zlib.crc32(name.encode()))
+        if torch.finfo(param.dtype).bits < 16:
+            tmp = torch.empty(param.shape, dtype=torch.float16, device=param.device).uniform_(
+                -1, 1, generator=g
+            )
+            param.copy_(tmp.to(param.dtype))
+            scale = state.get(f"{name}_scale")
+            if scale is not None:
+                scale.fill_(a)
+        else:
+            param.uniform_(-a, a, generator=g)
+
+
+def _install_weight_rescale() -> None:
+    """Wrap the dummy loader's ``initialize_dummy_weights`` (imported by name into the loader module)."""
+    from sglang.srt.model_loader import loader
+
+    original = loader.initialize_dummy_weights
+
+    def initialize(model, *args, **kwargs):
+        original(model, *args, **kwargs)
+        _rescale_dummy_weights(model)
+
+    loader.initialize_dummy_weights = initialize
+
+
 def _server_argv(a, cfg_dir: str, attn: str, moe: str, max_tokens: int) -> list[str]:
     spec = MODELS[a.model]
     argv = [
@@ -419,9 +470,14 @@ class _Lock:
         return True
 
     def __enter__(self):
-        while not self._first():
+        while True:  # the queue is read again whenever the GPU is still busy: a lower ticket may have come
+            if self._first():
+                try:
+                    fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    pass
             time.sleep(0.2)
-        fcntl.flock(self.f, fcntl.LOCK_EX)
 
     def __exit__(self, *exc):
         self.mine.unlink(missing_ok=True)
@@ -716,6 +772,8 @@ def worker(a) -> int:
     import sglang.srt.managers.schedule_batch  # noqa: F401  (import cost outside the lock)
     import sglang.srt.model_executor.model_runner  # noqa: F401
 
+    _install_weight_rescale()
+
     log["import_s"] = round(time.time() - t0, 1)
     mixes = {m: draw_lengths(m, max(a.batches), a.seed) for m in a.mixes}
     need = sum(sum(split_prefix(n) for n in lens) for lens in mixes.values())
@@ -1003,6 +1061,8 @@ def render_table(rows: list[dict], model: str) -> str:
             "SGLang triton MoE + SGLang's router, eager, same weights, KV and tokens.",
             "",
         ]  # fmt: skip
+    if steps or pre:
+        lines += [render_matrix(rows), ""]
     if steps:
         lines += [
             "| combination | mix | bs | ctx mean | step us p50 | floor us | step/floor | default/this | err | forward us |",
@@ -1049,6 +1109,48 @@ def render_table(rows: list[dict], model: str) -> str:
                 f"{c.get('moe_runners')} | {g.get('ours', '-')}/{g.get('sglang', '-')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _short(provider: str) -> str:
+    """attn=hpc_advise,moe=triton,router=hpc_advise -> A:ours M:triton R:ours."""
+    parts = dict(kv.split("=") for kv in provider.split(","))
+    name = lambda v: "ours" if v == "hpc_advise" else v  # noqa: E731
+    return f"A:{name(parts['attn'])} M:{name(parts['moe'])} R:{name(parts.get('router', 'sglang'))}"
+
+
+def render_matrix(rows: list[dict]) -> str:
+    """One line per cell: SGLang's default step, its floor, and default / this for every other
+    combination (> 1: faster than SGLang's default)."""
+    cells: dict = {}
+    for r in rows:
+        if r["kind"] not in ("layer_step", "layer_prefill"):
+            continue
+        c = r["config"]
+        key = (
+            (c["mix"], c["batch"], c["context_mean"])
+            if r["kind"] == "layer_step"
+            else ("prefill", c["tokens"], None)
+        )
+        cells.setdefault(key, {})[r["provider"]] = (r["p50"], c.get("floor_us"))
+    dflt = combo_name(*DEFAULT)
+    others = sorted({p for got in cells.values() for p in got if p != dflt})
+    lines = [
+        "| cell | ctx mean | SGLang default us | floor us | default/floor | "
+        + " | ".join(_short(p) for p in others)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(others),
+    ]
+    order = {m: i for i, m in enumerate(MIXES + ("prefill",))}
+    for key in sorted(cells, key=lambda k: (order.get(k[0], 99), k[1])):
+        got = cells[key]
+        d = got.get(dflt, (None, None))
+        ratios = [_f(d[0] / got[p][0] if d[0] and p in got else None) for p in others]
+        floor = d[1]
+        lines.append(
+            f"| {key[0]} {key[1]} | {'-' if key[2] is None else f'{key[2]:.0f}'} | {_f(d[0], 1)} | {_f(floor, 1)} | "
+            f"{_f(d[0] / floor if d[0] and floor else None)} | " + " | ".join(ratios) + " |"
+        )
+    return "\n".join(lines)
 
 
 def render_summary(rows: list[dict], model: str) -> str:

@@ -241,14 +241,15 @@ def test_gpu_lock_goes_by_ticket_not_arrival(tmp_path):
     prog = (
         "import sys, time; sys.path.insert(0, {b!r}); import bench_layer as bl; "
         "lk = bl._Lock(bl.Path({lock!r}), int(sys.argv[1])); time.sleep(float(sys.argv[2])); "
-        "lk.__enter__(); open({order!r}, 'a').write(sys.argv[1] + ' '); time.sleep(float(sys.argv[3]))"
+        "lk.__enter__(); open({order!r}, 'a').write(sys.argv[1] + ' '); "
+        "[time.sleep(0.1) for _ in range(600) if len(list(lk.queue.iterdir())) < int(sys.argv[3])]"
     ).format(b=str(bl.ROOT / "benchmarks"), lock=str(lock), order=str(order))
-    # ticket 5 arrives first and takes the free GPU; 3, 1 and 2 queue behind it in that arrival order
-    first = subprocess.Popen([sys.executable, "-c", prog, "5", "0", "2.0"])
+    # ticket 5 keeps the GPU until the dead ticket, itself and the three others are all in the queue
+    first = subprocess.Popen([sys.executable, "-c", prog, "5", "0", "5"])
     deadline = time.time() + 60
     while not order.exists() and time.time() < deadline:
         time.sleep(0.1)
-    procs = [first] + [subprocess.Popen([sys.executable, "-c", prog, t, d, "0.1"]) for t, d in (("3", "0"), ("1", "0.3"), ("2", "0.6"))]  # fmt: skip
+    procs = [first] + [subprocess.Popen([sys.executable, "-c", prog, t, d, "0"]) for t, d in (("3", "0"), ("1", "0.3"), ("2", "0.6"))]  # fmt: skip
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
     assert order.read_text().split() == ["5", "1", "2", "3"]
 
@@ -260,3 +261,27 @@ def test_agentic_trace_from_the_sent_checkout(tmp_path, monkeypatch):
     monkeypatch.setenv("CARRY", str(tmp_path))
     with pytest.raises(FileNotFoundError):
         bl._trace()
+
+
+def test_rescaled_dummy_weights():
+    """Unit-variance layer outputs from the dummy weights, fp8 values carried by their scale, norms at 1."""
+    import torch
+
+    m = torch.nn.Module()
+    m.proj = torch.nn.Linear(1024, 64, bias=False)
+    m.input_layernorm = torch.nn.Module()
+    m.input_layernorm.weight = torch.nn.Parameter(torch.full((1024,), 1e-3))
+    m.w13_weight = torch.nn.Parameter(torch.zeros(4, 32, 1024).to(torch.float8_e4m3fn), requires_grad=False)
+    m.w13_weight_scale = torch.nn.Parameter(torch.full((4,), 1e-3), requires_grad=False)
+    with torch.no_grad():
+        m.proj.weight.uniform_(-1e-3, 1e-3)
+        bl._rescale_dummy_weights(m)
+    x = torch.randn(256, 1024)
+    assert 0.8 < (x @ m.proj.weight.t()).std().item() < 1.2
+    assert torch.all(m.input_layernorm.weight == 1)
+    w = m.w13_weight.float() * m.w13_weight_scale[0]
+    assert 0.8 < (x @ w[0].t()).std().item() < 1.2
+    first = m.proj.weight.clone()
+    with torch.no_grad():
+        bl._rescale_dummy_weights(m)
+    assert torch.equal(first, m.proj.weight)  # seeded: every worker gets the same weights
