@@ -1,12 +1,16 @@
-"""Layer-step benchmark: SGLang 0.5.23's own decoder layers, decode steps under CUDA graphs (issue 27).
+"""Layer-step benchmark: SGLang 0.5.23's own decoder layers, decode steps under CUDA graphs and extend steps
+(issue 27).
 
 What runs: SGLang's real ``ModelRunner`` (``ModelConfig``, KV pool, ``ScheduleBatch`` -> ``ForwardBatch``,
 attention backends, MoE runners, its decode CUDA-graph runner) on a model whose decoder layers have one
-tensor-parallel rank's real shapes (Hy3 at TP8: 8 query / 1 KV heads, 192 experts of width 1536/8;
-Qwen3-235B at TP4: 16 / 1 heads, 128 experts of width 1536/4), ``--load-format dummy`` random weights,
-``num_hidden_layers`` = ``--layers`` MoE layers (the first-dense layer of Hy3 is left out: 79 of its 80
-layers are MoE) and a 1024-token vocabulary, so the step is the decoder layers plus a small head. No
-all-reduce runs (one GPU, tp_size 1): the step is one rank's compute, not a TP8 step.
+rank's real shapes (``MODELS``: Hy3 ``HYV3DecoderLayer`` at TP8; Qwen3-235B ``Qwen3MoeDecoderLayer`` at TP4
+and as an EP4 rank, Qwen3-30B at TP1; DeepSeek-V3 ``DeepseekV2DecoderLayer`` (MLA) at TP8 and as an EP8
+rank), ``--load-format dummy`` random weights, ``num_hidden_layers`` = ``--layers`` MoE layers (dense
+first layers left out) and a 1024-token vocabulary, so the step is the decoder layers plus a small head.
+No all-reduce runs (one GPU, tp_size 1): the step is one rank's compute, not a TP step. An EP rank is
+emulated by its local experts (``shard_config``). Every (decode attention, MoE runner, router) SGLang can
+run here (``combos``) is one worker; our decode attention refuses MLA, so DeepSeek-V3 compares MoE runners
+under SGLang's Triton MLA attention.
 
 The KV cache of a decode batch is written the way a radix-cache hit leaves it: each request's page-aligned
 prefix is allocated from SGLang's own KV allocator and filled with seeded random values, the request's
@@ -31,6 +35,8 @@ the few sgl-kernel names those paths still import are given SGLang's own twins (
 Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds it)::
 
     python3 benchmarks/bench_layer.py --model hy3 --out $OUT        # all combinations, one table
+    python3 benchmarks/bench_layer.py --model hy3 qwen3-30b --skip qwen3-30b:triton:triton:hpc_advise
+                                                                     # several models, one GPU lock
     python3 benchmarks/bench_layer.py --table layer_step_hy3.jsonl   # Markdown table from the rows (CPU)
     python3 benchmarks/bench_layer.py --table benchmarks/results/layer_step_hy3.jsonl --ship
         # the committed rows into the package (hpc_advise/advisor/data/kernel_results/), where the advisor
@@ -40,6 +46,7 @@ Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds
 from __future__ import annotations
 
 import argparse
+import atexit
 import fcntl
 import json
 import math
@@ -48,6 +55,7 @@ import random
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,84 +67,170 @@ VOCAB = 1024
 BATCHES = (1, 8, 32, 64, 128, 256)
 MIXES = ("uniform-2k", "mixed-1k-32k", "agentic")
 MAX_CONTEXT = 32768
-AGENTIC_TRACE = ROOT / "examples" / "traces" / "agentic_coding.jsonl"
+AGENTIC_TRACE = Path("examples") / "traces" / "agentic_coding.jsonl"
 
-# One rank's shapes. Full-model numbers: hpc_advise/profiles/models/<key>.json.
+# One rank's shapes. Full-model numbers: hpc_advise/profiles/models/<key>.json. ``tp``: attention heads (and,
+# with ``ep`` 1, expert widths) split that many ways; ``ep``: an expert-parallel rank, emulated on one GPU as
+# its local experts (num_experts / ep at full width) with top_k / ep picks per token, the expected local share of
+# the real top-k (the router then scores local experts only). ``gate_bytes``: the router weight's element size.
+_HY3 = {
+    "architectures": ["HYV3ForCausalLM"],
+    "model_type": "hy_v3",
+    "hidden_size": 4096,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 13312,
+    "num_experts": 192,
+    "num_experts_per_tok": 8,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 1536,
+    "first_k_dense_replace": 0,
+    "use_qk_norm": True,
+    "route_norm": True,
+    "router_scaling_factor": 1.0,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "num_nextn_predict_layers": 0,
+}
+_QWEN3_235B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 4096,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+}
+_QWEN3_30B = dict(
+    _QWEN3_235B, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, intermediate_size=6144,
+    moe_intermediate_size=768,
+)  # fmt: skip
+# DeepSeek-V3 without its YaRN rope scaling (the decode step's rotary is a few hundred bytes either way) and
+# without MTP; first_k_dense_replace 0 because the layers here are its MoE layers (58 of 61).
+_DSV3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 0,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "num_nextn_predict_layers": 0,
+    "attention_bias": False,
+}
 MODELS = {
-    "hy3": {
-        "tp": 8,
-        "kv_cache_dtype": "auto",  # bf16 KV (Hy3's rotary path takes it; see the module docstring)
-        "config": {
-            "architectures": ["HYV3ForCausalLM"],
-            "model_type": "hy_v3",
-            "hidden_size": 4096,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "intermediate_size": 13312,
-            "num_experts": 192,
-            "num_experts_per_tok": 8,
-            "num_shared_experts": 1,
-            "moe_intermediate_size": 1536,
-            "first_k_dense_replace": 0,
-            "use_qk_norm": True,
-            "route_norm": True,
-            "router_scaling_factor": 1.0,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            "num_nextn_predict_layers": 0,
-        },
-    },
-    "qwen3-235b": {
+    "hy3": {"tp": 8, "ep": 1, "kv_cache_dtype": "auto", "gate_bytes": 4, "config": _HY3},
+    # Qwen3 with bf16 KV takes fused_set_kv_buffer_arg, which the torch rotary path refuses: fp8 KV.
+    "qwen3-235b": {"tp": 4, "ep": 1, "kv_cache_dtype": "fp8_e4m3", "gate_bytes": 2, "config": _QWEN3_235B},
+    "qwen3-235b-ep4": {
         "tp": 4,
-        "kv_cache_dtype": "fp8_e4m3",  # bf16 KV takes fused_set_kv_buffer_arg, refused by torch rotary
-        "config": {
-            "architectures": ["Qwen3MoeForCausalLM"],
-            "model_type": "qwen3_moe",
-            "hidden_size": 4096,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 4,
-            "head_dim": 128,
-            "intermediate_size": 12288,
-            "moe_intermediate_size": 1536,
-            "num_experts": 128,
-            "num_experts_per_tok": 8,
-            "decoder_sparse_step": 1,
-            "norm_topk_prob": True,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0,
-        },
+        "ep": 4,
+        "kv_cache_dtype": "fp8_e4m3",
+        "gate_bytes": 2,
+        "config": _QWEN3_235B,
     },
+    "qwen3-30b": {"tp": 1, "ep": 1, "kv_cache_dtype": "fp8_e4m3", "gate_bytes": 2, "config": _QWEN3_30B},
+    "dsv3": {"tp": 8, "ep": 1, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
+    # the EP8 rank's 1/8 share of the TP-split shared expert is left out (n_shared_experts cannot be 1/8)
+    "dsv3-ep8": {"tp": 8, "ep": 8, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
 }
 
-# (attention decode backend, MoE runner); the first is SGLang's default here (FlashInfer and fa3 are not
-# carried: see the table notes), the last is the numerical reference and runs eager.
-COMBOS = (
-    ("triton", "triton"),
-    ("hpc_advise", "triton"),
-    ("triton", "hpc_advise"),
-    ("hpc_advise", "hpc_advise"),
+ATTENTION = ("triton", "hpc_advise")
+MOE_RUNNERS = ("triton", "hpc_advise")
+ROUTERS = ("sglang", "hpc_advise")
+# (decode attention, MoE runner, router); the numerical reference runs eager.
+DEFAULT = ("triton", "triton", "sglang")
+REFERENCE = ("torch_native", "triton", "sglang")
+PREFILL = (1024, 4096, 16384)
+IGNORED_LINEARS = (
+    "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head,"
+    "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,fused_qkv_a_proj_with_mqa"
 )
-REFERENCE = ("torch_native", "triton")
-IGNORED_LINEARS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"
+
+
+def is_mla(model: str) -> bool:
+    return "kv_lora_rank" in MODELS[model]["config"]
+
+
+def _keys(cfg: dict) -> tuple[str, str]:
+    """(experts key, shared-experts key) of a config."""
+    if "n_routed_experts" in cfg:
+        return "n_routed_experts", "n_shared_experts"
+    return "num_experts", "num_shared_experts"
+
+
+def combos(model: str) -> list[tuple[str, str, str]]:
+    """Every (attention, MoE runner, router) SGLang can run for this model here, SGLang's default first.
+    MLA: our decode attention refuses it, so attention is SGLang's Triton MLA kernel in every combination.
+    Router: ours serves 64..512 experts in fp32 (Hy3) or bf16 (Qwen3) ReplicatedLinear gates; DeepSeek's
+    bf16 MoEGate stays on SGLang's path under our hook, and an EP rank's 32 local experts are too few."""
+    spec = MODELS[model]
+    attns = ("triton",) if is_mla(model) else ATTENTION
+    routers = ROUTERS if spec["ep"] == 1 and not is_mla(model) else ("sglang",)
+    out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers]
+    out.sort(key=lambda c: c != DEFAULT)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
 
 
 def shard_config(model: str, layers: int) -> dict:
-    """config.json of a model whose decoder layers have one TP rank's shapes (heads and expert widths
-    divided by the TP size; KV heads at least 1), ``layers`` MoE layers, a 1024-token vocabulary."""
+    """config.json of a model whose decoder layers have one rank's shapes: attention heads divided by the
+    TP size (KV heads at least 1; MLA's latent KV is not split), expert widths by the TP size, or with
+    ``ep`` > 1 the rank's local experts at full width and top_k / ep picks; ``layers`` MoE layers and a
+    1024-token vocabulary."""
     spec = MODELS[model]
-    tp = spec["tp"]
+    tp, ep = spec["tp"], spec["ep"]
     cfg = dict(spec["config"])
-    for key in ("num_attention_heads", "moe_intermediate_size", "intermediate_size"):
+    experts, shared = _keys(cfg)
+    split = ["num_attention_heads", "intermediate_size"] + (["moe_intermediate_size"] if ep == 1 else [])
+    for key in split:
         if cfg[key] % tp:
             raise ValueError(f"{model}: {key}={cfg[key]} does not split over TP{tp}")
         cfg[key] //= tp
-    cfg["num_key_value_heads"] = max(1, cfg["num_key_value_heads"] // tp)
+    if not is_mla(model):
+        cfg["num_key_value_heads"] = max(1, cfg["num_key_value_heads"] // tp)
+    else:
+        cfg["num_key_value_heads"] = cfg["num_attention_heads"]
+    if ep > 1:
+        for key in (experts, "num_experts_per_tok"):
+            if cfg[key] % ep:
+                raise ValueError(f"{model}: {key}={cfg[key]} does not split over EP{ep}")
+            cfg[key] //= ep
+        if shared in cfg:
+            cfg[shared] = 0
+        if "n_group" in cfg:
+            cfg.update(n_group=1, topk_group=1)
     cfg.update(
         num_hidden_layers=layers,
         vocab_size=VOCAB,
@@ -156,9 +250,18 @@ def draw_lengths(mix: str, n: int, seed: int) -> list[int]:
     if mix == "mixed-1k-32k":
         return [int(round(math.exp(rng.uniform(math.log(1024), math.log(MAX_CONTEXT))))) for _ in range(n)]
     if mix == "agentic":
-        pool = [json.loads(line)["input_length"] for line in AGENTIC_TRACE.read_text().splitlines() if line]
+        pool = [json.loads(line)["input_length"] for line in _trace().read_text().splitlines() if line]
         return [min(max(rng.choice(pool), 256), MAX_CONTEXT) for _ in range(n)]
     raise ValueError(f"unknown mix {mix!r} (one of {', '.join(MIXES)})")
+
+
+def _trace() -> Path:
+    """The agentic example trace: in this checkout, or (a carried tree holds no examples/) in the checkout
+    the device tool sent, ``$CARRY``."""
+    for root in (ROOT, Path(os.environ.get("CARRY", ROOT))):
+        if (root / AGENTIC_TRACE).is_file():
+            return root / AGENTIC_TRACE
+    raise FileNotFoundError(f"{AGENTIC_TRACE} is neither under {ROOT} nor under $CARRY")
 
 
 def split_prefix(length: int) -> int:
@@ -174,19 +277,29 @@ def expected_distinct_experts(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
-def step_bytes(cfg: dict, kv_bytes_per_elem: int, seq_lens: list[int], moe_block: bool = False) -> dict:
-    """Fewest bytes one decode step reads: every weight it needs once (bf16 non-expert linears, fp32
+def step_bytes(cfg: dict, kv_bytes_per_elem: int, seq_lens: list[int], gate_bytes: int = 4) -> dict:
+    """Fewest bytes one decode step reads: every weight it needs once (bf16 non-expert linears, the
     gate, FP8 experts the batch touches, the head) and every KV element of the batch once."""
-    h, d = cfg["hidden_size"], cfg["head_dim"]
-    q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
-    e, k, inter = cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    experts, shared_key = _keys(cfg)
+    e, k, inter = cfg[experts], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"]
     layers, bs = cfg["num_hidden_layers"], len(seq_lens)
-    attn_w = (h * (q + 2 * kv) + q * h) * 2
-    gate_w = h * e * 4
-    shared = cfg.get("num_shared_experts", 0) * 3 * h * inter * 2
+    if "kv_lora_rank" in cfg:  # MLA: q_a, q_b, kv_a (replicated), kv_b, o (heads split); latent KV
+        ql, kvl, rope = cfg["q_lora_rank"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        nope, v = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+        attn_w = (h * ql + ql * heads * (nope + rope) + h * (kvl + rope) + kvl * heads * (nope + v)
+                  + heads * v * h) * 2  # fmt: skip
+        kv_per_token = (kvl + rope) * kv_bytes_per_elem
+    else:
+        d = cfg["head_dim"]
+        q, kv = heads * d, cfg["num_key_value_heads"] * d
+        attn_w = (h * (q + 2 * kv) + q * h) * 2
+        kv_per_token = 2 * kv * kv_bytes_per_elem
+    gate_w = h * e * gate_bytes
+    shared = cfg.get(shared_key, 0) * 3 * h * inter * 2
     expert_w = expected_distinct_experts(e, k, bs) * 3 * h * inter  # fp8: 1 byte
     head = (VOCAB * h + bs * h) * 2
-    kv_read = sum(seq_lens) * 2 * kv * kv_bytes_per_elem
+    kv_read = sum(seq_lens) * kv_per_token
     weights = layers * (attn_w + gate_w + shared + expert_w) + head
     return {
         "weight_bytes": int(weights),
@@ -195,8 +308,9 @@ def step_bytes(cfg: dict, kv_bytes_per_elem: int, seq_lens: list[int], moe_block
     }
 
 
-def combo_name(attn: str, moe: str) -> str:
-    return f"attn={attn},moe={moe}"
+def combo_name(attn: str, moe: str, router: str = "sglang") -> str:
+    """Provider name of a combination; SGLang's router is left unnamed (the names of the first table)."""
+    return f"attn={attn},moe={moe}" + ("" if router == "sglang" else f",router={router}")
 
 
 # ---------------------------------------------------------------------------------------------- worker
@@ -244,6 +358,56 @@ def _sgl_kernel_twins() -> None:
     sk.utils = utils
 
 
+def _rescale_dummy_weights(model, seed: int = 1234) -> None:
+    """Give SGLang's dummy weights (every element U(-1e-3, 1e-3)) a spread under which the decoder layers
+    move the logits, so the output check can tell backends apart: weight matrices U(-a, a) with
+    a = sqrt(3 / fan_in) (unit-variance outputs), norm weights 1. FP8 weights (experts quantized at init)
+    get values U(-1, 1) and their per-tensor scale ``<name>_scale`` = a. Seeded by parameter name (the same
+    values in every worker, different ones in every layer); runs where SGLang's ``initialize_dummy_weights`` ran,
+    before any ``process_weights_after_loading``."""
+    import torch
+
+    state = model.state_dict()
+    for name, param in state.items():
+        if (
+            not torch.is_floating_point(param)
+            or name.endswith("_scale")
+            or "scale" in name.rsplit(".", 1)[-1]
+        ):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if param.dim() == 1 and "norm" in name:
+            param.fill_(1.0)
+            continue
+        if param.dim() < 2 or not leaf.endswith("weight"):
+            continue
+        a = math.sqrt(3.0 / param.shape[-1])
+        g = torch.Generator(device=param.device).manual_seed(seed + zlib.crc32(name.encode()))
+        if torch.finfo(param.dtype).bits < 16:
+            tmp = torch.empty(param.shape, dtype=torch.float16, device=param.device).uniform_(
+                -1, 1, generator=g
+            )
+            param.copy_(tmp.to(param.dtype))
+            scale = state.get(f"{name}_scale")
+            if scale is not None:
+                scale.fill_(a)
+        else:
+            param.uniform_(-a, a, generator=g)
+
+
+def _install_weight_rescale() -> None:
+    """Wrap the dummy loader's ``initialize_dummy_weights`` (imported by name into the loader module)."""
+    from sglang.srt.model_loader import loader
+
+    original = loader.initialize_dummy_weights
+
+    def initialize(model, *args, **kwargs):
+        original(model, *args, **kwargs)
+        _rescale_dummy_weights(model)
+
+    loader.initialize_dummy_weights = initialize
+
+
 def _server_argv(a, cfg_dir: str, attn: str, moe: str, max_tokens: int) -> list[str]:
     spec = MODELS[a.model]
     argv = [
@@ -265,14 +429,61 @@ def _server_argv(a, cfg_dir: str, attn: str, moe: str, max_tokens: int) -> list[
 
 
 class _Lock:
-    def __init__(self, path: Path):
+    """The GPU, one worker at a time, in ticket order (lowest live ticket first: the first model's
+    combinations, SGLang's default first, whatever the import order). Each worker leaves
+    ``<lock>.queue/<ticket>.<pid>`` while it lives; a ticket whose process is gone no longer counts. The
+    flock is never released by hand: it goes with the process, so the next worker starts building only once
+    this one's GPU memory is gone."""
+
+    def __init__(self, path: Path, ticket: int):
         self.f = open(path, "a")
+        self.queue = Path(f"{path}.queue")
+        self.queue.mkdir(exist_ok=True)
+        self.ticket = ticket
+        self.mine = self.queue / f"{ticket:06d}.{os.getpid()}"
+        self.mine.touch()
+        atexit.register(self.mine.unlink, missing_ok=True)
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:  # a process that ended but is not reaped yet (a zombie) counts as gone
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    def wait_until_ahead(self, n: int) -> None:
+        """Until at most ``n`` live workers are ahead (so dozens of queued workers do not all import
+        SGLang at once, beside a worker being timed)."""
+        while True:
+            ahead = 0
+            for entry in self.queue.iterdir():
+                ticket, pid = entry.name.split(".")
+                ahead += int(ticket) < self.ticket and int(pid) != os.getpid() and self._alive(int(pid))
+            if ahead <= n:
+                return
+            time.sleep(0.5)
+
+    def _first(self) -> bool:
+        for entry in sorted(self.queue.iterdir()):
+            ticket, pid = entry.name.split(".")
+            if int(pid) == os.getpid():
+                return True
+            if int(ticket) < self.ticket and self._alive(int(pid)):
+                return False
+        return True
 
     def __enter__(self):
-        fcntl.flock(self.f, fcntl.LOCK_EX)
+        while True:  # the queue is read again whenever the GPU is still busy: a lower ticket may have come
+            if self._first():
+                try:
+                    fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    pass
+            time.sleep(0.2)
 
     def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.mine.unlink(missing_ok=True)
 
 
 def _build_runner(a, cfg_dir, attn, moe, max_tokens):
@@ -331,14 +542,35 @@ def _moe_runners(runner) -> dict:
     return seen
 
 
+def _router_gates(runner) -> dict:
+    """How many MoE gates our router GEMM serves, and how many it left on SGLang's GEMM."""
+    from hpc_advise.runtime.sglang.router import MARK
+
+    served = kept = 0
+    for mod in runner.model.modules():
+        state = getattr(mod, MARK, "absent")
+        if state == "absent":
+            continue
+        if state is not None and state[1] is not None:
+            served += 1
+        else:
+            kept += 1
+    return {"ours": served, "sglang": kept}
+
+
 def _fill_kv(runner, seed: int) -> None:
-    """Seeded N(0, 1) values in every K and V buffer (fp8 buffers get them rounded to e4m3)."""
+    """Seeded N(0, 1) values in every K and V buffer, or MLA's latent buffer (fp8 buffers get them rounded
+    to e4m3)."""
     import torch
 
     pool = runner.token_to_kv_pool
     g = torch.Generator(device="cuda").manual_seed(seed)
     step = 1 << 20
-    for bufs in (getattr(pool, "k_buffer", []), getattr(pool, "v_buffer", [])):
+    for bufs in (
+        getattr(pool, "k_buffer", []),
+        getattr(pool, "v_buffer", []),
+        getattr(pool, "kv_buffer", []),
+    ):
         for buf in bufs:
             for i in range(0, buf.shape[0], step):
                 part = buf[i : i + step]
@@ -397,7 +629,9 @@ class _TreeCache:
         return self.prefixes[id(req)]
 
 
-def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) -> dict:
+def _extend_batch(runner, tree, lens, prefixes, rng, tag: str):
+    """A ScheduleBatch of requests with ``lens`` context tokens whose cached prefixes are ``prefixes``
+    (already filled KV slots), after SGLang's ``prepare_for_extend``, and its ForwardBatch."""
     from array import array
 
     import torch
@@ -406,18 +640,16 @@ def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) 
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    bs = len(lens)
-    rng = torch.Generator().manual_seed(seed * 7919 + bs)
     reqs = []
-    for i, length in enumerate(lens):
+    for i, (length, prefix) in enumerate(zip(lens, prefixes, strict=True)):
         ids = torch.randint(0, VOCAB, (length,), generator=rng).tolist()
-        req = Req(rid=f"{bs}-{i}", origin_input_text="", origin_input_ids=array("q", ids),
+        req = Req(rid=f"{tag}-{i}", origin_input_text="", origin_input_ids=array("q", ids),
                   sampling_params=SamplingParams(temperature=0, max_new_tokens=8))  # fmt: skip
         req.full_untruncated_fill_ids = req.origin_input_ids
         req.logprob_start_len = -1
         req.extend_end = length
-        req.prefix_len = split_prefix(length)
-        tree.prefixes[id(req)] = prefix_tensors[i][: req.prefix_len]
+        req.prefix_len = int(prefix.numel())
+        tree.prefixes[id(req)] = prefix
         reqs.append(req)
     batch = ScheduleBatch.init_new(
         reqs=reqs, req_to_token_pool=runner.req_to_token_pool,
@@ -428,8 +660,51 @@ def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) 
     if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
         batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True)
         batch.prefill_input_ids_cpu = None
-    fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
+    return batch, ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
+
+
+def _quantiles(samples: list[float]) -> dict:
+    samples = sorted(samples)
+    q = lambda p: samples[min(len(samples) - 1, int(p * (len(samples) - 1) + 0.5))]  # noqa: E731
+    return {"p20": q(0.2), "p50": q(0.5), "p80": q(0.8), "reps": len(samples)}
+
+
+def _prefill_cell(runner, tree, length: int, seed: int, reference: bool, reps: int) -> dict:
+    """One request of ``length`` new tokens (no cached prefix) through SGLang's extend, eager (SGLang
+    captures no prefill graph by default): p50 of CUDA-event-timed ``ModelRunner.forward`` calls."""
+    import torch
+
+    rng = torch.Generator().manual_seed(seed * 104729 + length)
+    empty = torch.empty(0, dtype=torch.int64, device=runner.device)
+    _batch, fb = _extend_batch(runner, tree, [length], [empty], rng, f"prefill{length}")
+    out = runner.forward(fb)
+    logits = out.logits_output.next_token_logits.float().clone()
+    row = {"tokens": length, "logits": logits.cpu()}
+    if reference:
+        return row
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     runner.forward(fb)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        runner.forward(fb)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    row.update(_quantiles(samples))
+    return row
+
+
+def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) -> dict:
+    import torch
+
+    bs = len(lens)
+    rng = torch.Generator().manual_seed(seed * 7919 + bs)
+    prefixes = [t[: split_prefix(n)] for t, n in zip(prefix_tensors[:bs], lens, strict=True)]
+    batch, fb = _extend_batch(runner, tree, lens, prefixes, rng, str(bs))
+    runner.forward(fb)
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
     nxt = torch.randint(0, VOCAB, (bs,), generator=rng).to(runner.device)
     batch.input_ids = nxt.to(torch.int64)
     batch.prepare_for_decode()
@@ -466,31 +741,47 @@ def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) 
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3)
-    samples.sort()
-    q = lambda p: samples[min(len(samples) - 1, int(p * (len(samples) - 1) + 0.5))]  # noqa: E731
-    row.update(p20=q(0.2), p50=q(0.5), p80=q(0.8), reps=reps)
+    row.update(_quantiles(samples))
     row["logits"] = logits.cpu()
     return row
+
+
+def _tag(attn: str, moe: str, router: str) -> str:
+    return f"{attn}__{moe}__{router}"
 
 
 def worker(a) -> int:
     import torch
 
-    attn, moe = a.combo.split(":")
+    attn, moe, router = a.combo.split(":")
     work = Path(a.work)
-    name = combo_name(attn, moe)
-    log = {"combo": name, "attn": attn, "moe": moe, "cells": [], "errors": []}
-    out_json = work / f"{attn}__{moe}.json"
+    name = combo_name(attn, moe, router)
+    reference = (attn, moe, router) == REFERENCE
+    log = {
+        "combo": name,
+        "attn": attn,
+        "moe": moe,
+        "router": router,
+        "cells": [],
+        "prefill": [],
+        "errors": [],
+    }
+    out_json = work / f"{_tag(attn, moe, router)}.json"
+    save = lambda: out_json.write_text(json.dumps(log))  # noqa: E731  (after every cell: a kill keeps them)
+    lock = _Lock(Path(a.lock) if a.lock else work / "gpu.lock", a.ticket)  # in the queue before importing
+    lock.wait_until_ahead(3)
     t0 = time.time()
     _sgl_kernel_twins()
     import sglang.srt.managers.schedule_batch  # noqa: F401  (import cost outside the lock)
     import sglang.srt.model_executor.model_runner  # noqa: F401
 
+    _install_weight_rescale()
+
     log["import_s"] = round(time.time() - t0, 1)
     mixes = {m: draw_lengths(m, max(a.batches), a.seed) for m in a.mixes}
     need = sum(sum(split_prefix(n) for n in lens) for lens in mixes.values())
-    max_tokens = need + 1600 * 2 * PAGE + 8 * PAGE * len(a.batches)
-    with _Lock(work / "gpu.lock"):
+    max_tokens = need + 1600 * 2 * PAGE + 8 * PAGE * len(a.batches) + sum(a.prefill) + 4 * PAGE
+    with lock:
         t1 = time.time()
         try:
             runner = _build_runner(a, str(work / "model"), attn, moe, max_tokens)
@@ -501,13 +792,15 @@ def worker(a) -> int:
             log["errors"].append(
                 f"build: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
             )
-            out_json.write_text(json.dumps(log))
+            save()
             return 1
         log["build_s"] = round(time.time() - t1, 1)
         log["moe_runners"] = sorted(set(_moe_runners(runner).values()))
+        log["router_gates"] = _router_gates(runner)
         log["max_total_num_tokens"] = int(runner.max_total_num_tokens)
         log["copy_tbps"] = _copy_rate_tbps()
         _fill_kv(runner, a.seed)
+        save()
         alloc = runner.token_to_kv_pool_allocator
         tree = _TreeCache(runner, PAGE)
         for mix, lens_all in mixes.items():
@@ -517,22 +810,37 @@ def worker(a) -> int:
                 continue
             for bs in a.batches:
                 try:
-                    row = _cell(runner, tree, lens_all[:bs], prefixes, a.seed, attn == REFERENCE[0], a.reps)
+                    row = _cell(runner, tree, lens_all[:bs], prefixes, a.seed, reference, a.reps)
                 except Exception as exc:
                     import traceback
 
                     traceback.print_exc()
                     log["errors"].append(f"{mix} bs={bs}: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
-                torch.save(row.pop("logits"), work / f"logits__{attn}__{moe}__{mix}__{bs}.pt")
+                torch.save(row.pop("logits"), work / f"logits__{_tag(attn, moe, router)}__{mix}__{bs}.pt")
                 row["mix"] = mix
                 log["cells"].append(row)
+                save()
                 print(
                     f"[{name}] {mix} bs={bs} p50={row.get('p50', float('nan')):.1f}us graph={row['graph']}",
                     flush=True,
                 )
+        log["decode_s"] = round(time.time() - t1, 1)
+        for length in a.prefill:
+            try:
+                row = _prefill_cell(runner, tree, length, a.seed, reference, max(3, a.reps // 8))
+            except Exception as exc:
+                import traceback
+
+                traceback.print_exc()
+                log["errors"].append(f"prefill {length}: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            torch.save(row.pop("logits"), work / f"logits__{_tag(attn, moe, router)}__prefill__{length}.pt")
+            log["prefill"].append(row)
+            save()
+            print(f"[{name}] prefill {length} p50={row.get('p50', float('nan')):.1f}us", flush=True)
         log["run_s"] = round(time.time() - t1, 1)
-    out_json.write_text(json.dumps(log))
+    save()
     return 0
 
 
@@ -554,11 +862,10 @@ def _versions() -> dict:
 
 
 def driver(a) -> int:
-    import torch
-
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(a.work)
+    work = Path(a.work or f"/tmp/layer_work_{a.model}")
+    a.work = str(work)
     work.mkdir(parents=True, exist_ok=True)
     (work / "model").mkdir(exist_ok=True)
     cfg = shard_config(a.model, a.layers)
@@ -573,30 +880,28 @@ def driver(a) -> int:
         NVSHMEM_DISABLE_NVLS="1",
         PYTHONUNBUFFERED="1",
     )
-    combos = [c for c in COMBOS if f"{c[0]}:{c[1]}" not in a.skip] + [REFERENCE]
+    todo = [c for c in combos(a.model) if ":".join(c) not in a.skip] + [REFERENCE]
     procs = []
-    for attn, moe in combos:
-        cmd = [sys.executable, __file__, "--worker", "--combo", f"{attn}:{moe}", "--model", a.model,
+    for i, (attn, moe, router) in enumerate(todo):
+        cmd = [sys.executable, __file__, "--worker", "--combo", f"{attn}:{moe}:{router}", "--model", a.model,
                "--layers", str(a.layers), "--seed", str(a.seed), "--work", str(work), "--reps", str(a.reps),
-               "--batches", *map(str, a.batches), "--mixes", *a.mixes]  # fmt: skip
-        logf = open(out / f"worker_{attn}__{moe}.log", "w")
-        procs.append((attn, moe, subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)))
+               "--batches", *map(str, a.batches), "--mixes", *a.mixes, "--prefill", *map(str, a.prefill)]  # fmt: skip
+        cmd += ["--ticket", str(a.ticket + i)] + (["--lock", a.lock] if a.lock else [])
+        wenv = dict(env, HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0")
+        logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
+        procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))
         time.sleep(0.5)  # lock order = start order: the default combination builds first
-    deadline = time.time() + a.budget_s
-    for _attn, _moe, p in procs:
+    deadline = min(time.time() + a.budget_s, a.deadline or float("inf"))
+    for p in procs:
         try:
             p.wait(timeout=max(1, deadline - time.time()))
         except subprocess.TimeoutExpired:
             p.kill()
-    env_v = _versions()
-    rows = collect(a, work, cfg, env_v)
+    rows = collect(a, work, cfg, _versions())
     path = out / f"layer_step_{a.model}.jsonl"
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     (out / f"layer_step_{a.model}.md").write_text(render_table(rows, a.model))
-    print(render_table(rows, a.model))
-    if a.ship:
-        print(f"shipped {_ship(path)}")
-    del torch
+    print(render_summary(rows, a.model))
     return 0
 
 
@@ -608,103 +913,193 @@ def _ship(path: Path) -> Path:
     return ship(path)
 
 
-def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
+def _tree_commit() -> str | None:
+    """The carried tree's commit (benchmarks/gpu.sh carry tree writes TREE_COMMIT at its root)."""
+    f = ROOT / "TREE_COMMIT"
+    return f.read_text().strip()[:12] if f.is_file() else os.environ.get("LAYER_TREE_COMMIT")
+
+
+def several(a, argv: list[str]) -> int:
+    """One driver per model, all at once, sharing one GPU lock (imports overlap others' GPU turns);
+    the short tables last."""
+    lock = a.lock or "/tmp/layer_gpu.lock"
+    rest, drop = [], False
+    for x in argv:  # argv without --model, --skip and their values
+        if x in ("--model", "--skip"):
+            drop = True
+            continue
+        if drop and not x.startswith("--"):
+            continue
+        drop = False
+        rest.append(x)
+    procs = []
+    deadline = time.time() + a.budget_s
+    for k, m in enumerate(a.model):
+        names = {":".join(c) for c in combos(m)}
+        skip = [c for c in a.skip if (c.split(":", 1)[1] if c.count(":") == 3 and c.startswith(m + ":") else c) in names
+                and (c.count(":") == 2 or c.startswith(m + ":"))]  # fmt: skip
+        cmd = [sys.executable, __file__, "--model", m, "--lock", lock, "--ticket", str(100 * k),
+               "--deadline", str(deadline), *rest] + (["--skip", *skip] if skip else [])  # fmt: skip
+        procs.append((m, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        time.sleep(1.0)
+    rc = 0
+    for _m, p in procs:
+        out, _ = p.communicate()
+        rc |= p.returncode
+        print(out, flush=True)
+    return rc
+
+
+def _rel_err(work: Path, mine: str, ref: str) -> float | None:
     import torch
 
+    ref_f, mine_f = work / f"logits__{ref}.pt", work / f"logits__{mine}.pt"
+    if not (ref_f.exists() and mine_f.exists()):
+        return None
+    r, m = torch.load(ref_f), torch.load(mine_f)
+    return float((m - r).abs().max() / r.abs().max().clamp_min(1e-30))
+
+
+def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
     from hpc_advise.runtime.measure.harness import Timing, run_row
 
+    spec = MODELS[a.model]
     logs = {}
-    for attn, moe in list(COMBOS) + [REFERENCE]:
-        f = work / f"{attn}__{moe}.json"
-        logs[(attn, moe)] = (
+    for c in [c for c in combos(a.model) if ":".join(c) not in getattr(a, "skip", [])] + [REFERENCE]:
+        f = work / f"{_tag(*c)}.json"
+        logs[c] = (
             json.loads(f.read_text()) if f.exists() else {"errors": ["worker wrote nothing"], "cells": []}
         )
-    kvb = 1 if MODELS[a.model]["kv_cache_dtype"].startswith("fp8") else 2
-    subject = f"{a.model}-tp{MODELS[a.model]['tp']}-rank"
+    kvb = 1 if spec["kv_cache_dtype"].startswith("fp8") else 2
+    subject = f"{a.model}-rank" if spec["ep"] > 1 else f"{a.model}-tp{spec['tp']}-rank"  # qwen3-235b-ep4-rank
     command = " ".join(["python3", "benchmarks/bench_layer.py", *sys.argv[1:]])
+    ref_tag = _tag(*REFERENCE)
+    default = {(c["mix"], c["bs"]): c["p50"] for c in logs[DEFAULT].get("cells", []) if "p50" in c}
+    default_pf = {c["tokens"]: c["p50"] for c in logs[DEFAULT].get("prefill", []) if "p50" in c}
+    quant = "fp8 experts per-tensor (online), bf16 linears"
+    emulation = (
+        f"EP{spec['ep']} rank emulated: {cfg[_keys(cfg)[0]]} local experts at full width, top-{cfg['num_experts_per_tok']}"
+        if spec["ep"] > 1 else None
+    )  # fmt: skip
     rows = []
-    default = {}
-    for (attn, moe), log in logs.items():
-        if (attn, moe) == REFERENCE:
+    for combo, log in logs.items():
+        if combo == REFERENCE:
             continue
-        for cell in log["cells"]:
+        attn, moe, router = combo
+        tag = _tag(*combo)
+        common = {
+            "attention": attn, "moe_runner": moe, "router": router, "layers": cfg["num_hidden_layers"],
+            "kv_cache_dtype": spec["kv_cache_dtype"], "page_size": PAGE, "tp_shard": spec["tp"], "ep_shard": spec["ep"],
+            "mla": is_mla(a.model), "emulation": emulation, "quantization": quant,
+            "reference": combo_name(*REFERENCE) + " (eager)", "moe_runners_seen": log.get("moe_runners"),
+            "router_gates": log.get("router_gates"), "copy_tbps": log.get("copy_tbps"),
+            "sgl_kernel": "not installed; torch norms/activation/top-k/rotary (SGLANG_FORCE_FUSED_OP_BACKEND=torch)",
+            "tree_commit": _tree_commit(),
+        }  # fmt: skip
+        for cell in log.get("cells", []):
             if "p50" not in cell:
                 continue
-            if (attn, moe) == COMBOS[0]:
-                default[(cell["mix"], cell["bs"])] = cell["p50"]
-    for (attn, moe), log in logs.items():
-        if (attn, moe) == REFERENCE:
-            continue
-        for cell in log["cells"]:
             mix, bs = cell["mix"], cell["bs"]
-            nbytes = step_bytes(cfg, kvb, cell["seq_lens"])
+            nbytes = step_bytes(cfg, kvb, cell["seq_lens"], spec["gate_bytes"])
             floor_us = nbytes["bytes"] / (log["copy_tbps"] * 1e12) * 1e6
-            err = None
-            ref_f = work / f"logits__{REFERENCE[0]}__{REFERENCE[1]}__{mix}__{bs}.pt"
-            mine_f = work / f"logits__{attn}__{moe}__{mix}__{bs}.pt"
-            if ref_f.exists() and mine_f.exists():
-                ref, mine = torch.load(ref_f), torch.load(mine_f)
-                err = float((mine - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-            extra = {
-                "attention": attn, "moe_runner": moe, "mix": mix, "batch": bs, "layers": cfg["num_hidden_layers"],
-                "context_mean": sum(cell["seq_lens"]) / bs, "context_max": max(cell["seq_lens"]),
-                "kv_cache_dtype": MODELS[a.model]["kv_cache_dtype"], "page_size": PAGE, "tp_shard": MODELS[a.model]["tp"],
-                "quantization": "fp8 experts per-tensor (online), bf16 linears", "cuda_graph": cell["graph"],
-                "floor_us": floor_us, "copy_tbps": log["copy_tbps"], **nbytes,
-                "ratio_to_floor": (cell["p50"] / floor_us) if "p50" in cell else None,
-                "default_over_this": (default[(mix, bs)] / cell["p50"]) if "p50" in cell and (mix, bs) in default else None,
-                "max_rel_err_vs_ref": err, "reference": combo_name(*REFERENCE) + " (eager)",
-                "forward_us": cell.get("forward_us"), "moe_runners_seen": log.get("moe_runners"),
-                "sgl_kernel": "not installed; torch norms/activation/top-k/rotary (SGLANG_FORCE_FUSED_OP_BACKEND=torch)",
-                "tree_commit": os.environ.get("LAYER_TREE_COMMIT"),
-            }  # fmt: skip
-            if "p50" in cell:
-                t = Timing(cell["p20"], cell["p50"], cell["p80"], cell["reps"])
-                rows.append(run_row(kind="layer_step", subject=subject, provider=combo_name(attn, moe), config={},
-                                    metric="latency", unit="us", timing=t, env=env_v, extra=extra))  # fmt: skip
-                rows[-1]["command"] = command
-    for (attn, moe), log in logs.items():
+            extra = dict(common, **{
+                "mix": mix, "batch": bs, "context_mean": sum(cell["seq_lens"]) / bs, "context_max": max(cell["seq_lens"]),
+                "cuda_graph": cell["graph"], "floor_us": floor_us, **nbytes, "ratio_to_floor": cell["p50"] / floor_us,
+                "default_over_this": default[(mix, bs)] / cell["p50"] if (mix, bs) in default else None,
+                "max_rel_err_vs_ref": _rel_err(work, f"{tag}__{mix}__{bs}", f"{ref_tag}__{mix}__{bs}"),
+                "forward_us": cell.get("forward_us"),
+            })  # fmt: skip
+            t = Timing(cell["p20"], cell["p50"], cell["p80"], cell["reps"])
+            rows.append(run_row(kind="layer_step", subject=subject, provider=combo_name(*combo), config={},
+                                metric="latency", unit="us", timing=t, env=env_v, extra=extra))  # fmt: skip
+            rows[-1]["command"] = command
+        for cell in log.get("prefill", []):
+            if "p50" not in cell:
+                continue
+            n = cell["tokens"]
+            extra = dict(common, **{
+                "tokens": n, "tokens_per_s": n / (cell["p50"] * 1e-6),
+                "default_over_this": default_pf[n] / cell["p50"] if n in default_pf else None,
+                "max_rel_err_vs_ref": _rel_err(work, f"{tag}__prefill__{n}", f"{ref_tag}__prefill__{n}"),
+                "prefill_attention": "triton",
+            })  # fmt: skip
+            t = Timing(cell["p20"], cell["p50"], cell["p80"], cell["reps"])
+            rows.append(run_row(kind="layer_prefill", subject=subject, provider=combo_name(*combo), config={},
+                                metric="latency", unit="us", timing=t, env=env_v, extra=extra))  # fmt: skip
+            rows[-1]["command"] = command
+    for combo, log in logs.items():
         for e in log.get("errors", []):
-            rows.append(run_row(kind="layer_step_error", subject=subject, provider=combo_name(attn, moe), config={"error": e},
+            rows.append(run_row(kind="layer_step_error", subject=subject, provider=combo_name(*combo), config={"error": e},
                                 metric="error", unit="", value=0.0, env=env_v))  # fmt: skip
             rows[-1]["command"] = command
         meta = {
             k: log.get(k)
-            for k in ("import_s", "build_s", "run_s", "max_total_num_tokens", "moe_runners", "copy_tbps")
-        }
-        rows.append(run_row(kind="layer_step_meta", subject=subject, provider=combo_name(attn, moe), config=meta,
+            for k in ("import_s", "build_s", "decode_s", "run_s", "max_total_num_tokens", "moe_runners",
+                      "router_gates", "copy_tbps")
+        }  # fmt: skip
+        rows.append(run_row(kind="layer_step_meta", subject=subject, provider=combo_name(*combo), config=meta,
                             metric="build", unit="s", value=float(log.get("build_s") or 0.0), env=env_v))  # fmt: skip
         rows[-1]["command"] = command
     return rows
 
 
+def _f(x, p=2) -> str:
+    return "-" if x is None else f"{x:.{p}f}"
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
 def render_table(rows: list[dict], model: str) -> str:
     steps = [r for r in rows if r["kind"] == "layer_step"]
-    lines = [f"# Layer step: {model} ({steps[0]['subject'] if steps else model})", ""]
-    if steps:
-        v = steps[0]["versions"]
-        c = steps[0]["config"]
+    pre = [r for r in rows if r["kind"] == "layer_prefill"]
+    first = (steps or pre or [None])[0]
+    lines = [f"# Layer step: {model} ({first['subject'] if first else model})", ""]
+    if first:
+        v, c = first["versions"], first["config"]
         lines += [
             f"GPU {v.get('gpu')}, driver {v.get('driver')}, torch {v.get('torch')}, triton {v.get('triton')}, "
             f"sglang {v.get('sglang')}, transformers {v.get('transformers')}, flashinfer {v.get('flashinfer-python')}; "
-            f"measured {steps[0]['created_at']}; command `{steps[0]['command']}`; tree {c.get('tree_commit')}.",
-            f"{c['layers']} MoE decoder layers of one TP{c['tp_shard']} rank, KV {c['kv_cache_dtype']}, page {c['page_size']}, "
-            f"{c['quantization']}; copy rate {c['copy_tbps']:.2f} TB/s (read + write) measured in each worker. "
+            f"measured {first['created_at']}; command `{first['command']}`; tree {c.get('tree_commit')}.",
+            f"{c['layers']} MoE decoder layers of one {'EP' + str(c.get('ep_shard')) if (c.get('ep_shard') or 1) > 1 else 'TP' + str(c['tp_shard'])} "
+            f"rank{' (MLA)' if c.get('mla') else ''}, KV {c['kv_cache_dtype']}, page {c['page_size']}, {c['quantization']}"
+            f"{'; ' + c['emulation'] if c.get('emulation') else ''}; copy rate {_f(c.get('copy_tbps'))} TB/s "
+            "(read + write) measured in each worker. "
             "Step = replay of SGLang's captured decode graph (p50 of CUDA-event-timed replays). "
             "floor = (weights + KV bytes) / copy rate. default/this = SGLang default (attn=triton,moe=triton) p50 / this p50 "
             "(> 1: this is faster). err = max |logits - ref| / max |ref| against torch_native decode attention + "
-            "SGLang triton MoE, eager, same weights, KV and tokens.",
+            "SGLang triton MoE + SGLang's router, eager, same weights, KV and tokens.",
             "",
+        ]  # fmt: skip
+    if steps or pre:
+        lines += [render_matrix(rows), ""]
+    if steps:
+        lines += [
             "| combination | mix | bs | ctx mean | step us p50 | floor us | step/floor | default/this | err | forward us |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sorted(steps, key=lambda r: (r["config"]["mix"], r["config"]["batch"], r["provider"])):
             c = r["config"]
-            f = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
             lines.append(
                 f"| {r['provider']} | {c['mix']} | {c['batch']} | {c['context_mean']:.0f} | {r['p50']:.1f} | "
-                f"{c['floor_us']:.1f} | {f(c['ratio_to_floor'])} | {f(c['default_over_this'], 3)} | "
-                f"{'-' if c['max_rel_err_vs_ref'] is None else format(c['max_rel_err_vs_ref'], '.2e')} | {f(c['forward_us'], 0)} |"
+                f"{c['floor_us']:.1f} | {_f(c['ratio_to_floor'])} | {_f(c['default_over_this'], 3)} | "
+                f"{_e(c['max_rel_err_vs_ref'])} | {_f(c.get('forward_us'), 0)} |"
+            )
+    if pre:
+        lines += [
+            "",
+            "Prefill (extend) step, one request, no cached prefix, eager (SGLang's default captures no prefill graph), "
+            "prefill attention SGLang's Triton in every combination (ours is decode-only):",
+            "",
+            "| combination | tokens | step us p50 | tokens/s | default/this | err |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in sorted(pre, key=lambda r: (r["config"]["tokens"], r["provider"])):
+            c = r["config"]
+            lines.append(
+                f"| {r['provider']} | {c['tokens']} | {r['p50']:.1f} | {c['tokens_per_s']:.0f} | "
+                f"{_f(c['default_over_this'], 3)} | {_e(c['max_rel_err_vs_ref'])} |"
             )
     errs = [r for r in rows if r["kind"] == "layer_step_error"]
     if errs:
@@ -714,35 +1109,132 @@ def render_table(rows: list[dict], model: str) -> str:
     if meta:
         lines += [
             "",
-            "| worker | import s | build s | build+cells s | MoE runners seen |",
-            "|---|---|---|---|---|",
+            "| worker | import s | build s | decode cells s | build+all s | MoE runners seen | router gates ours/sglang |",
+            "|---|---|---|---|---|---|---|",
         ]
-        lines += [f"| {r['provider']} | {r['config'].get('import_s')} | {r['config'].get('build_s')} | "
-                  f"{r['config'].get('run_s')} | {r['config'].get('moe_runners')} |" for r in meta]  # fmt: skip
+        for r in meta:
+            c = r["config"]
+            g = c.get("router_gates") or {}
+            lines.append(
+                f"| {r['provider']} | {c.get('import_s')} | {c.get('build_s')} | {c.get('decode_s')} | {c.get('run_s')} | "
+                f"{c.get('moe_runners')} | {g.get('ours', '-')}/{g.get('sglang', '-')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _short(provider: str) -> str:
+    """attn=hpc_advise,moe=triton,router=hpc_advise -> A:ours M:triton R:ours."""
+    parts = dict(kv.split("=") for kv in provider.split(","))
+    name = lambda v: "ours" if v == "hpc_advise" else v  # noqa: E731
+    return f"A:{name(parts['attn'])} M:{name(parts['moe'])} R:{name(parts.get('router', 'sglang'))}"
+
+
+def render_matrix(rows: list[dict]) -> str:
+    """One line per cell: SGLang's default step, its floor, and default / this for every other
+    combination (> 1: faster than SGLang's default)."""
+    cells: dict = {}
+    for r in rows:
+        if r["kind"] not in ("layer_step", "layer_prefill"):
+            continue
+        c = r["config"]
+        key = (
+            (c["mix"], c["batch"], c["context_mean"])
+            if r["kind"] == "layer_step"
+            else ("prefill", c["tokens"], None)
+        )
+        cells.setdefault(key, {})[r["provider"]] = (r["p50"], c.get("floor_us"))
+    dflt = combo_name(*DEFAULT)
+    others = sorted({p for got in cells.values() for p in got if p != dflt})
+    lines = [
+        "| cell | ctx mean | SGLang default us | floor us | default/floor | "
+        + " | ".join(_short(p) for p in others)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(others),
+    ]
+    order = {m: i for i, m in enumerate(MIXES + ("prefill",))}
+    for key in sorted(cells, key=lambda k: (order.get(k[0], 99), k[1])):
+        got = cells[key]
+        d = got.get(dflt, (None, None))
+        ratios = [_f(d[0] / got[p][0] if d[0] and p in got else None) for p in others]
+        floor = d[1]
+        lines.append(
+            f"| {key[0]} {key[1]} | {'-' if key[2] is None else f'{key[2]:.0f}'} | {_f(d[0], 1)} | {_f(floor, 1)} | "
+            f"{_f(d[0] / floor if d[0] and floor else None)} | " + " | ".join(ratios) + " |"
+        )
+    return "\n".join(lines)
+
+
+def render_summary(rows: list[dict], model: str) -> str:
+    """Short table: per cell, SGLang's default, the fastest of ours, their ratio, the worst error."""
+    cells: dict = {}
+    for r in rows:
+        if r["kind"] not in ("layer_step", "layer_prefill"):
+            continue
+        c = r["config"]
+        key = (c["mix"], c["batch"]) if r["kind"] == "layer_step" else ("prefill", c["tokens"])
+        cells.setdefault(key, {})[r["provider"]] = (r["p50"], c.get("max_rel_err_vs_ref"), c.get("floor_us"))
+    dflt = combo_name(*DEFAULT)
+    lines = [f"## {model}", "", "| cell | default us | best combination | best us | default/best | floor x | max err |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key in sorted(cells, key=lambda k: (k[0], k[1])):
+        got = cells[key]
+        best = min(got, key=lambda p: got[p][0])
+        d = got.get(dflt, (None, None, None))[0]
+        errs = [e for _, e, _ in got.values() if e is not None]
+        floor = got[best][2]
+        lines.append(
+            f"| {key[0]} {key[1]} | {_f(d, 1)} | {best} | {got[best][0]:.1f} | {_f(d / got[best][0] if d else None, 3)} | "
+            f"{_f(got[best][0] / floor if floor else None)} | {_e(max(errs) if errs else None)} |"
+        )
+    nerr = sum(1 for r in rows if r["kind"] == "layer_step_error")
+    lines.append(f"({nerr} error rows)")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=sorted(MODELS), default="hy3")
+    p.add_argument("--model", choices=sorted(MODELS), nargs="+", default=["hy3"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--mixes", nargs="+", default=list(MIXES))
+    p.add_argument(
+        "--prefill", type=int, nargs="*", default=list(PREFILL), help="extend-step lengths (tokens)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--reps", type=int, default=40)
-    p.add_argument("--skip", nargs="*", default=[], help="combinations attn:moe to leave out")
+    p.add_argument("--skip", nargs="*", default=[], help="combinations attn:moe:router to leave out")
     p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    p.add_argument("--work", default="/tmp/layer_work")
+    p.add_argument("--work", default=None, help="scratch folder (default /tmp/layer_work_<model>)")
+    p.add_argument("--lock", default=None, help="GPU lock file shared by drivers of several models at once")
     p.add_argument("--budget-s", type=float, default=420.0, help="wall time the workers get")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--combo", help=argparse.SUPPRESS)
+    p.add_argument("--ticket", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--table", help="render the Markdown table of a layer_step .jsonl and exit")
     p.add_argument("--ship", action="store_true",
-                   help="copy the jsonl (written, or given with --table) into the package's kernel tables")  # fmt: skip
+                   help="with --table: copy the jsonl into the package's kernel tables")  # fmt: skip
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
+    for c in a.skip:  # attn:moe:router, or model:attn:moe:router for one model only
+        if c.count(":") not in (2, 3) or (c.count(":") == 3 and c.split(":")[0] not in MODELS):
+            p.error(f"--skip {c!r}: give attn:moe:router or model:attn:moe:router")
+    if len(a.model) > 1:
+        if a.worker or a.table or a.work:
+            p.error("--worker, --table and --work take one --model")
+        return several(a, argv)
+    a.model = a.model[0]
+    a.skip = [c.split(":", 1)[1] if c.count(":") == 3 else c for c in a.skip
+              if c.count(":") == 2 or c.split(":")[0] == a.model]  # fmt: skip
     for m in a.mixes:
         if m not in MIXES:
             p.error(f"unknown mix {m!r} (one of {', '.join(MIXES)})")
+    if any(n < 1 or n > MAX_CONTEXT for n in a.prefill):
+        p.error(f"prefill lengths must be 1..{MAX_CONTEXT}")
+    names = {":".join(c) for c in combos(a.model)}
+    for c in a.skip:
+        if c not in names:
+            p.error(f"unknown combination {c!r} for {a.model} (one of {', '.join(sorted(names))})")
     if a.table:
         path = Path(a.table)
         if not path.is_file():

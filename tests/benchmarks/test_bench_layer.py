@@ -12,6 +12,7 @@ import pytest
 from tests.benchmarks.helpers import load_script
 
 bl = load_script("bench_layer")
+ROOT_DIR = bl.ROOT
 
 
 def test_shard_config_hy3_tp8():
@@ -83,3 +84,204 @@ def test_bad_input_is_one_line(capsys):
         bl.main(["--table", "/nonexistent.jsonl"])
     assert e.value.code != 0
     assert "no such file" in capsys.readouterr().err
+
+
+def test_combinations_per_model():
+    hy3 = bl.combos("hy3")
+    assert hy3[0] == bl.DEFAULT and len(hy3) == len(set(hy3)) == 8
+    assert {c[2] for c in hy3} == {"sglang", "hpc_advise"}
+    # MLA: our decode attention refuses it; DeepSeek's bf16 gate and an EP rank's 32 experts keep SGLang's router
+    assert bl.combos("dsv3") == [("triton", "triton", "sglang"), ("triton", "hpc_advise", "sglang")]
+    ep = bl.combos("qwen3-235b-ep4")
+    assert len(ep) == 4 and {c[2] for c in ep} == {"sglang"}
+    assert bl.REFERENCE not in hy3
+    assert bl.combo_name("triton", "triton") == "attn=triton,moe=triton"  # the first table's names
+    assert (
+        bl.combo_name("hpc_advise", "triton", "hpc_advise") == "attn=hpc_advise,moe=triton,router=hpc_advise"
+    )
+
+
+def test_shard_config_ep_and_mla():
+    ep = bl.shard_config("qwen3-235b-ep4", 2)
+    assert (ep["num_experts"], ep["num_experts_per_tok"], ep["moe_intermediate_size"]) == (32, 2, 1536)
+    assert (ep["num_attention_heads"], ep["num_key_value_heads"]) == (16, 1)
+    ds = bl.shard_config("dsv3", 2)
+    assert (ds["num_attention_heads"], ds["n_routed_experts"], ds["moe_intermediate_size"]) == (16, 256, 256)
+    assert ds["kv_lora_rank"] == 512 and ds["n_group"] == 8
+    ds8 = bl.shard_config("dsv3-ep8", 2)
+    assert (ds8["n_routed_experts"], ds8["num_experts_per_tok"], ds8["moe_intermediate_size"]) == (
+        32,
+        1,
+        2048,
+    )
+    assert (ds8["n_group"], ds8["topk_group"], ds8["n_shared_experts"]) == (1, 1, 0)
+    q30 = bl.shard_config("qwen3-30b", 1)
+    assert (q30["hidden_size"], q30["num_attention_heads"], q30["num_key_value_heads"]) == (2048, 32, 4)
+
+
+def test_step_bytes_mla_reads_the_latent_once():
+    cfg = bl.shard_config("dsv3", 1)
+    one = bl.step_bytes(cfg, 2, [1000], gate_bytes=2)
+    assert one["kv_bytes"] == 1000 * (512 + 64) * 2
+    two = bl.step_bytes(cfg, 2, [1000, 1000], gate_bytes=2)
+    assert two["kv_bytes"] == 2 * one["kv_bytes"]
+
+
+def _fake_work(tmp_path, model):
+    """Worker outputs as the GPU run leaves them: one JSON per combination, logits per cell."""
+    import torch
+
+    work = tmp_path / "work"
+    work.mkdir()
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(8, bl.VOCAB, generator=g)
+    for i, combo in enumerate(bl.combos(model) + [bl.REFERENCE]):
+        tag = bl._tag(*combo)
+        reference = combo == bl.REFERENCE
+        cells = [{"bs": 8, "mix": "agentic", "graph": not reference, "seq_lens": [3000] * 8}]
+        prefill = [{"tokens": 1024}]
+        if not reference:
+            cells[0].update(p20=90.0 + i, p50=100.0 + i, p80=110.0 + i, reps=40, forward_us=300.0)
+            prefill[0].update(p20=900.0, p50=1000.0 - i, p80=1100.0, reps=5)
+        log = {"cells": cells, "prefill": prefill, "errors": ["agentic bs=256: boom"] if i == 1 else [],
+               "copy_tbps": 4.0, "build_s": 10.0, "moe_runners": [combo[1]], "router_gates": {"ours": 0, "sglang": 4}}  # fmt: skip
+        (work / f"{tag}.json").write_text(json.dumps(log))
+        torch.save(ref * (1 + (0 if reference else 0.01 * i)), work / f"logits__{tag}__agentic__8.pt")
+        torch.save(ref[:1], work / f"logits__{tag}__prefill__1024.pt")
+    return work
+
+
+def test_collect_rows_and_tables(tmp_path):
+    import argparse
+
+    work = _fake_work(tmp_path, "hy3")
+    cfg = bl.shard_config("hy3", 4)
+    a = argparse.Namespace(model="hy3")
+    rows = bl.collect(a, work, cfg, {"gpu": "NVIDIA H200"})
+    steps = [r for r in rows if r["kind"] == "layer_step"]
+    assert len(steps) == 8 and {r["provider"] for r in steps} == {bl.combo_name(*c) for c in bl.combos("hy3")}
+    d = next(r for r in steps if r["provider"] == "attn=triton,moe=triton")
+    assert d["config"]["default_over_this"] == 1.0 and d["subject"] == "hy3-tp8-rank"
+    # schema the advisor reads: kept from the first table, router added
+    for key in ("attention", "moe_runner", "router", "mix", "batch", "context_mean", "floor_us", "ratio_to_floor",
+                "default_over_this", "max_rel_err_vs_ref", "kv_cache_dtype", "tp_shard"):  # fmt: skip
+        assert key in d["config"]
+    worst = max(r["config"]["max_rel_err_vs_ref"] for r in steps)
+    assert worst == pytest.approx(0.07, rel=1e-5)  # combination 7 of the fake logits is 7 % off the reference
+    pre = [r for r in rows if r["kind"] == "layer_prefill"]
+    assert len(pre) == 8 and all(r["config"]["max_rel_err_vs_ref"] == 0.0 for r in pre)
+    assert [r["config"]["error"] for r in rows if r["kind"] == "layer_step_error"] == ["agentic bs=256: boom"]
+    table = bl.render_table(rows, "hy3")
+    assert (
+        "| attn=triton,moe=triton | agentic | 8 | 3000 | 100.0 |" in table
+        and "Prefill (extend) step" in table
+    )
+    summary = bl.render_summary(rows, "hy3")
+    assert "| agentic 8 | 100.0 | attn=triton,moe=triton | 100.0 | 1.000 |" in summary
+    assert (
+        "| prefill 1024 | 1000.0 | attn=hpc_advise,moe=hpc_advise,router=hpc_advise | 993.0 | 1.007 |"
+        in summary
+    )
+
+
+def test_collect_ep_subject(tmp_path):
+    import argparse
+
+    work = _fake_work(tmp_path, "dsv3-ep8")
+    rows = bl.collect(argparse.Namespace(model="dsv3-ep8"), work, bl.shard_config("dsv3-ep8", 4), {})
+    step = next(r for r in rows if r["kind"] == "layer_step")
+    assert (
+        step["subject"] == "dsv3-ep8-rank"
+        and step["config"]["mla"]
+        and "EP8 rank emulated" in step["config"]["emulation"]
+    )
+
+
+def test_bad_combination_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bl.main(["--model", "dsv3", "--skip", "hpc_advise:triton:sglang"])
+    assert e.value.code != 0
+    assert "unknown combination" in capsys.readouterr().err
+
+
+def test_several_models_share_one_lock_and_split_skips(monkeypatch, capsys):
+    started = []
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, cmd, **kw):
+            started.append(cmd[2:])
+
+        def communicate(self):
+            return "", None
+
+    monkeypatch.setattr(bl.subprocess, "Popen", Proc)
+    monkeypatch.setattr(bl.time, "sleep", lambda s: None)
+    argv = ["--model", "hy3", "dsv3", "--skip", "hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang",
+            "--budget-s", "9", "--out", "/tmp/x"]  # fmt: skip
+    assert bl.main(argv) == 0
+    hy3, dsv3 = started
+    assert hy3[:2] == ["--model", "hy3"] and dsv3[:2] == ["--model", "dsv3"]
+    assert hy3[hy3.index("--lock") + 1] == dsv3[dsv3.index("--lock") + 1]
+    assert hy3[hy3.index("--skip") + 1 :] == ["hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang"]
+    assert dsv3[dsv3.index("--skip") + 1 :] == ["triton:hpc_advise:sglang"]
+    assert "--budget-s" in dsv3 and "9" in dsv3
+
+
+def test_gpu_lock_goes_by_ticket_not_arrival(tmp_path):
+    """Workers queued before the GPU is free take it lowest ticket first; a dead ticket is skipped."""
+    import subprocess
+    import sys
+    import time
+
+    lock, order = tmp_path / "gpu.lock", tmp_path / "order"
+    (tmp_path / "gpu.lock.queue").mkdir()
+    (tmp_path / "gpu.lock.queue" / "000000.999999999").touch()  # a worker that died in the queue
+    prog = (
+        "import sys, time; sys.path.insert(0, {b!r}); import bench_layer as bl; "
+        "lk = bl._Lock(bl.Path({lock!r}), int(sys.argv[1])); time.sleep(float(sys.argv[2])); "
+        "lk.__enter__(); open({order!r}, 'a').write(sys.argv[1] + ' '); "
+        "[time.sleep(0.1) for _ in range(600) if len(list(lk.queue.iterdir())) < int(sys.argv[3])]"
+    ).format(b=str(bl.ROOT / "benchmarks"), lock=str(lock), order=str(order))
+    # ticket 5 keeps the GPU until the dead ticket, itself and the three others are all in the queue
+    first = subprocess.Popen([sys.executable, "-c", prog, "5", "0", "5"])
+    deadline = time.time() + 60
+    while not order.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    procs = [first] + [subprocess.Popen([sys.executable, "-c", prog, t, d, "0"]) for t, d in (("3", "0"), ("1", "0.3"), ("2", "0.6"))]  # fmt: skip
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+    assert order.read_text().split() == ["5", "1", "2", "3"]
+
+
+def test_agentic_trace_from_the_sent_checkout(tmp_path, monkeypatch):
+    monkeypatch.setattr(bl, "ROOT", tmp_path / "tree")
+    monkeypatch.setenv("CARRY", str(ROOT_DIR))
+    assert bl._trace() == ROOT_DIR / bl.AGENTIC_TRACE
+    monkeypatch.setenv("CARRY", str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        bl._trace()
+
+
+def test_rescaled_dummy_weights():
+    """Unit-variance layer outputs from the dummy weights, fp8 values carried by their scale, norms at 1."""
+    import torch
+
+    m = torch.nn.Module()
+    m.proj = torch.nn.Linear(1024, 64, bias=False)
+    m.input_layernorm = torch.nn.Module()
+    m.input_layernorm.weight = torch.nn.Parameter(torch.full((1024,), 1e-3))
+    m.w13_weight = torch.nn.Parameter(torch.zeros(4, 32, 1024).to(torch.float8_e4m3fn), requires_grad=False)
+    m.w13_weight_scale = torch.nn.Parameter(torch.full((4,), 1e-3), requires_grad=False)
+    with torch.no_grad():
+        m.proj.weight.uniform_(-1e-3, 1e-3)
+        bl._rescale_dummy_weights(m)
+    x = torch.randn(256, 1024)
+    assert 0.8 < (x @ m.proj.weight.t()).std().item() < 1.2
+    assert torch.all(m.input_layernorm.weight == 1)
+    w = m.w13_weight.float() * m.w13_weight_scale[0]
+    assert 0.8 < (x @ w[0].t()).std().item() < 1.2
+    first = m.proj.weight.clone()
+    with torch.no_grad():
+        bl._rescale_dummy_weights(m)
+    assert torch.equal(first, m.proj.weight)  # seeded: every worker gets the same weights
