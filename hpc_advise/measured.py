@@ -146,7 +146,9 @@ def _run_of(row: dict) -> tuple:
 
 def layer_cells(rows: list[dict]) -> list[LayerCell]:
     """The ``layer_step`` latency rows as cells (newest per subject, combination, mix and batch); a row
-    whose subject names no model profile, or that lacks a field, is left out."""
+    whose subject names no model profile, or that lacks a field, is left out, and so is a row run with
+    our router GEMM in place of SGLang's gate: cells are compared by attention backend and MoE runner
+    only, at SGLang's router."""
     from hpc_advise import rules
 
     newest: dict[tuple, dict] = {}
@@ -154,6 +156,8 @@ def layer_cells(rows: list[dict]) -> list[LayerCell]:
         if r.get("kind") != "layer_step" or r.get("unit") != "us" or not r.get("p50"):
             continue
         cfg = r.get("config") or {}
+        if cfg.get("router", "sglang") != "sglang":
+            continue
         key = (r.get("subject"), r.get("provider"), cfg.get("mix"), cfg.get("batch"))
         if key not in newest or str(r.get("created_at", "")) >= str(newest[key].get("created_at", "")):
             newest[key] = r

@@ -8,15 +8,17 @@ RUN = "2026-12-01T22:53:38+00:00"
 
 
 def layer_row(attn: str, moe: str, mix: str, batch: int, p50: float, *, subject: str = "hy3-tp8-rank",
-              layers: int = 4, context: float = 2049.0, tp: int = 8, command: str = "bench_layer") -> dict:  # fmt: skip
+              layers: int = 4, context: float = 2049.0, tp: int = 8, command: str = "bench_layer",
+              router: str = "sglang") -> dict:  # fmt: skip
     kv_bytes = layers * batch * context * 2 * 128 * 2  # one KV head of 128 per rank, bf16
     return {
-        "kind": "layer_step", "subject": subject, "provider": f"attn={attn},moe={moe}", "unit": "us",
+        "kind": "layer_step", "subject": subject, "unit": "us",
+        "provider": f"attn={attn},moe={moe}" + ("" if router == "sglang" else f",router={router}"),
         "p20": p50 * 0.99, "p50": p50, "p80": p50 * 1.01, "created_at": RUN, "command": command,
         "config": {
             "attention": attn, "moe_runner": moe, "mix": mix, "batch": batch, "layers": layers,
             "context_mean": context, "kv_bytes": kv_bytes, "copy_tbps": 4.2, "kv_cache_dtype": "auto",
-            "page_size": 64, "tp_shard": tp, "quantization": "fp8 experts per-tensor (online), bf16 linears",
+            "page_size": 64, "tp_shard": tp, "router": router, "quantization": "fp8 experts per-tensor (online), bf16 linears",
         },
     }  # fmt: skip
 

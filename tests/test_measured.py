@@ -37,6 +37,15 @@ def test_layer_rows_take_the_rank_shape_of_their_subject():
     assert {(c.conditions.q_heads, c.conditions.kv_heads) for c in cells} == {(8, 1)}
 
 
+def test_cells_run_with_our_router_are_left_out_of_the_comparisons():
+    """The same combination with our router GEMM would otherwise share a cell key with SGLang's gate
+    (the newest row would win at random); only SGLang's-gate rows are compared."""
+    ours_router = [layer_row("hpc_advise", "hpc_advise", "agentic", 1, 10.0, router="hpc_advise")]
+    cells = measured.layer_cells(_rows() + ours_router)
+    assert len(cells) == 24
+    assert all(c.p50 != 10.0 for c in cells)
+
+
 def test_handoff_where_sglang_measured_faster_and_ours_elsewhere():
     points = measured.moe_points(_rows())
     assert len(points) == 12  # 2 attention backends x 2 mixes x 3 batches, each paired with triton
