@@ -726,6 +726,78 @@ def support_table_markdown() -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------- SGLang's static memory
+# sglang/srt/arg_groups/memory_hook.py:handle_gpu_memory_settings. By GPU memory (MiB, upper bounds):
+# chunked prefill tokens, decode CUDA-graph max batch below / at TP 4.
+_MEMORY_TIERS = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+)
+# all-to-all backends the breakable prefill CUDA graph (SGLang's default on CUDA) keeps
+# (cuda_graph_hook.disable_breakable_cudagraph_if_incompatible)
+_BCG_A2A = ("none", "deepep", "megamoe", "flashinfer")
+
+
+def _prefill_graph_sizes(max_bs: int) -> int:
+    """How many token counts SGLang captures prefill graphs for (generate_prefill_cuda_graph_batch_sizes)."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
+    sizes += [*range(1280, 4097, 256), *range(4608, max_bs + 1, 512)]
+    return sum(1 for x in sizes if x <= max_bs)
+
+
+# Checkpoints with a vision tower (``...ForConditionalGeneration``), by profile key prefix: SGLang
+# serves them as multimodal models (the profiles keep the text model only). Per family, the tower's
+# (layers, hidden size) as adjust_mem_fraction_for_vlm reads them from SGLang's vision config
+# (configs/kimi_k25.py KimiK25VisionConfig: 27 x 1152; Qwen3.5's Qwen3VLVisionConfig names its 27
+# layers ``depth``, so SGLang reads its default of 24 layers).
+VISION_TOWERS = {"kimi-k2": (27, 1152), "qwen3.5": (24, 1152)}
+
+
+def vision_tower(model: ModelProfile) -> tuple[int, int] | None:
+    key = model.key.lower()
+    return next((t for prefix, t in VISION_TOWERS.items() if key.startswith(prefix)), None)
+
+
+def _vlm_factor(tower: tuple[int, int]) -> float:
+    """adjust_mem_fraction_for_vlm: 0.95 for a ViT-L/14-sized tower, 10 % less per doubling of its size."""
+    layers, hidden = tower
+    ratio = layers * hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def static_memory_fraction(
+    setup: Setup, memory_gib: float, *, mla: bool, vision: tuple[int, int] | None = None
+) -> float:
+    """SGLang's default ``mem_fraction_static`` for ``setup`` on a GPU of ``memory_gib`` (``vision``: the
+    checkpoint's vision tower, :func:`vision_tower`): the share of memory that holds weights + KV pool;
+    the rest is its estimate of activations and CUDA-graph buffers (``handle_gpu_memory_settings``,
+    without ``--mem-fraction-static``). Not modelled: pipeline parallelism, speculative decoding and
+    post-capture KV sizing (off by default)."""
+    mib = float(memory_gib) * 1024
+    _, chunk, small_bs, large_bs = next(t for t in _MEMORY_TIERS if mib < t[0])
+    decode_bs = small_bs if setup.tp < 4 else large_bs
+    reserved = 512 + max(chunk, 2048) * 1.5 + setup.tp / 8 * 1024
+    graphs = decode_bs * 2.0
+    if setup.attn_dp > 1:  # DP attention pads each group's batch (reserve_for_graph_mb)
+        graphs += decode_bs * setup.attn_dp * 3
+        if decode_bs > 300:
+            graphs += decode_bs * setup.attn_dp * 1.5
+    # prefill graphs: breakable by default on CUDA (kept for these multimodal models), off for other a2a
+    if setup.moe_a2a in A2A_NONE or setup.moe_a2a in _BCG_A2A:
+        graphs += 1.5 * 1024 if mla else _prefill_graph_sizes(chunk) * 8
+    reserved += graphs
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if setup.moe_a2a == "deepep":
+        reserved += 2 * 1024
+    fraction = round((mib - reserved) / mib, 3)
+    return fraction * _vlm_factor(vision) if vision else fraction
+
+
 # ------------------------------------------------------------------------------ what runs where (docs)
 WHERE_GPUS = ("h100", "h200", "h20", "b200", "a100")
 WHERE_ATTENTION = ("fa3", "flashinfer", "triton", "hpc_ops", NAME)

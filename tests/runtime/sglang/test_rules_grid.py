@@ -1,21 +1,35 @@
 """Every candidate the advisor can emit, for every shipped model profile on H100, H200, H20, B200 and
 A100 (8 GPUs), goes through real SGLang's ``prepare_server_args`` + ``resolve_once`` with our plugin's
-resolution checks: none is refused. Plus the refusals themselves, one per wrong set-up, at resolution
-(before any weight would load)."""
+resolution checks, SGLang seeing the profile's compute capability and memory: none is refused. The same
+for what ``recommend`` emits on each example trace (``examples/traces``), after the advisor's memory
+check: none is refused, and the weights + KV the advisor planned fit in the static memory SGLang
+resolves for that command (``mem_fraction_static``, ``arg_groups/memory_hook.py``), which the advisor's
+``rules.static_memory_fraction`` must equal for every command. Each distinct
+command is resolved once per GPU and shared by both grids. Plus the refusals themselves, one per wrong
+set-up, at resolution (before any weight would load)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from hpc_advise.advisor.candidates import enumerate_candidates, support_reason
+from hpc_advise import rules
+from hpc_advise.advisor.candidates import check_all, enumerate_candidates, setup_of, support_reason
 from hpc_advise.advisor.launch import build_command
 from hpc_advise.profiles import get_gpu, get_model, list_models
+from tests.advisor.advisor_helpers import advisor_home  # noqa: F401 - fixture
 from tests.runtime.sglang import rules_helpers as RH
 
 GPUS = ("h100", "h200", "h20", "b200", "a100")
+N_GPUS = 8
+TRACES = Path(__file__).resolve().parents[3] / "examples" / "traces"
+EXAMPLE_TRACES = ("agentic_coding.jsonl", "chat_uniform.csv", "bursty.csv")
 # SGLang 0.5.23 registers its mxfp4 method only with CUDA kernels present: gpt-oss's checkpoint cannot
 # be resolved on a CPU-only machine whatever the flags (checked below, so the skip cannot go stale).
 CPU_UNRESOLVABLE = {"gpt-oss-120b": "Unknown quantization method: mxfp4"}
+# (compute capability, memory GiB, argv) -> SGLang's resolved mem_fraction_static, or the refusal line
+_RESOLVED: dict[tuple, float | str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +42,35 @@ def sglang(tmp_path_factory):
 
 
 def _emitted(model, gpu):
-    return [c for c in enumerate_candidates(model, 8) if support_reason(c, model, gpu) is None]
+    return [c for c in enumerate_candidates(model, N_GPUS) if support_reason(c, model, gpu) is None]
+
+
+def _resolution(prepare, gpu, args: list[str]) -> float | str:
+    """SGLang's ``mem_fraction_static`` for ``args`` on ``gpu``, or why SGLang / our plugin refused."""
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    sm = tuple(gpu.compute_capability)
+    key = (sm, gpu.memory_gib, tuple(args))
+    if key not in _RESOLVED:
+        with RH.gpu(sm, gpu.memory_gib):
+            try:
+                sa = RH.resolve(prepare, args, fast=True)
+                _RESOLVED[key] = float(resolved_view(sa).mem_fraction_static)
+            except Exception as exc:  # noqa: BLE001 - every refusal is collected, then reported
+                _RESOLVED[key] = f"{type(exc).__name__}: {exc}"
+    return _RESOLVED[key]
+
+
+def _skip_unresolvable(prepare, path, key):
+    if key in CPU_UNRESOLVABLE:
+        with RH.gpu((9, 0)), pytest.raises(ValueError, match=CPU_UNRESOLVABLE[key]):
+            RH.resolve(prepare, ["--model-path", path])
+        pytest.skip(f"{key}: {CPU_UNRESOLVABLE[key]} on CPU-only SGLang")
+
+
+def _report(refused: list[str], n: int) -> str:
+    kinds = sorted({r.split(": ", 1)[1] for r in refused})
+    return f"{len(refused)} of {n} refused; causes: {kinds[:6]}; first: {refused[:2]}"
 
 
 @pytest.mark.parametrize("key", sorted(m.key for m in list_models()))
@@ -36,30 +78,71 @@ def test_every_emitted_candidate_resolves(sglang, key):
     prepare, root = sglang
     model = get_model(key)
     path = RH.model_dir(root, key)
-    if key in CPU_UNRESOLVABLE:
-        with RH.gpu((9, 0)), pytest.raises(ValueError, match=CPU_UNRESOLVABLE[key]):
-            RH.resolve(prepare, ["--model-path", path])
-        pytest.skip(f"{key}: {CPU_UNRESOLVABLE[key]} on CPU-only SGLang")
-    seen: set[tuple] = set()
-    refused = []
+    _skip_unresolvable(prepare, path, key)
+    refused, fractions = [], []
     n = 0
     for g in GPUS:
         gpu = get_gpu(g)
-        sm = tuple(gpu.compute_capability)
         for c in _emitted(model, gpu):
-            args = build_command(c, path, model=model).argv[3:]
-            if (sm, tuple(args)) in seen:  # H100/H200/H20 are one SGLang platform: same resolution
-                continue
-            seen.add((sm, tuple(args)))
             n += 1
-            with RH.gpu(sm):
-                try:
-                    RH.resolve(prepare, args, fast=True)
-                except Exception as exc:  # noqa: BLE001 - every refusal is collected, then reported
-                    refused.append(f"{g} {c.label()}: {type(exc).__name__}: {exc}")
+            got = _resolution(prepare, gpu, build_command(c, path, model=model).argv[3:])
+            if isinstance(got, str):
+                refused.append(f"{g} {c.label()}: {got}")
+                continue
+            # the advisor's memory check counts on the static memory SGLang resolves for this command
+            mine = rules.static_memory_fraction(
+                setup_of(c), gpu.memory_gib, mla=model.attention == "mla", vision=rules.vision_tower(model)
+            )
+            if abs(mine - got) > 1e-9:
+                fractions.append(f"{g} {c.label()}: advisor {mine}, SGLang {got}")
     assert n > 0
-    kinds = sorted({r.split(": ", 1)[1] for r in refused})
-    assert refused == [], f"{len(refused)} of {n} refused; causes: {kinds[:6]}; first: {refused[:2]}"
+    assert refused == [], _report(refused, n)
+    assert fractions == [], f"{len(fractions)} of {n}: mem_fraction_static differs: {fractions[:3]}"
+
+
+@pytest.fixture(scope="module")
+def rankers(advisor_home):  # noqa: F811
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.kernel_models import load_attention_model
+
+    serving, _ = pm.load_or_fit()
+    return serving, load_attention_model()
+
+
+@pytest.mark.parametrize("trace", EXAMPLE_TRACES)
+def test_every_candidate_emitted_for_an_example_trace_resolves_and_fits(sglang, rankers, trace):
+    """What ``recommend --trace <example> --gpus 8`` can rank (support rules and the memory check at
+    the concurrency it assumes for that trace) for every model profile and GPU profile."""
+    from hpc_advise.advisor.recommend import Ranker, TraceLoad
+    from hpc_advise.advisor.traces import summarize
+
+    prepare, root = sglang
+    serving, attn = rankers
+    w = TraceLoad.from_summary(summarize(str(TRACES / trace)))
+    refused, unfit = [], []
+    n = 0
+    for model in list_models():
+        if model.key in CPU_UNRESOLVABLE:
+            continue
+        path = RH.model_dir(root, model.key)
+        for g in GPUS:
+            gpu = get_gpu(g)
+            ranker = Ranker(model.key, model, gpu, w, serving, attn)
+            conc = ranker.concurrency(enumerate_candidates(model, N_GPUS), None)
+            checked = check_all(model, gpu, N_GPUS, lambda c: conc[c], w.ctx_mean, w.ctx_p99)
+            for chk in (chk for chk in checked if chk.ok):
+                n += 1
+                label = f"{model.key} {g} {chk.candidate.label()}"
+                got = _resolution(prepare, gpu, build_command(chk.candidate, path, model=model).argv[3:])
+                if isinstance(got, str):
+                    refused.append(f"{label}: {got}")
+                    continue
+                planned = chk.memory["weights_gib"] + chk.memory["kv_gib"]
+                if planned > got * gpu.memory_gib:
+                    unfit.append(f"{label}: {planned:.1f} GiB planned, SGLang's static {got * gpu.memory_gib:.1f}")
+    assert n > 100  # every model that fits 8 GPUs of some profile contributes
+    assert refused == [], _report(refused, n)
+    assert unfit == [], f"{len(unfit)} of {n} do not fit SGLang's static memory: {unfit[:3]}"
 
 
 def test_parse_fast_is_prepare_server_args(sglang):
