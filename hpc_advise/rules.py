@@ -156,6 +156,7 @@ class Conditions:
     router_opt_in: bool
     interpreter: bool = False  # Triton interpreter on CPU (tests)
     top_k: int = 0  # experts per token (MoE models; fused shared experts included)
+    quant_method: str = "fp8"  # SGLang's quantization method (quant_method_of); only "fp8" hooks ours
 
     @property
     def group(self) -> float:
@@ -214,7 +215,17 @@ def conditions(
         router_dtype=model.router_dtype,
         router_family=router_family(model.key, architecture),
         router_opt_in=router_env_enabled() if router_opt_in is None else router_opt_in,
+        quant_method=quant_method_of(model),
     )
+
+
+def quant_method_of(model: ModelProfile) -> str:
+    """SGLang's quantization method for ``model``: the checkpoint's (``ModelProfile.quant_method``), else
+    ``fp8`` where the profile plans FP8 over an unquantized checkpoint (SGLang's online
+    ``--quantization fp8``, which builds Fp8MoEMethod layers), else the scheme name."""
+    if model.quant_method:
+        return model.quant_method
+    return "fp8" if model.quantization in MOE_QUANTIZATIONS else model.quantization
 
 
 @dataclass(frozen=True)
@@ -294,6 +305,14 @@ RULES: list[Rule] = [
     ),
     # --- fused_moe --------------------------------------------------------------------------------
     Rule("fused_moe", lambda c: not c.is_moe, lambda c: "dense model: no MoE layers", outcome="n/a"),
+    Rule(
+        "fused_moe",
+        lambda c: c.quantization.startswith("fp8") and c.quant_method not in MOE_QUANT_METHODS,
+        lambda c: (
+            f"{c.quant_method} FP8 checkpoint: SGLang builds its own MoE method for it, not Fp8MoEMethod "
+            "(the only one our runner hooks), and runs that method's runner"
+        ),
+    ),
     Rule(
         "fused_moe",
         lambda c: c.quantization not in MOE_QUANTIZATIONS,
@@ -409,8 +428,7 @@ class Facts:
     def quant_method(self) -> str:
         if self.setup.quant_method is not None:
             return self.setup.quant_method or "none"
-        q = self.model.quantization
-        return "fp8" if q in MOE_QUANTIZATIONS else q
+        return quant_method_of(self.model)
 
     @property
     def fused_shared(self) -> int:
@@ -437,7 +455,7 @@ class Facts:
             router_opt_in=False,
             disable_shared_experts_fusion=s.disable_shared_experts_fusion or s.moe_a2a not in A2A_NONE,
         )
-        return replace(c, sm=self.sm, interpreter=self.sm is None)
+        return replace(c, sm=self.sm, interpreter=self.sm is None, quant_method=self.quant_method)
 
     def heads_per_rank(self) -> tuple[int, int]:
         attn_tp = self.setup.tp // self.setup.attn_dp
