@@ -249,3 +249,46 @@ def test_gates_prepared_after_weight_loading():
             hi.float() + lo.float() / 256, gate.weight.float(), atol=0, rtol=2**-15, seed=seed
         )
     assert not hasattr(model.bf16_gate, router.MARK)  # SGLang's bf16 MoEGate path is already exact
+
+
+# A fresh process, in SGLang's order: plugins first (our register() logs its INFO line), then SGLang's
+# configure_logger at --log-level, then our runtime's log lines.
+_LOG_ORDER = r"""
+import logging, sys
+from tests.runtime.sglang.helpers import import_sglang
+import_sglang("sglang.srt.plugins", "sglang.srt.utils.common")
+from sglang.srt.plugins import load_plugins
+from sglang.srt.utils.common import configure_logger
+load_plugins()
+class Args:
+    log_level = sys.argv[1]
+configure_logger(Args(), prefix=" TP0")
+from hpc_advise.runtime.sglang import moe
+logging.getLogger("hpc_advise.runtime.sglang.moe").info("probe info line")
+moe.log_fallback_once("FusedMoE", "probe reason")
+moe.log_fallback_once("FusedMoE", "probe reason")
+"""
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_plugin_log_lines_reach_sglangs_log_at_its_level(level):
+    """Before, register()'s INFO line was dropped (SGLang configures logging after loading plugins) and
+    warnings before that came out bare."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOG_ORDER, level], cwd=root, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    installed = [ln for ln in lines if "hpc_advise plugin: installed" in ln]
+    assert len(installed) == 1 and installed[0].startswith("[20"), lines[-20:]  # SGLang's time prefix
+    info = [ln for ln in lines if "probe info line" in ln]
+    assert info == ([info[0]] if level == "info" else []), lines[-20:]
+    if level == "info":
+        assert " TP0] probe info line" in info[0]  # through SGLang's own handler and format
+    fallback = [ln for ln in lines if "probe reason" in ln]
+    assert len(fallback) == 1 and " TP0] " in fallback[0], lines[-20:]
