@@ -394,6 +394,8 @@ class Setup:
     use_ray: bool = False
     quant_method: str | None = None  # SGLang's quantization method name; None = from the model profile
     hpc_ops_installed: bool | None = None  # the `hpc` package; None = not known here
+    mixed_chunk: bool = False  # --enable-mixed-chunk
+    pdmux: bool = False  # --enable-pdmux
     chunked_local_attention: bool | None = None  # None = from the model profile (chunked_local_attention)
 
     @property
@@ -634,6 +636,32 @@ LAUNCH_RULES: list[LaunchRule] = [
         lambda f: f.setup.use_ray and f.setup.uses_ours(),
         lambda f: (
             f"--use-ray starts workers that never load SGLang plugins, so {NAME} is unknown there: drop --use-ray"
+        ),
+        ours=True,
+        setup_only=True,
+    ),
+    LaunchRule(
+        "ours-mixed-chunk",
+        "hpc_advise decode with mixed chunked prefill (--enable-mixed-chunk)",
+        "refuse",
+        lambda f: _decode_ours(f) and f.setup.mixed_chunk,
+        lambda f: (
+            f"--enable-mixed-chunk sends the decode rows of every mixed prefill+decode batch to the prefill "
+            f"backend (SGLang's HybridAttnBackend routes MIXED batches to prefill), not to {NAME}: "
+            "drop --enable-mixed-chunk"
+        ),
+        ours=True,
+        setup_only=True,
+    ),
+    LaunchRule(
+        "ours-pdmux",
+        "hpc_advise decode with PD-multiplexing (--enable-pdmux)",
+        "refuse",
+        lambda f: _decode_ours(f) and f.setup.pdmux,
+        lambda f: (
+            f"--enable-pdmux runs decode on a partition of the SMs (green contexts); {NAME}'s persistent "
+            "decode grid is planned for every SM of the GPU and is not validated there: drop --enable-pdmux "
+            "or use fa3"
         ),
         ours=True,
         setup_only=True,

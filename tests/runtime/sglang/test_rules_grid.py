@@ -219,3 +219,82 @@ def test_moe_runner_falls_back_to_auto_for_other_quant_methods(sglang):
         sa = RH.resolve(prepare, ["--model-path", RH.model_dir(root, "deepseek-v3"), "--tp-size", "8",
                                   "--moe-runner-backend", "hpc_advise"], fast=True)  # fmt: skip
     assert resolved_view(sa).moe_runner_backend == "hpc_advise"
+
+
+def test_resolution_refuses_mixed_chunk_with_our_decode(sglang):
+    why = _refused(sglang, "qwen3-32b", ["--tp-size", "8", *OURS, "--enable-mixed-chunk"])
+    assert "--enable-mixed-chunk" in why and "prefill" in why
+
+
+def test_mixed_batches_go_to_the_prefill_backend_in_sglang():
+    """The fact the mixed-chunk refusal rests on: SGLang's HybridAttnBackend (our decode backend beside
+    its prefill backend) hands MIXED batches to the prefill backend, DECODE ones to ours."""
+    from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    hybrid = object.__new__(HybridAttnBackend)
+    hybrid.prefill_backend, hybrid.decode_backend = "prefill", "decode"
+    hybrid.spec_attn_is_decode = False
+    assert hybrid._select_backend(ForwardMode.MIXED) == "prefill"
+    assert hybrid._select_backend(ForwardMode.DECODE) == "decode"
+
+
+def test_resolution_refuses_pdmux_with_our_decode(sglang):
+    pdmux = ["--enable-pdmux", "--chunked-prefill-size", "-1", "--disable-overlap-schedule"]
+    assert "--enable-pdmux" in _refused(sglang, "qwen3-32b", ["--tp-size", "8", *OURS, *pdmux])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--enable-two-batch-overlap"], ["--cuda-graph-backend-decode", "breakable"]],
+    ids=["two-batch-overlap", "breakable-decode-graph"],
+)
+def test_resolution_keeps_our_decode_with(sglang, extra):
+    """Two-batch overlap and breakable decode graphs run our backend (tests/runtime/sglang/
+    test_attention.py: the TBO children and the breakable decode path); resolution keeps it."""
+    from sglang.srt.arg_groups.model_override_base import attention_backends_of, resolved_view
+
+    prepare, root = sglang
+    args = ["--model-path", RH.model_dir(root, "qwen3-30b-a3b"), "--tp-size", "8", "--ep-size", "8", *OURS, *extra]
+    with RH.gpu((9, 0), 141):
+        sa = RH.resolve(prepare, args, fast=True)
+    assert attention_backends_of(resolved_view(sa))[1] == "hpc_advise"
+
+
+@pytest.mark.parametrize("a2a", ["deepep", "mooncake", "nixl"])
+def test_moe_runner_falls_back_to_auto_under_all_to_all(sglang, a2a):
+    """Our runner takes the standard dispatch only: under an all-to-all backend it becomes SGLang's auto
+    (which picks deep_gemm for DeepEP) at resolution, instead of crashing at the first MoE forward."""
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    prepare, root = sglang
+    args = ["--model-path", RH.model_dir(root, "deepseek-v3"), "--tp-size", "8", "--ep-size", "8",
+            "--moe-a2a-backend", a2a, "--moe-runner-backend", "hpc_advise"]  # fmt: skip
+    with RH.gpu((9, 0), 141):
+        sa = RH.resolve(prepare, args, fast=True)
+    assert resolved_view(sa).moe_runner_backend == "auto"
+
+
+@pytest.mark.parametrize(
+    ("name", "qc"),
+    [
+        ("modelopt-fp8", {"quant_method": "modelopt", "quant_algo": "FP8"}),
+        ("modelopt-nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}),
+        ("compressed-tensors-fp8", None),
+    ],
+)
+def test_moe_runner_falls_back_to_auto_for_foreign_fp8_and_fp4(sglang, tmp_path, name, qc):
+    """ModelOpt FP8 / NVFP4 and compressed-tensors W8A8-FP8 checkpoints (hand-written config.json with
+    Qwen3-30B-A3B's shapes): SGLang builds their own MoE methods, so our runner name becomes auto."""
+    import json
+
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+
+    from tests.advisor.test_rules_quant import BASE, COMPRESSED
+
+    prepare, _ = sglang
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "quantization_config": qc or COMPRESSED}))
+    with RH.gpu((9, 0), 141):
+        sa = RH.resolve(prepare, ["--model-path", str(tmp_path), "--tp-size", "8", "--moe-runner-backend",
+                                  "hpc_advise"], fast=True)  # fmt: skip
+    assert resolved_view(sa).moe_runner_backend == "auto"
