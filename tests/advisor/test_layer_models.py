@@ -22,26 +22,38 @@ def _query(cell):
                 kv_bytes_per_token=2.0 * c.kv_heads * c.head_dim * (1 if c.kv_dtype == "fp8_e4m3" else 2))  # fmt: skip
 
 
+# Two backends within 1 % of one step are a tie: the bench's within-run spread is p80/p20 <= 1.02.
+TIE = 0.01
+
+
 def test_predicted_attention_order_is_the_measured_one_in_every_shipped_cell():
+    """Per cell (subject, mix, batch) the prediction is the measured difference averaged over the MoE
+    runners it was measured with, exactly; its sign is the measured order in every cell under each
+    runner, except ties."""
     layer = LayerAttention.from_rows(shipped_rows())
     if len(layer.backends()) < 2:
         pytest.skip("no shipped layer-step table compares two attention backends")
-    cells: dict[tuple, dict[str, float]] = {}
+    cells: dict[tuple, dict[str, dict[str, object]]] = {}
     for c in layer.cells:
-        cells.setdefault((c.subject, c.moe, c.mix, c.batch), {})[c.attention] = c
-    checked = 0
-    for key, by_attn in cells.items():
-        names = sorted(by_attn)
+        cells.setdefault((c.subject, c.mix, c.batch), {}).setdefault(c.moe, {})[c.attention] = c
+    checked = ties = 0
+    for key, by_moe in cells.items():
+        names = sorted(set.intersection(*(set(v) for v in by_moe.values())))
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
-                got = layer.delta_us(a, b, **_query(by_attn[a]))
+                some = next(iter(by_moe.values()))
+                got = layer.delta_us(a, b, **_query(some[a]))
                 assert got is not None, key
                 predicted, notes = float(got[0][0]), got[1]
-                measured_d = (by_attn[a].p50 - by_attn[b].p50) / by_attn[a].layers
-                assert np.sign(predicted) == np.sign(measured_d), (key, a, b, predicted, measured_d)
-                assert predicted == pytest.approx(measured_d, rel=1e-9, abs=1e-9) and notes == [], key
-                checked += 1
-    assert checked >= 18  # Hy3: 3 mixes x 6 batches
+                per_moe = [(v[a].p50 - v[b].p50) / v[a].layers for v in by_moe.values()]
+                assert predicted == pytest.approx(float(np.mean(per_moe)), rel=1e-9, abs=1e-9) and notes == [], key
+                for v, measured_d in zip(by_moe.values(), per_moe):
+                    if abs(v[a].p50 / v[b].p50 - 1) < TIE:
+                        ties += 1
+                        continue
+                    assert np.sign(predicted) == np.sign(measured_d), (key, a, b, predicted, measured_d)
+                    checked += 1
+    assert checked >= 18 and ties <= checked // 4, (checked, ties)  # Hy3: 3 mixes x 6 batches
 
 
 def _two_backend_rows():
