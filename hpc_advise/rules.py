@@ -23,6 +23,7 @@ Facts of SGLang 0.5.23 the rules encode are cited where they are used (file and 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -113,8 +114,10 @@ def fused_shared_experts(
     return 1 if model.num_experts == 256 and model.num_shared_experts == 1 else 0
 
 
+@functools.lru_cache(maxsize=1)
 def hpc_ops_installed() -> bool:
-    """Whether HPC-Ops' ``hpc`` package is importable here (found, not imported: it needs CUDA)."""
+    """Whether HPC-Ops' ``hpc`` package is importable here (found, not imported: it needs CUDA); looked
+    up once per process (a path search per candidate was 40 % of ranking a trace's candidates)."""
     import importlib.util
 
     return importlib.util.find_spec("hpc") is not None
@@ -153,6 +156,7 @@ class Conditions:
     router_opt_in: bool
     interpreter: bool = False  # Triton interpreter on CPU (tests)
     top_k: int = 0  # experts per token (MoE models; fused shared experts included)
+    quant_method: str = "fp8"  # SGLang's quantization method (quant_method_of); only "fp8" hooks ours
 
     @property
     def group(self) -> float:
@@ -211,7 +215,17 @@ def conditions(
         router_dtype=model.router_dtype,
         router_family=router_family(model.key, architecture),
         router_opt_in=router_env_enabled() if router_opt_in is None else router_opt_in,
+        quant_method=quant_method_of(model),
     )
+
+
+def quant_method_of(model: ModelProfile) -> str:
+    """SGLang's quantization method for ``model``: the checkpoint's (``ModelProfile.quant_method``), else
+    ``fp8`` where the profile plans FP8 over an unquantized checkpoint (SGLang's online
+    ``--quantization fp8``, which builds Fp8MoEMethod layers), else the scheme name."""
+    if model.quant_method:
+        return model.quant_method
+    return "fp8" if model.quantization in MOE_QUANTIZATIONS else model.quantization
 
 
 @dataclass(frozen=True)
@@ -293,6 +307,14 @@ RULES: list[Rule] = [
     Rule("fused_moe", lambda c: not c.is_moe, lambda c: "dense model: no MoE layers", outcome="n/a"),
     Rule(
         "fused_moe",
+        lambda c: c.quantization.startswith("fp8") and c.quant_method not in MOE_QUANT_METHODS,
+        lambda c: (
+            f"{c.quant_method} FP8 checkpoint: SGLang builds its own MoE method for it, not Fp8MoEMethod "
+            "(the only one our runner hooks), and runs that method's runner"
+        ),
+    ),
+    Rule(
+        "fused_moe",
         lambda c: c.quantization not in MOE_QUANTIZATIONS,
         lambda c: f"experts are {c.quantization}: our fused MoE covers FP8 (per-tensor or 128x128 blocks)",
     ),
@@ -372,6 +394,8 @@ class Setup:
     use_ray: bool = False
     quant_method: str | None = None  # SGLang's quantization method name; None = from the model profile
     hpc_ops_installed: bool | None = None  # the `hpc` package; None = not known here
+    mixed_chunk: bool = False  # --enable-mixed-chunk
+    pdmux: bool = False  # --enable-pdmux
     chunked_local_attention: bool | None = None  # None = from the model profile (chunked_local_attention)
 
     @property
@@ -406,8 +430,7 @@ class Facts:
     def quant_method(self) -> str:
         if self.setup.quant_method is not None:
             return self.setup.quant_method or "none"
-        q = self.model.quantization
-        return "fp8" if q in MOE_QUANTIZATIONS else q
+        return quant_method_of(self.model)
 
     @property
     def fused_shared(self) -> int:
@@ -434,7 +457,7 @@ class Facts:
             router_opt_in=False,
             disable_shared_experts_fusion=s.disable_shared_experts_fusion or s.moe_a2a not in A2A_NONE,
         )
-        return replace(c, sm=self.sm, interpreter=self.sm is None)
+        return replace(c, sm=self.sm, interpreter=self.sm is None, quant_method=self.quant_method)
 
     def heads_per_rank(self) -> tuple[int, int]:
         attn_tp = self.setup.tp // self.setup.attn_dp
@@ -618,6 +641,32 @@ LAUNCH_RULES: list[LaunchRule] = [
         setup_only=True,
     ),
     LaunchRule(
+        "ours-mixed-chunk",
+        "hpc_advise decode with mixed chunked prefill (--enable-mixed-chunk)",
+        "refuse",
+        lambda f: _decode_ours(f) and f.setup.mixed_chunk,
+        lambda f: (
+            f"--enable-mixed-chunk sends the decode rows of every mixed prefill+decode batch to the prefill "
+            f"backend (SGLang's HybridAttnBackend routes MIXED batches to prefill), not to {NAME}: "
+            "drop --enable-mixed-chunk"
+        ),
+        ours=True,
+        setup_only=True,
+    ),
+    LaunchRule(
+        "ours-pdmux",
+        "hpc_advise decode with PD-multiplexing (--enable-pdmux)",
+        "refuse",
+        lambda f: _decode_ours(f) and f.setup.pdmux,
+        lambda f: (
+            f"--enable-pdmux runs decode on a partition of the SMs (green contexts); {NAME}'s persistent "
+            "decode grid is planned for every SM of the GPU and is not validated there: drop --enable-pdmux "
+            "or use fa3"
+        ),
+        ours=True,
+        setup_only=True,
+    ),
+    LaunchRule(
         "ours-moe-fallback",
         "hpc_advise MoE: Fp8MoEMethod experts (FP8 per-tensor or 128x128 blocks), SM90, standard dispatch",
         "fallback",
@@ -724,6 +773,78 @@ def support_table_markdown() -> str:
     meaning = {"refuse": "refused", "fallback": "SGLang's auto runs", "slow": "excluded (slow path)"}
     lines += [f"| {r.subject} | {meaning[r.kind]} | {r.enforced_by} |" for r in support_table()]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------- SGLang's static memory
+# sglang/srt/arg_groups/memory_hook.py:handle_gpu_memory_settings. By GPU memory (MiB, upper bounds):
+# chunked prefill tokens, decode CUDA-graph max batch below / at TP 4.
+_MEMORY_TIERS = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 4096, 48, 160),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+)
+# all-to-all backends the breakable prefill CUDA graph (SGLang's default on CUDA) keeps
+# (cuda_graph_hook.disable_breakable_cudagraph_if_incompatible)
+_BCG_A2A = ("none", "deepep", "megamoe", "flashinfer")
+
+
+def _prefill_graph_sizes(max_bs: int) -> int:
+    """How many token counts SGLang captures prefill graphs for (generate_prefill_cuda_graph_batch_sizes)."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64)]
+    sizes += [*range(1280, 4097, 256), *range(4608, max_bs + 1, 512)]
+    return sum(1 for x in sizes if x <= max_bs)
+
+
+# Checkpoints with a vision tower (``...ForConditionalGeneration``), by profile key prefix: SGLang
+# serves them as multimodal models (the profiles keep the text model only). Per family, the tower's
+# (layers, hidden size) as adjust_mem_fraction_for_vlm reads them from SGLang's vision config
+# (configs/kimi_k25.py KimiK25VisionConfig: 27 x 1152; Qwen3.5's Qwen3VLVisionConfig names its 27
+# layers ``depth``, so SGLang reads its default of 24 layers).
+VISION_TOWERS = {"kimi-k2": (27, 1152), "qwen3.5": (24, 1152)}
+
+
+def vision_tower(model: ModelProfile) -> tuple[int, int] | None:
+    key = model.key.lower()
+    return next((t for prefix, t in VISION_TOWERS.items() if key.startswith(prefix)), None)
+
+
+def _vlm_factor(tower: tuple[int, int]) -> float:
+    """adjust_mem_fraction_for_vlm: 0.95 for a ViT-L/14-sized tower, 10 % less per doubling of its size."""
+    layers, hidden = tower
+    ratio = layers * hidden**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def static_memory_fraction(
+    setup: Setup, memory_gib: float, *, mla: bool, vision: tuple[int, int] | None = None
+) -> float:
+    """SGLang's default ``mem_fraction_static`` for ``setup`` on a GPU of ``memory_gib`` (``vision``: the
+    checkpoint's vision tower, :func:`vision_tower`): the share of memory that holds weights + KV pool;
+    the rest is its estimate of activations and CUDA-graph buffers (``handle_gpu_memory_settings``,
+    without ``--mem-fraction-static``). Not modelled: pipeline parallelism, speculative decoding and
+    post-capture KV sizing (off by default)."""
+    mib = float(memory_gib) * 1024
+    _, chunk, small_bs, large_bs = next(t for t in _MEMORY_TIERS if mib < t[0])
+    decode_bs = small_bs if setup.tp < 4 else large_bs
+    reserved = 512 + max(chunk, 2048) * 1.5 + setup.tp / 8 * 1024
+    graphs = decode_bs * 2.0
+    if setup.attn_dp > 1:  # DP attention pads each group's batch (reserve_for_graph_mb)
+        graphs += decode_bs * setup.attn_dp * 3
+        if decode_bs > 300:
+            graphs += decode_bs * setup.attn_dp * 1.5
+    # prefill graphs: breakable by default on CUDA (kept for these multimodal models), off for other a2a
+    if setup.moe_a2a in A2A_NONE or setup.moe_a2a in _BCG_A2A:
+        graphs += 1.5 * 1024 if mla else _prefill_graph_sizes(chunk) * 8
+    reserved += graphs
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if setup.moe_a2a == "deepep":
+        reserved += 2 * 1024
+    fraction = round((mib - reserved) / mib, 3)
+    return fraction * _vlm_factor(vision) if vision else fraction
 
 
 # ------------------------------------------------------------------------------ what runs where (docs)

@@ -10,8 +10,9 @@ every excluded candidate keeps its reason.
 
 Memory per GPU (bytes): weights per rank (non-expert weights / attention-TP + routed experts / TP) +
 KV of the requests one attention group holds (concurrency x mean context during decode, isl + osl/2,
-plus one request at the trace's p99 context) + an activation / CUDA-graph reserve, against
-``mem_fraction_static`` (0.88, SGLang's default on large GPUs) of the GPU's memory.
+plus one request at the trace's p99 context) must fit in the static memory SGLang gives weights + KV
+pool: its default ``mem_fraction_static`` for that command on that GPU
+(``rules.static_memory_fraction``); the rest is SGLang's activation / CUDA-graph reserve.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from hpc_advise import rules
 ATTENTION_BACKENDS = ("fa3", "flashinfer", "triton", "hpc_ops", "hpc_advise")
 MOE_RUNNERS = ("auto", "deep_gemm", "hpc_ops", "hpc_advise")
 KV_DTYPES = ("auto", "fp8_e4m3")
-MEM_FRACTION_STATIC = 0.88
-GRAPH_RESERVE_BYTES = 2 * 2**30  # CUDA graphs, NCCL buffers, allocator slack (estimate)
-CHUNKED_PREFILL_TOKENS = 8192  # SGLang's default chunk on large GPUs
 
 
 @dataclass(frozen=True)
@@ -146,6 +144,11 @@ def rank_weight_bytes(model, dep) -> float:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _static_fraction(tp: int, attn_dp: int, memory_gib: float, mla: bool, vision) -> float:
+    return rules.static_memory_fraction(rules.Setup(tp=tp, attn_dp=attn_dp), memory_gib, mla=mla, vision=vision)
+
+
 def memory_check(
     c: Candidate, model, gpu, concurrency: float, ctx_mean: float, ctx_p99: float
 ) -> tuple[bool, str, dict]:
@@ -160,8 +163,9 @@ def memory_check(
         per_tok *= 1.0 / min(attn_tp, max(model.num_kv_heads, 1))
     per_group = concurrency / c.attn_dp
     kv = per_tok * (max(per_group - 1, 0) * ctx_mean + ctx_p99)
-    reserve = GRAPH_RESERVE_BYTES + CHUNKED_PREFILL_TOKENS * model.hidden_size * 2 * 16
-    usable = gpu.memory_gib * gib * MEM_FRACTION_STATIC
+    usable = gpu.memory_gib * gib
+    fraction = _static_fraction(c.tp, c.attn_dp, gpu.memory_gib, model.attention == "mla", rules.vision_tower(model))
+    reserve = usable * (1.0 - fraction)
     headroom = usable - weights - kv - reserve
     mem = {
         "weights_gib": weights / gib,
@@ -173,7 +177,8 @@ def memory_check(
     if weights + reserve > usable:
         return (
             False,
-            f"weights {weights / gib:.1f} GiB per GPU + reserve do not fit in {usable / gib:.0f} GiB",
+            f"weights {weights / gib:.1f} GiB per GPU do not fit in SGLang's static "
+            f"{(usable - reserve) / gib:.0f} GiB",
             mem,
         )
     if headroom < 0:

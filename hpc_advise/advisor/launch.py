@@ -303,6 +303,16 @@ try:
 except Exception as exc:
     print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
     sys.exit(3)
+import logging
+class Failures(logging.Handler):  # SGLang logs a plugin's exception (logger.exception) and goes on
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.seen = []
+    def emit(self, record):
+        if record.exc_info and "hpc_advise" in record.getMessage():
+            self.seen.append(f"{record.exc_info[0].__name__}: {record.exc_info[1]}")
+failures = Failures()
+logging.getLogger("sglang.srt.plugins").addHandler(failures)
 try:
     from sglang.srt.plugins import load_plugins
     load_plugins()
@@ -312,8 +322,11 @@ try:
     from hpc_advise.runtime.sglang import plugin
     st = plugin.status()
     if not st["registered"] and "hpc_advise" in args:
-        print("note: the hpc_advise plugin did not register here (is hpc-advise installed in this Python, "
-              "and SGLANG_PLUGINS unset or listing hpc_advise?)", file=sys.stderr)
+        if failures.seen:
+            print(f"note: the hpc_advise plugin failed to register: {failures.seen[-1]}", file=sys.stderr)
+        else:
+            print("note: the hpc_advise plugin did not register here (is hpc-advise installed in this Python, "
+                  "and SGLANG_PLUGINS unset or listing hpc_advise?)", file=sys.stderr)
     for feature, err in st["errors"].items():
         print(f"note: hpc_advise plugin {feature}: {err}", file=sys.stderr)
 except Exception as exc:

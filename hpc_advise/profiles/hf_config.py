@@ -54,6 +54,21 @@ def quantization_scheme(qc: dict[str, Any] | None) -> str:
     return method or "bf16"
 
 
+def sglang_quant_method(qc: dict[str, Any] | None) -> str:
+    """The quantization method SGLang 0.5.23 loads a ``quantization_config`` with (``ModelConfig.
+    _parse_quant_hf_config``): ModelOpt checkpoints become ``modelopt_fp8`` / ``modelopt_fp4`` by their
+    ``quant_algo``; "" for none. Two FP8 checkpoints of the same layout load through different MoE
+    methods (``fp8``: Fp8MoEMethod; ``compressed-tensors``: its W8A8-FP8 MoE method; ``modelopt_fp8``:
+    ModelOptFp8MoEMethod), which decides which MoE runners can serve them."""
+    if not qc:
+        return ""
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo", "")).upper()
+        return "modelopt_fp8" if algo == "FP8" else "modelopt_fp4" if "FP4" in algo else method
+    return method
+
+
 def _layer_counts(cfg: dict[str, Any], num_layers: int) -> tuple[int, int]:
     """(linear-attention layers, sliding-window layers) from ``layer_types`` or the interval field."""
     types = cfg.get("layer_types")
@@ -199,6 +214,7 @@ def from_hf_config(
         router_scoring="sigmoid" if scoring == "sigmoid" else "softmax",
         router_bias=router_bias,
         quantization=quantization_scheme(cfg.get("quantization_config")),
+        quant_method=sglang_quant_method(cfg.get("quantization_config")),
         kv_lora_rank=int(kv_lora) if kv_lora else None,
         q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
         qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if attention == "mla" else None,

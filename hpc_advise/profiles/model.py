@@ -107,6 +107,9 @@ class ModelProfile:
     router_scoring: str = "softmax"  # 'softmax' | 'sigmoid'
     router_bias: bool = False  # expert-score correction bias (DeepSeek-V3 style) or linear bias
     quantization: str = "bf16"
+    # SGLang's quantization method for the checkpoint (ModelConfig.quantization: "fp8", "modelopt_fp8",
+    # "modelopt_fp4", "compressed-tensors", "mxfp4", ...); "" = none or SGLang's online --quantization
+    quant_method: str = ""
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None

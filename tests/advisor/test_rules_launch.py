@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -132,3 +133,18 @@ def test_use_ray_refused_with_our_backends():
             Candidate(8, 1, 1, 1, "hpc_advise", None, "auto"), "m", extra=("--use-ray",), force=True
         )
     assert "--use-ray" in L.build_command(Candidate(8), "m", extra=("--use-ray",)).argv
+
+
+def test_launch_check_says_why_the_plugin_did_not_register(tmp_path):
+    """When register() raises in the child, SGLang only logs it and then rejects the backend name
+    (``invalid choice: 'hpc_advise'``); the check now names the exception. The failure is made real and
+    the same on any machine: an importable ``torchvision`` that raises, which SGLang's model configs
+    import when our plugin registers its attention backend."""
+    (tmp_path / "torchvision.py").write_text('raise ImportError("torchvision broken on purpose")\n')
+    cmd = L.build_command(Candidate(8, 1, 1, 1, "hpc_advise", None, "auto"), str(tmp_path))
+    cmd.env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    ok, why = L.validate(cmd)
+    if ok is None:
+        pytest.skip(f"SGLang not importable here: {why}")
+    assert ok is False and "invalid choice: 'hpc_advise'" in why, why
+    assert "failed to register: ImportError: torchvision broken on purpose" in why, why

@@ -154,6 +154,10 @@ class HpcAdviseAttnBackend(AttentionBackend):
         self.page_size = int(model_runner.page_size)
         self.head_dim = int(pool.head_dim)
         self.token_to_kv_pool = pool
+        # the pool aliases SGLang's own backends carry, read by its wrappers (TboAttnBackend) and the
+        # forward-context accessors (get_req_to_token_pool)
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.kv_index_translator = getattr(model_runner, "kv_index_translator", None)
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.max_context_len = int(model_runner.model_config.context_len)
         self.max_pages = -(-min(self.max_context_len, self.req_to_token.shape[1]) // self.page_size)

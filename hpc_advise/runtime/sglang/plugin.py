@@ -17,6 +17,8 @@ us by name; an empty whitelist that omits us turns everything here off.
   would fail is refused there, with one line, before any weight loads; our MoE runner where it would
   fall back becomes SGLang's ``auto``.
 - with ``HPC_ADVISE_ROUTER_GEMM=1`` only: router GEMM hooks (``router.py``).
+- :class:`LogBridge`: our log lines reach SGLang's server log (it configures logging after loading
+  plugins, so our INFO lines were dropped).
 
 SGLang only logs hook failures. So ``register()`` applies the hooks itself (``apply_hooks`` is
 idempotent; ``load_plugins`` calls it again and skips what is done), checks that each target now runs
@@ -33,6 +35,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import pkgutil
+import sys
 
 from hpc_advise import rules
 
@@ -63,6 +66,50 @@ class PluginInstallError(RuntimeError):
 
 
 _STATE: dict = {"sglang": None, "registered": False, "features": {}, "errors": {}}
+LOGGER_ROOT = "hpc_advise"
+
+
+class LogBridge(logging.Handler):
+    """Our log lines in SGLang's server log, at its level.
+
+    SGLang loads plugins first in every process and configures logging after
+    (``utils.common.configure_logger``: ``basicConfig(force=True)`` on the root logger at
+    ``--log-level``). Records logged before that met the root's default WARNING level and no handler:
+    INFO lines were dropped, warnings came out bare through Python's last-resort handler. The
+    ``hpc_advise`` logger is therefore set to INFO and does not propagate; this handler passes each
+    record to the root's handlers once there are any (SGLang's format; records below the root's level
+    are dropped, so ``--log-level`` holds), and writes it to stderr in SGLang's format before."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.early = logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        root = logging.getLogger()
+        if root.handlers:
+            if record.levelno >= root.getEffectiveLevel():
+                ours = logging.getLogger(LOGGER_ROOT).handlers  # a handler on both has had the record
+                for handler in root.handlers:
+                    if record.levelno >= handler.level and handler not in ours:
+                        handler.handle(record)
+            return
+        try:
+            sys.stderr.write(self.early.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - logging must not raise (logging.Handler.handleError's contract)
+            self.handleError(record)
+
+
+def install_log_bridge() -> LogBridge:
+    """Route the ``hpc_advise`` loggers through :class:`LogBridge` (once per process)."""
+    pkg = logging.getLogger(LOGGER_ROOT)
+    # by name: a re-imported module (tests) brings a new LogBridge class, and one bridge is enough
+    bridge = next((h for h in pkg.handlers if type(h).__name__ == LogBridge.__name__), None)
+    if bridge is None:
+        bridge = LogBridge()
+        pkg.addHandler(bridge)
+    pkg.setLevel(logging.INFO)
+    pkg.propagate = False
+    return bridge
 
 
 def status() -> dict:
@@ -174,6 +221,7 @@ def _install_hooks(feature: str, hooks: list[tuple[str, object, str]]) -> list[s
 
 def register() -> None:
     """Entry point of the ``sglang.srt.plugins`` group (see module docstring)."""
+    install_log_bridge()
     version = sglang_version()
     _STATE["sglang"] = version
     if version not in SUPPORTED_SGLANG:

@@ -105,6 +105,8 @@ def facts_of(server_args):
         quant_method=str(mc.quantization or ""),
         hpc_ops_installed=importlib.util.find_spec("hpc") is not None,
         chunked_local_attention=bool(getattr(mc, "is_local_attention_model", False)),
+        mixed_chunk=bool(getattr(v, "enable_mixed_chunk", False)),
+        pdmux=bool(getattr(v, "enable_pdmux", False)),
     )
     return setup, model_profile(mc), _sm()
 

@@ -5,7 +5,12 @@ machine's.
 SGLang reads the machine through ``get_platform()`` facts (is_sm90, device_capability, ...), which it
 lets tests set with ``override_platform``, and in a few resolution steps through
 ``torch.cuda.get_device_capability``; both are set to the GPU profile's compute capability for the
-duration of one resolution. Nothing of SGLang's resolution is replaced. The models are the shipped
+duration of one resolution. Its memory-dependent defaults (chunked prefill, CUDA-graph batch sizes,
+``mem_fraction_static``: ``arg_groups/memory_hook.py``) read the GPU's memory through
+``get_device_memory_capacity`` (nvidia-smi on CUDA, None without CUDA), which the resolution steps that
+call it (``MEMORY_READERS``) are given as the profile's memory. The prefill CUDA-graph default
+(``model_executor/cuda_graph_config.default_prefill_backend``: breakable on CUDA, read through
+``torch.cuda.is_available()``) is set to CUDA's, since SGLang sizes its memory reserve by it. Nothing of SGLang's resolution is replaced. The models are the shipped
 profiles' config subsets written as config.json (``architectures`` added where a profile omits it: the
 real checkpoints' configs carry them).
 """
@@ -13,6 +18,7 @@ real checkpoints' configs carry them).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -48,7 +54,17 @@ def model_dir(root: Path, key: str) -> str:
 
 
 def load():
-    """Import SGLang's server args and load its plugins (ours among them); returns prepare_server_args."""
+    """Import SGLang's server args and load its plugins (ours among them); returns prepare_server_args.
+
+    ``msgspec.structs.fields`` is memoized per class for this process: SGLang calls it on ``ServerArgs``
+    twice per resolution and it re-evaluates the class's annotations each time (43 % of a resolution's
+    time); a class's fields do not change, so the answers are the same."""
+    import functools
+
+    import msgspec.structs
+
+    if not hasattr(msgspec.structs.fields, "cache_info"):
+        msgspec.structs.fields = functools.lru_cache(maxsize=None)(msgspec.structs.fields)
     import_sglang("sglang.srt.server_args", "sglang.srt.plugins")
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
@@ -68,20 +84,37 @@ def _facts(sm: tuple[int, int]) -> dict:
 
 
 @contextlib.contextmanager
-def gpu(sm: tuple[int, int]):
-    """SGLang sees a CUDA GPU of compute capability ``sm`` inside this block."""
+def gpu(sm: tuple[int, int], memory_gib: float | None = None):
+    """SGLang sees a CUDA GPU of compute capability ``sm`` (and ``memory_gib`` GiB of memory; None: the
+    memory is unknown, as without nvidia-smi) inside this block."""
     import torch
+    from sglang.srt.model_executor import cuda_graph_config as graphs
     from sglang.srt.runtime_context import override_platform
 
-    saved = torch.cuda.get_device_capability
+    readers = [importlib.import_module(m) for m in MEMORY_READERS]
+    saved = torch.cuda.get_device_capability, [m.get_device_memory_capacity for m in readers]
+    saved_prefill = graphs.default_prefill_backend
     torch.cuda.get_device_capability = lambda *a, **k: sm
+    graphs.default_prefill_backend = lambda: graphs.Backend.BREAKABLE
+    mib = None if memory_gib is None else float(memory_gib) * 1024
+    for m in readers:
+        m.get_device_memory_capacity = lambda device=None: mib
     try:
         with override_platform(**_facts(sm)):
             yield
     finally:
-        torch.cuda.get_device_capability = saved
+        torch.cuda.get_device_capability = saved[0]
+        graphs.default_prefill_backend = saved_prefill
+        for m, fn in zip(readers, saved[1]):
+            m.get_device_memory_capacity = fn
 
 
+# the resolution modules that import utils.common.get_device_memory_capacity by name
+MEMORY_READERS = (
+    "sglang.srt.arg_groups.memory_hook",
+    "sglang.srt.arg_groups.kv_shard_hook",
+    "sglang.srt.arg_groups.model_overrides.qwen3_vl",
+)
 FIXED = ["--device", "cuda", "--skip-tokenizer-init"]
 _PARSER: list = []
 _MODEL_CONFIGS: dict[tuple, object] = {}
@@ -109,7 +142,8 @@ def resolve(prepare_server_args, args: list[str], *, fast: bool = False):
     ``ModelConfig`` of a (model path, --quantization) pair built once and handed to later records the
     way SGLang's ``model_config_of`` takes a fixture's (it reads nothing else our commands vary)."""
     previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
+    if previous < logging.WARNING:  # each call clears every logger's cache: only when it changes
+        logging.disable(logging.WARNING)
     try:
         argv = [*args, *FIXED]
         sa = parse_fast(argv) if fast else prepare_server_args(argv)
@@ -121,4 +155,5 @@ def resolve(prepare_server_args, args: list[str], *, fast: bool = False):
             _MODEL_CONFIGS[key] = sa._model_config
         return sa
     finally:
-        logging.disable(previous)
+        if previous < logging.WARNING:
+            logging.disable(previous)

@@ -575,3 +575,95 @@ def test_other_kv_pool_classes_are_refused():
             HpcAdviseBackendError, match="PageMajorLike is not SGLang's plain MHATokenToKVPool"
         ):
             HpcAdviseAttnBackend(runner)
+
+
+def _graph_batch(sg, backend, idx, seq_lens, out_loc, pad):
+    """A decode batch padded by ``pad`` rows as SGLang's decode graph runner pads it (req_pool_index 0,
+    the backend's seq_len fill value), its metadata set up the way capture and replay do."""
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+    fb = _batch(
+        sg,
+        torch.cat([idx, torch.zeros(pad, dtype=torch.int64)]),
+        seq_lens + [fill] * pad,
+        torch.cat([out_loc, torch.zeros(pad, dtype=torch.int64)]),
+    )
+    return fb
+
+
+def test_breakable_decode_graph_routes_decode_through_our_graph_path():
+    """Under SGLang's breakable CUDA-graph scope (``--cuda-graph-backend-decode breakable``), a DECODE
+    batch reaches our backend through RadixAttention.forward unchanged: only extend batches of prefill
+    graphs run attention as an eager break on the real rows. So the breakable decode graph captures
+    our backend exactly as the full graph does (init_forward_metadata_out_graph + _in_graph)."""
+    sg = _sglang()
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
+        enable_breakable_cuda_graph,
+    )
+
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    seed, gen = fresh_seed()
+    seq_lens = [70, 9, 130]
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=10, reqs=4, context=256)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        q = torch.randn(5, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        eager = HpcAdviseAttnBackend(runner)
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        eager.init_forward_metadata(fb)
+        want = eager.forward_decode(q[:3], None, None, layer, fb, save_kv_cache=False).float()
+
+        graph = HpcAdviseAttnBackend(runner)
+        graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+        padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=2)
+        seen = []
+        real_forward = graph.forward_decode
+        graph.forward_decode = lambda q_, *a, **k: seen.append(q_.shape[0]) or real_forward(q_, *a, **k)
+        with enable_breakable_cuda_graph(), forward_context(ForwardContext(attn_backend=graph)):
+            graph.init_forward_metadata_out_graph(padded, in_capture=True)
+            graph.init_forward_metadata_in_graph(padded)
+            got = layer.forward(q, None, None, padded, save_kv_cache=False).float()
+    assert seen == [5], seen  # the whole padded batch, as under the full graph
+    assert got.reshape(5, -1).shape == (5, 8 * HEAD_DIM) and torch.isfinite(got).all(), seed
+    assert_close_seeded(got.reshape(5, -1)[:3], want, atol=ATOL, rtol=RTOL, seed=seed)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph-metadata"])
+def test_two_batch_overlap_children_plan_their_own_halves(graph):
+    """``--enable-two-batch-overlap`` wraps three instances of the backend in SGLang's TboAttnBackend
+    (the full batch and two micro-batches, each with its own forward batch); each child must plan and
+    attend over its own rows only, eager and on the CUDA-graph metadata path, and match the full batch."""
+    sg = _sglang()
+    from sglang.srt.layers.attention.tbo_backend import TboAttnBackend
+
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    seed, gen = fresh_seed()
+    seq_lens = [40, 100, 7, 65, 128]
+    split = 2
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=16, reqs=6, context=256)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
+        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+        q = torch.randn(len(seq_lens), 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+        tbo = TboAttnBackend.init_new(lambda: HpcAdviseAttnBackend(runner))
+        fb = _batch(sg, idx, seq_lens, out_loc)
+        fb.tbo_children = [
+            _batch(sg, idx[:split], seq_lens[:split], out_loc[:split]),
+            _batch(sg, idx[split:], seq_lens[split:], out_loc[split:]),
+        ]
+        if graph:
+            tbo.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+            tbo.init_forward_metadata_out_graph(fb, in_capture=True)
+            tbo.init_forward_metadata_in_graph(fb)
+        else:
+            tbo.init_forward_metadata(fb)
+        full = tbo.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
+        halves = [
+            child.forward_decode(q[s], None, None, layer, cfb, save_kv_cache=False).float()
+            for child, cfb, s in zip(tbo.children, fb.tbo_children, (slice(0, split), slice(split, None)))
+        ]
+    assert torch.isfinite(full).all(), seed
+    assert_close_seeded(torch.cat(halves), full, atol=ATOL, rtol=RTOL, seed=seed)

@@ -249,3 +249,43 @@ def test_gates_prepared_after_weight_loading():
             hi.float() + lo.float() / 256, gate.weight.float(), atol=0, rtol=2**-15, seed=seed
         )
     assert not hasattr(model.bf16_gate, router.MARK)  # SGLang's bf16 MoEGate path is already exact
+
+
+# A fresh process, in SGLang's order: plugins first (our register() logs its INFO line), then SGLang's
+# configure_logger at --log-level info, our runtime's log lines, then again at --log-level warning.
+_LOG_ORDER = r"""
+import logging
+from tests.runtime.sglang.helpers import import_sglang
+import_sglang("sglang.srt.plugins", "sglang.srt.utils.common")
+from sglang.srt.plugins import load_plugins
+from sglang.srt.utils.common import configure_logger
+load_plugins()
+from hpc_advise.runtime.sglang import moe
+for level in ("info", "warning"):
+    class Args:
+        log_level = level
+    configure_logger(Args(), prefix=f" {level}")
+    logging.getLogger("hpc_advise.runtime.sglang.moe").info("probe info line")
+    moe.log_fallback_once("FusedMoE", f"probe reason at {level}")
+    moe.log_fallback_once("FusedMoE", f"probe reason at {level}")
+"""
+
+
+def test_plugin_log_lines_reach_sglangs_log_at_its_level():
+    """Before, register()'s INFO line was dropped (SGLang configures logging after loading plugins) and
+    warnings before that came out bare."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    proc = subprocess.run([sys.executable, "-c", _LOG_ORDER], cwd=root, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    installed = [ln for ln in lines if "hpc_advise plugin: installed" in ln]
+    assert len(installed) == 1 and installed[0].startswith("[20"), lines[-20:]  # SGLang's time prefix
+    # through SGLang's own handler and format, at its level: the INFO line only at --log-level info
+    assert [ln.split("] ")[0][-5:] for ln in lines if "probe info line" in ln] == [" info"], lines[-20:]
+    for level in ("info", "warning"):
+        fallback = [ln for ln in lines if f"probe reason at {level}" in ln]
+        assert len(fallback) == 1 and f" {level}] " in fallback[0], lines[-20:]
