@@ -23,7 +23,10 @@ One worker process per backend combination (SGLang keeps process-global state); 
 parallel and take turns on the GPU (a file lock around build and timing), so timings do not overlap.
 Every worker gets the same weights (the dummy loader is seeded per parameter), the same KV contents and
 the same decode tokens, so logits can be compared with the reference worker's (``torch_native`` decode
-attention, SGLang's Triton MoE, eager): ``max_rel_err`` = max |logits - ref| / max |ref| over the batch.
+attention and our runner's MoE layers computed by the pure-torch fp32 ``fused_moe_reference``, eager):
+``max_rel_err`` = max |logits - ref| / max |ref| over the batch. Every cell row also records the paths its
+MoE layers took at that batch (``moe_paths``: ``triton`` where our runner handed the bucket to SGLang's
+triton, the dispatch table's hand-off from the shipped rows; ``hpc_advise.measured`` pairs no such cell).
 
 sgl-kernel is not installed on the GPU machine (too large to carry): ``SGLANG_FORCE_FUSED_OP_BACKEND=torch``
 puts RMSNorm, SiLU*mul, top-k and rotary on SGLang's torch paths in every combination (a cost common to all
@@ -167,9 +170,10 @@ MODELS = {
 ATTENTION = ("triton", "hpc_advise")
 MOE_RUNNERS = ("triton", "hpc_advise")
 ROUTERS = ("sglang", "hpc_advise")
-# (decode attention, MoE runner, router); the numerical reference runs eager.
+# (decode attention, MoE runner, router); the numerical reference runs eager: SGLang's torch_native decode
+# attention and ``reference``, our runner's layer with the pure-torch fp32 MoE (``_install_reference_moe``).
 DEFAULT = ("triton", "triton", "sglang")
-REFERENCE = ("torch_native", "triton", "sglang")
+REFERENCE = ("torch_native", "reference", "sglang")
 PREFILL = (1024, 4096, 16384)
 IGNORED_LINEARS = (
     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head,"
@@ -395,6 +399,22 @@ def _rescale_dummy_weights(model, seed: int = 1234) -> None:
             param.uniform_(-a, a, generator=g)
 
 
+def _install_reference_moe() -> None:
+    """The reference worker's MoE: our runner's layers (``--moe-runner-backend hpc_advise``, the same
+    loaded FP8 weights, scales and activation recipe) computed by ``fused_moe_reference`` (fp32 math,
+    the intermediate quantized per 1x128 as the checkpoints' recipe does), with no hand-off to SGLang's
+    triton. Eager only (the reference loops over experts with host syncs)."""
+    from hpc_advise.kernels.fused_moe import op, reference
+    from hpc_advise.runtime import dispatch
+
+    def fused_moe(hidden, *args, config=None, out=None, **kwargs):
+        del config, out
+        return reference.fused_moe_reference(hidden, *args, **kwargs).to(hidden.dtype)
+
+    op.fused_moe = fused_moe
+    dispatch.moe_buckets = lambda shape: []
+
+
 def _install_weight_rescale() -> None:
     """Wrap the dummy loader's ``initialize_dummy_weights`` (imported by name into the loader module)."""
     from sglang.srt.model_loader import loader
@@ -413,7 +433,7 @@ def _server_argv(a, cfg_dir: str, attn: str, moe: str, max_tokens: int) -> list[
     argv = [
         "--model-path", cfg_dir, "--skip-tokenizer-init", "--load-format", "dummy", "--dtype", "bfloat16",
         "--attention-backend", "triton", "--prefill-attention-backend", "triton",
-        "--decode-attention-backend", attn, "--moe-runner-backend", moe,
+        "--decode-attention-backend", attn, "--moe-runner-backend", "hpc_advise" if moe == "reference" else moe,
         "--quantization", "fp8", "--kv-cache-dtype", spec["kv_cache_dtype"], "--page-size", str(PAGE),
         "--sampling-backend", "pytorch", "--disable-custom-all-reduce", "--disable-radix-cache",
         "--max-total-tokens", str(max_tokens), "--max-running-requests", "1600",
@@ -540,6 +560,23 @@ def _moe_runners(runner) -> dict:
         if r is not None and hasattr(r, "runner_backend"):
             seen[name] = str(getattr(r.runner_backend, "value", r.runner_backend))
     return seen
+
+
+def _moe_paths(runner, tokens: int) -> list[str]:
+    """The paths the MoE layers take for a call of ``tokens`` tokens: ``hpc_advise`` (our kernel),
+    ``triton`` (SGLang's, our runner's hand-off included: ``runtime/sglang/moe.py path_for``), or the
+    layer's own runner."""
+    from hpc_advise.runtime.sglang.moe import path_for
+
+    paths = set()
+    for mod in runner.model.modules():
+        method = getattr(mod, "quant_method", None)
+        r = getattr(method, "runner", None)
+        if r is None or not hasattr(r, "runner_backend"):
+            continue
+        name = str(getattr(r.runner_backend, "value", r.runner_backend))
+        paths.add(path_for(method, tokens) if name == "hpc_advise" else name)
+    return sorted(paths)
 
 
 def _router_gates(runner) -> dict:
@@ -679,7 +716,7 @@ def _prefill_cell(runner, tree, length: int, seed: int, reference: bool, reps: i
     _batch, fb = _extend_batch(runner, tree, [length], [empty], rng, f"prefill{length}")
     out = runner.forward(fb)
     logits = out.logits_output.next_token_logits.float().clone()
-    row = {"tokens": length, "logits": logits.cpu()}
+    row = {"tokens": length, "logits": logits.cpu(), "moe_paths": _moe_paths(runner, length)}
     if reference:
         return row
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -711,7 +748,12 @@ def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) 
     fb = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
     out = runner.forward(fb)
     logits = out.logits_output.next_token_logits.float().clone()
-    row = {"bs": bs, "graph": bool(getattr(out, "can_run_graph", False)), "seq_lens": [n + 1 for n in lens]}
+    row = {
+        "bs": bs,
+        "graph": bool(getattr(out, "can_run_graph", False)),
+        "seq_lens": [n + 1 for n in lens],
+        "moe_paths": _moe_paths(runner, bs),
+    }
     if reference:
         row["logits"] = logits.cpu()
         return row
@@ -776,6 +818,8 @@ def worker(a) -> int:
     import sglang.srt.model_executor.model_runner  # noqa: F401
 
     _install_weight_rescale()
+    if moe == "reference":
+        _install_reference_moe()
 
     log["import_s"] = round(time.time() - t0, 1)
     mixes = {m: draw_lengths(m, max(a.batches), a.seed) for m in a.mixes}
@@ -822,7 +866,8 @@ def worker(a) -> int:
                 log["cells"].append(row)
                 save()
                 print(
-                    f"[{name}] {mix} bs={bs} p50={row.get('p50', float('nan')):.1f}us graph={row['graph']}",
+                    f"[{name}] {mix} bs={bs} p50={row.get('p50', float('nan')):.1f}us graph={row['graph']} "
+                    f"moe={'+'.join(row['moe_paths'])}",
                     flush=True,
                 )
         log["decode_s"] = round(time.time() - t1, 1)
@@ -838,7 +883,11 @@ def worker(a) -> int:
             torch.save(row.pop("logits"), work / f"logits__{_tag(attn, moe, router)}__prefill__{length}.pt")
             log["prefill"].append(row)
             save()
-            print(f"[{name}] prefill {length} p50={row.get('p50', float('nan')):.1f}us", flush=True)
+            print(
+                f"[{name}] prefill {length} p50={row.get('p50', float('nan')):.1f}us "
+                f"moe={'+'.join(row['moe_paths'])}",
+                flush=True,
+            )
         log["run_s"] = round(time.time() - t1, 1)
     save()
     return 0
@@ -1007,7 +1056,7 @@ def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
                 "cuda_graph": cell["graph"], "floor_us": floor_us, **nbytes, "ratio_to_floor": cell["p50"] / floor_us,
                 "default_over_this": default[(mix, bs)] / cell["p50"] if (mix, bs) in default else None,
                 "max_rel_err_vs_ref": _rel_err(work, f"{tag}__{mix}__{bs}", f"{ref_tag}__{mix}__{bs}"),
-                "forward_us": cell.get("forward_us"),
+                "forward_us": cell.get("forward_us"), "moe_paths": cell.get("moe_paths"),
             })  # fmt: skip
             t = Timing(cell["p20"], cell["p50"], cell["p80"], cell["reps"])
             rows.append(run_row(kind="layer_step", subject=subject, provider=combo_name(*combo), config={},
@@ -1021,7 +1070,7 @@ def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
                 "tokens": n, "tokens_per_s": n / (cell["p50"] * 1e-6),
                 "default_over_this": default_pf[n] / cell["p50"] if n in default_pf else None,
                 "max_rel_err_vs_ref": _rel_err(work, f"{tag}__prefill__{n}", f"{ref_tag}__prefill__{n}"),
-                "prefill_attention": "triton",
+                "prefill_attention": "triton", "moe_paths": cell.get("moe_paths"),
             })  # fmt: skip
             t = Timing(cell["p20"], cell["p50"], cell["p80"], cell["reps"])
             rows.append(run_row(kind="layer_prefill", subject=subject, provider=combo_name(*combo), config={},
@@ -1068,8 +1117,11 @@ def render_table(rows: list[dict], model: str) -> str:
             "(read + write) measured in each worker. "
             "Step = replay of SGLang's captured decode graph (p50 of CUDA-event-timed replays). "
             "floor = (weights + KV bytes) / copy rate. default/this = SGLang default (attn=triton,moe=triton) p50 / this p50 "
-            "(> 1: this is faster). err = max |logits - ref| / max |ref| against torch_native decode attention + "
-            "SGLang triton MoE + SGLang's router, eager, same weights, KV and tokens.",
+            "(> 1: this is faster). err = max |logits - ref| / max |ref| against the reference "
+            f"({first['config'].get('reference')}: torch_native decode attention"
+            + (" + SGLang triton MoE" if "moe=triton" in str(first['config'].get('reference')) else
+               " + the pure-torch fp32 MoE on our runner's FP8 weights and recipe")
+            + ", SGLang's router), same weights, KV and tokens.",
             "",
         ]  # fmt: skip
     if steps or pre:

@@ -105,6 +105,9 @@ class LayerCell:
     ep: int
     conditions: object  # rules.Conditions of the rank the row was measured at
     moe_shape: MoeShape | None
+    # our runner sent this batch's MoE calls to SGLang's triton (its hand-off): the cell times the
+    # hand-off, not our kernel, so it never decides a hand-off itself
+    handed_off: bool = False
 
     @property
     def kv_floor_per_request_us(self) -> float:
@@ -145,10 +148,12 @@ def _run_of(row: dict) -> tuple:
 
 
 def layer_cells(rows: list[dict]) -> list[LayerCell]:
-    """The ``layer_step`` latency rows as cells (newest per subject, combination, mix and batch); a row
-    whose subject names no model profile, or that lacks a field, is left out, and so is a row run with
-    our router GEMM in place of SGLang's gate: cells are compared by attention backend and MoE runner
-    only, at SGLang's router."""
+    """The ``layer_step`` latency rows as cells (newest per run, subject, combination, mix and batch:
+    cells are only ever compared within one run, so a later run that measured other combinations
+    leaves an earlier run's pairs in place); a row whose subject names no model profile, or that lacks
+    a field, is left out, and so is a row run with our router GEMM in place of SGLang's gate: cells are
+    compared by attention backend and MoE runner only, at SGLang's router. A row whose ``moe_paths``
+    (the paths our MoE runner's layers took at that batch) are all ``triton`` is a handed-off cell."""
     from hpc_advise import rules
 
     newest: dict[tuple, dict] = {}
@@ -158,7 +163,7 @@ def layer_cells(rows: list[dict]) -> list[LayerCell]:
         cfg = r.get("config") or {}
         if cfg.get("router", "sglang") != "sglang":
             continue
-        key = (r.get("subject"), r.get("provider"), cfg.get("mix"), cfg.get("batch"))
+        key = (_run_of(r), r.get("subject"), r.get("provider"), cfg.get("mix"), cfg.get("batch"))
         if key not in newest or str(r.get("created_at", "")) >= str(newest[key].get("created_at", "")):
             newest[key] = r
     cells = []
@@ -187,6 +192,7 @@ def layer_cells(rows: list[dict]) -> list[LayerCell]:
                 mix=str(cfg.get("mix")), batch=batch, layers=layers, p50=float(r["p50"]),
                 kv_bytes=kv_bytes, context_mean=float(cfg.get("context_mean") or 0.0), copy_tbps=copy,
                 kv_dtype=kv, tp=tp, ep=ep, conditions=c, moe_shape=shape,
+                handed_off=moe == "hpc_advise" and set(cfg.get("moe_paths") or ()) == {DEFAULT_MOE_RUNNER},
             )  # fmt: skip
         )
     return sorted(cells, key=lambda x: (x.subject, x.mix, x.batch, x.attention, x.moe))
@@ -213,11 +219,12 @@ class MoePoint:
 def moe_points(rows: list[dict]) -> list[MoePoint]:
     """Every (runner, SGLang default) pair of one run at one MoE shape and token count: layer-step cells
     that differ only in the MoE runner (same subject, attention backend, mix and batch; the decode
-    step's tokens are its batch), and fused_moe kernel rows of two providers at the same shape and T."""
+    step's tokens are its batch), and fused_moe kernel rows of two providers at the same shape and T.
+    A cell where our runner handed the batch to SGLang's triton pairs with nothing (it timed triton)."""
     out: list[MoePoint] = []
     groups: dict[tuple, dict[str, LayerCell]] = {}
     for cell in layer_cells(rows):
-        if cell.moe_shape is None:
+        if cell.moe_shape is None or cell.handed_off:
             continue
         groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})[cell.moe] = cell
     for (subject, _, attention, mix, batch), by_moe in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):

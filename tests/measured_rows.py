@@ -9,9 +9,9 @@ RUN = "2026-12-01T22:53:38+00:00"
 
 def layer_row(attn: str, moe: str, mix: str, batch: int, p50: float, *, subject: str = "hy3-tp8-rank",
               layers: int = 4, context: float = 2049.0, tp: int = 8, command: str = "bench_layer",
-              router: str = "sglang") -> dict:  # fmt: skip
+              router: str = "sglang", moe_paths: list[str] | None = None) -> dict:  # fmt: skip
     kv_bytes = layers * batch * context * 2 * 128 * 2  # one KV head of 128 per rank, bf16
-    return {
+    row = {
         "kind": "layer_step", "subject": subject, "unit": "us",
         "provider": f"attn={attn},moe={moe}" + ("" if router == "sglang" else f",router={router}"),
         "p20": p50 * 0.99, "p50": p50, "p80": p50 * 1.01, "created_at": RUN, "command": command,
@@ -21,6 +21,9 @@ def layer_row(attn: str, moe: str, mix: str, batch: int, p50: float, *, subject:
             "page_size": 64, "tp_shard": tp, "router": router, "quantization": "fp8 experts per-tensor (online), bf16 linears",
         },
     }  # fmt: skip
+    if moe_paths is not None:
+        row["config"]["moe_paths"] = moe_paths
+    return row
 
 
 def kernel_row(provider: str, tokens: int, p50: float, *, shape=(192, 4096, 192, 8), mode="tensor-static") -> dict:

@@ -61,6 +61,31 @@ def test_handoff_where_sglang_measured_faster_and_ours_elsewhere():
         assert measured.moe_handoff(HY3_TP8, t, points).runner == "triton", t
 
 
+def test_a_later_run_with_our_runner_handing_off_keeps_the_earlier_pairs():
+    """A run measured under the hand-off (SGLang's default and all-ours only, our runner sending bs 32 to
+    triton) neither replaces the first run's cells nor pairs its handed-off cells: the hand-off stays
+    decided by the run that timed our kernel."""
+    later = []
+    for mix in ("uniform-2k", "agentic"):
+        for bs, ours in ((1, 640.0), (32, 1001.0), (256, 1990.0)):
+            later += [
+                layer_row("triton", "triton", mix, bs, ours + 5.0, command="later"),
+                layer_row("hpc_advise", "hpc_advise", mix, bs, ours, command="later",
+                          moe_paths=["triton"] if bs == 32 else ["hpc_advise"]),
+            ]  # fmt: skip
+    cells = measured.layer_cells(_rows() + later)
+    assert len(cells) == 24 + 12
+    assert {c.batch for c in cells if c.handed_off} == {32}
+    points = measured.moe_points(_rows() + later)
+    assert len(points) == 12  # the later run has no two cells that differ only in the MoE runner
+    assert measured.moe_handoff(HY3_TP8, 32, points).runner == "triton"
+    # handed-off cells of a run that has a triton partner still pair with nothing
+    paired = later + [layer_row("hpc_advise", "triton", m, b, 900.0, command="later")
+                      for m in ("uniform-2k", "agentic") for b in (1, 32, 256)]  # fmt: skip
+    got = measured.moe_points(paired)
+    assert {p.tokens for p in got} == {1, 256}
+
+
 def test_unmeasured_tokens_and_shapes_keep_ours():
     points = measured.moe_points(_rows())
     beyond = measured.moe_handoff(HY3_TP8, 513, points)  # past twice the largest measured batch

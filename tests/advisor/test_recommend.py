@@ -430,10 +430,12 @@ def test_capacity_is_a_pass_fail_edge_of_the_named_condition(advisor_home, slo_t
     )
     assert all(why is not None for why, _ in above.values()), above
     # capacity 0 with the SLO: four TP1 replicas, every attention backend and KV dtype, and SGLang's triton
-    # decode attention at TP2 too (its layer-step rows: up to 2x our step on long contexts, TPOT p99 ~21.6 ms)
+    # decode attention at TP2 with bf16 KV too. The TP2 rank's attention (32/4 heads x 128) is the one
+    # Qwen3-30B's layer-step rows measured with fp8 KV: exact there (triton then meets the SLO at some
+    # rate), scaled by KV bytes per token (twice the difference) for bf16 KV
     assert {(c.tp, c.kv_dtype, c.attention_backend == "triton") for c in zero} == (
         set() if slo_tpot is None else {(1, kv, t) for kv in ("auto", "fp8_e4m3") for t in (False, True)}
-        | {(2, "auto", True), (2, "fp8_e4m3", True)}
+        | {(2, "auto", True)}
     )
     limits = {cap.limit for cap in caps.values()}
     if slo_tpot is None and slo_ttft is None:

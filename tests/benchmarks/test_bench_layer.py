@@ -3,6 +3,7 @@ count behind the bandwidth floor, and the table from rows (no GPU, no SGLang nee
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -152,7 +153,6 @@ def _fake_work(tmp_path, model):
 
 
 def test_collect_rows_and_tables(tmp_path):
-    import argparse
 
     work = _fake_work(tmp_path, "hy3")
     cfg = bl.shard_config("hy3", 4)
@@ -185,7 +185,6 @@ def test_collect_rows_and_tables(tmp_path):
 
 
 def test_collect_ep_subject(tmp_path):
-    import argparse
 
     work = _fake_work(tmp_path, "dsv3-ep8")
     rows = bl.collect(argparse.Namespace(model="dsv3-ep8"), work, bl.shard_config("dsv3-ep8", 4), {})
@@ -285,3 +284,30 @@ def test_rescaled_dummy_weights():
     with torch.no_grad():
         bl._rescale_dummy_weights(m)
     assert torch.equal(first, m.proj.weight)  # seeded: every worker gets the same weights
+
+
+def test_reference_moe_worker_takes_the_torch_reference_and_no_handoff(monkeypatch):
+    """The reference worker's runner layers call ``fused_moe_reference`` (bf16 out, fp32 math) in place
+    of our kernel, and the dispatch table hands it no bucket."""
+    import torch
+
+    from hpc_advise.kernels.fused_moe import op, reference
+    from hpc_advise.runtime import dispatch
+
+    monkeypatch.setattr(op, "fused_moe", op.fused_moe)  # restored after the test
+    monkeypatch.setattr(dispatch, "moe_buckets", dispatch.moe_buckets)
+    assert bl.REFERENCE == ("torch_native", "reference", "sglang")
+    assert "hpc_advise" in bl._server_argv(
+        argparse.Namespace(model="hy3", seed=1, batches=[1]), "/m", "torch_native", "reference", 4096
+    )
+    bl._install_reference_moe()
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 256, generator=g).to(torch.bfloat16)
+    w13, s13 = reference.quantize_weight(torch.randn(4, 2 * 128, 256, generator=g) / 16, "tensor")
+    w2, s2 = reference.quantize_weight(torch.randn(4, 256, 128, generator=g) / 16, "tensor")
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32)
+    wts = torch.full((3, 2), 0.5)
+    got = op.fused_moe(hidden, w13, w2, wts, ids, w13_scale=s13, w2_scale=s2, config={"x": 1})
+    want = reference.fused_moe_reference(hidden, w13, w2, wts, ids, w13_scale=s13, w2_scale=s2)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+    assert dispatch.moe_buckets(object()) == []
