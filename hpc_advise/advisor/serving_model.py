@@ -545,18 +545,15 @@ def evaluate(
 # ----- training data and cache ---------------------------------------------------------------
 
 
-def kb_points(kb_path: str | Path | None) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
-    """Measured serving runs imported into the knowledge base (none when the file does not exist)."""
+def kb_points(
+    kb_path: str | Path | None, exclude: frozenset = frozenset()
+) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """Measured serving runs imported into the knowledge base (none when the file does not exist),
+    less the runs whose ids are in ``exclude``."""
     from hpc_advise.advisor.serving_data import point_from_run
-    from hpc_advise.paths import kb_path as default_kb
-
-    path = Path(kb_path) if kb_path else default_kb()
-    if not path.exists():
-        return [], []
-    from hpc_advise.knowledge_base.store import KnowledgeBase
 
     good, bad = [], []
-    for run in KnowledgeBase(path).runs(kind="serving"):
+    for run in _kb_serving_runs(kb_path, exclude):
         try:
             good.append(point_from_run(run))
         except (RowError, ValueError, TypeError) as exc:
@@ -565,9 +562,10 @@ def kb_points(kb_path: str | Path | None) -> tuple[list[ServingPoint], list[tupl
 
 
 def training_points(
-    kb_path: str | Path | None = None, csv_paths: tuple = ()
+    kb_path: str | Path | None = None, csv_paths: tuple = (), exclude: frozenset = frozenset()
 ) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
-    """Seed CSV + extra CSVs + KB serving runs, deduplicated, with (where, reason) for rows left out."""
+    """Seed CSV + extra CSVs + KB serving runs (less the ids in ``exclude``), deduplicated, with
+    (where, reason) for rows left out."""
     from hpc_advise.advisor.serving_data import points_from_csv
 
     points, bad = points_from_csv(None, require_targets=True)
@@ -575,11 +573,11 @@ def training_points(
         g, b = points_from_csv(path, require_targets=True)
         points += g
         bad += b
-    g, b = kb_points(kb_path)
+    g, b = kb_points(kb_path, exclude)
     return dedupe(points + g), bad + b
 
 
-def _kb_serving_runs(kb_path: str | Path | None) -> list[dict]:
+def _kb_serving_runs(kb_path: str | Path | None, exclude: frozenset = frozenset()) -> list[dict]:
     from hpc_advise.paths import kb_path as default_kb
 
     path = Path(kb_path) if kb_path else default_kb()
@@ -587,7 +585,7 @@ def _kb_serving_runs(kb_path: str | Path | None) -> list[dict]:
         return []
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
-    return KnowledgeBase(path).runs(kind="serving")
+    return [r for r in KnowledgeBase(path).runs(kind="serving") if r.get("id") not in exclude]
 
 
 def data_key(settings: dict, kb_runs: list[dict], csv_paths: tuple = ()) -> str:
@@ -624,12 +622,18 @@ def cache_path(key: str) -> Path:
 
 
 def load_or_fit(
-    kb_path: str | Path | None = None, refit: bool = False, settings: dict | None = None
+    kb_path: str | Path | None = None,
+    refit: bool = False,
+    settings: dict | None = None,
+    exclude_runs: frozenset = frozenset(),
 ) -> tuple[ServingModel, dict]:
     """The fitted model for the current training data (from the cache when its hash matches).
+    ``exclude_runs``: knowledge-base run ids kept out of the fit (``validate`` scores runs held out of
+    it); the data key covers only the runs used, so excluding every KB run gives the KB-free fit.
     Returns (model, info) with info = {'cached': bool, 'path', 'left_out': [(where, reason)], ...}."""
     settings = dict(settings or SETTINGS)
-    key = data_key(settings, _kb_serving_runs(kb_path))
+    exclude_runs = frozenset(exclude_runs)
+    key = data_key(settings, _kb_serving_runs(kb_path, exclude_runs))
     path = cache_path(key)
     if path.exists() and not refit:
         try:
@@ -639,7 +643,7 @@ def load_or_fit(
                 return model, {"cached": True, "path": str(path), "left_out": model.left_out}
         except Exception:  # unreadable cache: refit below
             pass
-    points, bad = training_points(kb_path)
+    points, bad = training_points(kb_path, exclude=exclude_runs)
     preps, bad2 = prepare_all(points)
     model = fit(preps, settings, key=key)
     model.left_out = bad + bad2

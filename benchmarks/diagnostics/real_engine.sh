@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# `hpc-advise bench` against SGLang 0.5.23's real HTTP server on one GPU (issue 28): a tiny random-weight
+# Qwen3-MoE (benchmarks/diagnostics/real_engine.py), two servers on the one GPU, SGLang's Triton decode
+# attention (baseline, :30000) and ours (candidate, :30001), both page 64 + FP8 KV, Triton prefill and
+# Triton MoE; recommend -> bench A/B with output consistency -> validate, then a table.
+# Run on the device machine through gpu.sh's SGLang environment (docs/gpu.md):
+#   TREE_DIR=.whl_tree_bench bash benchmarks/gpu.sh sglang run bash benchmarks/diagnostics/real_engine.sh
+# carry: .whl_profile .whl_sglang .whl_tree_bench. Results: $HPC_ADVISE_RESULTS (gpu.sh's archive).
+set -o pipefail
+RES=${HPC_ADVISE_RESULTS:?run through gpu.sh (sglang run)}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+W=$(mktemp -d /tmp/real_engine.XXXX)
+START_S=${START_S:-200}   # seconds a server gets to answer /v1/models
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0))s] $*"; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; done; }
+trap cleanup EXIT
+
+cd "$ROOT" || exit 1
+MODEL=$W/tiny-qwen3-moe
+python3 "$HERE/real_engine.py" model "$MODEL" > "$RES/model.json" || { cat "$RES/model.json"; exit 1; }
+cp "$MODEL/config.json" "$RES/model_config.json"
+python3 "$HERE/real_engine.py" trace "$W/tiny.jsonl" > "$RES/trace.json" || exit 1
+cp "$W/tiny.jsonl" "$RES/tiny.jsonl"
+say "model $(cat "$RES/model.json")"
+say "trace $(cat "$RES/trace.json")"
+
+# our plugin reaches SGLang through its entry point: hpc-advise's dist-info beside the tree (the tree wins)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$W/hpc" . \
+  > "$RES/hpc_dist.log" 2>&1 || { tail -5 "$RES/hpc_dist.log"; exit 1; }
+CLIENT_PP=$PYTHONPATH
+SERVER_PP=$HERE/sglang_site:$PYTHONPATH:$W/hpc
+say "hpc-advise dist-info installed"
+
+serve() {  # $1 decode backend, $2 port, $3 extra flags...; sets the server's pid in PIDS
+  local dec=$1 port=$2
+  shift 2
+  local log="$RES/server_$dec.log"
+  echo "python3 -m sglang.launch_server ${SERVER_ARGS[*]} --decode-attention-backend $dec --port $port $*" > "$RES/server_$dec.cmd"
+  setsid env PYTHONPATH="$SERVER_PP" HPC_ADVISE_SGLANG_STAND_INS=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python \
+    python3 -m sglang.launch_server "${SERVER_ARGS[@]}" --decode-attention-backend "$dec" --port "$port" "$@" \
+    >> "$log" 2>&1 &
+  PIDS+=($!)
+  eval "PID_$dec=$!"
+}
+
+up() {  # $1 port, $2 pid: 0 once /v1/models answers, 1 if the process died or START_S passed
+  local t=$SECONDS
+  while [ $((SECONDS - t)) -lt "$START_S" ]; do
+    kill -0 "$2" 2>/dev/null || return 1
+    curl -sf "http://127.0.0.1:$1/v1/models" > /dev/null && return 0
+    sleep 2
+  done
+  return 1
+}
+
+SERVER_ARGS=(--model-path "$MODEL" --host 127.0.0.1 --load-format dummy --dtype bfloat16
+  --attention-backend triton --prefill-attention-backend triton --moe-runner-backend triton
+  --sampling-backend pytorch --disable-custom-all-reduce --kv-cache-dtype fp8_e4m3 --page-size 64
+  --mem-fraction-static 0.3 --max-total-tokens 131072 --context-length 4096 --max-running-requests 64
+  --grammar-backend none --random-seed 0)
+GRAPHS=(--cuda-graph-max-bs-decode 16 --cuda-graph-backend-prefill disabled)
+serve triton 30000 "${GRAPHS[@]}"
+serve hpc_advise 30001 "${GRAPHS[@]}"
+
+# while the servers start: the recommendation for this model and trace on one H200 (fits the serving model)
+export HPC_ADVISE_HOME=$RES/home
+python3 -m hpc_advise recommend --trace "$W/tiny.jsonl" --model "$MODEL" --gpu h200 --gpus 1 --top 3 \
+  > "$RES/recommend.txt" 2>&1
+rc=$?
+REC=$(grep -o 'recommendation #[0-9]*' "$RES/recommend.txt" | grep -o '[0-9]*$')
+say "recommend rc $rc -> recommendation ${REC:-none}"
+
+MODE=graphs
+for spec in "triton 30000" "hpc_advise 30001"; do
+  read -r dec port <<< "$spec"
+  pid_var=PID_$dec
+  if ! up "$port" "${!pid_var}"; then
+    say "server $dec did not come up with CUDA graphs: $(grep -E 'Error|error' "$RES/server_$dec.log" | tail -2)"
+    kill -- "-${!pid_var}" 2>/dev/null
+    sleep 3
+    echo "=== retry eager ===" >> "$RES/server_$dec.log"
+    serve "$dec" "$port" --disable-cuda-graph
+    MODE=eager
+    up "$port" "${!pid_var}" || { say "server $dec failed eager too"; tail -30 "$RES/server_$dec.log"; exit 1; }
+  fi
+  say "server $dec up on :$port"
+done
+# the other server too if one fell back (the A/B compares like with like)
+if [ "$MODE" = eager ] && ! grep -q "retry eager" "$RES/server_triton.log"; then
+  kill -- "-$PID_triton" 2>/dev/null; sleep 3
+  echo "=== retry eager ===" >> "$RES/server_triton.log"
+  serve triton 30000 --disable-cuda-graph
+  up 30000 "$PID_triton" || { say "triton eager failed"; exit 1; }
+fi
+echo "$MODE" > "$RES/mode.txt"
+curl -s http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
+curl -s http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
+
+BENCH=(python3 -m hpc_advise bench --url http://127.0.0.1:30001 --baseline-url http://127.0.0.1:30000
+  --trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200 --details --output "$RES/bench_serving.jsonl"
+  ${REC:+--recommendation "$REC"} --label "mode=$MODE")
+echo "${BENCH[*]}" > "$RES/bench.cmd"
+say "bench A/B: ${BENCH[*]}"
+timeout 200 "${BENCH[@]}" --json > "$RES/ab.json" 2> "$RES/ab.err"
+say "bench rc $?"
+tail -3 "$RES/ab.err"
+python3 -m hpc_advise runs list > "$RES/runs_list.txt" 2>&1
+if [ -n "$REC" ]; then
+  timeout 120 python3 -m hpc_advise validate --recommendation "$REC" > "$RES/validate.txt" 2>&1
+  say "validate rc $?"
+  timeout 120 python3 -m hpc_advise validate --recommendation "$REC" --json > "$RES/validate.json" 2>&1
+fi
+curl -s http://127.0.0.1:30001/metrics > "$RES/metrics_hpc_advise.txt" 2>/dev/null
+python3 "$HERE/real_engine.py" table "$RES" > "$RES/real_engine.md" 2> "$RES/table.err"
+cleanup
+PIDS=()
+sleep 2
+say "done"
+cat "$RES/validate.txt" 2>/dev/null | head -30
+cat "$RES/real_engine.md"
