@@ -118,6 +118,10 @@ python3 "$HERE/real_engine.py" table "$RES" > "$RES/real_engine.md" 2> "$RES/tab
 cleanup
 PIDS=()
 sleep 2
+# the client's own cost on this idle host: 2 cores for the client, the stand-in server on the others
+timeout 90 python3 "$HERE/bench_client_overhead.py" cpu closed --requests 4000 --cpus 0,1 \
+  > "$RES/client_overhead.jsonl" 2> "$RES/client_overhead.err"
+say "client overhead rc $?: $(cat "$RES/client_overhead.jsonl")"
 say "done"
 cat "$RES/validate.txt" 2>/dev/null | head -30
 cat "$RES/real_engine.md"
