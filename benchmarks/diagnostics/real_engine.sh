@@ -22,7 +22,10 @@ cd "$ROOT" || exit 1
 MODEL=$W/tiny-qwen3-moe
 python3 "$HERE/real_engine.py" model "$MODEL" > "$RES/model.json" || { cat "$RES/model.json"; exit 1; }
 cp "$MODEL/config.json" "$RES/model_config.json"
-python3 "$HERE/real_engine.py" trace "$W/tiny.jsonl" > "$RES/trace.json" || exit 1
+# the carried tree holds no examples/: the sent checkout ($CARRY) does
+SRC=$ROOT/examples/traces/agentic_coding.jsonl
+[ -f "$SRC" ] || SRC=${CARRY:-.}/examples/traces/agentic_coding.jsonl
+python3 "$HERE/real_engine.py" trace "$W/tiny.jsonl" --src "$SRC" > "$RES/trace.json" || exit 1
 cp "$W/tiny.jsonl" "$RES/tiny.jsonl"
 say "model $(cat "$RES/model.json")"
 say "trace $(cat "$RES/trace.json")"
@@ -46,11 +49,18 @@ serve() {  # $1 decode backend, $2 port, $3 extra flags...; sets the server's pi
   eval "PID_$dec=$!"
 }
 
-up() {  # $1 port, $2 pid: 0 once /v1/models answers, 1 if the process died or START_S passed
+get() {  # $1 URL [$2 timeout s]: the body on stdout, status 0 on HTTP 200
+  python3 -c "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())" \
+    "$1" "${2:-3}" 2>/dev/null
+}
+
+up() {  # $1 port, $2 pid: 0 once /v1/models and /health_generate answer, 1 if the process died or START_S passed
   local t=$SECONDS
   while [ $((SECONDS - t)) -lt "$START_S" ]; do
     kill -0 "$2" 2>/dev/null || return 1
-    curl -sf "http://127.0.0.1:$1/v1/models" > /dev/null && return 0
+    if get "http://127.0.0.1:$1/v1/models" > /dev/null; then
+      get "http://127.0.0.1:$1/health_generate" 60 > /dev/null && return 0
+    fi
     sleep 2
   done
   return 1
@@ -96,8 +106,8 @@ if [ "$MODE" = eager ] && ! grep -q "retry eager" "$RES/server_triton.log"; then
   up 30000 "$PID_triton" || { say "triton eager failed"; exit 1; }
 fi
 echo "$MODE" > "$RES/mode.txt"
-curl -s http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
-curl -s http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
+get http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
+get http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
 
 BENCH=(python3 -m hpc_advise bench --url http://127.0.0.1:30001 --baseline-url http://127.0.0.1:30000
   --trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200 --details --output "$RES/bench_serving.jsonl"
@@ -113,7 +123,6 @@ if [ -n "$REC" ]; then
   say "validate rc $?"
   timeout 120 python3 -m hpc_advise validate --recommendation "$REC" --json > "$RES/validate.json" 2>&1
 fi
-curl -s http://127.0.0.1:30001/metrics > "$RES/metrics_hpc_advise.txt" 2>/dev/null
 python3 "$HERE/real_engine.py" table "$RES" > "$RES/real_engine.md" 2> "$RES/table.err"
 cleanup
 PIDS=()
