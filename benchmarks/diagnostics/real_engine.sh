@@ -11,7 +11,7 @@ RES=${HPC_ADVISE_RESULTS:?run through gpu.sh (sglang run)}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 W=$(mktemp -d /tmp/real_engine.XXXX)
-START_S=${START_S:-200}   # seconds a server gets to answer /v1/models
+START_S=${START_S:-150}   # seconds a server gets to answer /v1/models
 T0=$SECONDS
 say() { echo "[$((SECONDS - T0))s] $*"; }
 PIDS=()
@@ -25,7 +25,7 @@ cp "$MODEL/config.json" "$RES/model_config.json"
 # the carried tree holds no examples/: the sent checkout ($CARRY) does
 SRC=$ROOT/examples/traces/agentic_coding.jsonl
 [ -f "$SRC" ] || SRC=${CARRY:-.}/examples/traces/agentic_coding.jsonl
-python3 "$HERE/real_engine.py" trace "$W/tiny.jsonl" --src "$SRC" > "$RES/trace.json" || exit 1
+python3 "$HERE/real_engine.py" trace "$W/tiny.jsonl" --src "$SRC" --requests "${REQUESTS:-160}" > "$RES/trace.json" || exit 1
 cp "$W/tiny.jsonl" "$RES/tiny.jsonl"
 say "model $(cat "$RES/model.json")"
 say "trace $(cat "$RES/trace.json")"
@@ -109,6 +109,13 @@ echo "$MODE" > "$RES/mode.txt"
 get http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
 get http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
 
+# a second run of the candidate's deployment (twice the trace's rate) first, so validate's leave-one-out
+# has another run to fit the correction on; the A/B's candidate run is then the newest
+SOLO=(python3 -m hpc_advise bench --url http://127.0.0.1:30001 --trace "$W/tiny.jsonl" --tokenizer "$MODEL"
+  --gpu h200 --rate-scale 2 --output "$RES/bench_serving.jsonl" ${REC:+--recommendation "$REC"} --label "mode=$MODE")
+echo "${SOLO[*]}" > "$RES/bench_solo.cmd"
+timeout 100 "${SOLO[@]}" > "$RES/solo.txt" 2>&1
+say "bench solo (rate x2) rc $?"
 BENCH=(python3 -m hpc_advise bench --url http://127.0.0.1:30001 --baseline-url http://127.0.0.1:30000
   --trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200 --details --output "$RES/bench_serving.jsonl"
   ${REC:+--recommendation "$REC"} --label "mode=$MODE")
@@ -128,7 +135,7 @@ cleanup
 PIDS=()
 sleep 2
 # the client's own cost on this idle host: 2 cores for the client, the stand-in server on the others
-timeout 90 python3 "$HERE/bench_client_overhead.py" cpu closed --requests 4000 --cpus 0,1 \
+timeout 60 python3 "$HERE/bench_client_overhead.py" cpu closed --requests 3000 --cpus 0,1 \
   > "$RES/client_overhead.jsonl" 2> "$RES/client_overhead.err"
 say "client overhead rc $?: $(cat "$RES/client_overhead.jsonl")"
 say "done"
