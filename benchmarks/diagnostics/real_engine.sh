@@ -83,7 +83,14 @@ rc=$?
 REC=$(grep -o 'recommendation #[0-9]*' "$RES/recommend.txt" | grep -o '[0-9]*$')
 say "recommend rc $rc -> recommendation ${REC:-none}"
 
+overhead() {  # the client's own cost on this idle host: 2 cores for the client, the stand-in on the others
+  timeout 60 python3 "$HERE/bench_client_overhead.py" cpu closed --requests 3000 --cpus 0,1 \
+    > "$RES/client_overhead.jsonl" 2> "$RES/client_overhead.err"
+  say "client overhead rc $?: $(cat "$RES/client_overhead.jsonl")"
+}
+
 MODE=graphs
+UP=()
 for spec in "triton 30000" "hpc_advise 30001"; do
   read -r dec port <<< "$spec"
   pid_var=PID_$dec
@@ -93,34 +100,47 @@ for spec in "triton 30000" "hpc_advise 30001"; do
     sleep 3
     echo "=== retry eager ===" >> "$RES/server_$dec.log"
     serve "$dec" "$port" --disable-cuda-graph
+    if ! up "$port" "${!pid_var}"; then
+      say "server $dec failed eager too: $(grep -E 'Error|error' "$RES/server_$dec.log" | tail -2)"
+      continue
+    fi
     MODE=eager
-    up "$port" "${!pid_var}" || { say "server $dec failed eager too"; tail -30 "$RES/server_$dec.log"; exit 1; }
   fi
+  UP+=("$dec")
   say "server $dec up on :$port"
 done
-# the other server too if one fell back (the A/B compares like with like)
-if [ "$MODE" = eager ] && ! grep -q "retry eager" "$RES/server_triton.log"; then
+if [ ${#UP[@]} -eq 0 ]; then
+  cleanup; PIDS=(); overhead; exit 1
+fi
+# the other server eager too if one fell back (the A/B compares like with like)
+if [ "$MODE" = eager ] && [ ${#UP[@]} -eq 2 ] && ! grep -q "retry eager" "$RES/server_triton.log"; then
   kill -- "-$PID_triton" 2>/dev/null; sleep 3
   echo "=== retry eager ===" >> "$RES/server_triton.log"
   serve triton 30000 --disable-cuda-graph
-  up 30000 "$PID_triton" || { say "triton eager failed"; exit 1; }
+  up 30000 "$PID_triton" || { say "triton eager failed"; UP=(hpc_advise); }
 fi
-echo "$MODE" > "$RES/mode.txt"
+echo "$MODE ${UP[*]}" > "$RES/mode.txt"
 get http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
 get http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
+CAND=http://127.0.0.1:30001
+[[ " ${UP[*]} " == *" hpc_advise "* ]] || CAND=http://127.0.0.1:30000
 
 # a second run of the candidate's deployment (twice the trace's rate) first, so validate's leave-one-out
 # has another run to fit the correction on; the A/B's candidate run is then the newest
-SOLO=(python3 -m hpc_advise bench --url http://127.0.0.1:30001 --trace "$W/tiny.jsonl" --tokenizer "$MODEL"
+SOLO=(python3 -m hpc_advise bench --url "$CAND" --trace "$W/tiny.jsonl" --tokenizer "$MODEL"
   --gpu h200 --rate-scale 2 --output "$RES/bench_serving.jsonl" ${REC:+--recommendation "$REC"} --label "mode=$MODE")
 echo "${SOLO[*]}" > "$RES/bench_solo.cmd"
 timeout 100 "${SOLO[@]}" > "$RES/solo.txt" 2>&1
 say "bench solo (rate x2) rc $?"
-BENCH=(python3 -m hpc_advise bench --url http://127.0.0.1:30001 --baseline-url http://127.0.0.1:30000
-  --trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200 --details --output "$RES/bench_serving.jsonl"
+if [ ${#UP[@]} -eq 2 ]; then
+  BENCH=(python3 -m hpc_advise bench --url "$CAND" --baseline-url http://127.0.0.1:30000)
+else
+  BENCH=(python3 -m hpc_advise bench --url "$CAND")
+fi
+BENCH+=(--trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200 --details --output "$RES/bench_serving.jsonl"
   ${REC:+--recommendation "$REC"} --label "mode=$MODE")
 echo "${BENCH[*]}" > "$RES/bench.cmd"
-say "bench A/B: ${BENCH[*]}"
+say "bench: ${BENCH[*]}"
 timeout 200 "${BENCH[@]}" --json > "$RES/ab.json" 2> "$RES/ab.err"
 say "bench rc $?"
 tail -3 "$RES/ab.err"
@@ -134,10 +154,7 @@ python3 "$HERE/real_engine.py" table "$RES" > "$RES/real_engine.md" 2> "$RES/tab
 cleanup
 PIDS=()
 sleep 2
-# the client's own cost on this idle host: 2 cores for the client, the stand-in server on the others
-timeout 60 python3 "$HERE/bench_client_overhead.py" cpu closed --requests 3000 --cpus 0,1 \
-  > "$RES/client_overhead.jsonl" 2> "$RES/client_overhead.err"
-say "client overhead rc $?: $(cat "$RES/client_overhead.jsonl")"
+overhead
 say "done"
 cat "$RES/validate.txt" 2>/dev/null | head -30
 cat "$RES/real_engine.md"
