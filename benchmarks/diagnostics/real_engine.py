@@ -155,8 +155,10 @@ def _server_line(log: Path) -> str:
     if not log.is_file():
         return "no log"
     text = log.read_text(errors="replace")
-    graphs = "CUDA graphs" if "Capture cuda graph end" in text or "capture cuda graph end" in text.lower() else "eager"
-    return graphs
+    last = text.rsplit("=== retry eager ===", 1)[-1]  # the attempt that served
+    if "fired up and ready" not in last and "Uvicorn running" not in last and "Capture cuda graph end" not in last:
+        return "did not start (see its log)"
+    return "CUDA graphs" if "capture cuda graph end" in last.lower() else "eager (--disable-cuda-graph)"
 
 
 def render_table(d: Path) -> str:
@@ -193,6 +195,39 @@ def render_table(d: Path) -> str:
     out.append(f"- prompt lengths: {ab.get('prompt_lengths')} ({ab.get('tokenizer')})")
     for name in ("triton", "hpc_advise"):
         out.append(f"- server {name}: {_server_line(d / f'server_{name}.log')}")
+    v = d / "validate.json"
+    if v.is_file():
+        try:
+            val = json.loads(v.read_text())
+        except json.JSONDecodeError:
+            val = {}
+        if val.get("rows"):
+            out += ["", "| validate: metric | predicted | measured | error |", "|---|---|---|---|"]
+            for r in val["rows"]:
+                err = "-" if r.get("error") is None else f"{100 * r['error']:+.1f} %"
+                out.append(f"| {r['label']} | {_fmt(r.get('predicted'), 2)} | {_fmt(r.get('measured'), 2)} | {err} |")
+        cal = val.get("calibration") or {}
+        for m in cal.get("metrics") or []:
+            out.append(
+                f"- calibration {cal['deployment']} ({cal['n_runs']} runs, base fitted without "
+                f"{len(cal.get('held_out_of_base') or [])}): {m['label']} median |error| before "
+                f"{_fmt(100 * m['median_abs_before'] if m['median_abs_before'] is not None else None)} %, after "
+                f"{_fmt(100 * m['median_abs_after'] if m['median_abs_after'] is not None else None)} %"
+            )
+    c = d / "client_overhead.jsonl"
+    if c.is_file():
+        for line in c.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out.append(
+                f"- client ({r.get('mode')}, {r.get('requests')} requests, cores {r.get('client_cpus')}): "
+                f"{r.get('cpu_ms_per_request')} ms CPU/request, dispatch lag median/p99 "
+                f"{(r.get('dispatch_lag_ms') or {}).get('median')}/{(r.get('dispatch_lag_ms') or {}).get('p99')} ms, "
+                f"E2E median/p99 {(r.get('e2e_ms') or {}).get('median')}/{(r.get('e2e_ms') or {}).get('p99')} ms, "
+                f"{r.get('rate_req_s')} req/s"
+            )
     if machine:
         out.append("- machine: " + " / ".join(x.strip() for x in machine[:4]))
     return "\n".join(out) + "\n"
