@@ -14,6 +14,9 @@ The pieces ``real_engine.sh`` runs on the GPU machine, each also runnable here o
 - ``trace SRC OUT``: the shipped agentic-coding trace scaled to the tiny model: input lengths and the
   prefix block size divided by ``--len-div`` (512-token blocks become 16-token blocks, the same
   ``hash_ids``), output lengths clipped, arrival times divided by ``--time-div``.
+- ``carry DIR``: the folder the device call carries (``.whl_bench_extra`` in the sent checkout): the
+  model folder built here, and cp312 wheels of what SGLang's HTTP server imports at start that the
+  device image lacks (``EXTRA_WHEELS``);
 - ``table DIR``: the Markdown table of one device call's outputs (``ab.json``, ``validate.json``,
   ``machine.txt``, the server logs).
 """
@@ -55,6 +58,10 @@ CONFIG = {
     "eos_token_id": 2,
 }
 VOCAB = 1024
+# imported by sglang.srt.entrypoints.http_server's chain (serving_chat, the function-call detectors, FastAPI
+# form routes, audio endpoints) and absent from the device image; xgrammar at SGLang 0.5.23's pin
+EXTRA_WHEELS = ("jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0",
+                "rpds-py==2026.9.1", "xgrammar==0.2.7", "python-multipart", "soundfile", "cffi", "pycparser")
 SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: unk, bos, eos
 
 
@@ -233,6 +240,20 @@ def render_table(d: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def make_carry(out: Path) -> dict:
+    """The model folder and the extra wheels (cp312 manylinux, no dependencies) in ``out``."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    info = make_model(out / "tiny-qwen3-moe")
+    plat = [a for p in ("manylinux_2_34", "manylinux_2_28", "manylinux_2_27", "manylinux_2_17", "manylinux2014")
+            for a in ("--platform", f"{p}_x86_64")]  # fmt: skip
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *plat, "-d", str(out), *EXTRA_WHEELS],
+                   check=True)  # fmt: skip
+    return {"model": info, "wheels": sorted(p.name for p in out.glob("*.whl"))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -245,6 +266,8 @@ def main(argv=None) -> int:
     t.add_argument("--len-div", type=int, default=32)
     t.add_argument("--time-div", type=float, default=8.0)
     t.add_argument("--max-out", type=int, default=64)
+    c = sub.add_parser("carry")
+    c.add_argument("dir", type=Path)
     tb = sub.add_parser("table")
     tb.add_argument("dir", type=Path)
     a = ap.parse_args(argv)
@@ -252,6 +275,8 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(ROOT))
     if a.cmd == "model":
         print(json.dumps(make_model(a.dir)))
+    elif a.cmd == "carry":
+        print(json.dumps(make_carry(a.dir)))
     elif a.cmd == "trace":
         print(json.dumps(make_trace(a.src, a.out, a.requests, a.len_div, a.time_div, a.max_out)))
     else:

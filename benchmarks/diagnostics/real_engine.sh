@@ -20,7 +20,12 @@ trap cleanup EXIT
 
 cd "$ROOT" || exit 1
 MODEL=$W/tiny-qwen3-moe
-python3 "$HERE/real_engine.py" model "$MODEL" > "$RES/model.json" || { cat "$RES/model.json"; exit 1; }
+EXTRA=${CARRY:-$ROOT}/.whl_bench_extra  # `real_engine.py carry` builds it: wheels + the model folder
+if [ -d "$EXTRA/tiny-qwen3-moe" ]; then
+  cp -r "$EXTRA/tiny-qwen3-moe" "$MODEL" && echo '{"carried": true}' > "$RES/model.json"
+else
+  python3 "$HERE/real_engine.py" model "$MODEL" > "$RES/model.json" || { cat "$RES/model.json"; exit 1; }
+fi
 cp "$MODEL/config.json" "$RES/model_config.json"
 # the carried tree holds no examples/: the sent checkout ($CARRY) does
 SRC=$ROOT/examples/traces/agentic_coding.jsonl
@@ -33,8 +38,14 @@ say "trace $(cat "$RES/trace.json")"
 # our plugin reaches SGLang through its entry point: hpc-advise's dist-info beside the tree (the tree wins)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$W/hpc" . \
   > "$RES/hpc_dist.log" 2>&1 || { tail -5 "$RES/hpc_dist.log"; exit 1; }
-CLIENT_PP=$PYTHONPATH
 SERVER_PP=$HERE/sglang_site:$PYTHONPATH:$W/hpc
+# what SGLang's HTTP server imports that the device image lacks (jsonschema, xgrammar, python-multipart,
+# soundfile and their dependencies): found by importing its entry points with only the image's packages
+if ls "$EXTRA"/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$W/extra" "$EXTRA"/*.whl \
+    > "$RES/extra_install.log" 2>&1 || { tail -5 "$RES/extra_install.log"; exit 1; }
+  SERVER_PP=$SERVER_PP:$W/extra
+fi
 say "hpc-advise dist-info installed"
 
 serve() {  # $1 decode backend, $2 port, $3 extra flags...; sets the server's pid in PIDS
@@ -71,7 +82,7 @@ SERVER_ARGS=(--model-path "$MODEL" --host 127.0.0.1 --load-format dummy --dtype 
   --sampling-backend pytorch --disable-custom-all-reduce --kv-cache-dtype fp8_e4m3 --page-size 64
   --mem-fraction-static 0.3 --max-total-tokens 131072 --context-length 4096 --max-running-requests 64
   --grammar-backend none --random-seed 0)
-GRAPHS=(--cuda-graph-max-bs-decode 16 --cuda-graph-backend-prefill disabled)
+GRAPHS=(--cuda-graph-max-bs-decode "${GRAPH_BS:-16}" --cuda-graph-backend-prefill disabled)
 serve triton 30000 "${GRAPHS[@]}"
 serve hpc_advise 30001 "${GRAPHS[@]}"
 
@@ -110,7 +121,7 @@ for spec in "triton 30000" "hpc_advise 30001"; do
   say "server $dec up on :$port"
 done
 if [ ${#UP[@]} -eq 0 ]; then
-  cleanup; PIDS=(); overhead; exit 1
+  cleanup; PIDS=(); [ "${OVERHEAD:-1}" = 1 ] && overhead; exit 1
 fi
 # the other server eager too if one fell back (the A/B compares like with like)
 if [ "$MODE" = eager ] && [ ${#UP[@]} -eq 2 ] && ! grep -q "retry eager" "$RES/server_triton.log"; then
@@ -130,8 +141,10 @@ CAND=http://127.0.0.1:30001
 SOLO=(python3 -m hpc_advise bench --url "$CAND" --trace "$W/tiny.jsonl" --tokenizer "$MODEL"
   --gpu h200 --rate-scale 2 --output "$RES/bench_serving.jsonl" ${REC:+--recommendation "$REC"} --label "mode=$MODE")
 echo "${SOLO[*]}" > "$RES/bench_solo.cmd"
-timeout 100 "${SOLO[@]}" > "$RES/solo.txt" 2>&1
-say "bench solo (rate x2) rc $?"
+if [ "${SOLO_RUN:-1}" = 1 ]; then
+  timeout 100 "${SOLO[@]}" > "$RES/solo.txt" 2>&1
+  say "bench solo (rate x2) rc $?"
+fi
 if [ ${#UP[@]} -eq 2 ]; then
   BENCH=(python3 -m hpc_advise bench --url "$CAND" --baseline-url http://127.0.0.1:30000)
 else
@@ -146,15 +159,16 @@ say "bench rc $?"
 tail -3 "$RES/ab.err"
 python3 -m hpc_advise runs list > "$RES/runs_list.txt" 2>&1
 if [ -n "$REC" ]; then
-  timeout 120 python3 -m hpc_advise validate --recommendation "$REC" > "$RES/validate.txt" 2>&1
-  say "validate rc $?"
   timeout 120 python3 -m hpc_advise validate --recommendation "$REC" --json > "$RES/validate.json" 2>&1
+  say "validate rc $?"
+  python3 "$HERE/real_engine.py" table "$RES" > "$RES/real_engine.md" 2> "$RES/table.err"
+  timeout 60 python3 -m hpc_advise validate --recommendation "$REC" > "$RES/validate.txt" 2>&1
 fi
 python3 "$HERE/real_engine.py" table "$RES" > "$RES/real_engine.md" 2> "$RES/table.err"
 cleanup
 PIDS=()
 sleep 2
-overhead
+[ "${OVERHEAD:-1}" = 1 ] && overhead
 say "done"
 cat "$RES/validate.txt" 2>/dev/null | head -30
 cat "$RES/real_engine.md"
