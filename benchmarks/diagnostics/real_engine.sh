@@ -65,10 +65,16 @@ get() {  # $1 URL [$2 timeout s]: the body on stdout, status 0 on HTTP 200
     "$1" "${2:-3}" 2>/dev/null
 }
 
-up() {  # $1 port, $2 pid: 0 once /v1/models and /health_generate answer, 1 if the process died or START_S passed
+attempt_log() {  # $1 decode backend: its log since the last restart
+  awk '/^=== retry eager ===/{buf=""; next} {buf = buf $0 "\n"} END{printf "%s", buf}' "$RES/server_$1.log"
+}
+
+up() {  # $1 port, $2 pid, $3 decode backend: 0 once /v1/models and /health_generate answer, 1 if the
+  # process died (or printed a top-level traceback: SGLang's launcher can linger after one) or START_S passed
   local t=$SECONDS
   while [ $((SECONDS - t)) -lt "$START_S" ]; do
     kill -0 "$2" 2>/dev/null || return 1
+    attempt_log "$3" | grep -q "^Traceback (most recent call last)" && return 1
     if get "http://127.0.0.1:$1/v1/models" > /dev/null; then
       get "http://127.0.0.1:$1/health_generate" 60 > /dev/null && return 0
     fi
@@ -105,13 +111,18 @@ UP=()
 for spec in "triton 30000" "hpc_advise 30001"; do
   read -r dec port <<< "$spec"
   pid_var=PID_$dec
-  if ! up "$port" "${!pid_var}"; then
+  if ! up "$port" "${!pid_var}" "$dec"; then
     say "server $dec did not come up with CUDA graphs: $(grep -E 'Error|error' "$RES/server_$dec.log" | tail -2)"
     kill -- "-${!pid_var}" 2>/dev/null
+    # a failure whose traceback does not name graph capture would fail alike in eager mode
+    if ! attempt_log "$dec" | awk '/^Traceback/{t=1} t' | grep -qi "graph\|capture"; then
+      say "server $dec: not a CUDA-graph failure, no eager retry"
+      continue
+    fi
     sleep 3
     echo "=== retry eager ===" >> "$RES/server_$dec.log"
     serve "$dec" "$port" --disable-cuda-graph
-    if ! up "$port" "${!pid_var}"; then
+    if ! up "$port" "${!pid_var}" "$dec"; then
       say "server $dec failed eager too: $(grep -E 'Error|error' "$RES/server_$dec.log" | tail -2)"
       continue
     fi
@@ -128,7 +139,7 @@ if [ "$MODE" = eager ] && [ ${#UP[@]} -eq 2 ] && ! grep -q "retry eager" "$RES/s
   kill -- "-$PID_triton" 2>/dev/null; sleep 3
   echo "=== retry eager ===" >> "$RES/server_triton.log"
   serve triton 30000 --disable-cuda-graph
-  up 30000 "$PID_triton" || { say "triton eager failed"; UP=(hpc_advise); }
+  up 30000 "$PID_triton" triton || { say "triton eager failed"; UP=(hpc_advise); }
 fi
 echo "$MODE ${UP[*]}" > "$RES/mode.txt"
 get http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
