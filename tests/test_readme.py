@@ -39,3 +39,22 @@ def test_readme_sample_is_real_output(tmp_path, monkeypatch):
         README.write_text(text[: match.start(2)] + block + text[match.end(2) :], encoding="utf-8")
         return
     assert match.group(2) == block, "README sample differs from the output: HPC_ADVISE_WRITE_README=1 rewrites it"
+
+
+WORKFLOW = re.compile(r"<!-- readme-workflow -->\n```bash\n(.*?)```\n<!-- /readme-workflow -->", re.S)
+
+
+def test_readme_workflow_lines_parse():
+    """The tour's recommend -> launch -> bench -> validate lines are commands and options the CLI accepts
+    (parsed by click, not run)."""
+    match = WORKFLOW.search(README.read_text(encoding="utf-8"))
+    assert match, "README.md lost its <!-- readme-workflow --> block"
+    seen = []
+    for line in match.group(1).splitlines():
+        args = shlex.split(line.split("  #")[0].rstrip(" &"))
+        assert args[0] == "hpc-advise", line
+        cmd = main.get_command(None, args[1])
+        assert cmd is not None, f"no command {args[1]!r}"
+        cmd.make_context(args[1], args[2:])  # raises click.UsageError on an unknown or malformed option
+        seen.append(args[1])
+    assert seen == ["recommend", "launch", "bench", "validate"]

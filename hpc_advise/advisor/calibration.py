@@ -21,9 +21,13 @@ served by another engine than SGLang, do not state the attention backend, or can
 (unknown profile, no fixed-length workload, no TTFT/TPOT).
 
 ``leave_one_out`` scores the correction on runs held out of it: each run of a deployment is predicted
-with the factor fitted on the deployment's other runs. The serving model underneath is the cached fit,
-which has the knowledge base's runs among its ~2,900 training rows; only the per-deployment factor is
-held out.
+with the factor fitted on the deployment's other runs. It scores whatever serving model the
+observations were predicted with; ``validate`` predicts them with a fit that leaves all of the
+deployment's runs out (``serving_model.load_or_fit(exclude_runs=...)``), so a scored run is held out of
+both the base model and the factor.
+
+The deployment's attention backend is the decode backend when the launch names one
+(``--decode-attention-backend``, how ``launch`` starts ours), else ``--attention-backend``.
 """
 
 from __future__ import annotations
@@ -154,7 +158,7 @@ def deployment_of_run(run: dict) -> Deployment:
         raise RowError(f"{where}: unsupported mode: pipeline parallelism (pp_size {cfg['pp_size']})")
     if cfg.get("speculative_algorithm"):
         raise RowError(f"{where}: unsupported mode: speculative decoding ({cfg['speculative_algorithm']})")
-    backend = cfg.get("attention_backend") or cfg.get("decode_attention_backend")
+    backend = cfg.get("decode_attention_backend") or cfg.get("attention_backend")
     if not backend:
         raise RowError(f"{where}: the launch arguments do not state the attention backend")
     model = resolve_model(str(model_name))

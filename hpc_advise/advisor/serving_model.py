@@ -800,18 +800,15 @@ def evaluate(
 # ----- training data and cache ---------------------------------------------------------------
 
 
-def kb_points(kb_path: str | Path | None) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
-    """Measured serving runs imported into the knowledge base (none when the file does not exist)."""
+def kb_points(
+    kb_path: str | Path | None, exclude: frozenset = frozenset()
+) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
+    """Measured serving runs imported into the knowledge base (none when the file does not exist),
+    less the runs whose ids are in ``exclude``."""
     from hpc_advise.advisor.serving_data import point_from_run
-    from hpc_advise.paths import kb_path as default_kb
-
-    path = Path(kb_path) if kb_path else default_kb()
-    if not path.exists():
-        return [], []
-    from hpc_advise.knowledge_base.store import KnowledgeBase
 
     good, bad = [], []
-    for run in KnowledgeBase(path).runs(kind="serving"):
+    for run in _kb_serving_runs(kb_path, exclude):
         try:
             good.append(point_from_run(run))
         except (RowError, ValueError, TypeError) as exc:
@@ -820,9 +817,10 @@ def kb_points(kb_path: str | Path | None) -> tuple[list[ServingPoint], list[tupl
 
 
 def training_points(
-    kb_path: str | Path | None = None, csv_paths: tuple = ()
+    kb_path: str | Path | None = None, csv_paths: tuple = (), exclude: frozenset = frozenset()
 ) -> tuple[list[ServingPoint], list[tuple[str, str]]]:
-    """Seed CSV + extra CSVs + KB serving runs, deduplicated, with (where, reason) for rows left out."""
+    """Seed CSV + extra CSVs + KB serving runs (less the ids in ``exclude``), deduplicated, with
+    (where, reason) for rows left out."""
     from hpc_advise.advisor.serving_data import points_from_csv
 
     points, bad = points_from_csv(None, require_targets=True)
@@ -830,11 +828,11 @@ def training_points(
         g, b = points_from_csv(path, require_targets=True)
         points += g
         bad += b
-    g, b = kb_points(kb_path)
+    g, b = kb_points(kb_path, exclude)
     return dedupe(points + g), bad + b
 
 
-def _kb_serving_runs(kb_path: str | Path | None) -> list[dict]:
+def _kb_serving_runs(kb_path: str | Path | None, exclude: frozenset = frozenset()) -> list[dict]:
     from hpc_advise.paths import kb_path as default_kb
 
     path = Path(kb_path) if kb_path else default_kb()
@@ -842,7 +840,7 @@ def _kb_serving_runs(kb_path: str | Path | None) -> list[dict]:
         return []
     from hpc_advise.knowledge_base.store import KnowledgeBase
 
-    return KnowledgeBase(path).runs(kind="serving")
+    return [r for r in KnowledgeBase(path).runs(kind="serving") if r.get("id") not in exclude]
 
 
 def data_key(settings: dict, kb_runs: list[dict], csv_paths: tuple = ()) -> str:
@@ -944,14 +942,20 @@ def load_shipped() -> tuple[ServingModel | None, str]:
 
 
 def load_or_fit(
-    kb_path: str | Path | None = None, refit: bool = False, settings: dict | None = None
+    kb_path: str | Path | None = None,
+    refit: bool = False,
+    settings: dict | None = None,
+    exclude_runs: frozenset = frozenset(),
 ) -> tuple[ServingModel, dict]:
     """The fitted model for the current training data: the shipped one when the knowledge base holds
-    no serving runs and the settings are the defaults, else the per-home cache's when its data hash
-    matches, else a fresh fit (cached). ``refit`` fits in any case.
+    no serving runs (after ``exclude_runs``) and the settings are the defaults, else the per-home
+    cache's when its data hash matches, else a fresh fit (cached). ``refit`` fits in any case.
+    ``exclude_runs``: knowledge-base run ids kept out of the fit (``validate`` scores runs held out of
+    it); the data key covers only the runs used, so excluding every KB run gives the KB-free fit.
     Returns (model, info) with info = {'cached': bool, 'shipped': bool, 'path', 'left_out': [(where, reason)]}."""
     settings = dict(settings or SETTINGS)
-    kb_runs = _kb_serving_runs(kb_path)
+    exclude_runs = frozenset(exclude_runs)
+    kb_runs = _kb_serving_runs(kb_path, exclude_runs)
     if not refit and not kb_runs and settings == SETTINGS:
         model, where = load_shipped()
         if model is not None:
@@ -964,7 +968,7 @@ def load_or_fit(
             return model, {"cached": True, "shipped": False, "path": str(path), "left_out": model.left_out}
         except (OSError, ValueError, KeyError):  # unreadable cache: refit below
             pass
-    points, bad = training_points(kb_path)
+    points, bad = training_points(kb_path, exclude=exclude_runs)
     preps, bad2 = prepare_all(points)
     model = fit(preps, settings)
     model.left_out = bad + bad2

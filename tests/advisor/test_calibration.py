@@ -160,7 +160,7 @@ def test_model_fit_predict_and_validate_cli(kb_file):
     v = json.loads(r.output)["calibration"]
     assert v["n_runs"] == 3
     tpot = next(m for m in v["metrics"] if m["metric"] == "tpot")
-    # the CLI's model is refitted with these runs among its rows: the ratios move a little
+    assert v["held_out_of_base"] == [1, 2, 3]
     assert tpot["median_abs_before"] > 0.25 and tpot["median_abs_after"] < tpot["median_abs_before"] - 0.1
     r = CliRunner().invoke(main, ["validate", "--run", "1", "--db", str(kb_file)])
     assert r.exit_code == 0 and "leave-one-out" in r.output and "TPOT mean [ms]" in r.output
@@ -168,6 +168,42 @@ def test_model_fit_predict_and_validate_cli(kb_file):
     r = CliRunner().invoke(main, ["validate", "--run", str(no_model), "--db", str(kb_file)])
     assert r.exit_code == 1 and "cannot be calibrated" in r.output and "no model" in r.output
     assert "Traceback" not in r.output
+
+
+def test_validate_holds_the_scored_runs_out_of_the_base_fit_too(tmp_path, serving_model):  # noqa: F811
+    """With only the deployment's three runs in the KB, the base under validate's check must be the
+    KB-free fit: "before" is then exactly 1 - 1/1.5 on TPOT. A base refitted with the runs among its
+    rows would have learnt part of the 1.5x and score itself better than a user without them sees."""
+    db = tmp_path / "kb.sqlite"
+    rows = []
+    for i, conc in enumerate(CONCURRENCY):
+        p = predicted(serving_model, conc)
+        rows.append(row(record(conc, ttft=p["ttft"] * TTFT_RATIO, tpot=p["tpot"] * TPOT_RATIO), i + 1))
+    with KnowledgeBase(db) as kb:
+        kb.import_runs(rows)
+    ids = sorted(r["id"] for r in kb_runs(db))
+    r = CliRunner().invoke(main, ["validate", "--run", str(ids[0]), "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    v = json.loads(r.output)["calibration"]
+    assert v["held_out_of_base"] == ids and v["n_runs"] == 3
+    tpot = next(m for m in v["metrics"] if m["metric"] == "tpot")
+    f_two = TPOT_RATIO ** (2 / (2 + cal.SHRINK_RUNS))
+    assert tpot["median_abs_before"] == pytest.approx(1 - 1 / TPOT_RATIO, rel=1e-6)
+    assert tpot["median_abs_after"] == pytest.approx(1 - f_two / TPOT_RATIO, rel=1e-6)
+    # the fit `model fit` / predict use keeps the runs: its own errors on them are smaller
+    from hpc_advise.advisor import serving_model as pm
+
+    with_runs, _ = pm.load_or_fit(db)
+    obs, _ = cal.observe(kb_runs(db), with_runs)
+    inside = float(np.median([abs(o.predicted["tpot"] / o.measured["tpot"] - 1) for o in obs]))
+    assert inside < tpot["median_abs_before"] - 0.005, inside
+
+
+def test_decode_backend_names_the_deployment():
+    base = row(record(8), 1)
+    ours = row(record(8, decode_attention_backend="hpc_advise", page_size=64), 2)
+    a, b = cal.deployment_of_run(dict(base, id=1)), cal.deployment_of_run(dict(ours, id=2))
+    assert a.attention_backend == "flashinfer" and b.attention_backend == "hpc_advise" and a != b
 
 
 def test_runs_import_model_names_records_without_one(tmp_path):

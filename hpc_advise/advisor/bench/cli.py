@@ -218,12 +218,12 @@ def validate(recommendation_id, run_id, threshold, db, as_json) -> None:
     if (recommendation_id is None) == (run_id is None):
         raise click.ClickException("give one of --recommendation ID or --run ID")
 
-    def load_serving():
+    def load_serving(exclude):
         from hpc_advise.advisor import serving_model as pm
         from hpc_advise.clitypes import Timer
 
-        with Timer("loading the serving model (a refit takes a few seconds)"):
-            return pm.load_or_fit(db)[0]
+        with Timer(f"fitting the serving model without this deployment's {len(exclude)} run(s)"):
+            return pm.load_or_fit(db, exclude_runs=exclude)[0]
 
     out = None
     try:
@@ -284,7 +284,8 @@ def _print_calibration(calib: dict, run_id) -> None:
         return
     n = calib["n_runs"]
     click.echo(
-        f"\ncalibration of {calib['deployment']}: {n} run(s), each predicted with the correction fitted "
+        f"\ncalibration of {calib['deployment']}: {n} run(s), each predicted by the serving model refitted "
+        f"without this deployment's {len(calib['held_out_of_base'])} run(s), then with the correction fitted "
         f"on the other {n - 1} (leave-one-out)"
     )
     rows = [[m["label"], _pct(m["median_abs_before"]).lstrip("+"), _pct(m["median_abs_after"]).lstrip("+"),

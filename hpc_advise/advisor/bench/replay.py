@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpc_advise.advisor.bench.client import Result, ServerFacts, session, stream_completion
+from hpc_advise.advisor.bench.client import Result, ServerFacts, Streamer, stream_completion
 from hpc_advise.advisor.bench.prompts import PromptBuilder
 
 
@@ -248,7 +248,7 @@ class Replay:
         if sampler is not None:
             side.append(asyncio.ensure_future(sampler.run(sampling_done)))
         try:
-            async with session(self.timeout_s) as s:
+            async with Streamer(self.timeout_s) as s:
                 t_start = time.perf_counter() + 0.01
                 if self.concurrency is None:
                     await self._open_loop(s, t_start)

@@ -18,9 +18,12 @@ is past the threshold, the modelled term the miss points at:
 - request latency: TTFT + output length x TPOT; see those rows.
 
 Calibration (``calibration_check``): the run's deployment (model x GPU x configuration) is looked up
-among the knowledge base's runs, and each of that deployment's usable runs is predicted by the serving
-model before and after the per-deployment correction (``advisor.calibration``) fitted on the
-deployment's *other* runs (leave-one-out), per metric (mean TPOT, mean TTFT).
+among the knowledge base's runs, and each of that deployment's usable runs is predicted before and
+after the per-deployment correction (``advisor.calibration``), per metric (mean TPOT, mean TTFT). Both
+fits hold the scored run out: the serving model underneath is refitted without any of the
+deployment's runs (the cached fit has every knowledge-base run among its rows), and the correction is
+fitted on the deployment's *other* runs (leave-one-out). So "before" is what a user with none of these
+runs would have been told, and "after" what the correction learnt from the rest adds.
 """
 
 from __future__ import annotations
@@ -118,17 +121,20 @@ def compare(recommendation: dict, run: dict, threshold: float = THRESHOLD) -> di
 def calibration_check(runs: list[dict], run: dict, load_serving) -> dict:
     """Leave-one-out errors before / after calibration over ``run``'s deployment among ``runs``.
 
-    ``load_serving()`` returns the serving model; it is called only when the run's deployment can be
-    calibrated at all. Returns {"deployment": label or None, "reason": why not (or None),
-    "n_runs", "metrics": [{"metric", "label", "median_abs_before", "median_abs_after", "run_before",
-    "run_after"}], "runs": per-run rows, "dropped": [(where, reason)] of that deployment's runs}."""
+    ``load_serving(exclude)`` returns the serving model fitted without the knowledge-base runs whose
+    ids are in ``exclude`` (every run of the deployment); it is called only when the run's deployment
+    can be calibrated at all. Returns {"deployment": label or None, "reason": why not (or None),
+    "n_runs", "held_out_of_base": sorted run ids, "metrics": [{"metric", "label", "median_abs_before",
+    "median_abs_after", "run_before", "run_after"}], "runs": per-run rows, "dropped": [(where, reason)]
+    of that deployment's runs}."""
     from hpc_advise.advisor import calibration as cal
     from hpc_advise.advisor.serving_data import RowError
 
     try:
         dep = cal.deployment_of_run(run)
     except (RowError, ValueError, TypeError) as exc:
-        return {"deployment": None, "reason": str(exc), "n_runs": 0, "metrics": [], "runs": [], "dropped": []}
+        return {"deployment": None, "reason": str(exc), "n_runs": 0, "held_out_of_base": [], "metrics": [],
+                "runs": [], "dropped": []}  # fmt: skip
     same = []
     for r in runs:
         try:
@@ -136,9 +142,10 @@ def calibration_check(runs: list[dict], run: dict, load_serving) -> dict:
                 same.append(r)
         except (RowError, ValueError, TypeError):
             continue
-    obs, dropped = cal.observe(same, load_serving())
-    out = {"deployment": dep.label(), "reason": None, "n_runs": len(obs), "metrics": [], "runs": [],
-           "dropped": dropped}  # fmt: skip
+    held_out = sorted(int(r["id"]) for r in same if r.get("id") is not None)
+    obs, dropped = cal.observe(same, load_serving(frozenset(held_out)))
+    out = {"deployment": dep.label(), "reason": None, "n_runs": len(obs), "held_out_of_base": held_out,
+           "metrics": [], "runs": [], "dropped": dropped}  # fmt: skip
     if not obs:
         out["reason"] = "; ".join(f"{w}: {why}" for w, why in dropped) or "no usable run"
         return out
