@@ -332,6 +332,22 @@ def test_wrong_page_size_is_refused_at_resolution(tmp_path):
         _published_runner(_sglang(), tmp_path, page_size=16)
 
 
+def _eager_decode(sg, seq_lens, gen, *, pages, pad):
+    """A filled 8/2-head bf16 pool with one layer, queries for the real rows plus ``pad`` padding rows,
+    and our backend's eager decode of the real rows (the reference of the graph-path tests)."""
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=pages, reqs=4, context=256)
+    layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
+    idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
+    q = torch.randn(len(seq_lens) + pad, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
+    eager = HpcAdviseAttnBackend(runner)
+    fb = _batch(sg, idx, seq_lens, out_loc)
+    eager.init_forward_metadata(fb)
+    want = eager.forward_decode(q[: len(seq_lens)], None, None, layer, fb, save_kv_cache=False).float()
+    return runner, layer, idx, out_loc, q, want
+
+
 def test_cuda_graph_metadata_path_matches_eager():
     """The graph path (one plan sized for the largest captured batch, refilled by
     init_forward_metadata_in_graph) on a padded batch, as SGLang's decode graph runner pads it: the
@@ -342,24 +358,10 @@ def test_cuda_graph_metadata_path_matches_eager():
     seed, gen = fresh_seed()
     seq_lens = [40, 100, 7]
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=8, reqs=4, context=256)
-        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
-        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
-        q = torch.randn(4, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
-        eager = HpcAdviseAttnBackend(runner)
-        fb = _batch(sg, idx, seq_lens, out_loc)
-        eager.init_forward_metadata(fb)
-        want = eager.forward_decode(q[:3], None, None, layer, fb, save_kv_cache=False).float()
-
+        runner, layer, idx, out_loc, q, want = _eager_decode(sg, seq_lens, gen, pages=8, pad=1)
         graph = HpcAdviseAttnBackend(runner)
         graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-        fill = graph.get_cuda_graph_seq_len_fill_value()
-        padded = _batch(
-            sg,
-            torch.cat([idx, torch.zeros(1, dtype=torch.int64)]),
-            seq_lens + [fill],
-            torch.cat([out_loc, torch.zeros(1, dtype=torch.int64)]),
-        )
+        padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=1)
         graph.init_forward_metadata_out_graph(padded, in_capture=True)
         graph.init_forward_metadata_in_graph(padded)
         got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
@@ -606,15 +608,7 @@ def test_breakable_decode_graph_routes_decode_through_our_graph_path():
     seed, gen = fresh_seed()
     seq_lens = [70, 9, 130]
     with sg.get_parallel().override(attn_tp_size=1):
-        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=10, reqs=4, context=256)
-        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
-        idx, out_loc = _fill(sg, runner, [layer], seq_lens, gen)
-        q = torch.randn(5, 8 * HEAD_DIM, generator=gen).to(torch.bfloat16)
-        eager = HpcAdviseAttnBackend(runner)
-        fb = _batch(sg, idx, seq_lens, out_loc)
-        eager.init_forward_metadata(fb)
-        want = eager.forward_decode(q[:3], None, None, layer, fb, save_kv_cache=False).float()
-
+        runner, layer, idx, out_loc, q, want = _eager_decode(sg, seq_lens, gen, pages=10, pad=2)
         graph = HpcAdviseAttnBackend(runner)
         graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
         padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=2)
