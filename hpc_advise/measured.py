@@ -227,7 +227,7 @@ def moe_points(rows: list[dict]) -> list[MoePoint]:
         if cell.moe_shape is None or cell.handed_off:
             continue
         groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})[cell.moe] = cell
-    for (subject, _, attention, mix, batch), by_moe in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
+    for (subject, _, _attention, _mix, batch), by_moe in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
         ref = by_moe.get(DEFAULT_MOE_RUNNER)
         if ref is None:
             continue
@@ -323,7 +323,7 @@ def moe_buckets(points: list[MoePoint], shape: MoeShape, runner: str = "hpc_advi
     for p in mine:
         by_t.setdefault(p.tokens, []).append(p)
     out = []
-    for (lo, hi), t in zip(bucket_edges(list(by_t)), sorted(by_t)):
+    for (lo, hi), t in zip(bucket_edges(list(by_t)), sorted(by_t), strict=True):
         ps = by_t[t]
         out.append(
             MoeBucket(lo, hi, t, statistics.median(p.runner_us for p in ps),

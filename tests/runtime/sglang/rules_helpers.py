@@ -105,7 +105,7 @@ def gpu(sm: tuple[int, int], memory_gib: float | None = None):
     finally:
         torch.cuda.get_device_capability = saved[0]
         graphs.default_prefill_backend = saved_prefill
-        for m, fn in zip(readers, saved[1]):
+        for m, fn in zip(readers, saved[1], strict=True):
             m.get_device_memory_capacity = fn
 
 

@@ -657,7 +657,9 @@ def test_two_batch_overlap_children_plan_their_own_halves(graph):
         full = tbo.forward_decode(q, None, None, layer, fb, save_kv_cache=False).float()
         halves = [
             child.forward_decode(q[s], None, None, layer, cfb, save_kv_cache=False).float()
-            for child, cfb, s in zip(tbo.children, fb.tbo_children, (slice(0, split), slice(split, None)))
+            for child, cfb, s in zip(
+                tbo.children, fb.tbo_children, (slice(0, split), slice(split, None)), strict=True
+            )
         ]
     assert torch.isfinite(full).all(), seed
     assert_close_seeded(torch.cat(halves), full, atol=ATOL, rtol=RTOL, seed=seed)

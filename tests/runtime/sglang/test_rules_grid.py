@@ -137,7 +137,7 @@ def test_every_candidate_emitted_for_an_example_trace_resolves_and_fits(sglang, 
             # per group does not fit) at any load the capacity search tries: the memory check at that
             # limit is the largest plan it can print for this trace
             conc = {c: max(ranker.kv_limit(c), 1.0) for c in _emitted(model, gpu)}
-            checked = check_all(model, gpu, N_GPUS, lambda c: conc[c], w.ctx_mean, w.ctx_p99)
+            checked = check_all(model, gpu, N_GPUS, conc.__getitem__, w.ctx_mean, w.ctx_p99)
             for chk in (chk for chk in checked if chk.ok):
                 n += 1
                 label = f"{model.key} {g} {chk.candidate.label()}"
