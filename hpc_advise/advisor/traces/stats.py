@@ -347,6 +347,7 @@ class PrefixWindow:
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """(t, n_in, n_out, counts, hashes) of the requests held."""
+
         def cat(parts, dtype):
             return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
