@@ -28,6 +28,14 @@ Per candidate (``candidates``), at the trace's mean lengths:
    service time it would count that queueing twice and call an idle GPU saturated. ``rho`` is
    reported per candidate (``prefill_utilisation``).
 
+Prefix reuse (``Ranker.reuse``, JSON ``prefix_reuse``): the share of prompt tokens the prefix cache
+serves, which the prefill terms of 1. and 3. leave out. With ``hash_ids`` in the trace it is per
+candidate: ``prefix_cache`` replays the summary's window (the first requests, up to 65,536 blocks)
+through radix caches of the candidate's KV pool per attention group (``kv_pool_tokens``), split over
+replicas as sgl-router's cache-aware policy does, and scales the trace's unlimited-cache reuse by the
+share the pools keep; the reasons say it where it differs. Without hashes, an OpenAI log's
+``cached_tokens`` fraction (what the serving system achieved) is every candidate's reuse.
+
 Output tokens/s per GPU (``tok_s_per_gpu``, JSON ``output_tok_s_per_gpu``): with arrival times, what
 the trace offers (rate * osl / GPUs), or what the prefill capacity admits when saturated (rate / rho);
 in steady state a candidate that keeps up serves what arrives, so this is the same for all of them.
