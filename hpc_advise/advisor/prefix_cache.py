@@ -80,6 +80,8 @@ class PrefixReuse:
         off = self._workload.hash_offsets.tolist()
         flat = self._workload.hashes.tolist()
         self._chains = [flat[off[i] : off[i + 1]] for i in range(len(self._workload))]
+        # a pool of at least this many blocks never evicts: the same hits as an unlimited one
+        self._distinct = len(set(flat))
         hit, sent = replay_hits(self._chains, math.inf)
         self._base = hit / sent if sent else 0.0
 
@@ -104,6 +106,8 @@ class PrefixReuse:
         """Blocks matched / blocks sent over the window with ``replicas`` x ``groups`` caches of
         ``pool_tokens`` tokens each (cached per distinct triple)."""
         pool = math.floor(pool_tokens / self.block_size) if math.isfinite(pool_tokens) else math.inf
+        if pool >= self._distinct:
+            pool = math.inf
         key = (pool, replicas, groups)
         if key not in self._hits:
             hit = sent = 0
