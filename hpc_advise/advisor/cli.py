@@ -376,6 +376,11 @@ def recommend(
     if not summary.rate_rps and concurrency is None:
         extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
         note = f"{note}; {extra_note}" if note else extra_note
+    from hpc_advise.advisor.recommend import TraceLoad, reuse_note
+
+    extra_note = reuse_note(TraceLoad.from_summary(summary))
+    if extra_note:
+        note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
         click.echo(note, err=True)
     cmd = (

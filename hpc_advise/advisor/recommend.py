@@ -28,6 +28,14 @@ Per candidate (``candidates``), at the trace's mean lengths:
    service time it would count that queueing twice and call an idle GPU saturated. ``rho`` is
    reported per candidate (``prefill_utilisation``).
 
+Prefix reuse (``Ranker.reuse``, JSON ``prefix_reuse``): the share of prompt tokens the prefix cache
+serves, which the prefill terms of 1. and 3. leave out. With ``hash_ids`` in the trace it is per
+candidate: ``prefix_cache`` replays the summary's window (the first requests, up to 65,536 blocks)
+through radix caches of the candidate's KV pool per attention group (``kv_pool_tokens``), split over
+replicas as sgl-router's cache-aware policy does, and scales the trace's unlimited-cache reuse by the
+share the pools keep; the reasons say it where it differs. Without hashes, an OpenAI log's
+``cached_tokens`` fraction (what the serving system achieved) is every candidate's reuse.
+
 Output tokens/s per GPU (``tok_s_per_gpu``, JSON ``output_tok_s_per_gpu``): with arrival times, what
 the trace offers (rate * osl / GPUs), or what the prefill capacity admits when saturated (rate / rho);
 in steady state a candidate that keeps up serves what arrives, so this is the same for all of them.
@@ -70,6 +78,7 @@ from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.candidates import Candidate, Checked, check_all, memory_check
 from hpc_advise.advisor.capacity import Capacity, failed_condition
 from hpc_advise.advisor.kernel_models import AttentionModel, attention_terms
+from hpc_advise.advisor.prefix_cache import PrefixReuse
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 from hpc_advise.advisor.serving_model import ServingModel, model_quants, prepare
 
@@ -98,6 +107,9 @@ class TraceLoad:
     ctx_mean: float
     ctx_p99: float
     default_concurrency: int
+    prefix_window: object = None  # ``traces.stats.PrefixWindow`` replayed per pool (``prefix_cache``)
+    prefix_block_size: int | None = None
+    reuse_note: str | None = None  # where the reuse comes from, when it is not the hash blocks
 
     @classmethod
     def from_summary(cls, s) -> TraceLoad:
@@ -106,15 +118,23 @@ class TraceLoad:
             pairs = np.array([[s.isl["mean"], s.osl["mean"]]], dtype=float)
         isl_mean, osl_mean = float(s.isl["mean"]), float(s.osl["mean"])
         ctx = pairs[:, 0] + pairs[:, 1] / 2.0
+        reuse, note = s.prefix_reuse, None
+        if reuse is None and s.cached_fraction is not None:
+            # no hash blocks to replay: what the serving system that wrote the log achieved
+            reuse = s.cached_fraction
+            note = f"prefix reuse {100 * reuse:.1f} % of prompt tokens: the trace's cached_tokens, as served"
         return cls(
             isl_mean=isl_mean,
             osl_mean=max(osl_mean, 1.0),
             pairs=pairs,
             rate_rps=s.rate_rps,
-            prefix_reuse=float(s.prefix_reuse or 0.0),
+            prefix_reuse=float(reuse or 0.0),
             ctx_mean=float(np.average(ctx, weights=np.maximum(pairs[:, 1], 1))),
             ctx_p99=float(np.percentile(pairs[:, 0] + pairs[:, 1], 99)),
             default_concurrency=int(getattr(s, "ctx_concurrency", 64) or 64),
+            prefix_window=getattr(s, "prefix_window", None) if s.prefix_reuse else None,
+            prefix_block_size=s.prefix_block_size,
+            reuse_note=note,
         )
 
 
@@ -139,6 +159,7 @@ class Ranked:
     kv_saturated_rps: float | None = None  # KV-saturated: requests/s it completes (all replicas)
     calibration: str | None = None  # "calibrated on N runs: ..." when its deployment was measured
     breaks: str | None = None  # what fails, when no candidate meets the SLOs (``what_breaks``)
+    prefix_reuse: float = 0.0  # share of prompt tokens its prefix caches serve (``Ranker.reuse``)
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -165,6 +186,7 @@ class Ranked:
             "prefill_utilisation": self.rho,
             "kv_saturated_rps": self.kv_saturated_rps,
             "request_latency_ms": num(self.latency_ms),
+            "prefix_reuse": self.prefix_reuse,
             "meets_slo": self.meets_slo,
             "confidence": "ok" if not self.flags else "low",
             "flags": self.flags,
@@ -220,6 +242,8 @@ class Ranker:
         self._attn_cache: dict = {}
         self._moe_cache: dict = {}
         self._kv_limit: dict = {}
+        self._reuse: dict = {}
+        self.prefix = PrefixReuse(w.prefix_window, w.prefix_block_size, w.prefix_reuse)
         self.saturated: dict = {}  # KV-saturated candidates of the last ``concurrency`` call
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
         self._prompts = w.pairs[pick, 0]
@@ -248,17 +272,40 @@ class Ranker:
             return None
         return self.calibration.lookup(self.model.key, self.gpu.key, c)
 
-    @staticmethod
-    def pred_key(c: Candidate, conc: float) -> tuple:
+    def pred_key(self, c: Candidate, conc: float) -> tuple:
         """What the serving model's prediction for ``c`` depends on (``serving_predictions``' keys)."""
-        return (c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc, 3))
+        return (c.tp, c.ep, c.attn_dp, c.kv_dtype, round(conc, 3), self.reuse(c))
+
+    def kv_pool_tokens(self, c: Candidate) -> float:
+        """KV tokens one attention group of ``c`` holds (``candidates.memory_check``: what the weights
+        and SGLang's reserve leave, over the KV bytes per token); 0 when the weights do not fit."""
+        w, one = self.w, float(c.attn_dp)
+        _, _, m1 = memory_check(c, self.model, self.gpu, one, w.ctx_mean, w.ctx_p99)
+        free = m1["usable_gib"] - m1["weights_gib"] - m1["reserve_gib"]
+        if "headroom_gib" not in m1 or free <= 0:
+            return 0.0
+        _, _, m2 = memory_check(c, self.model, self.gpu, 2.0 * one, w.ctx_mean, w.ctx_p99)
+        per_tok = (m2["kv_gib"] - m1["kv_gib"]) / max(w.ctx_mean, 1.0)
+        return free / per_tok if per_tok > 0 else math.inf
+
+    def reuse(self, c: Candidate) -> float:
+        """Prefix reuse ``c``'s pools keep (``prefix_cache``); the trace's own figure when there are
+        no hash blocks to replay. Cached per candidate (the replay per distinct pool and split)."""
+        got = self._reuse.get(c)
+        if got is None:
+            if self.prefix.replayed:
+                got = self.prefix.reuse(self.kv_pool_tokens(c), c.replicas, c.attn_dp)
+            else:
+                got = self.w.prefix_reuse
+            self._reuse[c] = got
+        return got
 
     def serving_predictions(self, cands: list[Candidate], conc: dict) -> dict:
         """Calibrated mean TPOT/TTFT per distinct (tp, ep, attn_dp, kv) at concurrency ``conc[c]``."""
         keys = {}
         for c in cands:
             keys.setdefault(self.pred_key(c, conc[c]), c)
-        preps = [prepare(self._point(c, conc[c]), self.w.prefix_reuse, self.gpu) for c in keys.values()]
+        preps = [prepare(self._point(c, conc[c]), self.reuse(c), self.gpu) for c in keys.values()]
         pred = self.serving.predict(preps)
         split = self.serving.ttft_split(preps, pred)
         occupancy = self.serving.prefill_occupancy("sglang")
@@ -336,7 +383,7 @@ class Ranker:
                 # the TTFT without queueing: the calibrated TTFT holds the closed-loop queueing of
                 # its training runs, which fed back here grows C without bound; requests waiting
                 # for their prefill hold no KV and are not in the decode batch
-                ttft = (over + coef * float(self._prefill_ms(prep.dep).mean())) * corr
+                ttft = (over + coef * float(self._prefill_ms(prep.dep, self.reuse(c)).mean())) * corr
                 latency_s = (ttft + self.w.osl_mean * tpot) / 1e3
                 asked[c] = max(rate[c] * latency_s, 1.0)
                 new = min(math.sqrt(conc[c] * asked[c]), cap_c[c])
@@ -463,7 +510,7 @@ class Ranker:
         return self.shapes.moe_layers * per_layer, flags
 
     def _physics(
-        self, dep: F.Deployment, batch: int, ctx: np.ndarray
+        self, dep: F.Deployment, batch: int, ctx: np.ndarray, reuse: float
     ) -> tuple[np.ndarray, float, np.ndarray]:
         """Roofline decode steps of the sampled batches and of the mean batch (µs), and roofline
         prefill (ms) of the sampled prompts; cached per deployment (backends share them)."""
@@ -474,17 +521,19 @@ class Ranker:
             mean_step = F.total_us(F.decode_step(s, r, dep, ctx_sum=mean_ctx, batch=batch))
             steps = [F.total_us(F.decode_step(s, r, dep, ctx_sum=float(x.sum()), batch=batch)) for x in ctx]
             self._physics_cache[key] = (np.array(steps), mean_step)
-        return (*self._physics_cache[key], self._prefill_ms(dep))
+        return (*self._physics_cache[key], self._prefill_ms(dep, reuse))
 
-    def _prefill_ms(self, dep: F.Deployment) -> np.ndarray:
-        """Roofline prefill (ms) of the sampled prompts, cached per deployment."""
-        if dep not in self._prefill_cache:  # the prompts' prefill does not depend on the batch
-            s, r, reuse = self.shapes, self.rates, self.w.prefix_reuse
+    def _prefill_ms(self, dep: F.Deployment, reuse: float) -> np.ndarray:
+        """Roofline prefill (ms) of the sampled prompts at prefix ``reuse``, cached per deployment
+        and reuse."""
+        key = (dep, reuse)
+        if key not in self._prefill_cache:  # the prompts' prefill does not depend on the batch
+            s, r = self.shapes, self.rates
             pf = [
                 F.total_us(F.prefill(s, r, dep, max(x * (1 - reuse), 1.0), x * reuse)) for x in self._prompts
             ]
-            self._prefill_cache[dep] = np.array(pf) / 1e3
-        return self._prefill_cache[dep]
+            self._prefill_cache[key] = np.array(pf) / 1e3
+        return self._prefill_cache[key]
 
     def rank_one(
         self,
@@ -507,7 +556,7 @@ class Ranker:
             self._batch_cache[batch] = _batches(w, batch)
         ctx = self._batch_cache[batch]
         dep = prep.dep
-        steps, mean_step, pf_ms = self._physics(dep, batch, ctx)
+        steps, mean_step, pf_ms = self._physics(dep, batch, ctx, self.reuse(c))
         delta_us, flags = self._attn_times(c, batch)
         if c.tp > self.gpu.node_gpus and not self.gpu.nic_gbps:
             flags.append(
@@ -557,6 +606,7 @@ class Ranker:
             flags=list(flags),
             rho=rho,
             calibration=fix.note() if fix else None,
+            prefix_reuse=self.reuse(c),
         )
         ctx_cv = float(np.median(ctx.std(axis=1) / np.maximum(ctx.mean(axis=1), 1)))
         r.ctx_cv = ctx_cv
@@ -573,6 +623,20 @@ class Ranker:
         r.flags += self.serving.out_of_range(prep)
         r.meets_slo = failed_condition(r, slo_tpot, slo_ttft) is None
         return r
+
+
+def reuse_note(w: TraceLoad) -> str | None:
+    """Where the candidates' prefix reuse comes from, for the output's notes (None: no reuse)."""
+    if w.reuse_note:
+        return w.reuse_note
+    if w.prefix_window is not None and w.prefix_reuse > 0:
+        t = w.prefix_window.arrays()[0]
+        return (
+            f"prefix reuse per candidate: its KV pools' radix caches replayed over the first {t.size:,} "
+            f"requests ({w.prefix_window.n_blocks:,} blocks) of the trace, scaled to the trace's "
+            f"unlimited-cache {100 * w.prefix_reuse:.1f} %"
+        )
+    return None
 
 
 def _ms(x: float) -> str:
@@ -681,6 +745,15 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
     """A few plain-language reasons for a top pick."""
     c = r.candidate
     out = []
+    unlimited = ranker.w.prefix_reuse
+    if ranker.prefix.replayed and round(100 * r.prefix_reuse) != round(100 * unlimited):
+        pools = f"{c.replicas}x TP{c.tp}" if c.replicas > 1 else f"TP{c.tp}"
+        if c.attn_dp > 1:
+            pools += f" attnDP{c.attn_dp}"
+        out.append(
+            f"prefix cache holds {100 * r.prefix_reuse:.0f} % of prompt tokens at {pools}'s pools "
+            f"(unlimited: {100 * unlimited:.0f} %)"
+        )
     batch = r.concurrency / c.attn_dp
     measured = not any(f.startswith(UNMEASURED_ATTENTION) for f in r.flags)
     spread = (

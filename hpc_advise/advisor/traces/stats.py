@@ -16,6 +16,9 @@
   chunk. A false positive can only count a new block as seen; for n distinct blocks the rate is
   E[(1 - (63/64)^(3X))^3] with X ~ Poisson(n / 2^22): 0.004 % at n = 1 M, 0.04 % at 4 M, 0.18 % at
   8.6 M, 1.9 % at 25 M.
+- ``PrefixWindow``: the first requests of the trace (file order) with their ``hash_ids``, up to
+  ``max_blocks`` ids in all: a bounded stretch the advisor replays through a finite prefix cache
+  (``advisor.prefix_cache``) to see how much of ``PrefixTracker``'s unlimited reuse a KV pool keeps.
 """
 
 from __future__ import annotations
@@ -305,3 +308,53 @@ class PrefixTracker:
     @property
     def reuse(self) -> float | None:
         return None if self.blocks == 0 else self.hits / self.blocks
+
+
+class PrefixWindow:
+    """The first requests carrying ``hash_ids``, in file order, until ``max_blocks`` ids are held (the
+    request that would pass the bound and all after it are left out). Arrays: ``t`` (NaN: none),
+    ``n_in``, ``n_out``, ``counts`` (ids per request), ``hashes`` (uint64, one request after the
+    other)."""
+
+    def __init__(self, max_blocks: int = 1 << 16) -> None:
+        self.max_blocks = max_blocks
+        self.full = False
+        self._t: list[np.ndarray] = []
+        self._n_in: list[np.ndarray] = []
+        self._n_out: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
+        self._hashes: list[np.ndarray] = []
+        self.n_blocks = 0
+
+    def add(
+        self, t: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, counts: np.ndarray, hashes: np.ndarray
+    ) -> None:
+        if self.full or counts.size == 0:
+            return
+        ends = np.cumsum(counts)
+        k = int(np.searchsorted(ends, self.max_blocks - self.n_blocks, side="right"))
+        if k < counts.size:
+            self.full = True
+        if k == 0:
+            return
+        used = int(ends[k - 1])
+        self._t.append(np.asarray(t[:k], dtype=np.float64))
+        self._n_in.append(np.asarray(n_in[:k], dtype=np.int64))
+        self._n_out.append(np.asarray(n_out[:k], dtype=np.int64))
+        self._counts.append(np.asarray(counts[:k], dtype=np.int64))
+        self._hashes.append(np.asarray(hashes[:used]).astype(np.uint64, copy=False))
+        self.n_blocks += used
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(t, n_in, n_out, counts, hashes) of the requests held."""
+
+        def cat(parts, dtype):
+            return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+        return (
+            cat(self._t, np.float64),
+            cat(self._n_in, np.int64),
+            cat(self._n_out, np.int64),
+            cat(self._counts, np.int64),
+            cat(self._hashes, np.uint64),
+        )

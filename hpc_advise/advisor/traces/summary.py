@@ -35,6 +35,7 @@ from hpc_advise.advisor.traces.stats import (
     Arrivals,
     LengthSketch,
     PrefixTracker,
+    PrefixWindow,
     Reservoir,
     splitmix64,
 )
@@ -269,6 +270,7 @@ class Summarizer:
         self.arrivals = Arrivals(reorder_s)
         self.reservoir = Reservoir(SAMPLE_SIZE)
         self.prefix = PrefixTracker()
+        self.prefix_window = PrefixWindow()
         self.block_sizes: set[int] = set()
         self.n_read = 0
         self.n = 0
@@ -321,6 +323,7 @@ class Summarizer:
         self.cached += int(cached[known].sum())
         self.cached_of += int(n_in[known].sum())
         self.prefix.add(hashes)
+        self.prefix_window.add(t, n_in, n_out, cols.hash_counts, hashes)
 
     def result(
         self,
@@ -360,7 +363,7 @@ class Summarizer:
                 "ttft_ms": _percentiles_ms(obs.get("ttft_s", [])),
                 "tpot_ms": _percentiles_ms(obs.get("tpot_s", [])),
             }
-        return TraceSummary(
+        summary = TraceSummary(
             source=source,
             format=fmt,
             n_requests=self.n,
@@ -387,6 +390,9 @@ class Summarizer:
             observed=observed,
             notes=notes,
         )
+        # not a field: the advisor's finite-cache replay reads it; a stored summary has none
+        summary.prefix_window = self.prefix_window if self.prefix_window.n_blocks else None
+        return summary
 
 
 def _as_uint64(values, count: int) -> np.ndarray:
