@@ -8,7 +8,8 @@ replays the summary's ``PrefixWindow`` (the first requests of the trace, up to
 
 - requests are split over the replicas as ``simulate.replicas.split_replicas`` does (sgl-router's
   cache-aware policy when the trace has hashes), then round robin over each replica's attention-DP
-  groups (SGLang's ``--load-balance-method round_robin``: the data-parallel controller's dispatch does
+  groups (SGLang 0.5.23 resolves ``--load-balance-method auto`` to ``round_robin`` outside PD
+  disaggregation, ``arg_groups/serving_hook.py``: the data-parallel controller's dispatch does
   not look at the groups' caches, so a session's turns land on different groups);
 - each group's cache matches the request's blocks (the hit), inserts them and evicts least recently
   used leaves down to the pool size in blocks.
