@@ -191,7 +191,9 @@ class _Recorder:
 # ----- deployments and their scheduler ---------------------------------------------------------
 
 
-def kv_pool_tokens(model, gpu, dep: F.Deployment, mem_fraction: float | None = None, page_size: int = 1) -> int:
+def kv_pool_tokens(
+    model, gpu, dep: F.Deployment, mem_fraction: float | None = None, page_size: int = 1
+) -> int:
     """KV pool of one attention group in tokens, as SGLang sizes it (``rules.kv_pool_tokens``): its
     default ``mem_fraction_static`` for this deployment (``rules.static_memory_fraction``) less this
     rank's weights, over SGLang's per-token cell (MLA's latent once per attention group, GQA heads
