@@ -158,7 +158,8 @@ def memory_check(
     attn_tp = c.tp // c.attn_dp
     expert_bytes, other = _model_bytes(model)
     weights = other / attn_tp + expert_bytes / c.tp
-    per_tok = rules.kv_cell_bytes(model, attn_tp, 1.0 if c.kv_dtype.startswith("fp8") else 2.0)
+    kv_elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
+    per_tok = rules.kv_cell_bytes(model, attn_tp, kv_elem, int(gpu.compute_capability[0]))
     per_group = concurrency / c.attn_dp
     kv = per_tok * (max(per_group - 1, 0) * ctx_mean + ctx_p99)
     usable = gpu.memory_gib * gib

@@ -213,6 +213,7 @@ def kv_pool_tokens(
         fraction=mem_fraction,
         weight_bytes=rank_weight_bytes(model, dep),
         page_size=page_size,
+        sm_major=int(gpu.compute_capability[0]),
     )
 
 

@@ -31,11 +31,13 @@ def test_mla_cell_deepseek_v3_tp8_and_attention_dp8():
     assert rules.kv_cell_bytes(ds, 8, 1.0) == 35136
 
 
-def test_dsa_fp8_latent_carries_scales_and_bf16_rope():
+def test_dsa_fp8_latent_layout_by_gpu():
     glm = get_model("glm-5")  # 78 layers, 512 + 64, indexer keys 128 fp8 + one fp32 scale
     indexer = 78 * (128 + 4)
     assert rules.kv_cell_bytes(glm, 8, 2.0) == 78 * 576 * 2 + indexer
     assert rules.kv_cell_bytes(glm, 8, 1.0) == 78 * (512 + 512 // 128 * 4 + 64 * 2) + indexer
+    # Blackwell's default DSA backend (trtllm) keeps the raw FP8 rows
+    assert rules.kv_cell_bytes(glm, 8, 1.0, sm_major=10) == 78 * 576 + indexer
 
 
 def test_hybrid_linear_attention_layers_hold_no_kv():

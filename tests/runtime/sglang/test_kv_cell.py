@@ -1,6 +1,7 @@
 """``rules.kv_cell_bytes`` equals real SGLang 0.5.23's per-token KV cell size
 (``model_executor/pool_configurator.DefaultPoolConfigurator._compute_cell_size``) for every shipped
-model profile SGLang can configure on CPU, at attention-TP 1-16 and bf16 / FP8 KV. SGLang's
+model profile SGLang can configure on CPU, at attention-TP 1-16, bf16 / FP8 KV, with the DSA backend
+SGLang picks for FP8 KV on Hopper and on Blackwell. SGLang's
 ``ModelConfig`` is built from the profile's config.json; the runtime context it reads (parallel sizes,
 memory and kernel options, disaggregation mode) is SGLang's default set-up with DCP, context parallelism,
 HiSparse and disaggregation off, given as stand-ins since no server publishes it here. The layer count
@@ -30,7 +31,11 @@ class _Off:
         return False
 
 
-def _sglang_cell(mc, attn_tp: int, dtype) -> int:
+# SGLang's default DSA backends for FP8 KV (arg_groups/overrides.py): Hopper flashmla_kv, Blackwell trtllm
+DSA_FP8_BACKEND = {9: "flashmla_kv", 10: "trtllm"}
+
+
+def _sglang_cell(mc, attn_tp: int, dtype, sm_major: int) -> int:
     import sglang.srt.layers.cp.utils as CU
     import sglang.srt.mem_cache.kv_cache_configurator as KC
     from sglang.srt.configs.hybrid_arch import mambaish_config
@@ -40,7 +45,8 @@ def _sglang_cell(mc, attn_tp: int, dtype) -> int:
     par = types.SimpleNamespace(
         attn_tp_size=attn_tp, attn_dcp_size=1, attn_cp_size=1, enable_dsa_cache_layer_split=False
     )
-    kernel = types.SimpleNamespace(dsa_prefill_backend=None, dsa_decode_backend=None)
+    backend = DSA_FP8_BACKEND[sm_major]
+    kernel = types.SimpleNamespace(dsa_prefill_backend=backend, dsa_decode_backend=backend)
     mambaish = mambaish_config(mc)
     layers = mc.num_hidden_layers if mambaish is None else len(mambaish.full_attention_layer_ids)
     kvc = types.SimpleNamespace(
@@ -77,10 +83,12 @@ def test_cell_size_equals_sglangs(key, tmp_path):
 
     mc = ModelConfig(RH.model_dir(tmp_path, key))
     model = get_model(key)
-    for attn_tp in (1, 2, 4, 8, 16):
-        for dtype, nbytes in ((torch.bfloat16, 2.0), (torch.float8_e4m3fn, 1.0)):
-            want = _sglang_cell(mc, attn_tp, dtype)
-            assert rules.kv_cell_bytes(model, attn_tp, nbytes) == want, (attn_tp, dtype)
+    for sm_major in DSA_FP8_BACKEND:
+        for attn_tp in (1, 2, 4, 8, 16):
+            for dtype, nbytes in ((torch.bfloat16, 2.0), (torch.float8_e4m3fn, 1.0)):
+                want = _sglang_cell(mc, attn_tp, dtype, sm_major)
+                got = rules.kv_cell_bytes(model, attn_tp, nbytes, sm_major)
+                assert got == want, (sm_major, attn_tp, dtype)
 
 
 def test_gpt_oss_still_cannot_be_configured_on_cpu(tmp_path):
