@@ -847,6 +847,58 @@ def static_memory_fraction(
     return fraction * _vlm_factor(vision) if vision else fraction
 
 
+# SGLang's --swa-full-tokens-ratio default: a sliding-window layer's pool holds this share of the
+# tokens of a full-attention layer's pool (arg_groups/fields/schedule.py).
+SWA_FULL_TOKENS_RATIO = 0.8
+# DSA (DeepSeek-V3.2 / GLM-5) FP8 latent rows on Hopper (SGLang's default DSA backend there,
+# flashmla_kv) carry one fp32 scale per 128 values and keep the rope part in bf16; Blackwell's default
+# (trtllm) stores the raw rows (mem_cache.memory_pool.DSATokenToKVPool,
+# kv_cache_configurator.calculate_mla_kv_cache_dim, arg_groups/overrides.py)
+_DSA_QUANT_BLOCK = 128
+
+
+def kv_cell_bytes(model: ModelProfile, attn_tp: int, kv_dtype_bytes: float, sm_major: int = 9) -> float:
+    """Bytes one token of SGLang's KV pool takes on one rank (``pool_configurator``'s cell size):
+    the full-attention layers only (linear-attention layers keep a per-request state in their own
+    pool); MLA's latent (kv_lora_rank + qk_rope_head_dim) whole on every attention-TP rank, once per
+    attention-DP group; GQA's KV heads split over attention-TP, at least one per rank; plus the DSA
+    indexer keys and, for sliding-window layers, their pool at ``SWA_FULL_TOKENS_RATIO`` of the
+    full-layer tokens. ``sm_major``: the GPU's compute capability major (DSA's FP8 layout)."""
+    full = model.num_full_attention_layers
+    if model.attention == "mla":
+        lora, rope = model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+        if model.index_n_heads and kv_dtype_bytes < 2 and sm_major < 10:
+            per_layer = lora + lora // _DSA_QUANT_BLOCK * 4 + rope * 2
+        else:
+            per_layer = (lora + rope) * kv_dtype_bytes
+        return full * per_layer + model.indexer_bytes_per_token()
+    heads = max(1, model.num_kv_heads // max(attn_tp, 1))
+    per_layer = heads * (model.head_dim + (model.v_head_dim or model.head_dim)) * kv_dtype_bytes
+    return full * per_layer + SWA_FULL_TOKENS_RATIO * model.num_sliding_window_layers * per_layer
+
+
+def kv_pool_tokens(
+    model: ModelProfile,
+    attn_tp: int,
+    kv_dtype_bytes: float,
+    *,
+    memory_gib: float,
+    fraction: float,
+    weight_bytes: float,
+    page_size: int = 1,
+    sm_major: int = 9,
+) -> int:
+    """SGLang's ``max_total_num_tokens`` on one rank: the static share of GPU memory
+    (``fraction``, :func:`static_memory_fraction`) less this rank's weights, over
+    :func:`kv_cell_bytes`, rounded down to whole pages; 0 when the weights fill it. (SGLang measures
+    the free memory before loading, which the GPU's memory stands for here.)"""
+    free = float(memory_gib) * 2**30 * fraction - weight_bytes
+    cell = kv_cell_bytes(model, attn_tp, kv_dtype_bytes, sm_major)
+    if free <= 0 or cell <= 0:
+        return 0
+    return int(free // cell) // page_size * page_size
+
+
 # ------------------------------------------------------------------------------ what runs where (docs)
 WHERE_GPUS = ("h100", "h200", "h20", "b200", "a100")
 WHERE_ATTENTION = ("fa3", "flashinfer", "triton", "hpc_ops", NAME)

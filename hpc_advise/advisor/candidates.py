@@ -10,7 +10,8 @@ every excluded candidate keeps its reason.
 
 Memory per GPU (bytes): weights per rank (non-expert weights / attention-TP + routed experts / TP) +
 KV of the requests one attention group holds (concurrency x mean context during decode, isl + osl/2,
-plus one request at the trace's p99 context) must fit in the static memory SGLang gives weights + KV
+plus one request at the trace's p99 context, at SGLang's per-token cell size ``rules.kv_cell_bytes``)
+must fit in the static memory SGLang gives weights + KV
 pool: its default ``mem_fraction_static`` for that command on that GPU
 (``rules.static_memory_fraction``); the rest is SGLang's activation / CUDA-graph reserve.
 """
@@ -118,14 +119,14 @@ def support_reason(c: Candidate, model, gpu) -> str | None:
 
 
 @functools.lru_cache(maxsize=32)
-def _model_bytes(model) -> tuple[float, float, float]:
-    """(routed-expert weight bytes, other weight bytes, KV bytes per token in bf16) of a model."""
+def _model_bytes(model) -> tuple[float, float]:
+    """(routed-expert weight bytes, other weight bytes) of a model."""
     from hpc_advise.profiles.model import QUANT_SCHEMES
 
     q_bytes, scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))
     experts = float(model.expert_params()) if model.is_moe else 0.0
     expert_bytes = experts * (q_bytes if scope in ("linear", "experts") else 2.0)
-    return expert_bytes, float(model.weight_bytes()) - expert_bytes, float(model.kv_bytes_per_token(2))
+    return expert_bytes, float(model.weight_bytes()) - expert_bytes
 
 
 def rank_weight_bytes(model, dep) -> float:
@@ -155,12 +156,10 @@ def memory_check(
     """Fit of ``c`` at ``concurrency`` requests per replica (see module docstring)."""
     gib = 2.0**30
     attn_tp = c.tp // c.attn_dp
-    expert_bytes, other, kv_bf16 = _model_bytes(model)
+    expert_bytes, other = _model_bytes(model)
     weights = other / attn_tp + expert_bytes / c.tp
     kv_elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
-    per_tok = kv_bf16 * kv_elem / 2.0
-    if model.attention != "mla":
-        per_tok *= 1.0 / min(attn_tp, max(model.num_kv_heads, 1))
+    per_tok = rules.kv_cell_bytes(model, attn_tp, kv_elem, int(gpu.compute_capability[0]))
     per_group = concurrency / c.attn_dp
     kv = per_tok * (max(per_group - 1, 0) * ctx_mean + ctx_p99)
     usable = gpu.memory_gib * gib

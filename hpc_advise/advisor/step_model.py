@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpc_advise import rules
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.simulate import PrefillShape, SchedulerConfig, Workload, simulate
-from hpc_advise.advisor.simulate.config import default_chunked_prefill_size, default_mem_fraction_static
+from hpc_advise.advisor.simulate.config import default_chunked_prefill_size
 
 DECODE_TERMS = ("d_const", "d_layers", "d_kv", "d_weights", "d_moe", "d_comm", "d_collectives")
 PREFILL_TERMS = ("p_const", "p_layers", "p_gemm", "p_attention", "p_comm", "p_collectives")
@@ -190,20 +191,30 @@ class _Recorder:
 # ----- deployments and their scheduler ---------------------------------------------------------
 
 
-def kv_pool_tokens(model, gpu, dep: F.Deployment, mem_fraction: float | None = None) -> int:
-    """KV pool of one attention group in tokens: the GPU memory SGLang's ``mem_fraction_static``
-    leaves after this rank's weights, over one token's KV on this rank (MLA's compressed KV once per
-    attention group; GQA heads split over attention-TP)."""
+def kv_pool_tokens(
+    model, gpu, dep: F.Deployment, mem_fraction: float | None = None, page_size: int = 1
+) -> int:
+    """KV pool of one attention group in tokens, as SGLang sizes it (``rules.kv_pool_tokens``): its
+    default ``mem_fraction_static`` for this deployment (``rules.static_memory_fraction``) less this
+    rank's weights, over SGLang's per-token cell (MLA's latent once per attention group, GQA heads
+    split over attention-TP, full-attention layers only)."""
     from hpc_advise.advisor.candidates import rank_weight_bytes
 
     if mem_fraction is None:
-        mem_fraction = default_mem_fraction_static(
-            gpu.memory_gib, dep.n_gpus, dp_size=dep.attn_dp, enable_dp_attention=dep.attn_dp > 1
+        setup = rules.Setup(tp=dep.n_gpus, ep=dep.moe_ep, attn_dp=dep.attn_dp)
+        mem_fraction = rules.static_memory_fraction(
+            setup, gpu.memory_gib, mla=model.attention == "mla", vision=rules.vision_tower(model)
         )
-    s = F.shapes_of(model)
-    per_tok = F.kv_bytes_per_token_rank(s, dep)
-    free = gpu.memory_gib * 2**30 * mem_fraction - rank_weight_bytes(model, dep)
-    return max(int(free / max(per_tok, 1e-9)), 0)
+    return rules.kv_pool_tokens(
+        model,
+        dep.attn_tp,
+        dep.kv_bytes,
+        memory_gib=gpu.memory_gib,
+        fraction=mem_fraction,
+        weight_bytes=rank_weight_bytes(model, dep),
+        page_size=page_size,
+        sm_major=int(gpu.compute_capability[0]),
+    )
 
 
 @dataclass
@@ -217,7 +228,7 @@ class Deployed:
 
 
 def deployed(model, gpu, dep: F.Deployment, engine: str = "sglang", page_size: int = 1, **cfg) -> Deployed:
-    pool = kv_pool_tokens(model, gpu, dep)
+    pool = kv_pool_tokens(model, gpu, dep, page_size=page_size)
     if pool < 2:
         raise ValueError(f"no KV pool left: weights fill the GPU at {dep.n_gpus} GPUs")
     config = SchedulerConfig(

@@ -17,7 +17,6 @@ from hpc_advise.advisor.simulate import (
     WorkloadError,
     default_chunked_prefill_size,
     default_max_running_requests,
-    default_mem_fraction_static,
     percentile,
     select_windows,
     simulate,
@@ -315,8 +314,6 @@ def test_defaults_from_server_args():
     assert default_chunked_prefill_size(180) == 16384 and default_chunked_prefill_size(40) == 4096
     assert default_max_running_requests(1_000_000, 131072) == 3906
     assert default_max_running_requests(100, 131072) == 50
-    # H200, TP8: 512 + 8192 * 1.5 + 512 * 2 + 1024 = 14848 MiB reserved of 141 GiB.
-    assert default_mem_fraction_static(141, 8) == round((141 * 1024 - 14848) / (141 * 1024), 3)
 
 
 def test_bad_input_is_one_clear_error():

@@ -18,9 +18,7 @@ the reported distributions. A busiest-window run of the synthetic agentic trace 
 from hpc_advise.advisor.simulate.config import (
     SchedulerConfig,
     default_chunked_prefill_size,
-    default_cuda_graph_max_bs,
     default_max_running_requests,
-    default_mem_fraction_static,
 )
 from hpc_advise.advisor.simulate.cost import LinearStepCost, PrefillShape, StepCost
 from hpc_advise.advisor.simulate.engine import simulate
@@ -37,9 +35,7 @@ __all__ = [
     "Workload",
     "WorkloadError",
     "default_chunked_prefill_size",
-    "default_cuda_graph_max_bs",
     "default_max_running_requests",
-    "default_mem_fraction_static",
     "merge",
     "percentile",
     "select_windows",

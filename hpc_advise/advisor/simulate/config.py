@@ -1,8 +1,8 @@
 """The SGLang server arguments the simulated scheduler obeys, with SGLang 0.5.23's defaults.
 
-From ``sglang/srt/server_args.py`` (``_handle_gpu_memory_settings``): ``chunked_prefill_size`` and
-``cuda_graph_max_bs`` by GPU memory (H100 80 GB and H200 141 GB: 8192; >= 160 GB: 16384),
-``mem_fraction_static`` from the memory reserved for activations and CUDA graphs; ``max_prefill_tokens``
+From ``sglang/srt/server_args.py`` (``_handle_gpu_memory_settings``): ``chunked_prefill_size`` by GPU
+memory (H100 80 GB and H200 141 GB: 8192; >= 160 GB: 16384); the KV pool itself (``max_total_tokens``)
+is sized by ``rules.kv_pool_tokens`` from ``rules.static_memory_fraction``; ``max_prefill_tokens``
 16384; ``schedule_conservativeness`` 1.0; ``page_size`` 1; ``schedule_policy`` "fcfs"; mixed chunk off.
 From ``sglang/srt/environ.py``: the new-token-ratio constants (0.7 initial, x 0.14 minimum, 600 decay
 steps), ``SGLANG_RETRACT_DECODE_STEPS`` 20, ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`` 4096. From the
@@ -27,44 +27,6 @@ def default_chunked_prefill_size(gpu_mem_gib: float) -> int:
     if mem < 160 * _MIB:
         return 8192
     return 16384
-
-
-def default_cuda_graph_max_bs(gpu_mem_gib: float, tp_size: int) -> int:
-    """SGLang's ``cuda_graph_max_bs`` for a GPU of this memory at this TP size."""
-    mem = gpu_mem_gib * _MIB
-    if mem < 20 * _MIB:
-        return 8
-    if mem < 35 * _MIB:
-        return 24 if tp_size < 4 else 80
-    if mem < 60 * _MIB:
-        return 32 if tp_size < 4 else 160
-    if mem < 160 * _MIB:
-        return 256 if tp_size < 4 else 512
-    return 512
-
-
-def default_mem_fraction_static(
-    gpu_mem_gib: float,
-    tp_size: int = 1,
-    pp_size: int = 1,
-    *,
-    chunked_prefill_size: int | None = None,
-    cuda_graph_max_bs: int | None = None,
-    dp_size: int = 1,
-    enable_dp_attention: bool = False,
-) -> float:
-    """SGLang's ``mem_fraction_static`` (weights + KV pool as a fraction of GPU memory)."""
-    mem = gpu_mem_gib * _MIB
-    chunk = chunked_prefill_size or default_chunked_prefill_size(gpu_mem_gib)
-    graph_bs = cuda_graph_max_bs or default_cuda_graph_max_bs(gpu_mem_gib, tp_size)
-    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp_size * pp_size / 8 * 1024
-    if enable_dp_attention:
-        reserved += graph_bs * dp_size * 3
-        if graph_bs > 300:
-            reserved += graph_bs * dp_size * 1.5
-    if mem > 60 * _MIB:
-        reserved = max(reserved, 10 * 1024)
-    return round((mem - reserved) / mem, 3)
 
 
 def default_max_running_requests(max_total_tokens: int, context_len: int) -> int:
