@@ -108,6 +108,9 @@ class LayerCell:
     # our runner sent this batch's MoE calls to SGLang's triton (its hand-off): the cell times the
     # hand-off, not our kernel, so it never decides a hand-off itself
     handed_off: bool = False
+    # our runner with its hand-off switched off for the run (the benchmark's ``hpc_advise-raw`` worker): every
+    # bucket timed our kernel, so beside a hand-off cell of the same run it is the one that pairs
+    handoff_off: bool = False
 
     @property
     def kv_floor_per_request_us(self) -> float:
@@ -193,6 +196,7 @@ def layer_cells(rows: list[dict]) -> list[LayerCell]:
                 kv_bytes=kv_bytes, context_mean=float(cfg.get("context_mean") or 0.0), copy_tbps=copy,
                 kv_dtype=kv, tp=tp, ep=ep, conditions=c, moe_shape=shape,
                 handed_off=moe == "hpc_advise" and set(cfg.get("moe_paths") or ()) == {DEFAULT_MOE_RUNNER},
+                handoff_off=cfg.get("moe_handoff") == "off",
             )  # fmt: skip
         )
     return sorted(cells, key=lambda x: (x.subject, x.mix, x.batch, x.attention, x.moe))
@@ -226,7 +230,10 @@ def moe_points(rows: list[dict]) -> list[MoePoint]:
     for cell in layer_cells(rows):
         if cell.moe_shape is None or cell.handed_off:
             continue
-        groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})[cell.moe] = cell
+        got = groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})
+        # the hand-off-off cell times our kernel wherever both ran
+        if cell.moe not in got or cell.handoff_off:
+            got[cell.moe] = cell
     for (subject, _, _attention, _mix, batch), by_moe in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
         ref = by_moe.get(DEFAULT_MOE_RUNNER)
         if ref is None:
