@@ -50,6 +50,11 @@ Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds
     python3 benchmarks/bench_layer.py --table benchmarks/results/layer_step_hy3.jsonl --ship
         # the committed rows into the package (hpc_advise/advisor/data/kernel_results/), where the advisor
         # and the dispatch table's MoE hand-off read them (benchmarks/ship.py; commit both copies)
+
+The next device call's command, its workers per model and their expected times: benchmarks/README.md,
+"Next layer-step call". Routing is not forced equal to the reference's (SGLang's ``TopK`` runs inside each
+layer on that worker's own hidden states; feeding it the reference's ids would need a per-layer hook and the
+reference's ids saved per cell): the per-token error's median is what separates a wrong kernel from flips.
 """
 
 from __future__ import annotations
@@ -1235,9 +1240,9 @@ def render_table(rows: list[dict], model: str) -> str:
 
 
 def _short(provider: str) -> str:
-    """attn=hpc_advise,moe=triton,router=hpc_advise -> A:ours M:triton R:ours."""
+    """attn=hpc_advise,moe=triton,router=hpc_advise -> A:ours M:triton R:ours (moe=hpc_advise-raw: M:ours-raw)."""
     parts = dict(kv.split("=") for kv in provider.split(","))
-    name = lambda v: "ours" if v == "hpc_advise" else v  # noqa: E731
+    name = lambda v: v.replace("hpc_advise", "ours")  # noqa: E731
     return f"A:{name(parts['attn'])} M:{name(parts['moe'])} R:{name(parts.get('router', 'sglang'))}"
 
 

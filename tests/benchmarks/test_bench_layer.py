@@ -99,6 +99,7 @@ def test_combinations_per_model():
     # MLA: our decode attention refuses it; DeepSeek's bf16 gate and an EP rank's 32 experts keep SGLang's router
     assert bl.combos("dsv3") == [("triton", "triton", "sglang"), ("triton", "hpc_advise", "sglang"),
                                  ("triton", bl.RAW, "sglang")]  # fmt: skip
+    assert bl._short(bl.combo_name("hpc_advise", bl.RAW)) == "A:ours M:ours-raw R:sglang"
     ep = bl.combos("qwen3-235b-ep4")
     assert len(ep) == 6 and {c[2] for c in ep} == {"sglang"}
     assert bl.REFERENCE not in hy3
