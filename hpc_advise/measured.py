@@ -108,6 +108,10 @@ class LayerCell:
     # our runner sent this batch's MoE calls to SGLang's triton (its hand-off): the cell times the
     # hand-off, not our kernel, so it never decides a hand-off itself
     handed_off: bool = False
+    # our runner with its hand-off switched off for the run (the benchmark's ``hpc_advise-raw`` worker): every
+    # bucket timed our kernel, so beside a hand-off cell of the same run it is the one that pairs
+    handoff_off: bool = False
+    created_at: str = ""
 
     @property
     def kv_floor_per_request_us(self) -> float:
@@ -193,6 +197,8 @@ def layer_cells(rows: list[dict]) -> list[LayerCell]:
                 kv_bytes=kv_bytes, context_mean=float(cfg.get("context_mean") or 0.0), copy_tbps=copy,
                 kv_dtype=kv, tp=tp, ep=ep, conditions=c, moe_shape=shape,
                 handed_off=moe == "hpc_advise" and set(cfg.get("moe_paths") or ()) == {DEFAULT_MOE_RUNNER},
+                handoff_off=cfg.get("moe_handoff") == "off",
+                created_at=str(r.get("created_at") or ""),
             )  # fmt: skip
         )
     return sorted(cells, key=lambda x: (x.subject, x.mix, x.batch, x.attention, x.moe))
@@ -209,6 +215,8 @@ class MoePoint:
     default_us: float
     per_layer_delta_us: float  # (runner - default) per MoE layer: > 0 means SGLang's default is faster
     source: str  # what was timed: 'layer step ...' or 'kernel ...'
+    run: tuple = ()  # the run of a layer-step pair (``_run_of``)
+    measured_at: str = ""  # the later created_at of the pair's two rows
 
     @property
     def ratio(self) -> float:
@@ -226,7 +234,10 @@ def moe_points(rows: list[dict]) -> list[MoePoint]:
     for cell in layer_cells(rows):
         if cell.moe_shape is None or cell.handed_off:
             continue
-        groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})[cell.moe] = cell
+        got = groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})
+        # the hand-off-off cell times our kernel wherever both ran
+        if cell.moe not in got or cell.handoff_off:
+            got[cell.moe] = cell
     for (subject, _, _attention, _mix, batch), by_moe in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
         ref = by_moe.get(DEFAULT_MOE_RUNNER)
         if ref is None:
@@ -236,7 +247,8 @@ def moe_points(rows: list[dict]) -> list[MoePoint]:
                 continue
             out.append(
                 MoePoint(cell.moe_shape, batch, runner, cell.p50, ref.p50, (cell.p50 - ref.p50) / cell.layers,
-                         f"layer step {subject} ({cell.layers} layers)")  # fmt: skip
+                         f"layer step {subject} ({cell.layers} layers)", cell.run,
+                         max(cell.created_at, ref.created_at))  # fmt: skip
             )
     kernels: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -315,9 +327,17 @@ def bucket_edges(points: list[int]) -> list[tuple[int, int | None]]:
 
 def moe_buckets(points: list[MoePoint], shape: MoeShape, runner: str = "hpc_advise") -> list[MoeBucket]:
     """The buckets of ``runner`` against SGLang's default at exactly ``shape``: layer-step pairs where
-    there are any (the real layer), kernel pairs otherwise; medians over the pairs of each T."""
+    there are any (the real layer), those of the newest run that paired cells at this shape (runs differ
+    in weights and recipe: a later run's pairs supersede an earlier one's, a later run with no pair here
+    leaves them), kernel pairs otherwise; medians over the pairs of each T."""
     mine = [p for p in points if p.shape == shape and p.runner == runner]
     layer = [p for p in mine if p.source.startswith("layer step")]
+    if layer:
+        when: dict[tuple, str] = {}
+        for p in layer:
+            when[p.run] = max(when.get(p.run, ""), p.measured_at)
+        newest = max(when, key=lambda run: (when[run], run))
+        layer = [p for p in layer if p.run == newest]
     mine = layer or mine
     by_t: dict[int, list[MoePoint]] = {}
     for p in mine:

@@ -123,3 +123,49 @@ def test_conditions_and_layer_give_the_same_shape():
     c = rules.conditions(get_model("hy3"), get_gpu("h200"), tp=8)
     assert measured.moe_shape_of(c) == HY3_TP8
     assert measured.moe_shape_of(rules.conditions(get_model("hy3"), None, tp=8, ep=8), ep=8).experts == 24
+
+
+def test_handoff_off_cell_pairs_where_a_handoff_cell_of_the_same_run_also_ran():
+    """One run with SGLang's triton, our runner with its hand-off (its bs 1 cell timed our kernel, slower
+    under noise) and the benchmark's hand-off-off worker (``moe_handoff`` off): the hand-off-off cell pairs."""
+    rows = []
+    for bs, ours, raw in ((1, 690.0, 650.0), (32, 1001.0, 1040.0)):
+        rows.append(layer_row("hpc_advise", "triton", "agentic", bs, 700.0 if bs == 1 else 1000.0))
+        off = layer_row("hpc_advise", "hpc_advise", "agentic", bs, raw, moe_paths=["hpc_advise"])
+        off["provider"] += "-raw"
+        off["config"]["moe_handoff"] = "off"
+        rows.append(off)  # before the hand-off worker's row: which comes last does not decide
+        rows.append(layer_row("hpc_advise", "hpc_advise", "agentic", bs, ours,
+                              moe_paths=["hpc_advise"] if bs == 1 else ["triton"]))  # fmt: skip
+    points = measured.moe_points(rows)
+    assert sorted((p.tokens, p.runner_us) for p in points) == [(1, 650.0), (32, 1040.0)]
+    assert measured.moe_handoff(HY3_TP8, 32, points).runner == "triton"
+
+
+def test_a_later_run_with_pairs_at_the_shape_supersedes_the_earlier_pairs():
+    """The first run (``_rows``: SGLang's triton faster at bs 32) and a later one with other weights whose
+    hand-off-off cells beat triton at bs 32: the later run decides; with the later rows alone stamped
+    earlier, the first run would."""
+    later = []
+    for mix in ("uniform-2k", "agentic"):
+        for bs in (1, 32, 256):
+            tri = layer_row("hpc_advise", "triton", mix, bs, 1000.0, command="later")
+            off = layer_row(
+                "hpc_advise", "hpc_advise", mix, bs, 950.0, command="later", moe_paths=["hpc_advise"]
+            )
+            off["provider"] += "-raw"
+            off["config"]["moe_handoff"] = "off"
+            for r in (tri, off):
+                r["created_at"] = "2026-12-02T03:00:00+00:00"
+            later += [tri, off]
+    points = measured.moe_points(_rows() + later)
+    assert measured.moe_handoff(HY3_TP8, 32, points).runner == "hpc_advise"
+    buckets = measured.moe_buckets(points, HY3_TP8)
+    assert [b.n for b in buckets] == [
+        2,
+        2,
+        2,
+    ]  # the later run's two mixes only, not the first run's four pairs
+    for r in later:
+        r["created_at"] = "2026-11-30T00:00:00+00:00"
+    assert measured.moe_handoff(HY3_TP8, 32, measured.moe_points(_rows() + later)).runner == "triton"

@@ -339,9 +339,9 @@ class LayerAttention:
         run that differ only in the backend (the MoE runners' differences averaged)."""
         by: dict[tuple, dict[str, object]] = {}
         for c in self.cells:
-            by.setdefault((c.subject, c.run, c.moe, c.mix, c.batch), {})[c.attention] = c
+            by.setdefault((c.subject, c.run, c.moe, c.handoff_off, c.mix, c.batch), {})[c.attention] = c
         acc: dict[tuple, list] = {}
-        for (subject, run, _moe, mix, batch), got in by.items():
+        for (subject, run, _moe, _off, mix, batch), got in by.items():
             if a in got and b in got:
                 ca, cb = got[a], got[b]
                 acc.setdefault((subject, run, mix, batch), []).append(

@@ -67,7 +67,7 @@ def test_table_from_rows(tmp_path, capsys):
         "kind": "layer_step", "subject": "hy3-tp8-rank", "provider": "attn=triton,moe=triton", "p50": 100.0,
         "created_at": "t", "command": "c", "versions": {"gpu": "NVIDIA H200"},
         "config": {"mix": "agentic", "batch": 8, "context_mean": 2e4, "floor_us": 50.0, "ratio_to_floor": 2.0,
-                   "default_over_this": 1.0, "max_rel_err_vs_ref": 1e-3, "forward_us": 300.0, "layers": 4,
+                   "default_over_this": 1.0, "err_token_p50": 1e-3, "err_tokens_over_tol": 0.125, "forward_us": 300.0, "layers": 4,
                    "tp_shard": 8, "kv_cache_dtype": "auto", "page_size": 64, "quantization": "q", "copy_tbps": 4.2},
     }  # fmt: skip
     path = tmp_path / "rows.jsonl"
@@ -75,7 +75,7 @@ def test_table_from_rows(tmp_path, capsys):
     assert bl.main(["--table", str(path)]) == 0
     out = capsys.readouterr().out
     assert (
-        "| attn=triton,moe=triton | agentic | 8 | 20000 | 100.0 | 50.0 | 2.00 | 1.000 | 1.00e-03 | 300 |"
+        "| attn=triton,moe=triton | agentic | 8 | 20000 | 100.0 | 50.0 | 2.00 | 1.000 | 1.00e-03 | 12% | 300 |"
         in out
     )
 
@@ -89,12 +89,19 @@ def test_bad_input_is_one_line(capsys):
 
 def test_combinations_per_model():
     hy3 = bl.combos("hy3")
-    assert hy3[0] == bl.DEFAULT and len(hy3) == len(set(hy3)) == 8
+    assert hy3[0] == bl.DEFAULT and len(hy3) == len(set(hy3)) == 10
     assert {c[2] for c in hy3} == {"sglang", "hpc_advise"}
+    # the hand-off-off runner only at SGLang's router: it exists to pair with SGLang's Triton MoE
+    assert {c for c in hy3 if c[1] == bl.RAW} == {
+        ("triton", bl.RAW, "sglang"),
+        ("hpc_advise", bl.RAW, "sglang"),
+    }
     # MLA: our decode attention refuses it; DeepSeek's bf16 gate and an EP rank's 32 experts keep SGLang's router
-    assert bl.combos("dsv3") == [("triton", "triton", "sglang"), ("triton", "hpc_advise", "sglang")]
+    assert bl.combos("dsv3") == [("triton", "triton", "sglang"), ("triton", "hpc_advise", "sglang"),
+                                 ("triton", bl.RAW, "sglang")]  # fmt: skip
+    assert bl._short(bl.combo_name("hpc_advise", bl.RAW)) == "A:ours M:ours-raw R:sglang"
     ep = bl.combos("qwen3-235b-ep4")
-    assert len(ep) == 4 and {c[2] for c in ep} == {"sglang"}
+    assert len(ep) == 6 and {c[2] for c in ep} == {"sglang"}
     assert bl.REFERENCE not in hy3
     assert bl.combo_name("triton", "triton") == "attn=triton,moe=triton"  # the first table's names
     assert (
@@ -144,6 +151,9 @@ def _fake_work(tmp_path, model):
         if not reference:
             cells[0].update(p20=90.0 + i, p50=100.0 + i, p80=110.0 + i, reps=40, forward_us=300.0)
             prefill[0].update(p20=900.0, p50=1000.0 - i, p80=1100.0, reps=5)
+        cells[0]["moe_paths"] = (
+            ["hpc_advise"] if combo[1] in ("hpc_advise", bl.RAW, "reference") else ["triton"]
+        )
         log = {"cells": cells, "prefill": prefill, "errors": ["agentic bs=256: boom"] if i == 1 else [],
                "copy_tbps": 4.0, "build_s": 10.0, "moe_runners": [combo[1]], "router_gates": {"ours": 0, "sglang": 4}}  # fmt: skip
         (work / f"{tag}.json").write_text(json.dumps(log))
@@ -159,17 +169,23 @@ def test_collect_rows_and_tables(tmp_path):
     a = argparse.Namespace(model="hy3")
     rows = bl.collect(a, work, cfg, {"gpu": "NVIDIA H200"})
     steps = [r for r in rows if r["kind"] == "layer_step"]
-    assert len(steps) == 8 and {r["provider"] for r in steps} == {bl.combo_name(*c) for c in bl.combos("hy3")}
+    assert len(steps) == 10 and {r["provider"] for r in steps} == {
+        bl.combo_name(*c) for c in bl.combos("hy3")
+    }
     d = next(r for r in steps if r["provider"] == "attn=triton,moe=triton")
     assert d["config"]["default_over_this"] == 1.0 and d["subject"] == "hy3-tp8-rank"
     # schema the advisor reads: kept from the first table, router added
     for key in ("attention", "moe_runner", "router", "mix", "batch", "context_mean", "floor_us", "ratio_to_floor",
-                "default_over_this", "max_rel_err_vs_ref", "kv_cache_dtype", "tp_shard"):  # fmt: skip
+                "default_over_this", "err_token_p50", "err_tokens_over_tol", "kv_cache_dtype", "tp_shard", "moe_paths"):  # fmt: skip
         assert key in d["config"]
-    worst = max(r["config"]["max_rel_err_vs_ref"] for r in steps)
-    assert worst == pytest.approx(0.07, rel=1e-5)  # combination 7 of the fake logits is 7 % off the reference
+    worst = max(r["config"]["err_token_p50"] for r in steps)
+    assert worst == pytest.approx(0.09, rel=1e-5)  # combination 9 of the fake logits is 9 % off the reference
+    assert all(r["config"]["err_tokens_over_tol"] == 0.0 for r in steps)
+    raw = next(r for r in steps if r["provider"] == "attn=hpc_advise,moe=hpc_advise-raw")
+    assert (raw["config"]["moe_runner"], raw["config"]["moe_handoff"]) == ("hpc_advise", "off")
+    assert d["config"]["moe_handoff"] is None
     pre = [r for r in rows if r["kind"] == "layer_prefill"]
-    assert len(pre) == 8 and all(r["config"]["max_rel_err_vs_ref"] == 0.0 for r in pre)
+    assert len(pre) == 10 and all(r["config"]["err_token_p50"] == 0.0 for r in pre)
     assert [r["config"]["error"] for r in rows if r["kind"] == "layer_step_error"] == ["agentic bs=256: boom"]
     table = bl.render_table(rows, "hy3")
     assert (
@@ -178,10 +194,7 @@ def test_collect_rows_and_tables(tmp_path):
     )
     summary = bl.render_summary(rows, "hy3")
     assert "| agentic 8 | 100.0 | attn=triton,moe=triton | 100.0 | 1.000 |" in summary
-    assert (
-        "| prefill 1024 | 1000.0 | attn=hpc_advise,moe=hpc_advise,router=hpc_advise | 993.0 | 1.007 |"
-        in summary
-    )
+    assert "| prefill 1024 | 1000.0 | attn=hpc_advise,moe=hpc_advise-raw | 991.0 | 1.009 |" in summary
 
 
 def test_collect_ep_subject(tmp_path):
@@ -310,4 +323,63 @@ def test_reference_moe_worker_takes_the_torch_reference_and_no_handoff(monkeypat
     got = op.fused_moe(hidden, w13, w2, wts, ids, w13_scale=s13, w2_scale=s2, config={"x": 1})
     want = reference.fused_moe_reference(hidden, w13, w2, wts, ids, w13_scale=s13, w2_scale=s2)
     assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+    assert dispatch.moe_buckets(object()) == []
+
+
+def test_token_error_tells_a_routing_flip_from_a_wrong_kernel():
+    """64 tokens: quantization-sized noise (2 %) everywhere, one token whose logits are unrelated (a top-k
+    flip) keeps the median low and 1/64 above the tolerance; a factor-2 scale on every token (a wrong kernel)
+    puts the median and every token above it."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(64, bl.VOCAB, generator=g)
+    close = ref + 0.02 * torch.randn(ref.shape, generator=g)
+    flipped = close.clone()
+    flipped[17] = torch.randn(bl.VOCAB, generator=g)
+    flip = bl.token_errors(flipped, ref)
+    assert flip["err_token_p50"] < 0.05 and flip["err_tokens_over_tol"] == pytest.approx(1 / 64)
+    assert flip["err_token_max"] > 1.0
+    wrong = bl.token_errors(2 * close, ref)
+    assert wrong["err_token_p50"] > bl.TOKEN_ERR_TOL and wrong["err_tokens_over_tol"] == 1.0
+    nan = close.clone()
+    nan[0, 0] = float("nan")
+    assert bl.token_errors(nan, ref)["err_tokens_over_tol"] == pytest.approx(1 / 64)
+    with pytest.raises(ValueError):
+        bl.token_errors(ref[:3], ref)
+
+
+def test_raw_worker_rows_pair_with_triton_beside_a_handoff_worker(tmp_path):
+    """The rows collect writes for SGLang's default, our runner handing bs 8 to triton, and the hand-off-off
+    runner at the same attention: ``hpc_advise.measured`` pairs the hand-off-off cell with Triton's."""
+    from hpc_advise import measured
+
+    work = _fake_work(tmp_path, "hy3")
+    for combo in bl.combos("hy3"):
+        if combo[1] == "hpc_advise":
+            f = work / f"{bl._tag(*combo)}.json"
+            log = json.loads(f.read_text())
+            log["cells"][0]["moe_paths"] = ["triton"]  # the hand-off in effect at this batch
+            f.write_text(json.dumps(log))
+    rows = bl.collect(argparse.Namespace(model="hy3"), work, bl.shard_config("hy3", 4), {})
+    cells = measured.layer_cells(rows)
+    assert {(c.attention, c.handoff_off) for c in cells if c.moe == "hpc_advise" and not c.handed_off} == {
+        ("triton", True), ("hpc_advise", True)}  # fmt: skip
+    points = measured.moe_points(rows)
+    by_attn = {p.source: p for p in points}
+    assert len(points) == 2 and all(p.runner == "hpc_advise" and p.tokens == 8 for p in points), by_attn
+    raw_us = {c.attention: c.p50 for c in cells if c.handoff_off}
+    assert sorted(p.runner_us for p in points) == sorted(raw_us.values())
+
+
+def test_raw_worker_switches_the_handoff_off(monkeypatch):
+    """``hpc_advise-raw`` starts SGLang with our runner and leaves the dispatch table no bucket in that worker."""
+    from hpc_advise.runtime import dispatch
+
+    monkeypatch.setattr(dispatch, "moe_buckets", dispatch.moe_buckets)
+    argv = bl._server_argv(
+        argparse.Namespace(model="hy3", seed=1, batches=[1]), "/m", "hpc_advise", bl.RAW, 4096
+    )
+    assert argv[argv.index("--moe-runner-backend") + 1] == "hpc_advise"
+    bl._disable_moe_handoff()
     assert dispatch.moe_buckets(object()) == []

@@ -348,7 +348,9 @@ def _dispatch_of(gen: torch.Generator, tokens: int):
     logits = torch.randn(tokens, E, generator=gen)
     w, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)
     return StandardDispatchOutput(
-        hidden_states=x, hidden_states_scale=None, topk_output=StandardTopKOutput(w, ids.to(torch.int32), logits)
+        hidden_states=x,
+        hidden_states_scale=None,
+        topk_output=StandardTopKOutput(w, ids.to(torch.int32), logits),
     )
 
 
@@ -372,7 +374,9 @@ def test_buckets_measured_slower_run_sglang_triton(sglang_moe, monkeypatch):
     assert [moe.path_for(method, t) for t in (1, 5, 17, 18, 40, 128, 129)] == [
         "hpc_advise", "hpc_advise", "hpc_advise", "triton", "triton", "triton", "hpc_advise"]  # fmt: skip
     calls = []
-    monkeypatch.setattr(method._hpc_advise_sglang_runner, "run", lambda d, q: calls.append(("triton", q)) or "triton")
+    monkeypatch.setattr(
+        method._hpc_advise_sglang_runner, "run", lambda d, q: calls.append(("triton", q)) or "triton"
+    )
     monkeypatch.setattr(method.runner, "run", lambda d, q: calls.append(("ours", q)) or "ours")
     assert method.apply(layer, _dispatch_of(gen, 40)) == "triton"
     assert method.apply(layer, _dispatch_of(gen, 5)) == "ours"
@@ -384,3 +388,27 @@ def test_buckets_measured_slower_run_sglang_triton(sglang_moe, monkeypatch):
     method, layer = _method(False), _layer(False, gen)
     method.create_moe_runner(layer, _config())
     assert method._hpc_advise_sglang_runner is None and moe.path_for(method, 40) == "hpc_advise"
+
+
+def test_benchmark_handoff_off_switch_keeps_every_bucket_on_ours(sglang_moe, monkeypatch):
+    """benchmarks/bench_layer.py's ``hpc_advise-raw`` worker (``_disable_moe_handoff``): with measured rows
+    that hand T = 64's bucket to SGLang's triton, a layer built after the switch gets no triton runner and
+    every token count runs our kernel."""
+    from hpc_advise import measured
+    from hpc_advise.runtime import dispatch
+    from hpc_advise.runtime.sglang import moe
+    from tests.benchmarks.helpers import load_script
+
+    _, gen = fresh_seed()
+    shape = measured.MoeShape(E, H, I, K, "fp8-per-tensor")
+    points = (measured.MoePoint(shape, 64, "hpc_advise", 110.0, 100.0, 10.0, "kernel fused_moe test"),)
+    monkeypatch.setattr(measured, "shipped_points", lambda: points)
+    monkeypatch.setattr(dispatch, "moe_buckets", dispatch.moe_buckets)  # restored after the test
+    method, layer = _method(False), _layer(False, gen)
+    method.create_moe_runner(layer, _config())
+    assert moe.path_for(method, 40) == "triton"  # the hand-off is in effect without the switch
+    load_script("bench_layer")._disable_moe_handoff()
+    method, layer = _method(False), _layer(False, gen)
+    method.create_moe_runner(layer, _config())
+    assert method.runner.runner_backend.value == "hpc_advise" and method._hpc_advise_sglang_runner is None
+    assert {moe.path_for(method, t) for t in (1, 40, 64, 128)} == {"hpc_advise"}
