@@ -224,14 +224,15 @@ class MoePoint:
         return self.default_us / self.runner_us
 
 
-def moe_points(rows: list[dict]) -> list[MoePoint]:
+def moe_points(rows: list[dict], cells: list[LayerCell] | None = None) -> list[MoePoint]:
     """Every (runner, SGLang default) pair of one run at one MoE shape and token count: layer-step cells
     that differ only in the MoE runner (same subject, attention backend, mix and batch; the decode
     step's tokens are its batch), and fused_moe kernel rows of two providers at the same shape and T.
-    A cell where our runner handed the batch to SGLang's triton pairs with nothing (it timed triton)."""
+    A cell where our runner handed the batch to SGLang's triton pairs with nothing (it timed triton).
+    ``cells``: ``layer_cells(rows)`` when the caller has it already."""
     out: list[MoePoint] = []
     groups: dict[tuple, dict[str, LayerCell]] = {}
-    for cell in layer_cells(rows):
+    for cell in layer_cells(rows) if cells is None else cells:
         if cell.moe_shape is None or cell.handed_off:
             continue
         got = groups.setdefault((cell.subject, cell.run, cell.attention, cell.mix, cell.batch), {})

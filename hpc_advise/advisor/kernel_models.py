@@ -296,8 +296,12 @@ def load_attention_model(kb_path: str | Path | None = None) -> AttentionModel:
     layer-step attention and MoE comparisons attached."""
     base, kb = seed_rows() + shipped_rows(), kb_rows(kb_path)
     model = (None if kb else shipped_fit(base)) or fit_attention(base + kb)
-    model.layer = LayerAttention.from_rows(base + kb)
-    model.moe = LayerMoe.from_rows(base + kb)
+    from hpc_advise.measured import layer_cells, moe_points
+
+    rows = base + kb
+    cells = layer_cells(rows)  # parsed once for both comparisons
+    model.layer = LayerAttention(cells)
+    model.moe = LayerMoe(moe_points(rows, cells))
     return model
 
 
