@@ -8,7 +8,6 @@ paths of each branch run on the interpreter's small grid (op.CPU_NUM_SMS SMs).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from hpc_advise.kernels.decode_attention import op  # noqa: E402
+from tests.kernels.decode_attention.helpers import BF16, FP8, FP16, make_case  # noqa: E402
 from tests.kernels.goldens import Goldens  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="goldens are CPU-interpreter outputs")
 
 GOLDENS = Goldens(Path(__file__).with_name("goldens.json"))
-BF16, FP16, FP8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
 LENS = [5, 64, 333, 1000, 90]
 
 # (id, kv dtype, q heads, kv heads, head_dim, page, schedule, tensor scales)
@@ -43,33 +42,10 @@ CASES = [
 ]
 
 
-def make_case(lens, *, hq, hkv, d, page, kv_dtype, seed):
-    """Fixed-seed q (bf16, fp16 for fp16 KV), a KV pool with each request's pages scattered and the slots
-    past its length NaN, the page table (unused columns -1) and int32 lengths."""
-    gen = torch.Generator().manual_seed(seed)
-    need = [math.ceil(n / page) for n in lens]
-    num_pages = sum(need) + 3
-    k = torch.full((num_pages, page, hkv, d), float("nan"))
-    v = torch.full_like(k, float("nan"))
-    perm = torch.randperm(num_pages, generator=gen)
-    table = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(lens):
-        pages = perm[used : used + need[i]]
-        used += need[i]
-        table[i, : need[i]] = pages.int()
-        for j, pg in enumerate(pages.tolist()):
-            fill = min(page, n - j * page)
-            k[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
-            v[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
-    q = torch.randn(len(lens), hq, d, generator=gen).to(FP16 if kv_dtype == FP16 else BF16)
-    return q, k.to(kv_dtype), v.to(kv_dtype), table, torch.tensor(lens, dtype=torch.int32)
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_tuned_branch_matches_its_golden(case):
     name, kv_dtype, hq, hkv, d, page, schedule, tensor_scales = case
-    q, k, v, table, seq_lens = make_case(LENS, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, seed=11)
+    q, k, v, table, seq_lens = make_case(LENS, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, seed=11, device="cpu")
     p = op.plan(
         seq_lens,
         table,
