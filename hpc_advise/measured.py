@@ -28,9 +28,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "advisor" / "data" / "kernel_results"
 # SGLang's own runner for FP8 MoE layers on SM90 with the standard dispatcher (what ``auto`` picks,
 # sglang/srt/layers/quantization/fp8.py Fp8MoEMethod.create_moe_runner).
 DEFAULT_MOE_RUNNER = "triton"
@@ -47,13 +45,17 @@ _MODE_QUANT = {"tensor-static": "fp8-per-tensor", "block-dynamic": "fp8-block128
 _SUBJECT = re.compile(r"^(?P<model>.+?)(?:-tp(?P<tp>\d+))?(?:-ep(?P<ep>\d+))?-rank$")
 
 
-def read_rows(directory: Path = RESULTS_DIR) -> list[dict]:
-    """Every row of the shipped tables (``*.jsonl`` in name order)."""
+def read_rows() -> list[dict]:
+    """Every row of the shipped tables (``*.jsonl`` in name order): the same rows whether hpc-advise runs
+    from a checkout or from a wheel."""
+    from importlib import resources
+
+    shipped = resources.files("hpc_advise.advisor.data").joinpath("kernel_results")
     rows: list[dict] = []
-    if not directory.is_dir():
-        return rows
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
+    for entry in sorted(shipped.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".jsonl"):
+            continue
+        for line in entry.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 rows.append(json.loads(line))
     return rows

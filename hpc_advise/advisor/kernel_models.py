@@ -140,22 +140,12 @@ def seed_rows() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-SHIPPED_RESULTS = "kernel_results"
-
-
 def shipped_rows() -> list[dict]:
-    """The kernel benchmark tables shipped in ``data/kernel_results/``: the same rows whether
-    hpc-advise runs from a checkout or from a wheel (a bench writes them with an explicit ship step;
-    the advisor never reads ``benchmarks/results/``)."""
-    shipped = resources.files("hpc_advise.advisor.data").joinpath(SHIPPED_RESULTS)
-    rows: list[dict] = []
-    for entry in sorted(shipped.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".jsonl"):
-            continue
-        for line in entry.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+    """The kernel benchmark tables shipped in ``data/kernel_results/`` (``measured.read_rows``; a bench
+    writes them with an explicit ship step; the advisor never reads ``benchmarks/results/``)."""
+    from hpc_advise.measured import read_rows
+
+    return read_rows()
 
 
 def kb_rows(kb_path: str | Path | None) -> list[dict]:
