@@ -415,7 +415,7 @@ class Ranker:
                 []
                 if c.attention_backend == REFERENCE_ATTENTION
                 else [
-                    f"no kernel measurement for attention backend {c.attention_backend} on MLA: assumed equal to {REFERENCE_ATTENTION}"
+                    f"{UNMEASURED_ATTENTION} {c.attention_backend} on MLA: assumed equal to {REFERENCE_ATTENTION}"
                 ]
             )
             return np.zeros(len(ctx)), flag
@@ -439,7 +439,7 @@ class Ranker:
                 []
                 if c.attention_backend == REFERENCE_ATTENTION
                 else [
-                    f"no kernel measurement for attention backend {c.attention_backend}: assumed equal to {REFERENCE_ATTENTION}"
+                    f"{UNMEASURED_ATTENTION} {c.attention_backend}: assumed equal to {REFERENCE_ATTENTION}"
                 ]
             )
             return np.zeros(len(ctx)), flag
@@ -490,7 +490,7 @@ class Ranker:
         if c.moe_runner in (None, "auto"):
             return 0.0, []
         unmeasured = [
-            f"no kernel comparison for MoE runner {c.moe_runner} in the knowledge base: predicted as SGLang's default"
+            f"{UNMEASURED_MOE} {c.moe_runner} in the knowledge base: predicted as SGLang's default"
         ]
         if self.attn.moe is None:
             return 0.0, unmeasured
