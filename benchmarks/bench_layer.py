@@ -807,8 +807,70 @@ def _cell(runner, tree, lens, prefix_tensors, seed, reference: bool, reps: int) 
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3)
     row.update(_quantiles(samples))
+    try:
+        row["kernels"] = _profile_replays(graph.replay)
+    except Exception as exc:  # the step's timing stands without the breakdown
+        row["kernels_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     row["logits"] = logits.cpu()
     return row
+
+
+# Kernel names that are torch's own CUDA ops (at::native elementwise / reduce / softmax / top-k / cat / index, and
+# the cub sorts torch calls): in these steps they are the sgl-kernel stand-ins (RMSNorm, QK norm, SiLU*mul,
+# top-k, rotary on SGLang's torch paths) plus the few copies and adds every combination shares.
+TORCH_OP_MARKS = ("at::native", "at_cuda_detail", "at::cuda")
+GEMM_MARKS = ("nvjet", "cutlass", "xmma", "gemm", "cublas")
+
+
+def kernel_class(name: str) -> str:
+    """``torch`` (torch's own ops: the stand-ins), ``gemm`` (cuBLAS / CUTLASS) or ``other`` (Triton and
+    every other kernel: attention, MoE, router, SGLang's JIT twins)."""
+    if any(m in name for m in TORCH_OP_MARKS):
+        return "torch"
+    if any(m in name.lower() for m in GEMM_MARKS):
+        return "gemm"
+    return "other"
+
+
+def kernel_breakdown(events: list[tuple[str, float]], reps: int) -> dict:
+    """Per-step kernel time by class and the heaviest kernels, from (name, µs) of ``reps`` profiled steps."""
+    by_class = {"torch": 0.0, "gemm": 0.0, "other": 0.0}
+    by_name: dict[str, float] = {}
+    for name, us in events:
+        by_class[kernel_class(name)] += us / reps
+        by_name[name] = by_name.get(name, 0.0) + us / reps
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:10]
+    return {
+        "torch_ops_us": by_class["torch"],
+        "gemm_us": by_class["gemm"],
+        "other_kernels_us": by_class["other"],
+        "kernels_us": sum(by_class.values()),
+        "top_kernels": [[n[:160], round(us, 2)] for n, us in top],
+    }
+
+
+def _profile_replays(replay, reps: int = 5) -> dict:
+    """Kernels of ``reps`` graph replays under torch's profiler (CUPTI reports each kernel a graph
+    launches), grouped by ``kernel_breakdown``; copies and memsets are left out."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            replay()
+        torch.cuda.synchronize()
+    events = []
+    for evt in prof.events():
+        if "CUDA" not in str(getattr(evt, "device_type", "")):
+            continue
+        name = evt.name
+        if "memcpy" in name.lower() or "memset" in name.lower():
+            continue
+        events.append((name, float(evt.device_time_total)))
+    if not events:
+        raise RuntimeError("the profiler saw no kernel of the replayed graph")
+    return kernel_breakdown(events, reps)
 
 
 def _tag(attn: str, moe: str, router: str) -> str:
@@ -1064,6 +1126,16 @@ def _token_err(work: Path, mine: str, ref: str) -> dict:
     return token_errors(torch.load(mine_f), torch.load(ref_f))
 
 
+def kernel_fields(cell: dict, floor_us: float) -> dict:
+    """A decode cell's kernel breakdown and its step without torch's ops over the floor: what the step
+    would be with free stand-ins, a lower bound for the step with sgl-kernel's fused ops (which cost
+    something)."""
+    k = cell.get("kernels")
+    if not k:
+        return {"kernels_error": cell.get("kernels_error")} if cell.get("kernels_error") else {}
+    return dict(k, ratio_to_floor_excl_torch=(cell["p50"] - k["torch_ops_us"]) / floor_us)
+
+
 def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
     from hpc_advise.runtime.measure.harness import Timing, run_row
 
@@ -1113,6 +1185,7 @@ def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
                 "default_over_this": default[(mix, bs)] / cell["p50"] if (mix, bs) in default else None,
                 **_token_err(work, f"{tag}__{mix}__{bs}", f"{ref_tag}__{mix}__{bs}"),
                 "forward_us": cell.get("forward_us"), "moe_paths": cell.get("moe_paths"),
+                **kernel_fields(cell, floor_us),
             })  # fmt: skip
             t = Timing(cell["p20"], cell["p50"], cell["p80"], cell["reps"])
             rows.append(run_row(kind="layer_step", subject=subject, provider=combo_name(*combo), config={},
@@ -1193,14 +1266,16 @@ def render_table(rows: list[dict], model: str) -> str:
         lines += [render_matrix(rows), ""]
     if steps:
         lines += [
-            "| combination | mix | bs | ctx mean | step us p50 | floor us | step/floor | default/this | err p50 | >tol | forward us |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| combination | mix | bs | ctx mean | step us p50 | floor us | step/floor | torch ops us | (step-torch)/floor | "
+            "default/this | err p50 | >tol | forward us |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sorted(steps, key=lambda r: (r["config"]["mix"], r["config"]["batch"], r["provider"])):
             c = r["config"]
             lines.append(
                 f"| {r['provider']} | {c['mix']} | {c['batch']} | {c['context_mean']:.0f} | {r['p50']:.1f} | "
-                f"{c['floor_us']:.1f} | {_f(c['ratio_to_floor'])} | {_f(c['default_over_this'], 3)} | "
+                f"{c['floor_us']:.1f} | {_f(c['ratio_to_floor'])} | {_f(c.get('torch_ops_us'), 1)} | "
+                f"{_f(c.get('ratio_to_floor_excl_torch'))} | {_f(c['default_over_this'], 3)} | "
                 f"{_err(c)} | {_f(c.get('forward_us'), 0)} |"
             )
     if pre:
@@ -1289,19 +1364,24 @@ def render_summary(rows: list[dict], model: str) -> str:
             continue
         c = r["config"]
         key = (c["mix"], c["batch"]) if r["kind"] == "layer_step" else ("prefill", c["tokens"])
-        cells.setdefault(key, {})[r["provider"]] = (r["p50"], c.get("err_token_p50"), c.get("floor_us"))
+        cells.setdefault(key, {})[r["provider"]] = (
+            r["p50"],
+            c.get("err_token_p50"),
+            c.get("floor_us"),
+            c.get("ratio_to_floor_excl_torch"),
+        )
     dflt = combo_name(*DEFAULT)
-    lines = [f"## {model}", "", "| cell | default us | best combination | best us | default/best | floor x | worst err p50 |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [f"## {model}", "", "| cell | default us | best combination | best us | default/best | floor x | "
+             "floor x without torch ops | worst err p50 |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for key in sorted(cells, key=lambda k: (k[0], k[1])):
         got = cells[key]
         best = min(got, key=lambda p: got[p][0])
-        d = got.get(dflt, (None, None, None))[0]
-        errs = [e for _, e, _ in got.values() if e is not None]
-        floor = got[best][2]
+        d = got.get(dflt, (None,))[0]
+        errs = [v[1] for v in got.values() if v[1] is not None]
+        floor, excl = got[best][2], got[best][3]
         lines.append(
             f"| {key[0]} {key[1]} | {_f(d, 1)} | {best} | {got[best][0]:.1f} | {_f(d / got[best][0] if d else None, 3)} | "
-            f"{_f(got[best][0] / floor if floor else None)} | {_e(max(errs) if errs else None)} |"
+            f"{_f(got[best][0] / floor if floor else None)} | {_f(excl)} | {_e(max(errs) if errs else None)} |"
         )
     nerr = sum(1 for r in rows if r["kind"] == "layer_step_error")
     lines.append(f"({nerr} error rows)")

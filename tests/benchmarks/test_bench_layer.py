@@ -68,6 +68,7 @@ def test_table_from_rows(tmp_path, capsys):
         "created_at": "t", "command": "c", "versions": {"gpu": "NVIDIA H200"},
         "config": {"mix": "agentic", "batch": 8, "context_mean": 2e4, "floor_us": 50.0, "ratio_to_floor": 2.0,
                    "default_over_this": 1.0, "err_token_p50": 1e-3, "err_tokens_over_tol": 0.125, "forward_us": 300.0, "layers": 4,
+                   "torch_ops_us": 30.0, "ratio_to_floor_excl_torch": 1.4,
                    "tp_shard": 8, "kv_cache_dtype": "auto", "page_size": 64, "quantization": "q", "copy_tbps": 4.2},
     }  # fmt: skip
     path = tmp_path / "rows.jsonl"
@@ -75,9 +76,33 @@ def test_table_from_rows(tmp_path, capsys):
     assert bl.main(["--table", str(path)]) == 0
     out = capsys.readouterr().out
     assert (
-        "| attn=triton,moe=triton | agentic | 8 | 20000 | 100.0 | 50.0 | 2.00 | 1.000 | 1.00e-03 | 12% | 300 |"
+        "| attn=triton,moe=triton | agentic | 8 | 20000 | 100.0 | 50.0 | 2.00 | 30.0 | 1.40 | 1.000 | 1.00e-03 | 12% | 300 |"
         in out
     )
+
+
+def test_kernel_breakdown_tells_torch_ops_from_gemms_and_triton():
+    names = [
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+            3.0,
+        ),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", 2.0),
+        ("void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<>", 1.0),
+        ("nvjet_tst_64x8_64x16_2x1_v_bz_TNT", 10.0),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 4.0),
+        ("_fused_moe_fp8_kernel", 20.0),
+        ("_fused_moe_fp8_kernel", 20.0),
+    ]
+    k = bl.kernel_breakdown(names, reps=2)
+    assert (k["torch_ops_us"], k["gemm_us"], k["other_kernels_us"]) == (3.0, 7.0, 20.0)
+    assert k["kernels_us"] == 30.0 and k["top_kernels"][0] == ["_fused_moe_fp8_kernel", 20.0]
+    cell = {"p50": 100.0, "kernels": k}
+    assert bl.kernel_fields(cell, 50.0)["ratio_to_floor_excl_torch"] == pytest.approx((100.0 - 3.0) / 50.0)
+    assert bl.kernel_fields({"p50": 1.0, "kernels_error": "RuntimeError: x"}, 1.0) == {
+        "kernels_error": "RuntimeError: x"
+    }
+    assert bl.kernel_fields({"p50": 1.0}, 1.0) == {}
 
 
 def test_bad_input_is_one_line(capsys):
