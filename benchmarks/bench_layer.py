@@ -174,7 +174,9 @@ MODELS = {
     },
     "qwen3-30b": {"tp": 1, "ep": 1, "kv_cache_dtype": "fp8_e4m3", "gate_bytes": 2, "config": _QWEN3_30B},
     "dsv3": {"tp": 8, "ep": 1, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
-    # the EP8 rank's 1/8 share of the TP-split shared expert is left out (n_shared_experts cannot be 1/8)
+    # the EP8 rank keeps DeepSeek's shared expert whole: SGLang's DeepseekV2MoE calls its shared_experts
+    # unconditionally (none -> TypeError), and a 1/8 share cannot be written as n_shared_experts; the floor
+    # counts the whole expert (bf16, 88 MB a layer beside 1.4 GB of local FP8 experts)
     "dsv3-ep8": {"tp": 8, "ep": 8, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
 }
 
@@ -247,8 +249,6 @@ def shard_config(model: str, layers: int) -> dict:
             if cfg[key] % ep:
                 raise ValueError(f"{model}: {key}={cfg[key]} does not split over EP{ep}")
             cfg[key] //= ep
-        if shared in cfg:
-            cfg[shared] = 0
         if "n_group" in cfg:
             cfg.update(n_group=1, topk_group=1)
     cfg.update(

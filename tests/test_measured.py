@@ -61,6 +61,23 @@ def test_handoff_where_sglang_measured_faster_and_ours_elsewhere():
         assert measured.moe_handoff(HY3_TP8, t, points).runner == "triton", t
 
 
+def test_a_bucket_over_several_mixes_decides_by_its_median_ratio():
+    """Three mixes at one batch: ours 2 % faster on the two short ones, 2.3 % slower on the long one,
+    the median per-layer delta says ours (-12.8 us), but the median times' ratio would print 0.98x
+    (4683.6 / 4789.3) beside "ours measured faster". The decision and the printed figure come from the median of the
+    pairs' ratios (1.02, 0.978, 1.008 -> 1.008): ours, shown above 1."""
+    rows = []
+    for mix, triton, ours in (("uniform-2k", 3732.0, 3657.6), ("mixed-1k-32k", 4683.6, 4789.3),
+                              ("agentic", 6359.5, 6308.3)):  # fmt: skip
+        rows += [
+            layer_row("triton", "triton", mix, 64, triton),
+            layer_row("triton", "hpc_advise", mix, 64, ours),
+        ]
+    got = measured.moe_handoff(HY3_TP8, 64, measured.moe_points(rows))
+    assert got.runner == "hpc_advise" and got.bucket.ratio == pytest.approx(6359.5 / 6308.3)
+    assert "ours 1.01x" in got.reason()
+
+
 def test_a_later_run_with_our_runner_handing_off_keeps_the_earlier_pairs():
     """A run measured under the hand-off (SGLang's default and all-ours only, our runner sending bs 32 to
     triton) neither replaces the first run's cells nor pairs its handed-off cells: the hand-off stays

@@ -147,7 +147,7 @@ def test_shard_config_ep_and_mla():
         1,
         2048,
     )
-    assert (ds8["n_group"], ds8["topk_group"], ds8["n_shared_experts"]) == (1, 1, 0)
+    assert (ds8["n_group"], ds8["topk_group"], ds8["n_shared_experts"]) == (1, 1, 1)
     q30 = bl.shard_config("qwen3-30b", 1)
     assert (q30["hidden_size"], q30["num_attention_heads"], q30["num_key_value_heads"]) == (2048, 32, 4)
 
