@@ -262,7 +262,9 @@ def rows_hash(rows: list[dict]) -> str:
 
 def fit_to_json(model: AttentionModel, rows: list[dict]) -> str:
     """The shipped file's text: the fit's fields and the hash of the rows it was fitted on."""
-    fit = {k: v for k, v in dataclasses.asdict(model).items() if k not in ("layer", "moe")}  # attached on load
+    fit = {
+        k: v for k, v in dataclasses.asdict(model).items() if k not in ("layer", "moe")
+    }  # attached on load
     text = json.dumps({"rows": rows_hash(rows), **fit}, indent=1)  # fit order kept
     return text + "\n"
 
@@ -362,12 +364,19 @@ class LayerAttention:
         pairs = self.pairs(a, b)
         if not pairs:
             return None
-        exact = [s for s in pairs if _same_attention_shape(self.subject_shape(s), q_heads, kv_heads, head_dim, kv_dtype, mla)]
+        exact = [
+            s
+            for s in pairs
+            if _same_attention_shape(self.subject_shape(s), q_heads, kv_heads, head_dim, kv_dtype, mla)
+        ]
         near = [s for s in pairs if (self.subject_shape(s).attention == "mla") == mla]
         if not exact and not near:
             return None
         subject = (exact or near)[0]
+        if exact:
+            table = _pooled([pairs[s] for s in exact])
         if not exact:  # nearest by GQA group, then by KV bytes per token of one rank
+
             def dist(s):
                 c = self.subject_shape(s)
                 return (abs(math.log((c.q_heads / c.kv_heads) / max(q_heads / kv_heads, 1e-9))),
@@ -385,10 +394,13 @@ class LayerAttention:
         ref = next(x for x in self.cells if x.subject == subject)
         scale = kv_bytes_per_token / (ref.kv_bytes / ref.layers / ref.batch / max(ref.context_mean, 1.0))
         scale = 1.0 if exact else scale
-        table = pairs[subject]
+        if not exact:
+            table = pairs[subject]
         batches = sorted(table)
         j = int(np.searchsorted(batches, batch))
-        used = {batches[min(j, len(batches) - 1)]} | ({batches[j - 1]} if 0 < j and batches[min(j, len(batches) - 1)] != batch else set())
+        used = {batches[min(j, len(batches) - 1)]} | (
+            {batches[j - 1]} if 0 < j and batches[min(j, len(batches) - 1)] != batch else set()
+        )
         vals, outside = [], False
         for bs in batches:
             pts = sorted(table[bs])
@@ -401,6 +413,18 @@ class LayerAttention:
         if outside:
             notes.append("contexts outside the measured mixes")
         return _interp_log(float(batch), [float(x) for x in batches], vals) * scale, notes
+
+
+def _pooled(tables: list[dict[int, list[tuple[float, float]]]]) -> dict[int, list[tuple[float, float]]]:
+    """One {batch: [(context, delta)]} table from several (subjects or runs of one attention shape): points
+    at the same context (the bench draws the same lengths for every model) are averaged, so the
+    interpolation sees distinct, sorted contexts."""
+    got: dict[int, dict[float, list[float]]] = {}
+    for table in tables:
+        for bs, pts in table.items():
+            for x, d in pts:
+                got.setdefault(bs, {}).setdefault(round(x, 6), []).append(d)
+    return {bs: [(x, float(np.mean(ds))) for x, ds in sorted(v.items())] for bs, v in got.items()}
 
 
 @dataclass
@@ -430,7 +454,9 @@ class LayerMoe:
             if not others:
                 return None
             size = shape.experts * shape.hidden * shape.inter
-            near = min(others, key=lambda s: (abs(math.log(s.experts * s.hidden * s.inter / size)), s.label()))
+            near = min(
+                others, key=lambda s: (abs(math.log(s.experts * s.hidden * s.inter / size)), s.label())
+            )
             buckets = moe_buckets(self.points, near, runner)
             scale = shape.expert_bytes(tokens) / max(near.expert_bytes(tokens), 1.0)
             notes.append(f"MoE measured at {near.label()}, scaled by expert bytes to {shape.label()}")
