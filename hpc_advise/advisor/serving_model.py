@@ -132,10 +132,11 @@ FOUR_BIT = ("nvfp4", "mxfp4", "int4_wo")
 
 
 def model_quants(model) -> tuple[str, str]:
-    """(dense GEMM quant, MoE quant) of a model's shipped checkpoint."""
-    q = F.normalize_quant(model.quantization)
-    scope = "experts" if model.quantization in ("mxfp4",) or "int4" in model.quantization else "linear"
-    return ("bf16" if scope == "experts" else q), q
+    """(dense GEMM quant, MoE quant) of the checkpoint a model profile plans
+    (``candidates.planned_quants``, what the memory check sizes a user's deployment at)."""
+    from hpc_advise.advisor.candidates import planned_quants
+
+    return planned_quants(model)
 
 
 @dataclass
@@ -153,6 +154,27 @@ class Prepared:
     feats: np.ndarray
     x_tpot: np.ndarray
     x_ttft: np.ndarray
+    # requests per replica whose KV fits at the point's own weight precision (``kv_limit``); 0 = not
+    # even one request's
+    kv_limit: float = math.inf
+
+
+def kv_limit(model, gpu, p: ServingPoint) -> float:
+    """Most requests per replica of point ``p`` whose KV fits: ``candidates.kv_limit``, the memory
+    check of a user's deployment, with the weights at the point's own precisions (a measured FP8 or
+    NVFP4 row of a bf16 profile is sized as what it ran) and its fixed lengths (mean context
+    isl + osl / 2, the longest isl + osl)."""
+    from hpc_advise.advisor.candidates import Candidate
+    from hpc_advise.advisor.candidates import kv_limit as limit
+
+    c = Candidate(
+        tp=p.n_gpus,
+        ep=p.moe_ep if model.is_moe else 1,
+        attn_dp=p.attn_dp,
+        moe_runner="auto" if model.is_moe else None,
+        kv_dtype="fp8_e4m3" if p.kv_bytes < 2 else "auto",
+    )
+    return limit(c, model, gpu, p.isl + p.osl / 2.0, p.isl + p.osl, (p.dense_quant, p.moe_quant))
 
 
 def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
@@ -206,7 +228,8 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
             rf["p_n_collectives"] * 10.0,
         ]
     )
-    return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft)
+    limit = kv_limit(model, gpu, p)
+    return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft, limit)
 
 
 def prepare_all(points: list[ServingPoint]) -> tuple[list[Prepared], list[tuple[str, str]]]:

@@ -29,12 +29,15 @@ def test_unknown_names_say_which_name():
 
 
 def test_fp8_reupload_ids_mean_fp8_weights():
-    from hpc_advise.advisor.candidates import _model_bytes
+    from hpc_advise.advisor.candidates import planned_quants, rank_weight_bytes
+    from hpc_advise.advisor.roofline import Deployment
     from hpc_advise.profiles.resolve import resolve_model
 
     bf16 = resolve_model("glm-5")
     fp8 = resolve_model("zai-org/GLM-5-FP8")
     assert bf16.quantization == "bf16" and fp8.quantization == "fp8-block128" and fp8.key == bf16.key
     # sized as FP8: about half the weight bytes of the bf16 checkpoint
-    assert sum(_model_bytes(fp8)[:2]) < 0.55 * sum(_model_bytes(bf16)[:2])
+    assert planned_quants(fp8) == ("fp8_block", "fp8_block") and planned_quants(bf16) == ("bf16", "bf16")
+    sizes = [rank_weight_bytes(m, Deployment(8, 1, 8, *planned_quants(m))) for m in (fp8, bf16)]
+    assert sizes[0] < 0.55 * sizes[1]
     assert resolve_model("hy3").quantization == "fp8-per-tensor"  # a shipped FP8 profile keeps its scheme
