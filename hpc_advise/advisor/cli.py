@@ -379,6 +379,12 @@ def recommend(
     from hpc_advise.advisor.recommend import TraceLoad, reuse_note
 
     extra_note = reuse_note(TraceLoad.from_summary(summary))
+    if not mdl.hf_id and not model_name.endswith(".json"):
+        no_path = (
+            f"{model_name} names no checkpoint of its {mdl.quantization} weights: replace --model-path in the "
+            "launch line (or `hpc-advise launch --model-path`)"
+        )
+        extra_note = f"{extra_note}; {no_path}" if extra_note else no_path
     if extra_note:
         note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
@@ -705,6 +711,11 @@ def launch(
             _fail("no candidate fits; run `hpc-advise recommend --show-excluded`")
         cand = ranked[0].candidate
     mdl = _resolve_model(model_name)
+    if not (model_path or mdl.hf_id or model_name.endswith(".json")):
+        _fail(
+            f"{model_name} plans {mdl.quantization} weights but names no checkpoint: give --model-path "
+            "(its Hugging Face id, org/name, or its folder)"
+        )
     path = model_path or (
         str(Path(model_name).parent) if model_name.endswith(".json") else (mdl.hf_id or model_name)
     )

@@ -41,3 +41,19 @@ def test_fp8_reupload_ids_mean_fp8_weights():
     sizes = [rank_weight_bytes(m, Deployment(8, 1, 8, *planned_quants(m))) for m in (fp8, bf16)]
     assert sizes[0] < 0.55 * sizes[1]
     assert resolve_model("hy3").quantization == "fp8-per-tensor"  # a shipped FP8 profile keeps its scheme
+
+
+def test_a_reuploads_id_is_the_checkpoint_launched():
+    from hpc_advise.profiles.resolve import resolve_model
+
+    assert resolve_model("zai-org/GLM-5-FP8").hf_id == "zai-org/GLM-5-FP8"
+    assert resolve_model("GLM-5-FP8").hf_id == ""  # the format, but no repository: launch asks
+    assert resolve_model("glm-5").hf_id == "zai-org/GLM-5"
+    # an FP8 profile reached through an NVFP4 id plans NVFP4 (what that checkpoint holds)
+    nv = resolve_model("nvidia/DeepSeek-R1-NVFP4")
+    assert (nv.key, nv.quantization, nv.quant_method, nv.hf_id) == (
+        "deepseek-v3", "nvfp4", "modelopt_fp4", "nvidia/DeepSeek-R1-NVFP4"
+    )  # fmt: skip
+    # another release of the same architecture launches as named, at the profile's own FP8
+    r1 = resolve_model("deepseek-ai/DeepSeek-R1")
+    assert (r1.quantization, r1.hf_id) == ("fp8-block128", "deepseek-ai/DeepSeek-R1")
