@@ -606,6 +606,13 @@ def predict(
     except RowError as exc:
         _fail(str(exc))
     flags = list(r.flags) + ([why] if why else []) + ([mem_why] if not ok else [])
+    prep = next(iter(preds.values()))[2]
+    if prep.admitted is not None:
+        wait = float(serving.predict([prep])["admission_ms"][0])
+        flags.append(
+            f"KV admits {prep.admitted.point.concurrency:.0f} of the {conc:.0f} requests at once: TTFT includes "
+            f"{wait:.0f} ms waiting for admission"
+        )
     out = {
         "config": c.label(),
         "gpu": prof_gpu.key,
