@@ -250,8 +250,8 @@ def admission(model, gpu, p: ServingPoint, limit: float) -> float:
     split, which ``kv_limit`` does not describe) or the weights alone do not fit (``limit`` < 1).
     A point whose KV dtype is a guess (``kv_stated`` False: the CSV rows) is given the largest pool
     it could have run with, FP8's: the queue is then a lower bound (at bf16 the DeepSeek-R1 TP8 B200
-    rows at 256 requests would hold 129, and measured an 8.7 s TTFT, not the ~64 s a queue for the
-    other 127 means; at FP8 they hold 258)."""
+    rows of 8192 / 1024 tokens at 256 requests would hold 129 and measured an 8.7 s TTFT, not the
+    ~64 s a queue for the other 127 means; at FP8 they hold 258)."""
     if p.engine != "sglang":
         return p.concurrency
     if not p.kv_stated:
