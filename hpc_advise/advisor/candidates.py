@@ -8,7 +8,8 @@ deep_gemm, hpc_ops, ours) and KV-cache dtype (auto, fp8_e4m3). The page size fol
 ``hpc_advise.rules`` fires (the same table the plugin enforces when SGLang resolves its arguments);
 every excluded candidate keeps its reason.
 
-Memory per GPU (bytes): weights per rank (non-expert weights / attention-TP + routed experts / TP) +
+Memory per GPU (bytes): weights per rank (non-expert weights / attention-TP + routed experts / TP, at
+the precision the profile plans, ``planned_quants``, or the one a measured row ran, ``rank_weight_bytes``) +
 KV of the requests one attention group holds (concurrency x mean context during decode, isl + osl/2,
 plus one request at the trace's p99 context, at SGLang's per-token cell size ``rules.kv_cell_bytes``)
 must fit in the static memory SGLang gives weights + KV
@@ -19,6 +20,7 @@ pool: its default ``mem_fraction_static`` for that command on that GPU
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, replace
 
 from hpc_advise import rules
@@ -118,52 +120,89 @@ def support_reason(c: Candidate, model, gpu) -> str | None:
     return rules.launch_refusal(setup_of(c), model, tuple(gpu.compute_capability))
 
 
-@functools.lru_cache(maxsize=32)
-def _model_bytes(model) -> tuple[float, float]:
-    """(routed-expert weight bytes, other weight bytes) of a model."""
+def planned_quants(model) -> tuple[str, str]:
+    """(dense GEMM, routed-expert) weight formats, as ``roofline.WEIGHT_BYTES`` keys, of the checkpoint
+    a model profile stands for: its ``quantization`` (a ``-FP8`` re-upload's id or a config.json's
+    ``quantization_config`` set it, ``profiles.resolve``); schemes that quantize only the experts
+    (MXFP4, INT4) keep the dense GEMMs in bf16."""
+    from hpc_advise.advisor.roofline import normalize_quant
     from hpc_advise.profiles.model import QUANT_SCHEMES
 
-    q_bytes, scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))
-    experts = float(model.expert_params()) if model.is_moe else 0.0
-    expert_bytes = experts * (q_bytes if scope in ("linear", "experts") else 2.0)
-    return expert_bytes, float(model.weight_bytes()) - expert_bytes
+    q = normalize_quant(model.quantization)
+    scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))[1]
+    return ("bf16" if scope == "experts" else q), q
+
+
+def _param_bytes(model, quant: str) -> float:
+    """Bytes per weight of format ``quant`` (a ``roofline.WEIGHT_BYTES`` key) for ``model``: the
+    checkpoint's own scheme (its scales, e.g. Kimi's INT4 groups of 32) where ``quant`` is the format
+    it ships in, else the format's generic size."""
+    from hpc_advise.advisor.roofline import WEIGHT_BYTES, normalize_quant
+    from hpc_advise.profiles.model import QUANT_SCHEMES
+
+    own = QUANT_SCHEMES.get(model.quantization)
+    if own is not None and own[1] != "none" and normalize_quant(model.quantization) == quant:
+        return own[0]
+    return WEIGHT_BYTES[quant]
 
 
 def rank_weight_bytes(model, dep) -> float:
-    """Weight bytes on one rank of a ``roofline.Deployment`` at its planned precisions: routed
-    experts split over every GPU of the replica (EP x MoE-TP), the rest over attention-TP
-    (replicated across attention-DP groups); embeddings and LM head in bf16."""
-    from hpc_advise.advisor.roofline import WEIGHT_BYTES
+    """Weight bytes on one rank of a ``roofline.Deployment`` at its planned precisions
+    (``dep.dense_quant`` / ``dep.moe_quant``): routed experts split over every GPU of the replica
+    (EP x MoE-TP), the rest over attention-TP (replicated across attention-DP groups); routers in
+    their own dtype, embeddings, LM head and norms in bf16. The one weight sizing of the memory check,
+    the KV limit and the simulator's pool, for a user's deployment and a measured row alike."""
+    from hpc_advise.profiles.model import DTYPE_BYTES
 
     experts = float(model.expert_params()) if model.is_moe else 0.0
+    routers = float(model.num_moe_layers * model._router_params()) if model.is_moe else 0.0
     emb, head = model._embedding_params()
-    other = float(model.total_params()) - experts - emb - head
+    bf16 = float(emb + head + model._norm_params())
+    linear = float(model.total_params()) - experts - routers - bf16
     return (
-        experts * WEIGHT_BYTES[dep.moe_quant] / dep.n_gpus
-        + other * WEIGHT_BYTES[dep.dense_quant] / dep.attn_tp
-        + (emb + head) * 2.0 / dep.attn_tp
+        experts * _param_bytes(model, dep.moe_quant) / dep.n_gpus
+        + (
+            linear * _param_bytes(model, dep.dense_quant)
+            + routers * DTYPE_BYTES.get(model.router_dtype, 2)
+            + bf16 * 2.0
+        )
+        / dep.attn_tp
     )
 
 
 @functools.lru_cache(maxsize=256)
 def _static_fraction(tp: int, attn_dp: int, memory_gib: float, mla: bool, vision) -> float:
-    return rules.static_memory_fraction(rules.Setup(tp=tp, attn_dp=attn_dp), memory_gib, mla=mla, vision=vision)
+    return rules.static_memory_fraction(
+        rules.Setup(tp=tp, attn_dp=attn_dp), memory_gib, mla=mla, vision=vision
+    )
 
 
 def memory_check(
-    c: Candidate, model, gpu, concurrency: float, ctx_mean: float, ctx_p99: float
+    c: Candidate,
+    model,
+    gpu,
+    concurrency: float,
+    ctx_mean: float,
+    ctx_p99: float,
+    quants: tuple[str, str] | None = None,
 ) -> tuple[bool, str, dict]:
-    """Fit of ``c`` at ``concurrency`` requests per replica (see module docstring)."""
+    """Fit of ``c`` at ``concurrency`` requests per replica (see module docstring), its weights at
+    ``quants`` (dense, experts; default: the checkpoint the profile plans, ``planned_quants``)."""
+    from hpc_advise.advisor.roofline import Deployment
+
     gib = 2.0**30
     attn_tp = c.tp // c.attn_dp
-    expert_bytes, other = _model_bytes(model)
-    weights = other / attn_tp + expert_bytes / c.tp
+    dense_q, moe_q = quants or planned_quants(model)
     kv_elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
+    ep = c.ep if model.is_moe else 1
+    weights = rank_weight_bytes(model, Deployment(c.tp, c.attn_dp, ep, dense_q, moe_q, kv_elem))
     per_tok = rules.kv_cell_bytes(model, attn_tp, kv_elem, int(gpu.compute_capability[0]))
     per_group = concurrency / c.attn_dp
     kv = per_tok * (max(per_group - 1, 0) * ctx_mean + ctx_p99)
     usable = gpu.memory_gib * gib
-    fraction = _static_fraction(c.tp, c.attn_dp, gpu.memory_gib, model.attention == "mla", rules.vision_tower(model))
+    fraction = _static_fraction(
+        c.tp, c.attn_dp, gpu.memory_gib, model.attention == "mla", rules.vision_tower(model)
+    )
     reserve = usable * (1.0 - fraction)
     headroom = usable - weights - kv - reserve
     mem = {
@@ -188,6 +227,20 @@ def memory_check(
             mem,
         )
     return True, "", mem
+
+
+def kv_limit(
+    c: Candidate, model, gpu, ctx_mean: float, ctx_p99: float, quants: tuple[str, str] | None = None
+) -> float:
+    """Most requests per replica whose KV fits (``memory_check``, linear in the concurrency: whole
+    requests per attention group, one of them at ``ctx_p99``); 0 when the weights alone do not fit."""
+    one = float(c.attn_dp)
+    _, _, m1 = memory_check(c, model, gpu, one, ctx_mean, ctx_p99, quants)
+    if m1["weights_gib"] + m1["reserve_gib"] > m1["usable_gib"]:
+        return 0.0
+    _, _, m2 = memory_check(c, model, gpu, 2.0 * one, ctx_mean, ctx_p99, quants)
+    per_request = max(m2["kv_gib"] - m1["kv_gib"], 1e-12)  # one more request per group
+    return max(one * (1.0 + math.floor(max(m1["headroom_gib"], -per_request) / per_request)), 0.0)
 
 
 def enumerate_candidates(model, n_gpus: int) -> list[Candidate]:

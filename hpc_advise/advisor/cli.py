@@ -379,6 +379,12 @@ def recommend(
     from hpc_advise.advisor.recommend import TraceLoad, reuse_note
 
     extra_note = reuse_note(TraceLoad.from_summary(summary))
+    if not mdl.hf_id and not model_name.endswith(".json"):
+        no_path = (
+            f"{model_name} names no checkpoint of its {mdl.quantization} weights: replace --model-path in the "
+            "launch line (or `hpc-advise launch --model-path`)"
+        )
+        extra_note = f"{extra_note}; {no_path}" if extra_note else no_path
     if extra_note:
         note = f"{note}; {extra_note}" if note else extra_note
     if note and not as_json:
@@ -600,6 +606,13 @@ def predict(
     except RowError as exc:
         _fail(str(exc))
     flags = list(r.flags) + ([why] if why else []) + ([mem_why] if not ok else [])
+    prep = next(iter(preds.values()))[2]
+    if prep.admitted is not None:
+        wait = float(serving.predict([prep])["admission_ms"][0])
+        flags.append(
+            f"KV admits {prep.admitted.point.concurrency:.0f} of the {conc:.0f} requests at once: TTFT includes "
+            f"{wait:.0f} ms waiting for admission"
+        )
     out = {
         "config": c.label(),
         "gpu": prof_gpu.key,
@@ -705,6 +718,11 @@ def launch(
             _fail("no candidate fits; run `hpc-advise recommend --show-excluded`")
         cand = ranked[0].candidate
     mdl = _resolve_model(model_name)
+    if not (model_path or mdl.hf_id or model_name.endswith(".json")):
+        _fail(
+            f"{model_name} plans {mdl.quantization} weights but names no checkpoint: give --model-path "
+            "(its Hugging Face id, org/name, or its folder)"
+        )
     path = model_path or (
         str(Path(model_name).parent) if model_name.endswith(".json") else (mdl.hf_id or model_name)
     )

@@ -75,7 +75,7 @@ import numpy as np
 from hpc_advise.advisor import calibration
 from hpc_advise.advisor import capacity as cap
 from hpc_advise.advisor import roofline as F
-from hpc_advise.advisor.candidates import Candidate, Checked, check_all, memory_check
+from hpc_advise.advisor.candidates import Candidate, Checked, check_all, kv_limit, memory_check
 from hpc_advise.advisor.capacity import Capacity, failed_condition
 from hpc_advise.advisor.kernel_models import AttentionModel, attention_terms
 from hpc_advise.advisor.prefix_cache import PrefixReuse
@@ -339,16 +339,7 @@ class Ranker:
         concurrency); 0 when the weights alone do not fit. Cached per candidate."""
         got = self._kv_limit.get(c)
         if got is None:
-            w, one = self.w, float(c.attn_dp)
-            ok, _, m1 = memory_check(c, self.model, self.gpu, one, w.ctx_mean, w.ctx_p99)
-            if "headroom_gib" not in m1 or m1["weights_gib"] + m1["reserve_gib"] > m1["usable_gib"]:
-                got = 0.0
-            else:
-                _, _, m2 = memory_check(c, self.model, self.gpu, 2.0 * one, w.ctx_mean, w.ctx_p99)
-                per_request = max(m2["kv_gib"] - m1["kv_gib"], 1e-12)  # one more request per group
-                got = one * (1.0 + math.floor(max(m1["headroom_gib"], -per_request) / per_request))
-                got = max(got, 0.0)
-            self._kv_limit[c] = got
+            got = self._kv_limit[c] = kv_limit(c, self.model, self.gpu, self.w.ctx_mean, self.w.ctx_p99)
         return got
 
     def concurrency(self, cands: list[Candidate], fixed: float | None, load: dict | None = None) -> dict:

@@ -75,6 +75,8 @@ class ServingPoint:
     moe_ep: int
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    # False where ``kv_bytes`` is a guess (the CSV format has no KV-dtype column: ``default_kv_bytes``)
+    kv_stated: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -222,6 +224,7 @@ def point_from_csv_row(d: dict[str, str], where: str) -> ServingPoint:
         dense_quant=dense_q,
         moe_quant=moe_q,
         kv_bytes=default_kv_bytes(engine, moe_q),
+        kv_stated=False,
         isl=float(isl),
         osl=float(osl),
         concurrency=float(concurrency),

@@ -26,6 +26,12 @@ decoded 97.6 % of the time (median; 5 % of them under 89 %), and fitting with ea
 fraction, or with the predicted one, scored worse in ``evaluate`` (held-out model TPOT median / p90
 16.2 / 40.6 % and 15.7 / 40.2 % against 15.8 / 39.6 % for this and 15.9 / 39.9 % for version 3).
 
+A closed loop over the KV pool waits for admission: where SGLang's pool holds fewer requests than
+the loop sends (``admission``, at the point's own weight precision, ``kv_limit``), the point is
+predicted at the requests held and its TTFT adds their steady-state wait (``admission_wait_ms``).
+The fit keeps such rows as they are (fitting them at the requests held measured no better in
+``evaluate``; docs/advisor.md, "Limits: KV-admission queueing").
+
 TTFT is a latency: its calibration absorbs everything between a request's arrival and its first
 token in the measured runs (scheduling, waiting behind other prefills of the closed-loop benchmark,
 tokenization), so SGLang's TTFT prefill coefficient is ~10x the prefill roofline. It is not the GPU
@@ -132,10 +138,11 @@ FOUR_BIT = ("nvfp4", "mxfp4", "int4_wo")
 
 
 def model_quants(model) -> tuple[str, str]:
-    """(dense GEMM quant, MoE quant) of a model's shipped checkpoint."""
-    q = F.normalize_quant(model.quantization)
-    scope = "experts" if model.quantization in ("mxfp4",) or "int4" in model.quantization else "linear"
-    return ("bf16" if scope == "experts" else q), q
+    """(dense GEMM quant, MoE quant) of the checkpoint a model profile plans
+    (``candidates.planned_quants``, what the memory check sizes a user's deployment at)."""
+    from hpc_advise.advisor.candidates import planned_quants
+
+    return planned_quants(model)
 
 
 @dataclass
@@ -153,6 +160,30 @@ class Prepared:
     feats: np.ndarray
     x_tpot: np.ndarray
     x_ttft: np.ndarray
+    # requests per replica whose KV fits at the point's own weight precision (``kv_limit``); 0 = not
+    # even one request's
+    kv_limit: float = math.inf
+    # the same point at the requests the server admits, when fewer than it is sent (``admission``):
+    # the others wait for KV (``ServingModel.predict``); None when all are admitted
+    admitted: Prepared | None = None
+
+
+def kv_limit(model, gpu, p: ServingPoint) -> float:
+    """Most requests per replica of point ``p`` whose KV fits: ``candidates.kv_limit``, the memory
+    check of a user's deployment, with the weights at the point's own precisions (a measured FP8 or
+    NVFP4 row of a bf16 profile is sized as what it ran) and its fixed lengths (mean context
+    isl + osl / 2, the longest isl + osl)."""
+    from hpc_advise.advisor.candidates import Candidate
+    from hpc_advise.advisor.candidates import kv_limit as limit
+
+    c = Candidate(
+        tp=p.n_gpus,
+        ep=p.moe_ep if model.is_moe else 1,
+        attn_dp=p.attn_dp,
+        moe_runner="auto" if model.is_moe else None,
+        kv_dtype="fp8_e4m3" if p.kv_bytes < 2 else "auto",
+    )
+    return limit(c, model, gpu, p.isl + p.osl / 2.0, p.isl + p.osl, (p.dense_quant, p.moe_quant))
 
 
 def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
@@ -206,7 +237,34 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
             rf["p_n_collectives"] * 10.0,
         ]
     )
-    return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft)
+    limit = kv_limit(model, gpu, p)
+    slots = admission(model, gpu, p, limit)
+    admitted = prepare(replace(p, concurrency=slots), prefix_reuse, gpu) if slots < p.concurrency else None
+    return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft, limit, admitted)
+
+
+def admission(model, gpu, p: ServingPoint, limit: float) -> float:
+    """Requests of ``p``'s closed loop the server holds at once: SGLang admits a request only when its
+    KV fits the pool, so at most ``limit`` (``kv_limit``) of the ``p.concurrency`` clients' requests;
+    ``p.concurrency`` where all fit, or where the pool is not SGLang's (another engine's memory
+    split, which ``kv_limit`` does not describe) or the weights alone do not fit (``limit`` < 1).
+    A point whose KV dtype is a guess (``kv_stated`` False: the CSV rows) is given the largest pool
+    it could have run with, FP8's: the queue is then a lower bound (at bf16 the DeepSeek-R1 TP8 B200
+    rows of 8192 / 1024 tokens at 256 requests would hold 129 and measured an 8.7 s TTFT, not the
+    ~64 s a queue for the other 127 means; at FP8 they hold 258)."""
+    if p.engine != "sglang":
+        return p.concurrency
+    if not p.kv_stated:
+        limit = kv_limit(model, gpu, replace(p, kv_bytes=1.0))
+    return limit if 1.0 <= limit < p.concurrency else p.concurrency
+
+
+def admission_wait_ms(clients: float, slots: float, ttft_ms, tpot_ms, osl: float):
+    """Mean wait for admission of a closed loop of ``clients`` over ``slots`` (< clients) KV slots in
+    steady state: each admitted request holds its slot ``S = TTFT + osl * TPOT`` (at ``slots`` in
+    flight), so requests complete at ``slots / S`` and, by Little's law over the whole loop
+    (``clients = slots / S * (wait + S)``), each waits ``(clients / slots - 1) * S``."""
+    return (clients / slots - 1.0) * (ttft_ms + osl * tpot_ms)
 
 
 def prepare_all(points: list[ServingPoint]) -> tuple[list[Prepared], list[tuple[str, str]]]:
@@ -402,8 +460,33 @@ class ServingModel:
         return _base_of(X, np.array([pr.point.engine for pr in preps]), self.theta[which])
 
     def predict(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
-        """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms'} arrays for the points. TTFT first:
-        TPOT's prefill terms are scaled by the decoding fraction its TTFT implies (``decode_fraction``)."""
+        """{'tpot_ms', 'ttft_ms', 'tpot_base_ms', 'ttft_base_ms', 'admission_ms'} arrays for the
+        points. A point whose server admits fewer requests than are sent (``Prepared.admitted``) is
+        predicted at the admitted ones, its TTFT plus their wait for KV (``admission_wait_ms``,
+        ``admission_ms``)."""
+        res = self._predict_held(preps)
+        res["admission_ms"] = np.zeros(len(preps))
+        queued = [i for i, pr in enumerate(preps) if pr.admitted is not None]
+        if not queued:
+            return res
+        held = self._predict_held([preps[i].admitted for i in queued])
+        for j, i in enumerate(queued):
+            p = preps[i].point
+            wait = admission_wait_ms(
+                p.concurrency,
+                preps[i].admitted.point.concurrency,
+                held["ttft_ms"][j],
+                held["tpot_ms"][j],
+                p.osl,
+            )
+            for k in ("tpot_ms", "tpot_base_ms", "ttft_ms", "ttft_base_ms"):
+                res[k][i] = held[k][j] + (wait if k.startswith("ttft") else 0.0)
+            res["admission_ms"][i] = wait
+        return res
+
+    def _predict_held(self, preps: list[Prepared]) -> dict[str, np.ndarray]:
+        """``predict`` of the requests in flight, as if all were admitted. TTFT first: TPOT's prefill
+        terms are scaled by the decoding fraction its TTFT implies (``decode_fraction``)."""
         res = {}
         for which in ("ttft", "tpot"):
             if which == "tpot":

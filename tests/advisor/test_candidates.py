@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hpc_advise.advisor.candidates import (
     Candidate,
     check_all,
@@ -59,6 +61,23 @@ def test_memory_fit_weights_and_kv_reasons():
         Candidate(8, moe_runner="auto", kv_dtype="fp8_e4m3"), hy3, h200, 512, 100_000, 128_000
     )
     assert abs(mem_fp8["kv_gib"] * 2 - mem_bf16["kv_gib"]) < 1e-6 * mem_bf16["kv_gib"]
+
+
+def test_fp8_reupload_is_sized_at_fp8_by_the_memory_check():
+    from hpc_advise.profiles.resolve import resolve_model
+
+    h200 = get_gpu("h200")
+    c = Candidate(8, ep=8, moe_runner="auto")
+    # GLM-5 (744B) in bf16 does not fit 8 x H200; its -FP8 re-upload does, at half the weight bytes
+    ok_bf16, why, bf16 = memory_check(c, resolve_model("zai-org/GLM-5"), h200, 8, 2000, 4000)
+    ok_fp8, _, fp8 = memory_check(c, resolve_model("zai-org/GLM-5-FP8"), h200, 8, 2000, 4000)
+    assert not ok_bf16 and "weights" in why and ok_fp8
+    assert fp8["weights_gib"] == pytest.approx(bf16["weights_gib"] / 2, rel=0.01)
+    # a row's own precision given explicitly sizes the bf16 profile the same way
+    _, _, given = memory_check(
+        c, resolve_model("zai-org/GLM-5"), h200, 8, 2000, 4000, ("fp8_block", "fp8_block")
+    )
+    assert given["weights_gib"] == pytest.approx(fp8["weights_gib"], rel=1e-12)
 
 
 def test_check_all_keeps_reasons_for_excluded():

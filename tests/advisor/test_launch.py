@@ -225,3 +225,42 @@ def test_dry_run_from_a_trace_recommends_then_prints(tmp_path, advisor_home):  #
     assert res.exit_code == 0, res.output
     line = res.output.strip().splitlines()[-1]
     assert "-m sglang.launch_server --model-path Qwen/Qwen3-32B" in line and "--nnodes 2" in line
+
+
+def test_the_launched_checkpoint_is_the_one_whose_weights_were_planned(tmp_path, advisor_home):  # noqa: F811
+    import json
+    from pathlib import Path
+
+    from hpc_advise.advisor.candidates import planned_quants
+
+    trace = Path(__file__).resolve().parents[2] / "examples" / "traces" / "chat_uniform.csv"
+
+    def dry_run(model, *extra):
+        args = ["--trace", str(trace), "--model", model, "--gpu", "h200", "--gpus", "8"]
+        args += ["--db", str(tmp_path / "kb.db"), "--dry-run", "--no-validate", *extra]
+        return CliRunner().invoke(launch, args)
+
+    # a re-upload's id: planned FP8 (sized half of GLM-5's bf16), and that checkpoint is launched
+    res = dry_run("zai-org/GLM-5-FP8")
+    assert res.exit_code == 0, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "--model-path zai-org/GLM-5-FP8 " in line and "--quantization" not in line
+    # a bare name names the format but no checkpoint: one line asking for --model-path
+    res = dry_run("GLM-5-FP8")
+    assert res.exit_code != 0 and "give --model-path" in res.output and "Traceback" not in res.output
+    res = dry_run("GLM-5-FP8", "--model-path", "/models/glm5-fp8")
+    assert res.exit_code == 0 and "--model-path /models/glm5-fp8 " in res.output.strip().splitlines()[-1]
+    # a config.json with an FP8 quantization_config: FP8 weights, its folder launched
+    ckpt = tmp_path / "qwen3-32b-fp8"
+    ckpt.mkdir()
+    cfg = json.loads(
+        (Path(__file__).resolve().parents[2] / "hpc_advise/profiles/models/qwen3-32b.json").read_text()
+    )
+    cfg = dict(cfg["config"], quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    from hpc_advise.profiles.resolve import resolve_model
+
+    assert planned_quants(resolve_model(str(ckpt / "config.json"))) == ("fp8_block", "fp8_block")
+    res = dry_run(str(ckpt / "config.json"))
+    assert res.exit_code == 0, res.output
+    assert f"--model-path {ckpt.resolve()} " in res.output.strip().splitlines()[-1]

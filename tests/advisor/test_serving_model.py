@@ -172,6 +172,60 @@ def test_four_bit_label_on_expert_only_checkpoint_keeps_dense_gemms_bf16():
         assert (dep.dense_quant, dep.moe_quant) == (dense, F.normalize_quant(quant)), model
 
 
+def test_rows_are_sized_at_their_own_precision_by_the_memory_check():
+    # Llama-3.1-70B (a bf16 profile) on 2 x H100, 1024 / 1024 tokens: 70,553,706,496 parameters, of
+    # which embedding + LM head (2 x 128256 x 8192) and norms (161 x 8192) = 2,102,665,216 stay bf16
+    weights = {"fp8": (68_451_041_280 * 1 + 2_102_665_216 * 2) / 2, "bf16": 70_553_706_496 * 2 / 2}
+    assert weights["fp8"] == 36_328_185_856
+    static = 80 * 2**30 * 0.829  # SGLang's mem_fraction_static at TP2 on 80 GiB
+    cell = 80 * 8 // 2 * 128 * 2 * 2  # 80 layers, 4 of 8 KV heads per rank, K and V of 128, bf16
+    for quant, expected in (("fp8", 138), ("bf16", 2)):
+        free = static - weights[quant] - cell * 2048  # one request at its full 2048 tokens
+        assert 1 + math.floor(free / (cell * 1536)) == expected  # the rest at the mean 1536
+        row = _row(model_path="meta-llama/Llama-3.1-70B", system="h100_sxm", gemm_quant_mode=quant,
+                   moe_quant_mode=quant, precision=quant)  # fmt: skip
+        pr = pm.prepare(sd.point_from_csv_row(row, "f:1"))
+        assert pr.kv_limit == expected, quant
+    # the planner's memory check gives the same for the same deployment
+    from hpc_advise.advisor.candidates import Candidate, kv_limit
+
+    llama = get_model("llama-3.1-70b")
+    assert kv_limit(Candidate(2), llama, get_gpu("h100"), 1536, 2048, ("fp8", "fp8")) == 138
+    assert kv_limit(Candidate(2), llama, get_gpu("h100"), 1536, 2048) == 2  # the profile plans bf16
+
+
+def test_admission_wait_of_a_closed_loop_by_hand():
+    # 16 clients on 4 KV slots: each admitted request holds its slot 100 + 1024 x 10 = 10,340 ms,
+    # 4 complete per 10,340 ms, so a request waits (16 / 4 - 1) x 10,340 ms for one
+    assert pm.admission_wait_ms(16, 4, 100.0, 10.0, 1024) == 3 * 10_340 == 31_020
+
+
+def test_requests_over_the_kv_pool_wait_for_admission(serving_model):  # noqa: F811
+    # Llama-3.1-70B bf16 on 2 x H100, 16 clients of 1024 / 1024: the weights leave 657,276,600 B of
+    # SGLang's static memory; at an FP8 KV cell (81,920 B) one request at 2048 tokens and
+    # floor(489,504,440 / (1536 x 81,920)) = 3 more at the mean context fit: 4 slots
+    row = _row(model_path="meta-llama/Llama-3.1-70B", system="h100_sxm", gemm_quant_mode="bf16",
+               moe_quant_mode="bf16", precision="bf16")  # fmt: skip
+    p = sd.point_from_csv_row(row, "f:1")
+    assert not p.kv_stated  # the CSV does not say its KV dtype: the largest pool it could have had
+    pr = pm.prepare(p)
+    assert pr.kv_limit == 2 and pr.admitted is not None and pr.admitted.point.concurrency == 4
+    held = serving_model._predict_held([pr.admitted])
+    got = serving_model.predict([pr])
+    wait = (16 / 4 - 1) * (held["ttft_ms"][0] + 1024 * held["tpot_ms"][0])
+    assert got["admission_ms"][0] == pytest.approx(wait, rel=1e-12)
+    assert got["ttft_ms"][0] == pytest.approx(held["ttft_ms"][0] + wait, rel=1e-12)
+    assert got["tpot_ms"][0] == held["tpot_ms"][0]  # the server decodes the 4 it holds
+    # a stated bf16 KV (a user's deployment, a knowledge-base run) holds 2
+    from dataclasses import replace
+
+    assert pm.prepare(replace(p, kv_stated=True)).admitted.point.concurrency == 2
+    # other engines' pools are not SGLang's: no admission modelled; within the pool: none needed
+    assert pm.prepare(replace(p, engine="vllm")).admitted is None
+    small = pm.prepare(replace(p, concurrency=4.0))
+    assert small.admitted is None and serving_model.predict([small])["admission_ms"][0] == 0.0
+
+
 def test_quantized_reuploads_resolve_to_base_architecture():
     assert pm.resolve_model("Qwen/Qwen3-235B-A22B-FP8").key == "qwen3-235b-a22b"
     assert pm.resolve_model("nvidia/DeepSeek-R1-NVFP4").key == "deepseek-v3"
