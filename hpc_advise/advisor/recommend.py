@@ -108,6 +108,7 @@ class TraceLoad:
     ctx_p99: float
     default_concurrency: int
     prefix_window: object = None  # ``traces.stats.PrefixWindow`` replayed per pool (``prefix_cache``)
+    requests: object = None  # ``simulated.TraceRequests``: what the simulated stage replays (None: not kept)
     prefix_block_size: int | None = None
     reuse_note: str | None = None  # where the reuse comes from, when it is not the hash blocks
 
@@ -135,6 +136,7 @@ class TraceLoad:
             prefix_window=getattr(s, "prefix_window", None) if s.prefix_reuse else None,
             prefix_block_size=s.prefix_block_size,
             reuse_note=note,
+            requests=getattr(s, "requests", None),
         )
 
 
@@ -160,6 +162,8 @@ class Ranked:
     calibration: str | None = None  # "calibrated on N runs: ..." when its deployment was measured
     breaks: str | None = None  # what fails, when no candidate meets the SLOs (``what_breaks``)
     prefix_reuse: float = 0.0  # share of prompt tokens its prefix caches serve (``Ranker.reuse``)
+    simulated: dict | None = None  # the replay's figures (``simulated``); None: analytic screen only
+    sim_failure: str | None = None  # the condition its simulated busiest window fails at load 1
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -196,6 +200,9 @@ class Ranked:
             out["calibration"] = self.calibration
         if self.breaks:  # only when nothing meets the SLOs
             out["breaks"] = self.breaks
+        out["source"] = "simulation" if self.simulated else "analytic screen"
+        if self.simulated:
+            out["simulated"] = self.simulated
         return out
 
 
@@ -245,6 +252,7 @@ class Ranker:
         self._reuse: dict = {}
         self.prefix = PrefixReuse(w.prefix_window, w.prefix_block_size, w.prefix_reuse)
         self.saturated: dict = {}  # KV-saturated candidates of the last ``concurrency`` call
+        self._plans: dict = {}
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
         self._prompts = w.pairs[pick, 0]
 
@@ -265,6 +273,20 @@ class Ranker:
             attn_dp=c.attn_dp,
             moe_ep=c.ep,
         )
+
+    def sim_plan(self, fixed: float | None):
+        """What the simulated stage replays (``simulated.plan``), or None when the trace's requests
+        were not kept; built once per kind (open loop over windows, or a closed loop)."""
+        if self.w.requests is None:
+            return None
+        from hpc_advise.advisor import simulated
+
+        closed = fixed is not None or not self.w.rate_rps
+        key = (closed, fixed)
+        if key not in self._plans:
+            total = fixed if fixed is not None else float(self.w.default_concurrency)
+            self._plans[key] = simulated.plan(self.w.requests, closed, total)
+        return self._plans[key]
 
     def correction(self, c: Candidate):
         """The measured-runs correction of ``c``'s deployment (``calibration``), or None."""
@@ -661,9 +683,25 @@ def kv_saturation_note(c: Candidate, rate: float, conc: float, served_rps: float
 def what_breaks(r: Ranked, w: TraceLoad, slo_tpot: float | None, slo_ttft: float | None) -> str:
     """What keeps ``r`` from meeting the SLOs at the trace's load, and where it would meet them (its
     capacity: the largest multiple of the load that passes)."""
-    why = failed_condition(r, slo_tpot, slo_ttft)
+    why = r.sim_failure if r.simulated else failed_condition(r, slo_tpot, slo_ttft)
     c = r.candidate
-    if why == cap.MEMORY and r.kv_saturated_rps is not None:
+    sim = r.simulated
+    if sim and why == "queue growth":
+        b = sim["busiest"]
+        what = (
+            f"{b['backlog_at_end']} of {b['requests']} requests of the busiest window still wait for their "
+            f"prefill at its end (simulated: the queue grows)"
+        )
+    elif sim and why == cap.MEMORY:
+        what = f"{sim['busiest']['rejected']} requests do not fit the KV pool ({sim['pool_tokens']:,} tokens)"
+    elif sim and why == cap.TTFT_SLO:
+        b = sim["busiest"]
+        what = (
+            f"TTFT p99 {_ms(r.ttft_p99)} > {slo_ttft:g} ms (simulated busiest window: queue p99 "
+            f"{_ms(b['queue_ms']['p99'] if b['queue_ms']['p99'] is not None else math.inf)}, KV use "
+            f"{100 * b['kv_used_mean']:.0f} % mean)"
+        )
+    elif why == cap.MEMORY and r.kv_saturated_rps is not None:
         what = (
             f"KV cache full: {r.concurrency:.0f} requests per replica complete {r.kv_saturated_rps:.2f} req/s"
         )
@@ -734,7 +772,7 @@ def more_gpus(ranker: Ranker, n_gpus: int, slo_tpot, slo_ttft, concurrency) -> M
         if g <= n_gpus:
             continue
         out.tried.append(g)
-        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency)
+        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency, n_simulated=1)
         if ranked and ranked[0].meets_slo:
             out.gpus, out.best = g, ranked[0]
             break
@@ -941,8 +979,12 @@ def rank_candidates(
     slo_tpot: float | None = None,
     slo_ttft: float | None = None,
     concurrency: float | None = None,
+    n_simulated: int | None = None,
 ) -> tuple[list[Ranked], list[Checked]]:
-    """All feasible candidates ranked, and the excluded ones with their reasons."""
+    """All feasible candidates ranked, and the excluded ones with their reasons: screened
+    analytically, then the first ``n_simulated`` (default ``simulated.N_SIMULATED``) simulated
+    (``simulated``) when the trace's requests were kept, and ranked again by the same key, ahead of
+    the rows the screen alone predicts."""
     from hpc_advise.advisor.candidates import enumerate_candidates
 
     w = ranker.w
@@ -988,6 +1030,15 @@ def rank_candidates(
 
     ranked.sort(key=key)
     ranked = _drop_twins(ranked)
+    the_plan = ranker.sim_plan(concurrency)
+    if the_plan is not None:
+        from hpc_advise.advisor import simulated
+
+        n_sim = simulated.N_SIMULATED if n_simulated is None else n_simulated
+        chosen = simulated.survivors(ranked, n_sim)
+        simulated.simulate_ranked(ranker, chosen, the_plan, slo_tpot, slo_ttft, concurrency)
+        best_tok = max((r.max_tok_s_per_gpu for r in chosen if r.meets_slo), default=0.0)
+        ranked = sorted(chosen, key=key) + [r for r in ranked if all(r is not x for x in chosen)]
     for r in ranked[:5]:
         r.reasons = reasons_for(r, ranker, ranked)
     if slo_given and not ranked[0].meets_slo:

@@ -2,9 +2,10 @@
 
 ``capacity_search(evaluate)`` knows nothing of candidates or ranking: ``evaluate(load) -> bool``
 says whether the deployment passes at ``load`` times the trace's rate (or concurrency). It assumes
-passing is monotone in the load (latency grows with it), brackets the transition by doubling or
-halving from ``start``, then bisects on log(load) until the last pass and the first fail are within
-a ratio of ``1 + rel_tol``.
+passing is monotone in the load (latency grows with it), brackets the transition by doubling from
+``start`` when it passes there, or by ``lo`` when it fails there (a deployment failing at ``lo`` too
+costs two evaluations, not a halving down to it), then bisects on log(load) until the last pass and
+the first fail are within a ratio of ``1 + rel_tol``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def capacity_search(
         if bad is None:
             return CapacityResult(good, None, tuple(seen))
     else:
+        if x > lo and not ev(lo):  # failing at the lowest load ends the search at once
+            return CapacityResult(0.0, lo, tuple(seen))
         good, bad = None, x
+        if x > lo:
+            good = lo
         while good is None and bad > lo:
             y = max(bad / 2, lo)
             if ev(y):

@@ -137,9 +137,10 @@ class Window:
     n_requests: int  # measured requests
     tokens_per_s: float  # prompt + output tokens arriving per second in the window
 
-    def describe(self) -> str:
+    def describe(self, origin_s: float = 0.0) -> str:
+        """One line for the report; times in seconds after ``origin_s`` (the trace's first arrival)."""
         return (
-            f"{self.kind} window {self.start_s:.0f}-{self.end_s:.0f} s of the trace "
+            f"{self.kind} window {self.start_s - origin_s:.0f}-{self.end_s - origin_s:.0f} s of the trace "
             f"({self.n_requests} requests, {self.tokens_per_s:,.0f} tok/s arriving; "
             f"{self.warmup_s:.0f} s warm-up before it)"
         )
