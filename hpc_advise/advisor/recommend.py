@@ -689,8 +689,8 @@ def what_breaks(r: Ranked, w: TraceLoad, slo_tpot: float | None, slo_ttft: float
     if sim and why == "queue growth":
         b = sim["busiest"]
         what = (
-            f"{b['backlog_at_end']} of {b['requests']} requests of the busiest window still wait for their "
-            f"prefill at its end (simulated: the queue grows)"
+            f"queue grows: {b['backlog_at_end']} of {b['requests']} requests of the busiest window still "
+            f"wait for their prefill at its end (simulated)"
         )
     elif sim and why == cap.MEMORY:
         what = f"{sim['busiest']['rejected']} requests do not fit the KV pool ({sim['pool_tokens']:,} tokens)"
@@ -772,7 +772,7 @@ def more_gpus(ranker: Ranker, n_gpus: int, slo_tpot, slo_ttft, concurrency) -> M
         if g <= n_gpus:
             continue
         out.tried.append(g)
-        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency, n_simulated=1)
+        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency, n_simulated=1, sim_capacity=False)
         if ranked and ranked[0].meets_slo:
             out.gpus, out.best = g, ranked[0]
             break
@@ -780,9 +780,11 @@ def more_gpus(ranker: Ranker, n_gpus: int, slo_tpot, slo_ttft, concurrency) -> M
 
 
 def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
-    """A few plain-language reasons for a top pick."""
+    """A few plain-language reasons for a top pick; comparisons are with rows predicted the same way
+    (simulated ones with simulated ones: the screen's figures are another model's)."""
     c = r.candidate
     out = []
+    ranked = [x for x in ranked if bool(x.simulated) == bool(r.simulated)]
     unlimited = ranker.w.prefix_reuse
     if ranker.prefix.replayed and round(100 * r.prefix_reuse) != round(100 * unlimited):
         pools = f"{c.replicas}x TP{c.tp}" if c.replicas > 1 else f"TP{c.tp}"
@@ -980,11 +982,12 @@ def rank_candidates(
     slo_ttft: float | None = None,
     concurrency: float | None = None,
     n_simulated: int | None = None,
+    sim_capacity: bool = True,
 ) -> tuple[list[Ranked], list[Checked]]:
     """All feasible candidates ranked, and the excluded ones with their reasons: screened
     analytically, then the first ``n_simulated`` (default ``simulated.N_SIMULATED``) simulated
     (``simulated``) when the trace's requests were kept, and ranked again by the same key, ahead of
-    the rows the screen alone predicts."""
+    the rows the screen alone predicts; without ``sim_capacity`` they keep the screen's capacity."""
     from hpc_advise.advisor.candidates import enumerate_candidates
 
     w = ranker.w
@@ -1016,6 +1019,9 @@ def rank_candidates(
     def key(r: Ranked):
         unmeasured = sum(f.startswith((UNMEASURED_ATTENTION, UNMEASURED_MOE)) for f in r.flags)
         if not r.meets_slo:  # none of these meets the SLOs: the closest first
+            if r.simulated and r.sim_failure in ("queue growth", cap.MEMORY):  # simulated: it does not keep up
+                x = r.capacity.x if r.capacity else 0.0
+                return (True, math.inf, -x, unmeasured, r.tpot_p50)
             if r.kv_saturated_rps is not None:  # after those that keep up: the most served per GPU
                 return (True, math.inf, -r.kv_saturated_rps / r.candidate.n_gpus, unmeasured, r.tpot_p50)
             return (True, round(overshoot(r), 6), 0.0, unmeasured, r.tpot_p50, r.ttft_p99)
@@ -1035,8 +1041,8 @@ def rank_candidates(
         from hpc_advise.advisor import simulated
 
         n_sim = simulated.N_SIMULATED if n_simulated is None else n_simulated
-        chosen = simulated.survivors(ranked, n_sim)
-        simulated.simulate_ranked(ranker, chosen, the_plan, slo_tpot, slo_ttft, concurrency)
+        chosen = simulated.survivors(ranked, n_sim, simulated.N_SHAPES if n_simulated is None else 1)
+        simulated.simulate_ranked(ranker, chosen, the_plan, slo_tpot, slo_ttft, concurrency, sim_capacity)
         best_tok = max((r.max_tok_s_per_gpu for r in chosen if r.meets_slo), default=0.0)
         ranked = sorted(chosen, key=key) + [r for r in ranked if all(r is not x for x in chosen)]
     for r in ranked[:5]:

@@ -25,9 +25,9 @@ are then simulated, and what the table prints for them comes out of the simulati
    trace's load; the sampled window's figures are in the details and the JSON (``simulated``).
 4. **Capacity** (``simulate.search.capacity_search``): the largest load factor at which the busiest
    window still meets the SLOs (p99; a request unfinished when the run stops, the window's end plus
-   a drain, has infinite latencies) with nothing rejected and at most ``BACKLOG_FRACTION`` of its
-   requests still waiting for their first prefill at its end (the queue does not grow; without SLOs
-   only these two), by bisection on log load to ``RESOLUTION``; max tok/s/GPU is the simulated output
+   a drain, has infinite latencies) with nothing rejected, at most ``BACKLOG_FRACTION`` of its
+   requests still waiting for their first prefill at its end (the queue does not grow) and as many
+   at most unfinished when the run stops (without SLOs only these), by bisection on log load to ``RESOLUTION``; max tok/s/GPU is the simulated output
    throughput per GPU there. Rows that differ only by attention backend or MoE runner first try the
    edge found for the first of them (two runs) before searching.
 
@@ -47,17 +47,21 @@ import numpy as np
 
 from hpc_advise.advisor import calibration
 from hpc_advise.advisor import step_model as sm
-from hpc_advise.advisor.capacity import Capacity
+from hpc_advise.advisor.capacity import MEMORY, Capacity
 from hpc_advise.advisor.simulate import SimResult, Window, Workload, WorkloadError, select_windows
-from hpc_advise.advisor.simulate.replicas import simulate_replicas
+from hpc_advise.advisor.simulate.replicas import Split, run_split, split_for
 from hpc_advise.advisor.simulate.search import CapacityResult, capacity_search
 
 N_SIMULATED = 3  # rows of the screen's ranking that are simulated
+N_SHAPES = 3  # deployment shapes whose best row is simulated (``survivors``)
 WINDOW_S = 300.0
 WARMUP_S = 60.0
 N_SAMPLES = 1
-MAX_WINDOW_REQUESTS = 1500
+MAX_WINDOW_REQUESTS = 1000
 MIN_WINDOW_S = 20.0
+LIFETIMES = 2.0  # request lifetimes of arrivals before the measured window (``CandidateSim.copies``)
+MAX_COPIES = 12
+MAX_TILED_REQUESTS = 24000
 BACKLOG_FRACTION = 0.05  # of the window's requests still waiting for their prefill at its end
 RESOLUTION = 0.05
 LOAD_BOUND = 64.0
@@ -129,6 +133,21 @@ class Plan:
     windows: list[Window]  # busiest first; empty: closed loop
     closed_requests: Workload | None = None
 
+    def __post_init__(self) -> None:
+        self._splits: dict = {}
+
+    def split(self, window: int, groups: int, copies: int = 1) -> Split:
+        """The requests of window ``window`` (``copies`` times, ``simulate.workload.tiled``; or the
+        closed loop's) over ``groups`` schedulers, split once per trace, group count and copies: the
+        router's split does not depend on the load or the cost."""
+        key = (window, groups, copies)
+        if key not in self._splits:
+            if self.windows:
+                self._splits[key] = split_for(self.workload, groups, window=self.windows[window], copies=copies)
+            else:
+                self._splits[key] = split_for(self.closed_requests, groups)
+        return self._splits[key]
+
     def describe(self, concurrency: float | None = None) -> str:
         if not self.windows:
             n = len(self.closed_requests) if self.closed_requests is not None else 0
@@ -180,6 +199,9 @@ class CandidateSim:
         tpot, ttft, prep, (over, coef, corr, occupancy) = calibration.apply(ranker.correction(c), pred)
         self.deployed = sm.deployed(ranker.model, ranker.gpu, prep.dep, page_size=c.page_size)
         groups = c.replicas * c.attn_dp
+        one = float(c.attn_dp)  # one request per attention group
+        idle = ranker.serving_predictions([c], {c: one})[ranker.pred_key(c, one)]
+        idle_ttft = calibration.apply(ranker.correction(c), idle)[1]
         base, self.levels = sm.solve_levels(
             self.deployed,
             ranker.w.isl_mean,
@@ -191,6 +213,7 @@ class CandidateSim:
             occupancy,
             ranker.reuse(c),
             sm.decode_shape_of(ranker.serving.theta["tpot"].get("sglang", ranker.serving.theta["tpot"]["*"])),
+            idle_ttft,
         )
         batch = max(int(round(conc / c.attn_dp)), 1)
         moe_us, _ = ranker._moe_times(c, batch)
@@ -202,6 +225,7 @@ class CandidateSim:
         self.closed_clients = None if the_plan.windows else max(int(round((fixed or conc * c.replicas))), 1)
         self._runs: dict = {}
         self.backlog: dict = {}  # (load, window): requests still waiting for a prefill at the window's end
+        self.served: dict = {}  # (load, window): output tokens/s of the measured requests over the window
 
     def run(self, load: float, window: int = 0) -> SimResult:
         key = (round(load, 9), window)
@@ -209,31 +233,45 @@ class CandidateSim:
         if got is None:
             p = self.plan
             if p.windows:
-                win = p.windows[window]
-                res = simulate_replicas(p.workload, self.cost, self.deployed.config, self.groups, window=win, load=load)
-                idx, _ = win.indices(p.workload.arrival_s)
-                end = (win.end_s - float(p.workload.arrival_s[idx[0]])) / load  # simulated time 0: first replayed
+                copies = self.copies(load, p.windows[window])
+                split = p.split(window, self.groups, copies)
+                res = run_split(split, self.cost, self.deployed.config, load=load)
+                end = (split.window.end_s - split.origin_s) / load  # simulated time 0: the first replayed
                 waiting = (res.send_s <= end) & ~(res.send_s + res.queue_s <= end) & ~res.rejected
                 self.backlog[key] = int(waiting.sum())
+                done = res.finished & ~res.rejected
+                span = (split.window.end_s - split.window.start_s) / load
+                self.served[key] = float(res.output_len[done].sum()) / span
             else:
                 clients = max(int(round(self.closed_clients * load)), 1)
-                res = simulate_replicas(
-                    p.closed_requests, self.cost, self.deployed.config, self.groups, concurrency=clients
-                )
+                res = run_split(p.split(0, self.groups), self.cost, self.deployed.config, concurrency=clients)
+                self.served[key] = res.summary()["output_throughput"]
             new = np.maximum(res.input_len - res.cached_tokens, 1)
             pf = self.cost.roofline_prefill_ms(new, res.cached_tokens)
             got = res.delayed(self.levels.latency_ms(pf) / 1e3)
             self._runs[key] = got
         return got
 
+    def copies(self, load: float, win: Window) -> int:
+        """Copies of the window to replay at ``load`` (``simulate.workload.tiled``): enough that the
+        measured one comes after ``LIFETIMES`` request lifetimes of arrivals at that load (warm-up
+        included), so a rate the deployment cannot sustain shows as a growing queue instead of one
+        burst it absorbs. The lifetime: the screen's mean request latency (the window's length
+        where the screen found none)."""
+        life = self.r.latency_ms / 1e3 if math.isfinite(self.r.latency_ms) else win.end_s - win.start_s
+        need = LIFETIMES * life * load - win.warmup_s
+        k = 1 + max(0, math.ceil(need / win.period_s))
+        return int(min(k, MAX_COPIES, max(1, MAX_TILED_REQUESTS // max(win.n_requests, 1))))
+
     def failure(self, load: float, slo_tpot, slo_ttft) -> str | None:
         """The first condition the busiest window (or the closed loop) fails at ``load``, or None."""
-        from hpc_advise.advisor.capacity import MEMORY, TPOT_SLO, TTFT_SLO
+        from hpc_advise.advisor.capacity import TPOT_SLO, TTFT_SLO
 
         res = self.run(load)
         if res.rejected.any():
             return MEMORY
-        if self.backlog.get((round(load, 9), 0), 0) > BACKLOG_FRACTION * max(res.n_requests, 1):
+        limit = BACKLOG_FRACTION * max(res.n_requests, 1)
+        if self.backlog.get((round(load, 9), 0), 0) > limit or int((~res.finished).sum()) > limit:
             return UNFINISHED
         if slo_tpot is not None and not res.meets(None, slo_tpot / 1e3):
             return TPOT_SLO
@@ -242,22 +280,27 @@ class CandidateSim:
         return None
 
 
-def survivors(ranked: list, n: int = N_SIMULATED) -> list:
-    """The rows to simulate: the screen's first ``n``, plus the best-ranked row of another deployment
-    shape (TP, replicas, EP, attention DP) when none of them has one, so the reasons' comparison with
-    the best other deployment compares two simulations."""
+def survivors(ranked: list, n: int = N_SIMULATED, shapes: int = N_SHAPES) -> list:
+    """The rows to simulate: the screen's first ``n``, plus the best-ranked row of each deployment
+    shape (TP, replicas, EP, attention DP) among the screen's first ``shapes`` shapes: the screen and
+    the simulation can order shapes differently (bursts, admission), and the reasons compare the pick
+    with the best other deployment, simulated too. Twins of a shape cost two runs (``_edge``)."""
     chosen = list(ranked[:n])
-    if chosen:
-        shape = lambda r: (r.candidate.tp, r.candidate.replicas, r.candidate.ep, r.candidate.attn_dp)  # noqa: E731
-        if len({shape(r) for r in chosen}) == 1:
-            other = next((r for r in ranked[n:] if shape(r) != shape(chosen[0])), None)
-            if other is not None:
-                chosen.append(other)
+    shape = lambda r: (r.candidate.tp, r.candidate.replicas, r.candidate.ep, r.candidate.attn_dp)  # noqa: E731
+    seen = {shape(r) for r in chosen}
+    for r in ranked[n:]:
+        if len(seen) >= shapes:
+            break
+        if shape(r) not in seen:
+            seen.add(shape(r))
+            chosen.append(r)
     return chosen
 
 
-def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixed) -> None:
-    """Replace the figures of ``rows`` (``survivors``) by their simulation (module docstring)."""
+def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixed, search: bool = True) -> None:
+    """Replace the figures of ``rows`` (``survivors``) by their simulation (module docstring). Without
+    ``search`` only the trace's load is simulated and the rows keep the screen's capacity (``more_gpus``
+    needs only whether the top pick meets the SLOs)."""
     slo_s = (None if slo_ttft is None else slo_ttft / 1e3, None if slo_tpot is None else slo_tpot / 1e3)
     over = "arrival rate" if the_plan.windows else "concurrency"
     edges: dict = {}
@@ -274,16 +317,18 @@ def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixe
             why[x] = cs.failure(x, slo_tpot, slo_ttft)
             return why[x] is None
 
-        shape = (r.candidate.tp, r.candidate.replicas, r.candidate.ep, r.candidate.attn_dp, r.candidate.kv_dtype)
-        found = _edge(edges.get(shape), evaluate)
-        if found is None:
-            found = capacity_search(evaluate, 1.0 / LOAD_BOUND, LOAD_BOUND, RESOLUTION, start=1.0)
-            edges[shape] = found
-        tok = cs.run(found.load).summary()["output_throughput"] / r.candidate.n_gpus if found.load > 0 else 0.0
-        limit = "bound" if found.fail_at is None else (why.get(found.fail_at) or "bound")
-        r.capacity = Capacity(found.load, over, tok, limit, found.fail_at)
+        found = None
+        if search:
+            shape = (r.candidate.tp, r.candidate.replicas, r.candidate.ep, r.candidate.attn_dp, r.candidate.kv_dtype)
+            found = _edge(edges.get(shape), evaluate)
+            if found is None:
+                found = capacity_search(evaluate, 1.0 / LOAD_BOUND, LOAD_BOUND, RESOLUTION, start=1.0)
+                edges[shape] = found
+            tok = cs.served[(round(found.load, 9), 0)] / r.candidate.n_gpus if found.load > 0 else 0.0
+            limit = "bound" if found.fail_at is None else (why.get(found.fail_at) or "bound")
+            r.capacity = Capacity(found.load, over, tok, limit, found.fail_at)
         busiest = _stats(at_one, *slo_s)
-        sampled = [_stats(cs.run(1.0, k), *slo_s) for k in range(1, len(the_plan.windows))]
+        sampled = [_stats(cs.run(1.0, k), *slo_s) for k in range(1, len(the_plan.windows))] if search else []
         _apply(r, busiest, cs, slo_tpot, slo_ttft)
         r.simulated = {
             "window": the_plan.describe(cs.closed_clients),
@@ -293,7 +338,7 @@ def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixe
             "levels": {k: round(v, 6) if isinstance(v, float) else v for k, v in cs.levels.to_dict().items()},
             "pool_tokens": cs.deployed.config.max_total_tokens,
             "schedulers": cs.groups,
-            "evaluations": len(found.evaluations),
+            "evaluations": len(found.evaluations) if found else 0,
             "resolution": RESOLUTION,
         }
 
@@ -323,20 +368,32 @@ def _apply(r, st: dict, cs: CandidateSim, slo_tpot, slo_ttft) -> None:
     get = lambda d, k: inf if d.get(k) is None else d[k]  # noqa: E731
     r.tpot_p50, r.tpot_p99 = get(st["tpot_ms"], "p50"), get(st["tpot_ms"], "p99")
     r.ttft_p50, r.ttft_p99 = get(st["ttft_ms"], "p50"), get(st["ttft_ms"], "p99")
-    r.tok_s_per_gpu = st["output_throughput"] / r.candidate.n_gpus
+    r.tok_s_per_gpu = cs.served[(1.0, 0)] / r.candidate.n_gpus
     r.latency_ms = get(st["ttft_ms"], "mean") + cs.ranker.w.osl_mean * get(st["tpot_ms"], "mean")
     failed = cs.failure(1.0, slo_tpot, slo_ttft)
-    r.meets_slo = failed is None if (slo_tpot is not None or slo_ttft is not None) else True
+    # a deployment that does not keep up meets no SLO, and without SLOs it ranks after those that do
+    r.meets_slo = failed is None if (slo_tpot is not None or slo_ttft is not None) else failed not in (
+        UNFINISHED,
+        MEMORY,
+    )
     r.sim_failure = failed
     # the screen's queueing verdicts are the analytic model's; the replay has its own
     r.flags = [f for f in r.flags if not f.startswith(("saturated:", "prefill saturated"))]
     r.kv_saturated_rps = None
     waiting = cs.backlog.get((1.0, 0), 0)
     if failed == UNFINISHED:
+        k = r.capacity
+        keeps = ""
+        if k is not None and k.over == "arrival rate" and cs.ranker.w.rate_rps:
+            keeps = (
+                f"; it keeps up to {k.x:.2f}x the trace's rate ({k.x * cs.ranker.w.rate_rps:.2f} req/s)"
+                if k.x > 0
+                else f"; it does not keep up even at 1/{LOAD_BOUND:g} of the trace's rate"
+            )
         r.flags.insert(
             0,
             f"simulated: {waiting} of {st['requests']} requests of the busiest window still wait for their "
-            "prefill at its end: the queue grows at the trace's load",
+            f"prefill at its end: the queue grows at the trace's load{keeps}",
         )
     if st["rejected"]:
         r.flags.insert(0, f"simulated: {st['rejected']} requests do not fit the KV pool")

@@ -353,11 +353,18 @@ class LevelledStepCost(RooflineStepCost):
         self.decode_factor, self.prefill_factor = float(decode_factor), float(prefill_factor)
         self.extra_decode_s = float(extra_decode_s)
 
-    def decode_s(self, batch_size: int, context_tokens: int) -> float:
-        return super().decode_s(batch_size, context_tokens) + self.extra_decode_s
+    def _decode_base(self, batch: int) -> float:
+        v = self._base.get(batch)
+        if v is None:
+            v = float(self.terms.decode_base(batch) @ self.td) + self.extra_decode_s
+            self._base[batch] = v
+        return v
 
-    def decode_run_s(self, batch_size: int, context_tokens: int, k: int) -> np.ndarray:
-        return super().decode_run_s(batch_size, context_tokens, k) + self.extra_decode_s
+    def decode_s(self, batch_size: int, context_tokens: int) -> float:
+        v = self._base.get(batch_size)  # the simulator's hottest call: one lookup
+        if v is None:
+            v = self._decode_base(batch_size)
+        return v + self._kv * context_tokens
 
     def roofline_prefill_ms(self, new_tokens: np.ndarray, cached_tokens: np.ndarray) -> np.ndarray:
         """Roofline ms of each request's prefill alone: ``new_tokens`` computed over ``cached_tokens``."""
@@ -410,6 +417,7 @@ def solve_levels(
     occupancy: float,
     reuse: float = 0.0,
     decode_shape: np.ndarray | None = None,
+    idle_ttft_ms: float | None = None,
 ) -> tuple[LevelledStepCost, Levels]:
     """Level ``d``'s physics on the two-stage serving model's point prediction.
 
@@ -425,7 +433,11 @@ def solve_levels(
     queueing plus prefill clamps the latency at 0. ``split``: the two-stage TTFT as
     (overhead ms, prefill coefficient, correction), ``ServingModel.ttft_split``; ``decode_shape``:
     the decode terms' relative weights (``decode_shape_of`` the serving model's; default the bare
-    roofline), so the factor is the level and the shape says how the step grows with the batch."""
+    roofline), so the factor is the level and the shape says how the step grows with the batch.
+    ``idle_ttft_ms``: the two-stage TTFT of one request per attention group; the latency that occupies
+    no GPU is held at what that leaves over the simulated idle TTFT (latency the server has unloaded),
+    so the two-stage model's closed-loop queueing, where it exceeds the simulated one, is not turned
+    into a latency every request pays at any load: ``closed_loop_ttft_ms`` is then below the target."""
     shape = PHYSICS_DECODE if decode_shape is None else np.asarray(decode_shape, dtype=float)
     g = max(int(round(concurrency)), 1)
     isl_i, osl_i = max(int(round(isl)), 1), max(int(round(osl)), 1)
@@ -434,14 +446,18 @@ def solve_levels(
     # ms per unit of each unknown (rows are µs)
     td, tp_ = ttft_row[:N_D] @ shape / 1e3, ttft_row[N_D:] @ PHYSICS_PREFILL / 1e3
     pd, pp = tpot_row[:N_D] @ shape / 1e3, tpot_row[N_D:] @ PHYSICS_PREFILL / 1e3
-    a_d = max((target_tpot_ms - occupancy * pp) / max(pd, 1e-12), MIN_DECODE_FACTOR)
+    a_d = float(max((target_tpot_ms - occupancy * pp) / max(pd, 1e-12), MIN_DECODE_FACTOR))
     over, coef, corr = split
     probe = Levels(a_d, occupancy, 1.0, over, coef, corr, 0, 0, 0, 0, g)
     new = max(isl_i - max(cached, 0), 1)
     cost = LevelledStepCost(d.terms, a_d, occupancy, decode_shape=shape)
     lat1 = float(probe.latency_ms(cost.roofline_prefill_ms(np.array([new]), np.array([max(cached, 0)])))[0])
     sim_ttft = a_d * td + occupancy * tp_
-    scale = max((target_ttft_ms - sim_ttft) / lat1, 0.0) if lat1 > 0 else 0.0
+    scale = float(max((target_ttft_ms - sim_ttft) / lat1, 0.0)) if lat1 > 0 else 0.0
+    if idle_ttft_ms is not None and lat1 > 0:
+        idle_row, _, _ = design_rows(d, isl_i, osl_i, 1, cached=cached, stagger=True)
+        idle_sim = a_d * (idle_row[:N_D] @ shape) / 1e3 + occupancy * (idle_row[N_D:] @ PHYSICS_PREFILL) / 1e3
+        scale = float(min(scale, max((idle_ttft_ms - idle_sim) / lat1, 0.0)))
     levels = Levels(
         a_d,
         occupancy,
