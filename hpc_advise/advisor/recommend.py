@@ -1,6 +1,12 @@
 """Rank candidate configurations for a trace: predicted TPOT/TTFT percentiles, throughput per GPU,
 memory headroom, confidence flags and plain-language reasons.
 
+Two stages: every candidate is screened analytically (below), then the screen's first rows are
+simulated (``simulated``: the trace's busiest window and a sample replayed through SGLang's scheduler
+with a step cost levelled on the serving model) and their printed figures, SLO verdict and capacity
+come out of the simulation (``Ranked.simulated``); they are ranked again by the same key, ahead of the
+rows the screen alone predicts. What follows is the screen.
+
 Per candidate (``candidates``), at the trace's mean lengths:
 
 1. the serving model (``serving_model``, engine sglang) predicts TPOT and TTFT at the candidate's

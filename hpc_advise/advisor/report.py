@@ -237,11 +237,13 @@ def recommend_text(
         sim = next((r.simulated for r in ranked if getattr(r, "simulated", None)), None)
         if sim is not None:
             n_sim = sum(1 for r in ranked if getattr(r, "simulated", None))
+            slos = " and ".join(f"{name} p99" for name, v in (("TPOT", slo_tpot_ms), ("TTFT", slo_ttft_ms)) if v)
             lines[-1] = (
-                f"from sim: {n_sim} row(s) simulated over {sim['window']}; their percentiles, "
-                f"throughput and SLO verdict are the busiest window's at the trace's load, load x the "
-                f"largest multiple of the {over} whose busiest window meets {conds.replace('prefill rho < 1, ', '')} "
-                f"with every request finished ({100 * sim['resolution']:.0f} % steps); 'screen' rows: the analytic screen"
+                f"from sim: {n_sim} row(s) simulated over {sim['window']}; their percentiles, throughput "
+                f"and SLO verdict are the busiest window's at the trace's load; load x: the largest multiple "
+                f"of the {over} at which the busiest window keeps up"
+                + (f" and meets {slos}" if slos else "")
+                + f" ({100 * sim['resolution']:.0f} % steps); 'screen' rows: the analytic screen's figures"
             )
     for r in ranked[: min(top, 3)]:
         lines.append(f"\n{r.candidate.label()}:")

@@ -29,7 +29,8 @@ are then simulated, and what the table prints for them comes out of the simulati
    requests still waiting for their first prefill at its end (the queue does not grow) and as many
    at most unfinished when the run stops (without SLOs only these), by bisection on log load to ``RESOLUTION``; max tok/s/GPU is the simulated output
    throughput per GPU there. Rows that differ only by attention backend or MoE runner first try the
-   edge found for the first of them (two runs) before searching.
+   edge found for the first of them (two runs); a search starts from that edge, or from the screen's
+   capacity, bracketing by ``WARM_STEP``.
 
 What the simulation adds over the screen: queueing behind the other requests' prefills and decode
 (bursts included), admission into the KV pool and retraction, the per-pool prefix cache, and the
@@ -64,6 +65,7 @@ MAX_COPIES = 12
 MAX_TILED_REQUESTS = 24000
 BACKLOG_FRACTION = 0.05  # of the window's requests still waiting for their prefill at its end
 RESOLUTION = 0.05
+WARM_STEP = 1.5  # bracketing step of a search started from a guess (``_start``)
 LOAD_BOUND = 64.0
 MAX_HASHES = 1 << 24  # hash ids kept from the trace (128 MiB); beyond, the prefix cache is not replayed
 CLOSED_LOOP_REQUESTS = 2000  # requests a closed-loop replay sends at most (at least 3x the clients)
@@ -320,10 +322,11 @@ def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixe
         found = None
         if search:
             shape = (r.candidate.tp, r.candidate.replicas, r.candidate.ep, r.candidate.attn_dp, r.candidate.kv_dtype)
-            found = _edge(edges.get(shape), evaluate)
+            twin = edges.get(shape)
+            found = _edge(twin, evaluate)
             if found is None:
-                found = capacity_search(evaluate, 1.0 / LOAD_BOUND, LOAD_BOUND, RESOLUTION, start=1.0)
-                edges[shape] = found
+                found = capacity_search(evaluate, 1.0 / LOAD_BOUND, LOAD_BOUND, RESOLUTION, *_start(r, twin))
+                edges.setdefault(shape, found)
             tok = cs.served[(round(found.load, 9), 0)] / r.candidate.n_gpus if found.load > 0 else 0.0
             limit = "bound" if found.fail_at is None else (why.get(found.fail_at) or "bound")
             r.capacity = Capacity(found.load, over, tok, limit, found.fail_at)
@@ -341,6 +344,15 @@ def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixe
             "evaluations": len(found.evaluations) if found else 0,
             "resolution": RESOLUTION,
         }
+
+
+def _start(r, twin: CapacityResult | None) -> tuple[float, float]:
+    """(start, step) of a row's capacity search: warm from its twin's edge, else from the screen's
+    capacity (``WARM_STEP`` either side), cold (1, doubling) where neither gives a multiple."""
+    guess = twin.load if twin is not None else (r.capacity.x if r.capacity is not None else 0.0)
+    if 1.0 / LOAD_BOUND < guess < LOAD_BOUND:
+        return guess, WARM_STEP
+    return 1.0, 2.0
 
 
 def _edge(prev, evaluate) -> CapacityResult | None:
