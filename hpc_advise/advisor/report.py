@@ -237,11 +237,12 @@ def recommend_text(
         sim = next((r.simulated for r in ranked if getattr(r, "simulated", None)), None)
         if sim is not None:
             n_sim = sum(1 for r in ranked if getattr(r, "simulated", None))
+            where = "busiest window" if sim["windows"] else "closed loop"
             slos = " and ".join(f"{name} p99" for name, v in (("TPOT", slo_tpot_ms), ("TTFT", slo_ttft_ms)) if v)
             lines[-1] = (
                 f"from sim: {n_sim} row(s) simulated over {sim['window']}; their percentiles, throughput "
-                f"and SLO verdict are the busiest window's at the trace's load; load x: the largest multiple "
-                f"of the {over} at which the busiest window keeps up"
+                f"and SLO verdict are the {where}'s at the trace's load; load x: the largest multiple "
+                f"of the {over} at which the {where} keeps up"
                 + (f" and meets {slos}" if slos else "")
                 + f" ({100 * sim['resolution']:.0f} % steps); 'screen' rows: the analytic screen's figures"
             )
