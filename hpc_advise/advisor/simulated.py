@@ -145,7 +145,9 @@ class Plan:
         key = (window, groups, copies)
         if key not in self._splits:
             if self.windows:
-                self._splits[key] = split_for(self.workload, groups, window=self.windows[window], copies=copies)
+                self._splits[key] = split_for(
+                    self.workload, groups, window=self.windows[window], copies=copies
+                )
             else:
                 self._splits[key] = split_for(self.closed_requests, groups)
         return self._splits[key]
@@ -224,7 +226,7 @@ class CandidateSim:
             self.deployed.terms, base.decode_factor, base.prefill_factor, extra_s, base.decode_shape
         )
         self.groups = groups
-        self.closed_clients = None if the_plan.windows else max(int(round((fixed or conc * c.replicas))), 1)
+        self.closed_clients = None if the_plan.windows else max(int(round(fixed or conc * c.replicas)), 1)
         self._runs: dict = {}
         self.backlog: dict = {}  # (load, window): requests still waiting for a prefill at the window's end
         self.served: dict = {}  # (load, window): output tokens/s of the measured requests over the window
@@ -299,7 +301,9 @@ def survivors(ranked: list, n: int = N_SIMULATED, shapes: int = N_SHAPES) -> lis
     return chosen
 
 
-def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixed, search: bool = True) -> None:
+def simulate_ranked(
+    ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixed, search: bool = True
+) -> None:
     """Replace the figures of ``rows`` (``survivors``) by their simulation (module docstring). Without
     ``search`` only the trace's load is simulated and the rows keep the screen's capacity (``more_gpus``
     needs only whether the top pick meets the SLOs)."""
@@ -321,7 +325,13 @@ def simulate_ranked(ranker, rows: list, the_plan: Plan, slo_tpot, slo_ttft, fixe
 
         found = None
         if search:
-            shape = (r.candidate.tp, r.candidate.replicas, r.candidate.ep, r.candidate.attn_dp, r.candidate.kv_dtype)
+            shape = (
+                r.candidate.tp,
+                r.candidate.replicas,
+                r.candidate.ep,
+                r.candidate.attn_dp,
+                r.candidate.kv_dtype,
+            )
             twin = edges.get(shape)
             found = _edge(twin, evaluate)
             if found is None:
@@ -384,9 +394,14 @@ def _apply(r, st: dict, cs: CandidateSim, slo_tpot, slo_ttft) -> None:
     r.latency_ms = get(st["ttft_ms"], "mean") + cs.ranker.w.osl_mean * get(st["tpot_ms"], "mean")
     failed = cs.failure(1.0, slo_tpot, slo_ttft)
     # a deployment that does not keep up meets no SLO, and without SLOs it ranks after those that do
-    r.meets_slo = failed is None if (slo_tpot is not None or slo_ttft is not None) else failed not in (
-        UNFINISHED,
-        MEMORY,
+    r.meets_slo = (
+        failed is None
+        if (slo_tpot is not None or slo_ttft is not None)
+        else failed
+        not in (
+            UNFINISHED,
+            MEMORY,
+        )
     )
     r.sim_failure = failed
     # the screen's queueing verdicts are the analytic model's; the replay has its own
