@@ -170,6 +170,7 @@ class Ranked:
     prefix_reuse: float = 0.0  # share of prompt tokens its prefix caches serve (``Ranker.reuse``)
     simulated: dict | None = None  # the replay's figures (``simulated``); None: analytic screen only
     sim_failure: str | None = None  # the condition its simulated busiest window fails at load 1
+    sim_state: object = field(default=None, repr=False, compare=False)  # ``simulated.CandidateSim``
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -1051,6 +1052,8 @@ def rank_candidates(
         simulated.simulate_ranked(ranker, chosen, the_plan, slo_tpot, slo_ttft, concurrency, sim_capacity)
         best_tok = max((r.max_tok_s_per_gpu for r in chosen if r.meets_slo), default=0.0)
         ranked = sorted(chosen, key=key) + [r for r in ranked if all(r is not x for x in chosen)]
+        if sim_capacity:
+            simulated.add_samples(ranked[:3])
     for r in ranked[:5]:
         r.reasons = reasons_for(r, ranker, ranked)
     if slo_given and not ranked[0].meets_slo:
