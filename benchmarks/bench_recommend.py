@@ -9,10 +9,13 @@ The trace is ``bench_traces.py``'s synthetic Mooncake file (100 req/s Poisson ar
 lengths, half the requests start with one of 1,000 shared 4-block prompts). The fitted serving model
 is cached first (one discarded run), as a user's second call finds it. Each run is a fresh Python
 process that reports its own CPU time and peak RSS (``VmHWM``); the phases are the wall times its
-progress lines print. ``recommend`` ranks analytically from the trace's
-summary (a 2,048-request reservoir sample of the lengths, the rate, the prefix reuse) and replays a bounded
-window of its hash_ids (the first 65,536 blocks) through each distinct KV pool's radix cache, so its cost
-past reading the trace does not grow with the number of requests.
+progress lines print. ``recommend`` screens analytically from the trace's
+summary (a 2,048-request reservoir sample of the lengths, the rate, the prefix reuse; a bounded window of
+its hash_ids replayed through each distinct KV pool's radix cache), keeps every request's lengths and
+hash ids from the same pass (``simulated.TraceRequests``), then simulates the screen's survivors over the
+busiest window (at most 1,000 requests: 20 s of this trace) and a sampled one, with a capacity bisection,
+so its cost past reading the trace does not grow with the number of requests; 'rank s' holds the
+simulation, and 'more GPUs s' the top pick's replay at the trace's load on 16 and 32 GPUs.
 Results: ``benchmarks/results/recommend_1m.md`` (+ ``.jsonl``).
 """
 

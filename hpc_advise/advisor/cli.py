@@ -275,11 +275,15 @@ def _recommend_core(
 
     prof_gpu, n, note = _resolve_target(gpu, gpus, nic)
     mdl = _resolve_model(model_name)
+    from hpc_advise.advisor.simulated import TraceRequests
+
+    requests = TraceRequests()  # what the simulated stage replays, kept from the same pass
     try:
         with Timer(f"reading the trace {trace}"):
-            summary = summarize(trace, fmt=fmt, skip_bad=skip_bad)
+            summary = summarize(trace, fmt=fmt, skip_bad=skip_bad, keep=requests.add)
     except TraceError as exc:
         _fail(str(exc))
+    summary.requests = requests
     serving, _ = _load_model(db)
     ranker = Ranker(
         model_name,

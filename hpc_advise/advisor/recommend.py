@@ -1,6 +1,12 @@
 """Rank candidate configurations for a trace: predicted TPOT/TTFT percentiles, throughput per GPU,
 memory headroom, confidence flags and plain-language reasons.
 
+Two stages: every candidate is screened analytically (below), then the screen's first rows are
+simulated (``simulated``: the trace's busiest window and a sample replayed through SGLang's scheduler
+with a step cost levelled on the serving model) and their printed figures, SLO verdict and capacity
+come out of the simulation (``Ranked.simulated``); they are ranked again by the same key, ahead of the
+rows the screen alone predicts. What follows is the screen.
+
 Per candidate (``candidates``), at the trace's mean lengths:
 
 1. the serving model (``serving_model``, engine sglang) predicts TPOT and TTFT at the candidate's
@@ -108,6 +114,7 @@ class TraceLoad:
     ctx_p99: float
     default_concurrency: int
     prefix_window: object = None  # ``traces.stats.PrefixWindow`` replayed per pool (``prefix_cache``)
+    requests: object = None  # ``simulated.TraceRequests``: what the simulated stage replays (None: not kept)
     prefix_block_size: int | None = None
     reuse_note: str | None = None  # where the reuse comes from, when it is not the hash blocks
 
@@ -135,6 +142,7 @@ class TraceLoad:
             prefix_window=getattr(s, "prefix_window", None) if s.prefix_reuse else None,
             prefix_block_size=s.prefix_block_size,
             reuse_note=note,
+            requests=getattr(s, "requests", None),
         )
 
 
@@ -160,6 +168,9 @@ class Ranked:
     calibration: str | None = None  # "calibrated on N runs: ..." when its deployment was measured
     breaks: str | None = None  # what fails, when no candidate meets the SLOs (``what_breaks``)
     prefix_reuse: float = 0.0  # share of prompt tokens its prefix caches serve (``Ranker.reuse``)
+    simulated: dict | None = None  # the replay's figures (``simulated``); None: analytic screen only
+    sim_failure: str | None = None  # the condition its simulated busiest window fails at load 1
+    sim_state: object = field(default=None, repr=False, compare=False)  # ``simulated.CandidateSim``
 
     @property
     def max_tok_s_per_gpu(self) -> float:
@@ -196,6 +207,9 @@ class Ranked:
             out["calibration"] = self.calibration
         if self.breaks:  # only when nothing meets the SLOs
             out["breaks"] = self.breaks
+        out["source"] = "simulation" if self.simulated else "analytic screen"
+        if self.simulated:
+            out["simulated"] = self.simulated
         return out
 
 
@@ -245,6 +259,7 @@ class Ranker:
         self._reuse: dict = {}
         self.prefix = PrefixReuse(w.prefix_window, w.prefix_block_size, w.prefix_reuse)
         self.saturated: dict = {}  # KV-saturated candidates of the last ``concurrency`` call
+        self._plans: dict = {}
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
         self._prompts = w.pairs[pick, 0]
 
@@ -265,6 +280,20 @@ class Ranker:
             attn_dp=c.attn_dp,
             moe_ep=c.ep,
         )
+
+    def sim_plan(self, fixed: float | None):
+        """What the simulated stage replays (``simulated.plan``), or None when the trace's requests
+        were not kept; built once per kind (open loop over windows, or a closed loop)."""
+        if self.w.requests is None:
+            return None
+        from hpc_advise.advisor import simulated
+
+        closed = fixed is not None or not self.w.rate_rps
+        key = (closed, fixed)
+        if key not in self._plans:
+            total = fixed if fixed is not None else float(self.w.default_concurrency)
+            self._plans[key] = simulated.plan(self.w.requests, closed, total)
+        return self._plans[key]
 
     def correction(self, c: Candidate):
         """The measured-runs correction of ``c``'s deployment (``calibration``), or None."""
@@ -652,9 +681,25 @@ def kv_saturation_note(c: Candidate, rate: float, conc: float, served_rps: float
 def what_breaks(r: Ranked, w: TraceLoad, slo_tpot: float | None, slo_ttft: float | None) -> str:
     """What keeps ``r`` from meeting the SLOs at the trace's load, and where it would meet them (its
     capacity: the largest multiple of the load that passes)."""
-    why = failed_condition(r, slo_tpot, slo_ttft)
+    why = r.sim_failure if r.simulated else failed_condition(r, slo_tpot, slo_ttft)
     c = r.candidate
-    if why == cap.MEMORY and r.kv_saturated_rps is not None:
+    sim = r.simulated
+    if sim and why == "queue growth":
+        b = sim["busiest"]
+        what = (
+            f"queue grows: {b['backlog_at_end']} of {b['requests']} requests of the busiest window still "
+            f"wait for their prefill at its end (simulated)"
+        )
+    elif sim and why == cap.MEMORY:
+        what = f"{sim['busiest']['rejected']} requests do not fit the KV pool ({sim['pool_tokens']:,} tokens)"
+    elif sim and why == cap.TTFT_SLO:
+        b = sim["busiest"]
+        what = (
+            f"TTFT p99 {_ms(r.ttft_p99)} > {slo_ttft:g} ms (simulated busiest window: queue p99 "
+            f"{_ms(b['queue_ms']['p99'] if b['queue_ms']['p99'] is not None else math.inf)}, KV use "
+            f"{100 * b['kv_used_mean']:.0f} % mean)"
+        )
+    elif why == cap.MEMORY and r.kv_saturated_rps is not None:
         what = (
             f"KV cache full: {r.concurrency:.0f} requests per replica complete {r.kv_saturated_rps:.2f} req/s"
         )
@@ -725,7 +770,7 @@ def more_gpus(ranker: Ranker, n_gpus: int, slo_tpot, slo_ttft, concurrency) -> M
         if g <= n_gpus:
             continue
         out.tried.append(g)
-        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency)
+        ranked, _ = rank_candidates(ranker, g, slo_tpot, slo_ttft, concurrency, n_simulated=1, sim_capacity=False)
         if ranked and ranked[0].meets_slo:
             out.gpus, out.best = g, ranked[0]
             break
@@ -733,9 +778,11 @@ def more_gpus(ranker: Ranker, n_gpus: int, slo_tpot, slo_ttft, concurrency) -> M
 
 
 def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
-    """A few plain-language reasons for a top pick."""
+    """A few plain-language reasons for a top pick; comparisons are with rows predicted the same way
+    (simulated ones with simulated ones: the screen's figures are another model's)."""
     c = r.candidate
     out = []
+    ranked = [x for x in ranked if bool(x.simulated) == bool(r.simulated)]
     unlimited = ranker.w.prefix_reuse
     if ranker.prefix.replayed and round(100 * r.prefix_reuse) != round(100 * unlimited):
         pools = f"{c.replicas}x TP{c.tp}" if c.replicas > 1 else f"TP{c.tp}"
@@ -932,8 +979,13 @@ def rank_candidates(
     slo_tpot: float | None = None,
     slo_ttft: float | None = None,
     concurrency: float | None = None,
+    n_simulated: int | None = None,
+    sim_capacity: bool = True,
 ) -> tuple[list[Ranked], list[Checked]]:
-    """All feasible candidates ranked, and the excluded ones with their reasons."""
+    """All feasible candidates ranked, and the excluded ones with their reasons: screened
+    analytically, then the first ``n_simulated`` (default ``simulated.N_SIMULATED``) simulated
+    (``simulated``) when the trace's requests were kept, and ranked again by the same key, ahead of
+    the rows the screen alone predicts; without ``sim_capacity`` they keep the screen's capacity."""
     from hpc_advise.advisor.candidates import enumerate_candidates
 
     w = ranker.w
@@ -965,6 +1017,9 @@ def rank_candidates(
     def key(r: Ranked):
         unmeasured = sum(f.startswith((UNMEASURED_ATTENTION, UNMEASURED_MOE)) for f in r.flags)
         if not r.meets_slo:  # none of these meets the SLOs: the closest first
+            if r.simulated and r.sim_failure in ("queue growth", cap.MEMORY):  # simulated: it does not keep up
+                x = r.capacity.x if r.capacity else 0.0
+                return (True, math.inf, -x, unmeasured, r.tpot_p50)
             if r.kv_saturated_rps is not None:  # after those that keep up: the most served per GPU
                 return (True, math.inf, -r.kv_saturated_rps / r.candidate.n_gpus, unmeasured, r.tpot_p50)
             return (True, round(overshoot(r), 6), 0.0, unmeasured, r.tpot_p50, r.ttft_p99)
@@ -979,6 +1034,17 @@ def rank_candidates(
 
     ranked.sort(key=key)
     ranked = _drop_twins(ranked)
+    the_plan = ranker.sim_plan(concurrency)
+    if the_plan is not None:
+        from hpc_advise.advisor import simulated
+
+        n_sim = simulated.N_SIMULATED if n_simulated is None else n_simulated
+        chosen = simulated.survivors(ranked, n_sim, simulated.N_SHAPES if n_simulated is None else 1)
+        simulated.simulate_ranked(ranker, chosen, the_plan, slo_tpot, slo_ttft, concurrency, sim_capacity)
+        best_tok = max((r.max_tok_s_per_gpu for r in chosen if r.meets_slo), default=0.0)
+        ranked = sorted(chosen, key=key) + [r for r in ranked if all(r is not x for x in chosen)]
+        if sim_capacity:
+            simulated.add_samples(ranked[:3])
     for r in ranked[:5]:
         r.reasons = reasons_for(r, ranker, ranked)
     if slo_given and not ranked[0].meets_slo:

@@ -18,6 +18,7 @@ RECOMMEND_HEADERS = [
     "headroom GiB",
     "confidence",
     "SLO",
+    "from",
 ]
 
 
@@ -65,6 +66,33 @@ def _ranked_dict(r) -> dict:
 
 def fmt_ms(x: float) -> str:
     return "inf" if x == math.inf else f"{x:.1f}"
+
+
+def source_cell(r) -> str:
+    """The 'from' column: 'sim' when the row's figures come out of the simulation, else 'screen'."""
+    return "sim" if getattr(r, "simulated", None) else "screen"
+
+
+def _pcts(d: dict, keys=("p50", "p90", "p99")) -> str:
+    return "/".join("inf" if d.get(k) is None else f"{d[k]:.0f}" for k in keys)
+
+
+def simulated_lines(sim: dict) -> list[str]:
+    """A simulated row's distributions: the busiest window at the trace's load, then the sampled one."""
+    out = []
+    for label, st in [("busiest window", sim["busiest"])] + [("sampled window", x) for x in sim["sampled"]]:
+        out.append(
+            f"  ~ {label}: TTFT p50/p90/p99 {_pcts(st['ttft_ms'])} ms, TPOT {_pcts(st['tpot_ms'])} ms, "
+            f"ITL {_pcts(st['itl_ms'])} ms, queue {_pcts(st['queue_ms'])} ms"
+        )
+        out.append(
+            f"    {st['request_throughput']:.2f} req/s, {st['output_throughput']:.0f} out tok/s, goodput "
+            f"{st['goodput_req_s']:.2f} req/s ({100 * st['good_fraction']:.0f} % within the SLOs), KV "
+            f"{100 * st['kv_used_mean']:.0f} % mean / {100 * st['kv_used_peak']:.0f} % peak of "
+            f"{sim['pool_tokens']:,} tokens per scheduler, prefix cache hit {100 * st['cache_hit_rate']:.0f} %"
+            + (f", {st['retractions']} retractions" if st["retractions"] else "")
+        )
+    return out
 
 
 def load_x(cap) -> str:
@@ -118,6 +146,12 @@ def recommend_record(
     }
     if more is not None:
         outputs["more_gpus"] = more.to_dict(prof_gpu.node_gpus)
+    sim = next((r.simulated for r in ranked if getattr(r, "simulated", None)), None)
+    outputs["simulation"] = (
+        {"window": sim["window"], "windows": sim["windows"], "rows": sum(1 for r in ranked if getattr(r, "simulated", None))}
+        if sim
+        else None
+    )
     return inputs, outputs
 
 
@@ -181,6 +215,7 @@ def recommend_text(
             f"{r.headroom_gib:.1f}",
             confidence(r),
             slo_cell(r, slo_tpot_ms, slo_ttft_ms),
+            source_cell(r),
         ]
         for i, r in enumerate(ranked[:top])
     ]
@@ -199,6 +234,18 @@ def recommend_text(
             f"load x: capacity, the largest multiple of the trace's {over} that still meets {conds} "
             f"(2 % steps); max tok/s/GPU: output tokens/s per GPU at that load"
         )
+        sim = next((r.simulated for r in ranked if getattr(r, "simulated", None)), None)
+        if sim is not None:
+            n_sim = sum(1 for r in ranked if getattr(r, "simulated", None))
+            where = "busiest window" if sim["windows"] else "closed loop"
+            slos = " and ".join(f"{name} p99" for name, v in (("TPOT", slo_tpot_ms), ("TTFT", slo_ttft_ms)) if v)
+            lines[-1] = (
+                f"from sim: {n_sim} row(s) simulated over {sim['window']}; their percentiles, throughput "
+                f"and SLO verdict are the {where}'s at the trace's load; load x: the largest multiple "
+                f"of the {over} at which the {where} keeps up"
+                + (f" and meets {slos}" if slos else "")
+                + f" ({100 * sim['resolution']:.0f} % steps); 'screen' rows: the analytic screen's figures"
+            )
     for r in ranked[: min(top, 3)]:
         lines.append(f"\n{r.candidate.label()}:")
         cap = r.capacity
@@ -208,6 +255,8 @@ def recommend_text(
                 f"  capacity {load_x(cap)}x the {over}: {cap.max_tok_s_per_gpu:.0f} out tok/s/GPU{edge}"
             )
         lines += [f"  - {why}" for why in r.reasons]
+        if getattr(r, "simulated", None):
+            lines += simulated_lines(r.simulated)
         lines += [f"  x {r.breaks}"] if r.breaks else []
         lines += [f"  = {r.calibration}"] if r.calibration else []
         lines += [f"  ! {f}" for f in r.flags[:3]]

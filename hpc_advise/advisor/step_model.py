@@ -254,24 +254,48 @@ def closed_loop_requests(concurrency: int) -> int:
     return int(concurrency + min(concurrency, 256))
 
 
-def design_rows(d: Deployed, isl: int, osl: int, concurrency: int) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(TTFT row, TPOT row, notes) of a closed loop of ``concurrency`` clients (per attention group)
-    sending requests of ``isl`` / ``osl`` tokens: mean per-request sums of each term (µs) over the
-    steps between sending and the first token, and between the first and the last token divided
-    by osl - 1. ``predicted = row @ θ``."""
+def closed_loop_workload(isl: int, osl: int, concurrency: int, cached: int = -1, stagger: bool = False) -> Workload:
+    """The requests of a replayed closed-loop benchmark (``closed_loop_requests``), all of ``isl`` /
+    ``osl`` tokens, ``cached`` prompt tokens each served by the prefix cache (-1: none). With
+    ``stagger`` the first round's outputs are spread over 1/N ... N/N of ``osl``, so the clients do
+    not run in lock-step (a benchmark's clients drift apart; uniform requests started together stay
+    together and queue every round's N prefills at once)."""
     n = closed_loop_requests(concurrency)
-    w = Workload(
+    out = np.full(n, int(osl), dtype=np.int64)
+    if stagger:
+        k = min(int(concurrency), n)
+        out[:k] = np.maximum(1, np.round(osl * np.arange(1, k + 1) / k)).astype(np.int64)
+    return Workload(
         np.zeros(n),
         np.full(n, int(isl), dtype=np.int64),
-        np.full(n, int(osl), dtype=np.int64),
-        np.full(n, -1, dtype=np.int64),
+        out,
+        np.full(n, int(cached), dtype=np.int64),
         np.zeros(n + 1, dtype=np.int64),
         np.zeros(0, dtype=np.int64),
     )
+
+
+def design_rows(
+    d: Deployed,
+    isl: int,
+    osl: int,
+    concurrency: int,
+    *,
+    cached: int = -1,
+    stagger: bool = False,
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(TTFT row, TPOT row, notes) of a closed loop of ``concurrency`` clients (per attention group)
+    sending requests of ``isl`` / ``osl`` tokens (``closed_loop_workload``): mean per-request sums
+    of each term (µs) over the steps between sending and the first token, and between the first and
+    the last token divided by osl - 1. ``predicted = row @ θ``. With ``stagger`` only the requests
+    after the first round are averaged (the first round's are shortened)."""
+    w = closed_loop_workload(isl, osl, concurrency, cached, stagger)
     rec = _Recorder(d.terms)
     res = simulate(w, rec, d.config, concurrency=int(concurrency))
     ends, cum = rec.steps()
     ok = res.finished & ~res.rejected
+    if stagger and len(w) > concurrency:
+        ok[: int(concurrency)] = False
     if not ok.any():
         raise ValueError("no request of the replay could be served (prompt larger than the KV pool)")
     tol = 1e-9 * (float(ends[-1]) if ends.size else 1.0)
@@ -290,6 +314,164 @@ def design_rows(d: Deployed, isl: int, osl: int, concurrency: int) -> tuple[np.n
         "pool_tokens": d.config.max_total_tokens,
     }
     return ttft, tpot, notes
+
+
+# ----- a candidate's step cost, levelled on the two-stage serving model ---------------------------
+
+# The physical terms only (no per-step constants): decode = KV read + weight GEMMs + MoE + collectives,
+# prefill = GEMMs + MoE + causal attention + KV write + collectives, each at θ = 1 (roofline µs).
+PHYSICS_DECODE = np.array([0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+PHYSICS_PREFILL = np.array([0.0, 0.0, 1.0, 1.0, 1.0, 0.0])
+MIN_DECODE_FACTOR = 0.05  # a decode step cannot be much faster than its roofline
+
+
+def decode_shape_of(serving_theta_tpot) -> np.ndarray:
+    """The two-stage serving model's stage-1 decode coefficients (``serving_model.TPOT_TERMS``: const,
+    layers, collectives, KV, weights, MoE, comm) in ``DECODE_TERMS`` order: the same physical terms
+    in the same units (1 ms, 10 µs per layer, 10 µs per collective, roofline µs)."""
+    t = np.asarray(serving_theta_tpot, dtype=float)
+    return np.array([t[0], t[1], t[3], t[4], t[5], t[6], t[2]])
+
+
+class LevelledStepCost(RooflineStepCost):
+    """``RooflineStepCost`` with decode = ``decode_factor`` x ``decode_shape`` · terms +
+    ``extra_decode_s`` (the attention backend's and MoE runner's difference to the reference, per
+    step) and prefill = ``prefill_factor`` x its roofline (the GPU time a prefill occupies).
+    ``decode_shape`` defaults to the bare roofline (``PHYSICS_DECODE``)."""
+
+    def __init__(
+        self,
+        terms: StepTerms,
+        decode_factor: float,
+        prefill_factor: float,
+        extra_decode_s: float = 0.0,
+        decode_shape: np.ndarray | None = None,
+    ):
+        shape = PHYSICS_DECODE if decode_shape is None else np.asarray(decode_shape, dtype=float)
+        super().__init__(terms, shape * decode_factor, PHYSICS_PREFILL * prefill_factor)
+        self.decode_shape = shape
+        self.decode_factor, self.prefill_factor = float(decode_factor), float(prefill_factor)
+        self.extra_decode_s = float(extra_decode_s)
+
+    def _decode_base(self, batch: int) -> float:
+        v = self._base.get(batch)
+        if v is None:
+            v = float(self.terms.decode_base(batch) @ self.td) + self.extra_decode_s
+            self._base[batch] = v
+        return v
+
+    def decode_s(self, batch_size: int, context_tokens: int) -> float:
+        v = self._base.get(batch_size)  # the simulator's hottest call: one lookup
+        if v is None:
+            v = self._decode_base(batch_size)
+        return v + self._kv * context_tokens
+
+    def roofline_prefill_ms(self, new_tokens: np.ndarray, cached_tokens: np.ndarray) -> np.ndarray:
+        """Roofline ms of each request's prefill alone: ``new_tokens`` computed over ``cached_tokens``."""
+        out = np.empty(len(new_tokens))
+        for i, (n, c) in enumerate(zip(np.asarray(new_tokens).tolist(), np.asarray(cached_tokens).tolist(), strict=True)):
+            n = max(int(n), 1)
+            pairs = n * (c + (n + 1) / 2.0)
+            out[i] = float(self.terms.prefill(PrefillShape(n, int(c), 1, pairs)) @ PHYSICS_PREFILL) / 1e3
+        return out
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What ``solve_levels`` found for one candidate: the decode factor on the decode roofline, the
+    prefill occupancy (fixed, the serving model's), and the TTFT latency that occupies no GPU:
+    per request ``latency_scale x max(0, (overhead + coef x pf) x corr - occupancy x pf)`` ms, pf its
+    roofline prefill (the two-stage model's unqueued TTFT less the GPU time the simulator already
+    spends on the prefill). ``target_*`` and ``closed_loop_*`` are the two-stage figures and what the
+    simulated closed loop gives with these levels (ms)."""
+
+    decode_factor: float
+    prefill_factor: float
+    latency_scale: float
+    overhead_ms: float
+    prefill_coef: float
+    correction: float
+    target_tpot_ms: float
+    target_ttft_ms: float
+    closed_loop_tpot_ms: float
+    closed_loop_ttft_ms: float
+    concurrency: int
+
+    def latency_ms(self, pf_ms: np.ndarray) -> np.ndarray:
+        pf = np.asarray(pf_ms, dtype=float)
+        off_gpu = (self.overhead_ms + self.prefill_coef * pf) * self.correction - self.prefill_factor * pf
+        return self.latency_scale * np.maximum(off_gpu, 0.0)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def solve_levels(
+    d: Deployed,
+    isl: float,
+    osl: float,
+    concurrency: float,
+    target_tpot_ms: float,
+    target_ttft_ms: float,
+    split: tuple[float, float, float],
+    occupancy: float,
+    reuse: float = 0.0,
+    decode_shape: np.ndarray | None = None,
+    idle_ttft_ms: float | None = None,
+) -> tuple[LevelledStepCost, Levels]:
+    """Level ``d``'s physics on the two-stage serving model's point prediction.
+
+    The operating point: a closed loop of ``concurrency`` clients per attention group (the candidate's
+    requests in flight) sending the trace's mean lengths, ``reuse`` of each prompt served by the
+    prefix cache, clients staggered (``closed_loop_workload``). The prefill occupies ``occupancy`` x
+    its roofline of GPU (``ServingModel.prefill_occupancy``: fitted on how decode slowed beside
+    prefills). Two unknowns: the decode factor and the scale of the TTFT latency that occupies no
+    GPU (``Levels``). In a closed loop the schedule does not depend on step times, so the simulated
+    mean TPOT and TTFT are linear in them: one recorded simulation gives both rows and the solve is
+    exact (TPOT first: it holds no latency term; then TTFT). A TPOT below what the prefills beside
+    the decode already cost clamps the factor at ``MIN_DECODE_FACTOR``; a TTFT below the simulated
+    queueing plus prefill clamps the latency at 0. ``split``: the two-stage TTFT as
+    (overhead ms, prefill coefficient, correction), ``ServingModel.ttft_split``; ``decode_shape``:
+    the decode terms' relative weights (``decode_shape_of`` the serving model's; default the bare
+    roofline), so the factor is the level and the shape says how the step grows with the batch.
+    ``idle_ttft_ms``: the two-stage TTFT of one request per attention group; the latency that occupies
+    no GPU is held at what that leaves over the simulated idle TTFT (latency the server has unloaded),
+    so the two-stage model's closed-loop queueing, where it exceeds the simulated one, is not turned
+    into a latency every request pays at any load: ``closed_loop_ttft_ms`` is then below the target."""
+    shape = PHYSICS_DECODE if decode_shape is None else np.asarray(decode_shape, dtype=float)
+    g = max(int(round(concurrency)), 1)
+    isl_i, osl_i = max(int(round(isl)), 1), max(int(round(osl)), 1)
+    cached = int(round(isl_i * reuse)) if reuse > 0 else -1
+    ttft_row, tpot_row, _ = design_rows(d, isl_i, osl_i, g, cached=cached, stagger=True)
+    # ms per unit of each unknown (rows are µs)
+    td, tp_ = ttft_row[:N_D] @ shape / 1e3, ttft_row[N_D:] @ PHYSICS_PREFILL / 1e3
+    pd, pp = tpot_row[:N_D] @ shape / 1e3, tpot_row[N_D:] @ PHYSICS_PREFILL / 1e3
+    a_d = float(max((target_tpot_ms - occupancy * pp) / max(pd, 1e-12), MIN_DECODE_FACTOR))
+    over, coef, corr = split
+    probe = Levels(a_d, occupancy, 1.0, over, coef, corr, 0, 0, 0, 0, g)
+    new = max(isl_i - max(cached, 0), 1)
+    cost = LevelledStepCost(d.terms, a_d, occupancy, decode_shape=shape)
+    lat1 = float(probe.latency_ms(cost.roofline_prefill_ms(np.array([new]), np.array([max(cached, 0)])))[0])
+    sim_ttft = a_d * td + occupancy * tp_
+    scale = float(max((target_ttft_ms - sim_ttft) / lat1, 0.0)) if lat1 > 0 else 0.0
+    if idle_ttft_ms is not None and lat1 > 0:
+        idle_row, _, _ = design_rows(d, isl_i, osl_i, 1, cached=cached, stagger=True)
+        idle_sim = a_d * (idle_row[:N_D] @ shape) / 1e3 + occupancy * (idle_row[N_D:] @ PHYSICS_PREFILL) / 1e3
+        scale = float(min(scale, max((idle_ttft_ms - idle_sim) / lat1, 0.0)))
+    levels = Levels(
+        a_d,
+        occupancy,
+        scale,
+        over,
+        coef,
+        corr,
+        float(target_tpot_ms),
+        float(target_ttft_ms),
+        float(a_d * pd + occupancy * pp),
+        float(sim_ttft + scale * lat1),
+        g,
+    )
+    return cost, levels
 
 
 # ----- fitting ---------------------------------------------------------------------------------

@@ -95,8 +95,10 @@ def test_top_pick_follows_the_length_mix_and_is_logged(advisor_home, tmp_path): 
         assert top["output_tok_s_per_gpu"] > 0 and top["memory_headroom_gib"] >= 0
         # it meets the SLO at the trace's rate, so it takes at least that load
         assert top["capacity_x"] >= 1 and top["capacity"]["over"] == "arrival rate"
+        # the simulated output tokens/s of the measured window at x and at 1: a deployment that keeps
+        # up at x serves x times as much, less the requests the run's end cuts off
         assert top["max_output_tok_s_per_gpu"] == pytest.approx(
-            top["capacity_x"] * top["output_tok_s_per_gpu"]
+            top["capacity_x"] * top["output_tok_s_per_gpu"], rel=0.15
         )
         assert 0 < top["prefill_utilisation"] < 1
         assert top["reasons"] and top["confidence"] in ("ok", "low")
@@ -157,26 +159,33 @@ def test_agentic_trace_gets_a_ranked_answer_with_reasons(advisor_home, tmp_path,
     for r in out["ranked"]:
         assert 1 <= r["concurrency_per_replica"] < 1000
         assert r["memory_headroom_gib"] >= 0
-    saturated = [r for r in out["ranked"] if r["kv_saturated_rps"] is not None]
-    assert saturated  # 5.5 req/s of 22K-token prompts is more than 8 H200s hold in KV (this model)
-    for r in saturated:
-        assert not r["meets_slo"] and r["ttft_ms"]["p99"] is None and 0 < r["kv_saturated_rps"] < 5.5
-        assert r["flags"][0].startswith("saturated: TTFT grows without bound at 5.50 req/s")
-        assert "GPUs" in r["flags"][0]
+    # 5.5 req/s of 22K-token prompts is more than 8 H200s keep up with (this model): the simulated
+    # rows' queue grows in the busiest window, and they say up to what rate they keep up
+    simulated = [r for r in out["ranked"] if r["source"] == "simulation"]
+    assert simulated
+    for r in simulated:
+        assert not r["meets_slo"] and r["ttft_ms"]["p99"] is None and 0 < r["capacity_x"] < 1
+        assert r["flags"][0].startswith("simulated: ") and "the queue grows at the trace's load" in r["flags"][0]
+        assert f"it keeps up to {r['capacity_x']:.2f}x the trace's rate" in r["flags"][0]
+    for r in out["ranked"]:  # the screen's rows that do not keep up say so its way
+        if r["kv_saturated_rps"] is not None:
+            assert r["source"] == "analytic screen" and 0 < r["kv_saturated_rps"] < 5.5
+            assert r["flags"][0].startswith("saturated: TTFT grows without bound at 5.50 req/s")
+            assert "GPUs" in r["flags"][0]
 
 
 def test_nothing_meets_the_slos_says_what_breaks_the_rate_and_the_gpus_that_would(advisor_home, tmp_path):  # noqa: F811
-    """30 req/s of 2K-token prompts and 300-token outputs is too much for 8 x H200 under TPOT 50 ms /
+    """30 req/s of 2K-token prompts and 300-token outputs is too much for 8 x H200 under TPOT 60 ms /
     TTFT 2 s: every top row names what breaks and the rate it would meet them at, and recommend ranks
     1, 2, 4 nodes for the smallest count that meets them (exit 0: the input was valid). The named
-    rate is checked by asking again at 90 % of it: something then meets the SLOs."""
+    rate is checked in ``test_simulated`` (the same configuration replayed at 90 % of it)."""
     from hpc_advise.advisor.traces import summarize
 
-    slo = ("--slo-tpot-ms", "50", "--slo-ttft-ms", "2000")
+    slo = ("--slo-tpot-ms", "60", "--slo-ttft-ms", "2000")
     trace = _poisson_trace(tmp_path / "hi.jsonl", 2000, 300, rate=30.0)
     out = _recommend(trace, tmp_path / "kb.db", *slo)
     assert out["ranked"] and not any(r["meets_slo"] for r in out["ranked"])
-    conditions = ("TPOT p99", "TTFT p99", "KV cache full", "prefill saturated")
+    conditions = ("TPOT p99", "TTFT p99", "KV cache full", "prefill saturated", "queue grows")
     for r in out["ranked"]:
         assert r["breaks"].startswith(conditions), r["breaks"]
     best = max(out["ranked"], key=lambda r: r["capacity_x"])
@@ -185,11 +194,8 @@ def test_nothing_meets_the_slos_says_what_breaks_the_rate_and_the_gpus_that_woul
     assert f"meets them up to {rate:.2f} req/s" in best["breaks"]
     more = out["more_gpus"]
     assert more["tried_gpus"][0] == 16 and more["gpus"] in more["tried_gpus"]
-    assert more["nodes"] == more["gpus"] / 8 and more["tpot_ms_p99"] <= 50 and more["ttft_ms_p99"] <= 2000
+    assert more["nodes"] == more["gpus"] / 8 and more["tpot_ms_p99"] <= 60 and more["ttft_ms_p99"] <= 2000
     assert more["gpus"] >= 8 / best["capacity_x"] * 0.5  # more replicas for 1/x of the load, not fewer
-    lower = _poisson_trace(tmp_path / "lower.jsonl", 2000, 300, rate=0.9 * 30.0 * best["capacity_x"])
-    again = _recommend(lower, tmp_path / "kb.db", *slo)
-    assert again["top"]["meets_slo"] and "more_gpus" not in again and "breaks" not in again["top"]
     text = CliRunner().invoke(recommend, _args(tmp_path / "hi.jsonl", tmp_path / "kb.db", *slo))
     assert text.exit_code == 0, text.output
     assert "no configuration meets the SLOs:" in text.output
@@ -507,10 +513,10 @@ def test_slo_ranking_orders_by_max_tokens_per_gpu(advisor_home):  # noqa: F811
 
 
 def test_reasons_and_table_show_capacity(advisor_home, tmp_path):  # noqa: F811
-    """hy3 on 8 x H200, the chat example, TPOT p99 <= 35 ms: the pick (attention DP + EP) takes
-    more than 10 % more load per GPU than the best-ranked other deployment, and its reasons say so
-    with both numbers; the table has the capacity columns."""
-    out = _recommend("chat_uniform.csv", tmp_path / "kb.db", "--slo-tpot-ms", "35", "--top", "500")
+    """hy3 on 8 x H200, the chat example, TPOT p99 <= 50 ms: the pick takes more than 10 % more load
+    per GPU than the best-ranked other deployment (both simulated), and its reasons say so with both
+    numbers; the table has the capacity columns."""
+    out = _recommend("chat_uniform.csv", tmp_path / "kb.db", "--slo-tpot-ms", "50", "--top", "500")
     top = out["top"]
     other = next(r for r in out["ranked"] if _shape(r)[:4] != _shape(top)[:4])
     cap, alt = top["capacity"], other["capacity"]
@@ -527,10 +533,10 @@ def test_reasons_and_table_show_capacity(advisor_home, tmp_path):  # noqa: F811
     ]
     args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "hy3", "--gpu", "h200", "--gpus", "8"]
     res = CliRunner().invoke(
-        recommend, [*args, "--db", str(tmp_path / "kb.db"), "--slo-tpot-ms", "35", "--top", "2"]
+        recommend, [*args, "--db", str(tmp_path / "kb.db"), "--slo-tpot-ms", "50", "--top", "2"]
     )
     assert res.exit_code == 0, res.output
-    header = next(line for line in res.output.splitlines() if "config" in line)
+    header = next(line for line in res.output.splitlines() if line.startswith("|") and "config" in line)
     assert "max tok/s/GPU" in header and "load x" in header and "out tok/s/GPU" not in header
     row = next(line for line in res.output.splitlines() if line.startswith("|   1 |"))
     cells = [x.strip() for x in row.split("|")[1:-1]]

@@ -4,16 +4,15 @@ the fitted model implements (``cost``), the replayed requests and the windows of
 (``workload``), what comes out (``metrics``), several replicas behind a router (``replicas``) and the
 capacity search (``search``). Numpy only; nothing here imports torch, triton, kernels or runtime.
 
-How ``recommend`` is meant to use it on a long trace (1,000,000 requests in <= 15 s on 2 cores):
-screen candidates analytically (memory, prefill saturation) first; choose the windows once per trace
-from its arrival and token arrays (``select_windows``: the busiest 5 minutes plus sampled ones,
-each with a 60 s warm-up, described by ``Window.describe`` for the report), load only those
-requests (``Workload.from_requests`` on the window's records); for each surviving candidate bisect
-the load factor on the busiest window (``search.capacity_search`` over ``replicas.simulate_replicas``
-with ``window=``; a run stops at the window's end plus a drain, so an overloaded one is cut short and
-its unfinished requests fail the SLOs), then simulate the sampled windows once at the chosen load for
-the reported distributions. A busiest-window run of the synthetic agentic trace (2,200 requests,
-20-50K scheduler steps) costs about 0.1-0.15 s of CPU; a bisection to 5 % about 7 of them."""
+How ``recommend`` uses it (``advisor/simulated.py``; 1,000,000 requests in <= 15 s on 2 cores):
+candidates are screened analytically first; the windows are chosen once per trace from its arrival
+and token arrays (``select_windows``: the busiest 5 minutes, shortened to at most 1,000 requests, plus
+a sampled one, each with a warm-up, described by ``Window.describe`` for the report); each window's
+requests are split over the replicas once (``replicas.split_for``); for each surviving candidate the
+load factor is bisected on the busiest window (``search.capacity_search`` over ``replicas.run_split``,
+the window tiled (``workload.tiled``) so a high load is sustained, a run stopping at the window's end
+plus a drain), and the sampled window is simulated once at the trace's load for the reported
+distributions."""
 
 from hpc_advise.advisor.simulate.config import (
     SchedulerConfig,
@@ -23,7 +22,7 @@ from hpc_advise.advisor.simulate.config import (
 from hpc_advise.advisor.simulate.cost import LinearStepCost, PrefillShape, StepCost
 from hpc_advise.advisor.simulate.engine import simulate
 from hpc_advise.advisor.simulate.metrics import SimResult, merge, percentile
-from hpc_advise.advisor.simulate.workload import Window, Workload, WorkloadError, select_windows
+from hpc_advise.advisor.simulate.workload import Window, Workload, WorkloadError, select_windows, tiled
 
 __all__ = [
     "LinearStepCost",
@@ -40,4 +39,5 @@ __all__ = [
     "percentile",
     "select_windows",
     "simulate",
+    "tiled",
 ]

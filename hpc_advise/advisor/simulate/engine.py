@@ -58,6 +58,7 @@ from hpc_advise.advisor.simulate.workload import Workload, WorkloadError
 _NAN = float("nan")
 _LPM_QUEUE_LIMIT = 128  # SGLang turns LPM into FCFS above this queue length
 _MAX_RUN = 1 << 16  # decode steps one vectorised burst computes at most
+_MIN_RUN = 24  # shorter stretches run step by step: numpy's per-call cost exceeds the loop's there
 
 
 def simulate(
@@ -374,7 +375,10 @@ class _Replica:
             locked = cache.total - cache.evictable + other_priv
             total = cache.total
             bs = n_run
-            if run_s is not None:
+            vector = run_s is not None and min(stop_d - D, room // bs) >= _MIN_RUN
+            if vector and stop_t < math.inf:  # steps until the next arrival, at the first step's time
+                vector = stop_t - t >= _MIN_RUN * cost.decode_s(bs, seq_base + bs * D)
+            if vector:
                 k = int(min(stop_d - D, room // bs, _MAX_RUN)) if D < stop_d and t < stop_t else 0
                 if k <= 0:
                     ensure_free(0)

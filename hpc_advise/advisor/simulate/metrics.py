@@ -12,7 +12,7 @@ goodput counts the requests meeting every SLO given.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -181,6 +181,21 @@ class SimResult:
             "prefill_steps": self.prefill_steps,
             "decode_steps": self.decode_steps,
         }
+
+    def delayed(self, extra_s: np.ndarray) -> SimResult:
+        """The same run with every token of request i reaching its client ``extra_s[i]`` later: a
+        latency that occupies no GPU (tokenizing, scheduling, streaming). TTFT, E2E and the finish
+        move by it; TPOT, ITL, queue time and the schedule do not."""
+        extra = np.asarray(extra_s, dtype=np.float64)
+        if extra.shape != self.send_s.shape:
+            raise ValueError(f"delayed: {extra.size} latencies for {self.n_requests} requests")
+        return replace(
+            self,
+            ttft_s=self.ttft_s + extra,
+            e2e_s=self.e2e_s + extra,
+            finish_s=self.finish_s + extra,
+            notes=list(self.notes),
+        )
 
     def meets(self, slo_ttft_s: float | None = None, slo_tpot_s: float | None = None, q: float = 99) -> bool:
         """The q-th percentile of TTFT and of TPOT within the SLOs given, and nothing rejected."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from hpc_advise.advisor.simulate.config import SchedulerConfig
 from hpc_advise.advisor.simulate.cost import StepCost
 from hpc_advise.advisor.simulate.engine import simulate
 from hpc_advise.advisor.simulate.metrics import SimResult, merge
-from hpc_advise.advisor.simulate.workload import Window, Workload, WorkloadError
+from hpc_advise.advisor.simulate.workload import Window, Workload, WorkloadError, tiled
 
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS = 64
@@ -100,6 +101,64 @@ def split_replicas(
     return [np.flatnonzero(dest == k) for k in range(n_replicas)]
 
 
+@dataclass
+class Split:
+    """A workload (or one window of it) split over replicas once, for runs at several loads and
+    costs (``split_for``): each replica's requests, and what the window measures."""
+
+    parts: list[Workload]
+    origin_s: float
+    window: Window | None = None
+
+
+def split_for(
+    workload: Workload, n_replicas: int, policy: str = "auto", window: Window | None = None, copies: int = 1
+) -> Split:
+    """``split_replicas`` of ``workload`` (only ``window``'s requests and its warm-up's, when given;
+    ``copies`` > 1: those ``workload.tiled`` that many times, the last copy's window measured).
+    The split does not depend on the load: the router's in-flight estimate uses trace time."""
+    if window is not None:
+        idx, _ = window.indices(workload.arrival_s)
+        origin = float(workload.arrival_s[idx[0]]) if idx.size else window.start_s
+        workload = workload.select(idx)
+        if copies > 1:
+            workload = tiled(workload, copies, window.period_s)
+            window = window.shifted((copies - 1) * window.period_s)
+    else:
+        origin = float(workload.arrival_s[0]) if len(workload) else 0.0
+    parts = [workload.select(idx) for idx in split_replicas(workload, n_replicas, policy) if idx.size]
+    return Split(parts, origin, window)
+
+
+def run_split(
+    split: Split,
+    cost: StepCost,
+    config: SchedulerConfig,
+    *,
+    concurrency: int | None = None,
+    load: float = 1.0,
+    drain_s: float | None = None,
+    **simulate_kw,
+) -> SimResult:
+    """Simulate every part of ``split`` (same config and cost) and pool the results with
+    ``metrics.merge``. With a window its own requests are measured and the run stops ``drain_s``
+    simulated seconds after the window's end (default: max(120 s, twice the window's simulated
+    length)); what is not finished by then counts as such. Other keywords go to ``simulate``."""
+    window = split.window
+    if window is not None:
+        length = (window.end_s - window.start_s) / load
+        drain = max(120.0, 2 * length) if drain_s is None else drain_s
+        simulate_kw.setdefault("measure_from_s", window.start_s)
+        simulate_kw.setdefault("measure_until_s", window.end_s)
+        if concurrency is None:
+            simulate_kw.setdefault("horizon_s", (window.end_s - split.origin_s) / load + drain)
+    simulate_kw["load"] = load
+    simulate_kw.setdefault("origin_s", split.origin_s)
+    n = len(split.parts)
+    per = None if concurrency is None else max(1, round(concurrency / max(n, 1)))
+    return merge([simulate(part, cost, config, concurrency=per, **simulate_kw) for part in split.parts])
+
+
 def simulate_replicas(
     workload: Workload,
     cost: StepCost,
@@ -114,29 +173,9 @@ def simulate_replicas(
     **simulate_kw,
 ) -> SimResult:
     """Split with ``split_replicas``, simulate every replica (same config and cost), pool the results
-    with ``metrics.merge``. With ``window`` only its requests (and its warm-up's) are replayed and its
-    own are measured; the run stops ``drain_s`` simulated seconds after the window's end (default:
-    max(120 s, twice the window's simulated length)), what is not finished by then counts as such.
-    Other keywords go to ``simulate``."""
-    if window is not None:
-        idx, start = window.indices(workload.arrival_s)
-        origin = float(workload.arrival_s[idx[0]]) if idx.size else window.start_s
-        workload = workload.select(idx)
-        length = (window.end_s - window.start_s) / load
-        drain = max(120.0, 2 * length) if drain_s is None else drain_s
-        simulate_kw.setdefault("measure_from_s", start)
-        simulate_kw.setdefault("measure_until_s", window.end_s)
-        simulate_kw.setdefault("origin_s", origin)
-        if concurrency is None:
-            simulate_kw.setdefault("horizon_s", (window.end_s - origin) / load + drain)
-    simulate_kw["load"] = load
-    parts = split_replicas(workload, n_replicas, policy)
-    per = None if concurrency is None else max(1, round(concurrency / n_replicas))
-    origin = float(workload.arrival_s[0]) if len(workload) else 0.0
-    simulate_kw.setdefault("origin_s", origin)
-    results = [
-        simulate(workload.select(idx), cost, config, concurrency=per, **simulate_kw)
-        for idx in parts
-        if idx.size
-    ]
-    return merge(results)
+    with ``metrics.merge`` (``split_for`` then ``run_split``). With ``window`` only its requests (and
+    its warm-up's) are replayed and its own are measured; the run stops ``drain_s`` simulated seconds
+    after the window's end (default: max(120 s, twice the window's simulated length)), what is not
+    finished by then counts as such. Other keywords go to ``simulate``."""
+    split = split_for(workload, n_replicas, policy, window)
+    return run_split(split, cost, config, concurrency=concurrency, load=load, drain_s=drain_s, **simulate_kw)

@@ -2,9 +2,11 @@
 
 ``capacity_search(evaluate)`` knows nothing of candidates or ranking: ``evaluate(load) -> bool``
 says whether the deployment passes at ``load`` times the trace's rate (or concurrency). It assumes
-passing is monotone in the load (latency grows with it), brackets the transition by doubling or
-halving from ``start``, then bisects on log(load) until the last pass and the first fail are within
-a ratio of ``1 + rel_tol``.
+passing is monotone in the load (latency grows with it), brackets the transition by multiplying
+``start`` by ``step`` while it passes (dividing while it fails), then bisects on log(load) until the
+last pass and the first fail are within a ratio of ``1 + rel_tol``. A cold start (``step`` >= 2) that
+fails at ``start`` tries ``lo`` next (a deployment failing there too costs two evaluations, not a
+halving down to it); a warm one (a guess, ``step`` < 2) steps down from it.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ def capacity_search(
     hi: float = 64.0,
     rel_tol: float = 0.02,
     start: float = 1.0,
+    step: float = 2.0,
 ) -> CapacityResult:
-    if not 0 < lo <= hi or rel_tol <= 0:
-        raise ValueError(f"capacity search needs 0 < lo <= hi and rel_tol > 0 (got {lo}, {hi}, {rel_tol})")
+    if not 0 < lo <= hi or rel_tol <= 0 or step <= 1:
+        raise ValueError(
+            f"capacity search needs 0 < lo <= hi, rel_tol > 0 and step > 1 (got {lo}, {hi}, {rel_tol}, {step})"
+        )
     seen: list[tuple[float, bool]] = []
 
     def ev(x: float) -> bool:
@@ -41,7 +46,7 @@ def capacity_search(
     if ev(x):
         good, bad = x, None
         while bad is None and good < hi:
-            y = min(good * 2, hi)
+            y = min(good * step, hi)
             if ev(y):
                 good = y
             else:
@@ -50,8 +55,12 @@ def capacity_search(
             return CapacityResult(good, None, tuple(seen))
     else:
         good, bad = None, x
+        if step >= 2.0 and x > lo:  # a cold start: failing at the lowest load ends the search at once
+            if not ev(lo):
+                return CapacityResult(0.0, lo, tuple(seen))
+            good = lo
         while good is None and bad > lo:
-            y = max(bad / 2, lo)
+            y = max(bad / step, lo)
             if ev(y):
                 good = y
             else:

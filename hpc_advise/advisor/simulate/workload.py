@@ -15,7 +15,7 @@ batch and the prefix cache) but not measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -125,6 +125,33 @@ class Workload:
         )
 
 
+def tiled(w: Workload, copies: int, period_s: float) -> Workload:
+    """``w`` repeated ``copies`` times, copy j's arrivals ``j * period_s`` later, so a window can be
+    replayed for longer than its own span (at a high load factor its requests arrive within less than
+    one request's lifetime: one burst, absorbed, where the same rate sustained would not be). Each
+    copy's prefix hashes are offset past the previous copy's, so a copy finds no cached prefix of an
+    earlier copy (a sustained trace brings new sessions)."""
+    if copies <= 1:
+        return w
+    n = len(w)
+    stride = int(w.hashes.max()) + 1 if w.hashes.size else 0
+    counts = w.hash_offsets[1:] - w.hash_offsets[:-1]
+    cnt = np.tile(counts, copies)
+    off = np.zeros(cnt.size + 1, dtype=np.int64)
+    np.cumsum(cnt, out=off[1:])
+    hashes = np.concatenate([w.hashes + j * stride for j in range(copies)]) if w.hashes.size else w.hashes
+    return Workload(
+        np.concatenate([w.arrival_s + j * period_s for j in range(copies)]),
+        np.tile(w.input_len, copies),
+        np.tile(w.output_len, copies),
+        np.tile(w.cached, copies),
+        off,
+        hashes,
+        w.block_size,
+        None if w.max_new_tokens is None else np.tile(w.max_new_tokens, copies),
+    ) if n else w
+
+
 @dataclass(frozen=True)
 class Window:
     """A stretch of the trace to simulate: requests arriving in [start_s - warmup_s, end_s) are
@@ -137,12 +164,22 @@ class Window:
     n_requests: int  # measured requests
     tokens_per_s: float  # prompt + output tokens arriving per second in the window
 
-    def describe(self) -> str:
+    def describe(self, origin_s: float = 0.0) -> str:
+        """One line for the report; times in seconds after ``origin_s`` (the trace's first arrival)."""
         return (
-            f"{self.kind} window {self.start_s:.0f}-{self.end_s:.0f} s of the trace "
+            f"{self.kind} window {self.start_s - origin_s:.0f}-{self.end_s - origin_s:.0f} s of the trace "
             f"({self.n_requests} requests, {self.tokens_per_s:,.0f} tok/s arriving; "
             f"{self.warmup_s:.0f} s warm-up before it)"
         )
+
+    @property
+    def period_s(self) -> float:
+        """Warm-up plus window: the spacing of ``tiled`` copies of the window's requests."""
+        return self.warmup_s + (self.end_s - self.start_s)
+
+    def shifted(self, by_s: float) -> Window:
+        """The same window ``by_s`` later (the last of ``tiled`` copies)."""
+        return replace(self, start_s=self.start_s + by_s, end_s=self.end_s + by_s)
 
     def indices(self, arrival_s: np.ndarray) -> tuple[np.ndarray, float]:
         """(indices of the requests to replay, the measured start in the same time base)."""

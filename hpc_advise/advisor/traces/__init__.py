@@ -127,10 +127,14 @@ def read_trace(
     return TraceReader(path, fmt, skip_bad, options=options, name=name)
 
 
-def _summarize_once(reader: TraceReader, concurrency, sample, time_range) -> tuple[TraceSummary, Summarizer]:
+def _summarize_once(
+    reader: TraceReader, concurrency, sample, time_range, keep=None
+) -> tuple[TraceSummary, Summarizer]:
     summarizer = Summarizer(reorder_s=REORDER_S, sample=sample, time_range=time_range)
     for cols in reader.columns():
         summarizer.add_columns(cols)
+        if keep is not None:
+            keep(cols)
     summary = summarizer.result(
         source=reader.name, fmt=reader.format, n_bad=reader.n_bad, concurrency=concurrency, meta=reader.meta
     )
@@ -153,13 +157,16 @@ def summarize(
     skip_bad: bool = False,
     *,
     tokenizer: str | None = None,
+    keep=None,
 ) -> TraceSummary:
     """Summarize a trace (see ``traces.summary`` for every field's definition).
 
     ``concurrency``: decode batch size for the context-spread figures (default 64).
     ``window_minutes``: summarize only the busiest window of that length (two passes over the file;
     stdin is spooled to a temporary file first). ``sample``: keep each request with this probability
-    (chosen by a hash of its position in the file, so the same requests every time).
+    (chosen by a hash of its position in the file, so the same requests every time). ``keep``: called
+    with every checked ``Columns`` chunk as it is read (``recommend`` keeps what it simulates from the
+    same pass; not with ``window_minutes``).
     """
     if sample is not None and not 0.0 < sample <= 1.0:
         raise TraceError(f"sample must be a fraction in (0, 1], got {sample}")
@@ -167,7 +174,9 @@ def summarize(
         raise TraceError(f"concurrency must be >= 1, got {concurrency}")
     if window_minutes is None:
         reader = read_trace(path, fmt, skip_bad, tokenizer=tokenizer)
-        return _summarize_once(reader, concurrency, sample, None)[0]
+        return _summarize_once(reader, concurrency, sample, None, keep)[0]
+    if keep is not None:
+        raise TraceError("keep= reads one pass; it does not combine with a window")
     if window_minutes <= 0:
         raise TraceError(f"window must be > 0 minutes, got {window_minutes}")
     spool = None
