@@ -448,9 +448,10 @@ class LayerMoe:
         buckets = moe_buckets(self.points, shape, runner)
         notes: list[str] = []
         scale = 1.0
-        if not buckets:  # another rank shape of the same scheme and top-k, scaled by expert bytes
-            others = {p.shape for p in self.points if p.runner == runner and p.shape.quant == shape.quant
-                      and p.shape.top_k == shape.top_k}  # fmt: skip
+        if not buckets:  # another rank shape of the same scheme (and top-k where one was measured), scaled by
+            # expert bytes, which count the experts a batch touches at each top-k
+            same = [p.shape for p in self.points if p.runner == runner and p.shape.quant == shape.quant]
+            others = {s for s in same if s.top_k == shape.top_k} or set(same)
             if not others:
                 return None
             size = shape.experts * shape.hidden * shape.inter

@@ -172,3 +172,9 @@ def test_moe_runners_told_apart_by_measured_pairs():
     assert d == pytest.approx(-20.0) and any("scaled by expert bytes" in n for n in notes)
     assert moe.delta_us("deep_gemm", HY3_TP8, 32) is None
     assert moe.delta_us("hpc_advise", measured.MoeShape(256, 7168, 256, 9, "fp8-block128"), 32) is None
+    # same scheme, another top-k (DeepSeek's fused shared expert makes top-9): scaled by the bytes of the
+    # experts a batch touches at each top-k, said so
+    top9 = measured.MoeShape(192, 4096, 192, 9, "fp8-per-tensor")
+    d, notes = moe.delta_us("hpc_advise", top9, 1)
+    assert d == pytest.approx(-10.0 * top9.expert_bytes(1) / HY3_TP8.expert_bytes(1))
+    assert any("MoE measured at E192 H4096 I192 top-8" in n for n in notes)
