@@ -291,6 +291,24 @@ def test_capacity_search_bisects():
     assert capacity_search(lambda x: True, hi=8.0).fail_at is None
 
 
+def test_capacity_search_uses_known_loads_and_does_not_repeat_them():
+    """A warm start at 2.6 (step 1.5) fails, so does 1.73. A known pass at 1.2 lies within the next step
+    down (1.73 / 1.5 = 1.16 .. 1.73): the search goes to it, without evaluating it. One at 1.0 lies below
+    that range: the step goes to 1.16 as it would without it. A known point is never evaluated."""
+    truth = lambda x: x <= 1.25  # noqa: E731
+    for known, third in ((1.2, 1.2), (1.0, 2.6 / 1.5**2)):
+        calls = []
+
+        def ok(x, calls=calls):
+            calls.append(x)
+            return truth(x)
+
+        res = capacity_search(ok, 1 / 64, 64.0, 0.1, 2.6, 1.5, known=((known, True),))
+        assert res.load <= 1.25 < res.fail_at and res.fail_at / res.load <= 1.1 + 1e-9
+        assert [x for x, _ in res.evaluations[:3]] == pytest.approx([2.6, 2.6 / 1.5, third])
+        assert known not in calls
+
+
 def test_mooncake_example_runs():
     from hpc_advise.advisor.traces import read_trace
 

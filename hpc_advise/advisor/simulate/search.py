@@ -6,7 +6,9 @@ passing is monotone in the load (latency grows with it), brackets the transition
 ``start`` by ``step`` while it passes (dividing while it fails), then bisects on log(load) until the
 last pass and the first fail are within a ratio of ``1 + rel_tol``. A cold start (``step`` >= 2) that
 fails at ``start`` tries ``lo`` next (a deployment failing there too costs two evaluations, not a
-halving down to it); a warm one (a guess, ``step`` < 2) steps down from it.
+halving down to it); a warm one (a guess, ``step`` < 2) steps down from it. ``known`` are loads
+already evaluated (free to the caller, e.g. the trace's own load): a step that would pass beyond a
+known fail, or below a known pass, goes to that load instead, and it is not evaluated again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def capacity_search(
     rel_tol: float = 0.02,
     start: float = 1.0,
     step: float = 2.0,
+    known: tuple[tuple[float, bool], ...] = (),
 ) -> CapacityResult:
     if not 0 < lo <= hi or rel_tol <= 0 or step <= 1:
         raise ValueError(
@@ -37,16 +40,26 @@ def capacity_search(
         )
     seen: list[tuple[float, bool]] = []
 
+    cached = dict(known)
+
     def ev(x: float) -> bool:
-        ok = bool(evaluate(x))
+        ok = bool(cached[x]) if x in cached else bool(evaluate(x))
         seen.append((x, ok))
         return ok
+
+    def up(good: float) -> float:  # the next load above a pass: a known fail before good * step
+        fails = [k for k, ok in cached.items() if not ok and good < k < good * step]
+        return min(fails) if fails else min(good * step, hi)
+
+    def down(bad: float) -> float:  # the next load below a fail: a known pass after bad / step
+        passes = [k for k, ok in cached.items() if ok and bad / step < k < bad]
+        return max(passes) if passes else max(bad / step, lo)
 
     x = min(max(start, lo), hi)
     if ev(x):
         good, bad = x, None
         while bad is None and good < hi:
-            y = min(good * step, hi)
+            y = up(good)
             if ev(y):
                 good = y
             else:
@@ -60,7 +73,7 @@ def capacity_search(
                 return CapacityResult(0.0, lo, tuple(seen))
             good = lo
         while good is None and bad > lo:
-            y = max(bad / step, lo)
+            y = down(bad)
             if ev(y):
                 good = y
             else:
