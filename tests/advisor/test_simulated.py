@@ -157,19 +157,8 @@ def test_a_burst_puts_the_simulated_ttft_tail_above_the_analytic_one(advisor_hom
 
 def test_the_text_names_the_window_and_prints_the_distributions(advisor_home, tmp_path):  # noqa: F811
     trace = Path(__file__).resolve().parents[2] / "examples" / "traces" / "agentic_coding.jsonl"
-    args = [
-        "--trace",
-        str(trace),
-        "--model",
-        "hy3",
-        "--gpu",
-        "h200",
-        "--gpus",
-        "8",
-        "--db",
-        str(tmp_path / "kb.db"),
-    ]
-    res = CliRunner().invoke(recommend, [*args, "--slo-tpot-ms", "50", "--slo-ttft-ms", "2000", "--top", "3"])
+    args = [f"--trace={trace}", "--model=hy3", "--gpu=h200", "--gpus=8", f"--db={tmp_path / 'kb.db'}"]
+    res = CliRunner().invoke(recommend, [*args, "--slo-tpot-ms=50", "--slo-ttft-ms=2000", "--top=3"])
     assert res.exit_code == 0, res.output
     text = res.output
     assert "from sim: " in text and "busiest window 294-594 s of the trace" in text
