@@ -377,20 +377,20 @@ def recommend(
         advise=True,
         nic=nic_gbps,
     )
-    if not summary.rate_rps and concurrency is None:
-        extra_note = f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
-        note = f"{note}; {extra_note}" if note else extra_note
     from hpc_advise.advisor.recommend import TraceLoad, reuse_note
 
-    extra_note = reuse_note(TraceLoad.from_summary(summary))
+    notes = [note]
+    if not summary.rate_rps and concurrency is None:
+        notes.append(
+            f"the trace has no arrival times: {ranker_concurrency(summary)} requests in flight assumed (--concurrency N)"
+        )
+    notes.append(reuse_note(TraceLoad.from_summary(summary)))
     if not mdl.hf_id and not model_name.endswith(".json"):
-        no_path = (
+        notes.append(
             f"{model_name} names no checkpoint of its {mdl.quantization} weights: replace --model-path in the "
             "launch line (or `hpc-advise launch --model-path`)"
         )
-        extra_note = f"{extra_note}; {no_path}" if extra_note else no_path
-    if extra_note:
-        note = f"{note}; {extra_note}" if note else extra_note
+    note = "; ".join(n for n in notes if n)
     if note and not as_json:
         click.echo(note, err=True)
     cmd = (
