@@ -324,8 +324,10 @@ class MoeBucket:
     source: str
     # median over the pairs of SGLang's default time / ours (< 1: SGLang's measured faster); the decision
     # and the printed figure both come from it, so a bucket whose pairs span several context mixes is never
-    # called "ours faster" beside a figure below 1
+    # called "ours faster" beside a figure below 1 (the medians of the two times alone can disagree with it)
     ratio: float
+    ratio_lo: float  # the pairs' lowest and highest ratio
+    ratio_hi: float
 
     @property
     def default_faster(self) -> bool:
@@ -338,9 +340,11 @@ class MoeBucket:
 
     def figure(self) -> str:
         what = "MoE runner" if self.source.startswith("layer step") else "kernel"
+        lo, hi = f"{self.ratio_lo:.2f}", f"{self.ratio_hi:.2f}"
+        spread = f", {lo}-{hi}x" if lo != hi else ""
         return (
-            f"{self.source} at T = {self.tokens}: {self.default_us:.1f} us with SGLang's triton {what} vs "
-            f"{self.runner_us:.1f} us with ours (ours {self.ratio:.2f}x), median of {self.n} measured pair(s)"
+            f"{self.source} at T = {self.tokens}: ours {self.ratio:.2f}x SGLang's triton {what}, the median of "
+            f"{self.n} measured pair(s){spread}"
         )
 
 
@@ -386,7 +390,9 @@ def moe_buckets(points: list[MoePoint], shape: MoeShape, runner: str = "hpc_advi
                 statistics.median(p.per_layer_delta_us for p in ps),
                 len(ps),
                 ps[0].source,
-                statistics.median(p.default_us / p.runner_us for p in ps),
+                statistics.median(p.ratio for p in ps),
+                min(p.ratio for p in ps),
+                max(p.ratio for p in ps),
             )  # fmt: skip
         )
     return out

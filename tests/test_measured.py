@@ -52,7 +52,7 @@ def test_handoff_where_sglang_measured_faster_and_ours_elsewhere():
     slower = measured.moe_handoff(HY3_TP8, 32, points)
     assert slower.runner == "triton" and slower.measured
     assert slower.bucket.per_layer_delta_us == pytest.approx(10.0)  # (1040 - 1000) / 4 layers
-    assert "1000.0 us with SGLang's triton" in slower.reason() and "0.96x" in slower.reason()
+    assert "at T = 32: ours 0.96x SGLang's triton MoE runner, the median of 4" in slower.reason()
     # buckets: bs 1 -> T 1-5, bs 32 -> 6-90, bs 256 -> 91-512 (geometric midpoints)
     for t in (1, 5, 91, 200, 512):
         got = measured.moe_handoff(HY3_TP8, t, points)
@@ -75,7 +75,8 @@ def test_a_bucket_over_several_mixes_decides_by_its_median_ratio():
         ]
     got = measured.moe_handoff(HY3_TP8, 64, measured.moe_points(rows))
     assert got.runner == "hpc_advise" and got.bucket.ratio == pytest.approx(6359.5 / 6308.3)
-    assert "ours 1.01x" in got.reason()
+    assert "ours 1.01x SGLang's triton MoE runner, the median of 3 measured pair(s), 0.98-1.02x" in got.reason()
+    assert "4683.6" not in got.reason()  # no step times whose own ratio disagrees with the printed one
 
 
 def test_a_later_run_with_our_runner_handing_off_keeps_the_earlier_pairs():
