@@ -37,8 +37,9 @@ SGLang's Triton at the same attention re-decide the hand-off).
 sgl-kernel is not installed on the GPU machine (too large to carry): ``SGLANG_FORCE_FUSED_OP_BACKEND=torch``
 puts RMSNorm, SiLU*mul, top-k and rotary on SGLang's torch paths in every combination (a cost common to all
 of them), non-expert linears stay bf16 (``SGLANG_FP8_IGNORED_LAYERS``), experts are FP8 per-tensor (online
-``--quantization fp8``, the Hy3 deployment's recipe) or 128x128 blocks (Qwen3-235B's checkpoint recipe is
-block FP8; online quantization cannot make blocks, so Qwen3 here is per-tensor too: see the table's notes);
+``--quantization fp8``, the Hy3 deployment's recipe; Qwen3 here too, whose checkpoints are block FP8) or, for the
+``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json),
+where SGLang's DeepGEMM MoE runner is timed too when the ``deep_gemm`` package is installed;
 the few sgl-kernel names those paths still import are given SGLang's own twins (``_sgl_kernel_twins``).
 
 Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds it)::
@@ -161,6 +162,15 @@ _DSV3 = {
     "num_nextn_predict_layers": 0,
     "attention_bias": False,
 }
+# How the experts are FP8: ``--quantization fp8`` on bf16 weights (per-tensor, online; the default), or a
+# checkpoint's 128x128 blocks (``BLOCK``). Online quantization cannot make blocks.
+ONLINE, BLOCK = "online", "block128"
+BLOCK_QUANT_CONFIG = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
 MODELS = {
     "hy3": {"tp": 8, "ep": 1, "kv_cache_dtype": "auto", "gate_bytes": 4, "config": _HY3},
     # Qwen3 with bf16 KV takes fused_set_kv_buffer_arg, which the torch rotary path refuses: fp8 KV.
@@ -178,6 +188,27 @@ MODELS = {
     # unconditionally (none -> TypeError), and a 1/8 share cannot be written as n_shared_experts; the floor
     # counts the whole expert (bf16, 88 MB a layer beside 1.4 GB of local FP8 experts)
     "dsv3-ep8": {"tp": 8, "ep": 8, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
+    # DeepSeek-V3's own recipe: its checkpoint's 128x128-block FP8 experts (``quantization_config`` in config.json,
+    # as the published checkpoint has it; random FP8 values and block scales), where the runners SGLang picks
+    # from for it are its Triton, DeepGEMM (``deep_gemm``, when carried) and ours
+    "dsv3-block": {
+        "tp": 8,
+        "ep": 1,
+        "kv_cache_dtype": "auto",
+        "gate_bytes": 2,
+        "config": _DSV3,
+        "recipe": BLOCK,
+        "profile": "dsv3",
+    },
+    "dsv3-ep8-block": {
+        "tp": 8,
+        "ep": 8,
+        "kv_cache_dtype": "auto",
+        "gate_bytes": 2,
+        "config": _DSV3,
+        "recipe": BLOCK,
+        "profile": "dsv3",
+    },
 }
 
 ATTENTION = ("triton", "hpc_advise")
@@ -187,6 +218,9 @@ ATTENTION = ("triton", "hpc_advise")
 # ``hpc_advise.measured`` decides the hand-off from; its rows say ``moe_runner`` hpc_advise, ``moe_handoff`` off.
 RAW = "hpc_advise-raw"
 MOE_RUNNERS = ("triton", "hpc_advise", RAW)
+# SGLang's DeepGEMM MoE runner (standard dispatch -> deep_gemm's grouped GEMMs): block FP8 only, and only where
+# the ``deep_gemm`` package (sgl-deep-gemm) is installed; every other worker runs with SGLang's DeepGEMM switched off
+DEEP_GEMM = "deep_gemm"
 ROUTERS = ("sglang", "hpc_advise")
 # (decode attention, MoE runner, router); the numerical reference runs eager: SGLang's torch_native decode
 # attention and ``reference``, our runner's layer with the pure-torch fp32 MoE (``_install_reference_moe``).
@@ -201,6 +235,29 @@ IGNORED_LINEARS = (
 
 def is_mla(model: str) -> bool:
     return "kv_lora_rank" in MODELS[model]["config"]
+
+
+def recipe(model: str) -> str:
+    return MODELS[model].get("recipe", ONLINE)
+
+
+def quantization_text(model: str) -> str:
+    if recipe(model) == BLOCK:
+        return "fp8 experts 128x128 blocks (checkpoint recipe), bf16 linears"
+    return "fp8 experts per-tensor (online), bf16 linears"
+
+
+def subject_of(model: str) -> str:
+    """The rows' subject: the model profile's short name (``profile``, else the key), its TP or EP rank."""
+    spec = MODELS[model]
+    name = spec.get("profile", model.removesuffix(f"-ep{spec['ep']}") if spec["ep"] > 1 else model)
+    return f"{name}-ep{spec['ep']}-rank" if spec["ep"] > 1 else f"{name}-tp{spec['tp']}-rank"
+
+
+def _has_deep_gemm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deep_gemm") is not None
 
 
 def _keys(cfg: dict) -> tuple[str, str]:
@@ -219,6 +276,8 @@ def combos(model: str) -> list[tuple[str, str, str]]:
     attns = ("triton",) if is_mla(model) else ATTENTION
     routers = ROUTERS if spec["ep"] == 1 and not is_mla(model) else ("sglang",)
     out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
+    if recipe(model) == BLOCK and _has_deep_gemm():
+        out += [(a, DEEP_GEMM, "sglang") for a in attns]
     out.sort(key=lambda c: c != DEFAULT)
     return out
 
@@ -251,6 +310,8 @@ def shard_config(model: str, layers: int) -> dict:
             cfg[key] //= ep
         if "n_group" in cfg:
             cfg.update(n_group=1, topk_group=1)
+    if recipe(model) == BLOCK:
+        cfg["quantization_config"] = dict(BLOCK_QUANT_CONFIG)
     cfg.update(
         num_hidden_layers=layers,
         vocab_size=VOCAB,
@@ -381,8 +442,9 @@ def _sgl_kernel_twins() -> None:
 def _rescale_dummy_weights(model, seed: int = 1234) -> None:
     """Give SGLang's dummy weights (every element U(-1e-3, 1e-3)) a spread under which the decoder layers
     move the logits, so the output check can tell backends apart: weight matrices U(-a, a) with
-    a = sqrt(3 / fan_in) (unit-variance outputs), norm weights 1. FP8 weights (experts quantized at init)
-    get values U(-1, 1) and their per-tensor scale ``<name>_scale`` = a. Seeded by parameter name (the same
+    a = sqrt(3 / fan_in) (unit-variance outputs), norm weights 1. FP8 weights get values U(-1, 1)
+    and their scales = a (per tensor ``<name>_scale``, online quantization; every 128x128 block's
+    ``<name>_scale_inv``, a block checkpoint). Seeded by parameter name (the same
     values in every worker, different ones in every layer); runs where SGLang's ``initialize_dummy_weights`` ran,
     before any ``process_weights_after_loading``."""
     import torch
@@ -408,9 +470,9 @@ def _rescale_dummy_weights(model, seed: int = 1234) -> None:
                 -1, 1, generator=g
             )
             param.copy_(tmp.to(param.dtype))
-            scale = state.get(f"{name}_scale")
-            if scale is not None:
-                scale.fill_(a)
+            for scale in (state.get(f"{name}_scale"), state.get(f"{name}_scale_inv")):  # per tensor / blocks
+                if scale is not None:
+                    scale.fill_(a)
         else:
             param.uniform_(-a, a, generator=g)
 
@@ -457,7 +519,8 @@ def _server_argv(a, cfg_dir: str, attn: str, moe: str, max_tokens: int) -> list[
         "--model-path", cfg_dir, "--skip-tokenizer-init", "--load-format", "dummy", "--dtype", "bfloat16",
         "--attention-backend", "triton", "--prefill-attention-backend", "triton",
         "--decode-attention-backend", attn, "--moe-runner-backend", "hpc_advise" if moe in ("reference", RAW) else moe,
-        "--quantization", "fp8", "--kv-cache-dtype", spec["kv_cache_dtype"], "--page-size", str(PAGE),
+        *(["--quantization", "fp8"] if recipe(a.model) == ONLINE else []),
+        "--kv-cache-dtype", spec["kv_cache_dtype"], "--page-size", str(PAGE),
         "--sampling-backend", "pytorch", "--disable-custom-all-reduce", "--disable-radix-cache",
         "--max-total-tokens", str(max_tokens), "--max-running-requests", "1600",
         "--context-length", str(MAX_CONTEXT + 2 * PAGE), "--mem-fraction-static", "0.8",
@@ -989,7 +1052,7 @@ def _versions() -> dict:
     from hpc_advise.runtime.measure.harness import environment
 
     env = environment()
-    for d in ("sglang", "transformers", "flashinfer-python"):
+    for d in ("sglang", "transformers", "flashinfer-python", "sgl-deep-gemm"):
         try:
             env[d] = md.version(d)
         except md.PackageNotFoundError:
@@ -1023,7 +1086,12 @@ def driver(a) -> int:
                "--layers", str(a.layers), "--seed", str(a.seed), "--work", str(work), "--reps", str(a.reps),
                "--batches", *map(str, a.batches), "--mixes", *a.mixes, "--prefill", *map(str, a.prefill)]  # fmt: skip
         cmd += ["--ticket", str(a.ticket + i)] + (["--lock", a.lock] if a.lock else [])
-        wenv = dict(env, HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0")
+        wenv = dict(
+            env,
+            HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
+            SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
+            SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
+        )
         logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
         procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))
         time.sleep(0.5)  # lock order = start order: the default combination builds first
@@ -1147,12 +1215,12 @@ def collect(a, work: Path, cfg: dict, env_v: dict) -> list[dict]:
             json.loads(f.read_text()) if f.exists() else {"errors": ["worker wrote nothing"], "cells": []}
         )
     kvb = 1 if spec["kv_cache_dtype"].startswith("fp8") else 2
-    subject = f"{a.model}-rank" if spec["ep"] > 1 else f"{a.model}-tp{spec['tp']}-rank"  # qwen3-235b-ep4-rank
+    subject = subject_of(a.model)  # qwen3-235b-ep4-rank
     command = " ".join(["python3", "benchmarks/bench_layer.py", *sys.argv[1:]])
     ref_tag = _tag(*REFERENCE)
     default = {(c["mix"], c["bs"]): c["p50"] for c in logs[DEFAULT].get("cells", []) if "p50" in c}
     default_pf = {c["tokens"]: c["p50"] for c in logs[DEFAULT].get("prefill", []) if "p50" in c}
-    quant = "fp8 experts per-tensor (online), bf16 linears"
+    quant = quantization_text(a.model)
     emulation = (
         f"EP{spec['ep']} rank emulated: {cfg[_keys(cfg)[0]]} local experts at full width, top-{cfg['num_experts_per_tok']}"
         if spec["ep"] > 1 else None

@@ -408,3 +408,39 @@ def test_raw_worker_switches_the_handoff_off(monkeypatch):
     assert argv[argv.index("--moe-runner-backend") + 1] == "hpc_advise"
     bl._disable_moe_handoff()
     assert dispatch.moe_buckets(object()) == []
+
+
+def test_block_recipe_models(monkeypatch):
+    """DeepSeek-V3's checkpoint recipe: block-FP8 experts named in config.json (no --quantization), rows under the
+    same subject as the per-tensor model, DeepGEMM timed only where its package is installed."""
+    for model, subject in (("dsv3-block", "dsv3-tp8-rank"), ("dsv3-ep8-block", "dsv3-ep8-rank")):
+        assert bl.subject_of(model) == subject and bl.recipe(model) == bl.BLOCK
+        cfg = bl.shard_config(model, 2)
+        assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
+        assert "128x128 blocks" in bl.quantization_text(model)
+        argv = bl._server_argv(
+            argparse.Namespace(model=model, seed=0, batches=[1]), "/m", "triton", "triton", 4096
+        )
+        assert "--quantization" not in argv
+    assert [bl.subject_of(m) for m in ("hy3", "dsv3-ep8", "qwen3-235b-ep4", "qwen3-30b")] == [
+        "hy3-tp8-rank", "dsv3-ep8-rank", "qwen3-235b-ep4-rank", "qwen3-30b-tp1-rank"]  # fmt: skip
+    assert "quantization_config" not in bl.shard_config("dsv3", 2)
+    assert "--quantization" in bl._server_argv(argparse.Namespace(model="hy3", seed=0, batches=[1]), "/m",
+                                               "triton", "triton", 4096)  # fmt: skip
+    monkeypatch.setattr(bl, "_has_deep_gemm", lambda: False)
+    assert bl.combos("dsv3-block") == bl.combos("dsv3")
+    monkeypatch.setattr(bl, "_has_deep_gemm", lambda: True)
+    assert bl.combos("dsv3-block")[-1] == ("triton", bl.DEEP_GEMM, "sglang")
+    assert bl.DEEP_GEMM not in {c[1] for c in bl.combos("hy3")}  # per-tensor: DeepGEMM takes blocks only
+
+
+def test_rescaled_dummy_weights_fill_block_scales():
+    import torch
+
+    m = torch.nn.Module()
+    m.w13_weight = torch.nn.Parameter(torch.zeros(2, 256, 384).to(torch.float8_e4m3fn), requires_grad=False)
+    m.w13_weight_scale_inv = torch.nn.Parameter(torch.full((2, 2, 3), -1e-3), requires_grad=False)
+    with torch.no_grad():
+        bl._rescale_dummy_weights(m)
+    assert torch.allclose(m.w13_weight_scale_inv, torch.full((2, 2, 3), math.sqrt(3 / 384)))
+    assert m.w13_weight.float().abs().max() > 0.5
