@@ -38,8 +38,9 @@ sgl-kernel is not installed on the GPU machine (too large to carry): ``SGLANG_FO
 puts RMSNorm, SiLU*mul, top-k and rotary on SGLang's torch paths in every combination (a cost common to all
 of them), non-expert linears stay bf16 (``SGLANG_FP8_IGNORED_LAYERS``), experts are FP8 per-tensor (online
 ``--quantization fp8``, the Hy3 deployment's recipe; Qwen3 here too, whose checkpoints are block FP8) or, for the
-``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json),
-where SGLang's DeepGEMM MoE runner is timed too when the ``deep_gemm`` package is installed;
+``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json), (SGLang's
+DeepGEMM runner needs the ``deep_gemm`` package: SGLang's pin, sgl-deep-gemm 0.2.3.post2, does not load against
+the GPU machine's torch 2.11, an undefined c10 symbol, and sgl-kernel's copy cannot travel);
 the few sgl-kernel names those paths still import are given SGLang's own twins (``_sgl_kernel_twins``).
 
 Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds it)::
@@ -190,7 +191,7 @@ MODELS = {
     "dsv3-ep8": {"tp": 8, "ep": 8, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
     # DeepSeek-V3's own recipe: its checkpoint's 128x128-block FP8 experts (``quantization_config`` in config.json,
     # as the published checkpoint has it; random FP8 values and block scales), where the runners SGLang picks
-    # from for it are its Triton, DeepGEMM (``deep_gemm``, when carried) and ours
+    # from for it are its Triton, DeepGEMM (not measurable here: see the module docstring) and ours
     "dsv3-block": {
         "tp": 8,
         "ep": 1,
@@ -218,9 +219,6 @@ ATTENTION = ("triton", "hpc_advise")
 # ``hpc_advise.measured`` decides the hand-off from; its rows say ``moe_runner`` hpc_advise, ``moe_handoff`` off.
 RAW = "hpc_advise-raw"
 MOE_RUNNERS = ("triton", "hpc_advise", RAW)
-# SGLang's DeepGEMM MoE runner (standard dispatch -> deep_gemm's grouped GEMMs): block FP8 only, and only where
-# the ``deep_gemm`` package (sgl-deep-gemm) is installed; every other worker runs with SGLang's DeepGEMM switched off
-DEEP_GEMM = "deep_gemm"
 ROUTERS = ("sglang", "hpc_advise")
 # (decode attention, MoE runner, router); the numerical reference runs eager: SGLang's torch_native decode
 # attention and ``reference``, our runner's layer with the pure-torch fp32 MoE (``_install_reference_moe``).
@@ -254,12 +252,6 @@ def subject_of(model: str) -> str:
     return f"{name}-ep{spec['ep']}-rank" if spec["ep"] > 1 else f"{name}-tp{spec['tp']}-rank"
 
 
-def _has_deep_gemm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("deep_gemm") is not None
-
-
 def _keys(cfg: dict) -> tuple[str, str]:
     """(experts key, shared-experts key) of a config."""
     if "n_routed_experts" in cfg:
@@ -276,8 +268,6 @@ def combos(model: str) -> list[tuple[str, str, str]]:
     attns = ("triton",) if is_mla(model) else ATTENTION
     routers = ROUTERS if spec["ep"] == 1 and not is_mla(model) else ("sglang",)
     out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
-    if recipe(model) == BLOCK and _has_deep_gemm():
-        out += [(a, DEEP_GEMM, "sglang") for a in attns]
     out.sort(key=lambda c: c != DEFAULT)
     return out
 
@@ -1052,7 +1042,7 @@ def _versions() -> dict:
     from hpc_advise.runtime.measure.harness import environment
 
     env = environment()
-    for d in ("sglang", "transformers", "flashinfer-python", "sgl-deep-gemm"):
+    for d in ("sglang", "transformers", "flashinfer-python"):
         try:
             env[d] = md.version(d)
         except md.PackageNotFoundError:
@@ -1089,8 +1079,6 @@ def driver(a) -> int:
         wenv = dict(
             env,
             HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
-            SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
-            SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
         )
         logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
         procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))

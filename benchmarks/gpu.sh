@@ -129,8 +129,7 @@ EOF
     sglang)
       # Packages the SGLang tests and SGLang's model runner import that the device image lacks, at the versions CI
       # installs (requirements/sglang-cpu.txt; transformers 5.19.0 as sglang pins it). sgl-kernel is not carried
-      # (373 MB): tests/runtime's sgl_kernel stand-in covers the imports. sgl-deep-gemm (5 MB, the version sglang
-      # pins) is SGLang's DeepGEMM, for the layer step's deep_gemm MoE runner. sglang's wheel is repacked without what
+      # (373 MB): tests/runtime's sgl_kernel stand-in covers the imports. sglang's wheel is repacked without what
       # nothing here imports: the Rust extension binaries (loaded lazily by the HTTP server, gRPC, benchmarks and
       # multimodal processors), multimodal_gen/ (the diffusion runtime) and test/ (SGLang's own test kits).
       dest=$(carry_dest .whl_sglang) || exit 1
@@ -140,7 +139,7 @@ EOF
         typing-inspection==0.4.5 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 ipython==9.18.1 \
         traitlets==5.16.1 apache-tvm-ffi==0.1.11 pyzmq==27.3.0 msgspec==0.22.0 orjson==3.13.0 pybase64==1.5.1 \
         zstandard==0.25.0 dill==0.4.1 gguf==0.19.0 partial-json-parser==0.2.1.1.post7 opentelemetry-api==1.45.2 \
-        setproctitle==1.3.8 sgl-deep-gemm==0.2.3.post2 || exit 1
+        setproctitle==1.3.8 || exit 1
       find "$dl" -name '*.whl' ! -name 'sglang-*' -exec cp {} "$dest/" \;
       "$py" - "$dl" "$dest" <<'EOF' || exit 1
 import fnmatch, pathlib, sys, zipfile
