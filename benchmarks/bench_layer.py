@@ -38,9 +38,9 @@ sgl-kernel is not installed on the GPU machine (too large to carry): ``SGLANG_FO
 puts RMSNorm, SiLU*mul, top-k and rotary on SGLang's torch paths in every combination (a cost common to all
 of them), non-expert linears stay bf16 (``SGLANG_FP8_IGNORED_LAYERS``), experts are FP8 per-tensor (online
 ``--quantization fp8``, the Hy3 deployment's recipe; Qwen3 here too, whose checkpoints are block FP8) or, for the
-``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json), (SGLang's
-DeepGEMM runner needs the ``deep_gemm`` package: SGLang's pin, sgl-deep-gemm 0.2.3.post2, does not load against
-the GPU machine's torch 2.11, an undefined c10 symbol, and sgl-kernel's copy cannot travel);
+``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json;
+SGLang's DeepGEMM runner for them needs the ``deep_gemm`` package: SGLang's pin, sgl-deep-gemm 0.2.3.post2, does
+not load against the GPU machine's torch 2.11, an undefined c10 symbol, and sgl-kernel's copy cannot travel);
 the few sgl-kernel names those paths still import are given SGLang's own twins (``_sgl_kernel_twins``).
 
 Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds it)::
