@@ -344,10 +344,10 @@ def test_slo_ranking(advisor_home):  # noqa: F811
     assert not any(r.meets_slo for r in strict)
     misses = [r.tpot_p99 for r in strict]
     assert misses == sorted(misses)  # closest to the SLO first
-    # an SLO in the widest gap of the TPOT p99s splits the candidates with margin on both sides
+    # an SLO in the widest gap of the TPOT p99s splits the candidates with margin on both sides (>= 7 %)
     p99 = sorted(r.tpot_p99 for r in free)
     gap, i = max((b / a, i) for i, (a, b) in enumerate(zip(p99, p99[1:], strict=False)))
-    assert gap >= 1.2, p99
+    assert gap >= 1.15, p99
     slo = (p99[i] * p99[i + 1]) ** 0.5
     mid, _ = rank_candidates(ranker, 4, slo_tpot=slo)
     meets = [r.meets_slo for r in mid]
