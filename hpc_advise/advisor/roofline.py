@@ -296,7 +296,10 @@ def decode_step(
     ``extra_tokens`` = prompt tokens per group that chunked prefill mixes into the same step: they
     share the step's weight reads and add their GEMM FLOPs, activations and MoE experts touched
     (their attention FLOPs are the caller's, see ``roofline_serving``).
-    Keys: attn_kv, attn_proj, moe, dense_ffn, router, lm_head, comm, and counts n_collectives.
+    Keys: attn_kv, attn_proj, moe, dense_ffn, router, lm_head, comm, and counts n_collectives; and
+    moe_routed, outside the step's total (``TIME_KEYS``): the bandwidth time of the routed tokens'
+    activations, gathered into expert order and scattered back (bf16 hidden in, hidden out per
+    (token, expert) pair on this rank), which the weight-bytes roofline of the MoE does not count.
     """
     tp, dp = dep.attn_tp, dep.attn_dp
     lm_tokens = batch  # logits only for the decoding requests
@@ -317,7 +320,7 @@ def decode_step(
     dense_layers = s.layers - s.moe_layers
     b, f = _gemm(s.dense_ffn_params / tp, batch, wq, rates, dep.dense_quant)
     dense_ffn = dense_layers * max(b, f)
-    moe = router = 0.0
+    moe = router = moe_routed = 0.0
     tokens_all = batch * dp  # MoE sees every attention-DP group's tokens
     comm = 0.0
     n_coll = 0
@@ -329,6 +332,8 @@ def decode_step(
         flops = 2.0 * tokens_all * s.top_k * s.expert_params / dep.n_gpus
         b_sh, f_sh = _gemm(s.shared_params / tp, batch, wq, rates, dep.dense_quant)  # shared: dense quant
         moe = s.moe_layers * (max(wbytes / rates.bw, flops / rates.peak(dep.moe_quant)) + max(b_sh, f_sh))
+        # each rank holds 1/moe_ep of the experts, so of the (token, expert) pairs
+        moe_routed = s.moe_layers * tokens_all * s.top_k / dep.moe_ep * 2.0 * act / rates.bw
         # fp32 router weights, fp32 math on tensor cores at tf32-ish rates: bytes-bound at decode sizes
         router = s.moe_layers * max(
             s.hidden * s.experts * 4.0 / rates.bw, 2.0 * batch * s.hidden * s.experts / rates.peak("bf16")
@@ -359,6 +364,7 @@ def decode_step(
         "lm_head": lm_head,
         "comm": comm,
         "n_collectives": float(n_coll),
+        "moe_routed": moe_routed,
     }
 
 

@@ -4,8 +4,9 @@ Two stages, both fitted on ``ServingPoint``s (the shipped CSV plus the knowledge
 
 1. A non-negative linear model over the roofline's terms (``roofline``), pooled over engines, times
    one factor per engine: TPOT = θ · [1 ms, per-layer overhead, collectives, KV read (+ bounded
-   state), weight read, MoE, communication, prefill interference mixed in / run alone]; TTFT = θ ·
-   [1 ms, per-layer overhead, prefill, queueing wait, decode step, collectives].
+   state), weight read, MoE, communication, prefill interference mixed in / run alone, per-MoE-layer
+   overhead, the routed tokens' activation traffic]; TTFT = θ · [1 ms, per-layer overhead, prefill,
+   queueing wait, decode step, collectives].
    Fitted on relative error (each row divided by its measurement) by NNLS; for TPOT then reweighted
    toward least absolute relative error (``_nnls_rel``): the score is a median percentage error, and
    a few rows the roofline misdescribes no longer pull the shape. Each engine with at least
@@ -25,6 +26,15 @@ for or running their prefill are not in the decode batch. The fit keeps them uns
 decoded 97.6 % of the time (median; 5 % of them under 89 %), and fitting with each run's measured
 fraction, or with the predicted one, scored worse in ``evaluate`` (held-out model TPOT median / p90
 16.2 / 40.6 % and 15.7 / 40.2 % against 15.8 / 39.6 % for this and 15.9 / 39.9 % for version 3).
+
+Since version 5 TPOT has two MoE terms the weight-bytes roofline lacks: 10 µs per MoE layer (the
+router, top-k, sort, combine and shared-expert kernels a dense layer does not launch) and the routed
+tokens' activations at bandwidth (``roofline.decode_step``'s ``moe_routed``: gathered into expert
+order and scattered back, once per (token, expert) pair on a rank). Fitted they come out at about
+32 µs per MoE layer and 18x the activations' roofline; adding the same routed-token term to TTFT
+fits 19x there (an independent fit agreeing), but scored no better, so TTFT keeps its terms. Held out
+by model TPOT median / p90 15.9 / 39.9 -> 12.9 / 36.1 %, by GPU 13.5 / 36.4 -> 12.7 / 35.6, by engine x
+GPU family 13.2 / 37.6 -> 12.6 / 36.7 (``evaluate``; docs/advisor.md, "Honest error").
 
 A closed loop over the KV pool waits for admission: where SGLang's pool holds fewer requests than
 the loop sends (``admission``, at the point's own weight precision, ``kv_limit``), the point is
@@ -69,8 +79,8 @@ import numpy as np
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 
-MODEL_VERSION = 4  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit;
-# 4: TPOT's prefill terms at the predicted decoding fraction
+MODEL_VERSION = 5  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit;
+# 4: TPOT's prefill terms at the predicted decoding fraction; 5: TPOT's MoE-layer and routed-token terms
 SETTINGS: dict = {
     "version": MODEL_VERSION,
     "min_engine_rows": 150,
@@ -105,6 +115,8 @@ TPOT_TERMS = (
     "comm",
     "interference",
     "interference_alone",
+    "moe_layers",
+    "moe_routed",
 )
 # the prefill-interference terms of TPOT_TERMS (scaled by ``decode_fraction``)
 INTERFERENCE = [TPOT_TERMS.index("interference"), TPOT_TERMS.index("interference_alone")]
@@ -225,6 +237,8 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
             rf["d_comm"],
             rf["interference_us"],
             rf["interference_alone_us"],
+            s.moe_layers * 10.0,
+            rf["d_moe_routed"],
         ]
     )
     x_ttft = np.array(
@@ -549,13 +563,13 @@ class ServingModel:
         saturation check. The engine's θ includes its TPOT factor (a slower step occupies the GPU
         longer). Floored at 1: a prefill cannot take less than its roofline.
 
-        Checked: stable across refits (θ_alone 1.21-1.57 pooled, 1.29-1.83 SGLang, θ_mixed
-        0.14-0.20, over every held-out model and GPU fold of ``evaluate``); 1.74 for SGLang on the
+        Checked: stable across refits (θ_alone 1.28-1.65 pooled, 1.45-1.86 SGLang, θ_mixed
+        0.05-0.15, over every held-out model and GPU fold of ``evaluate``); 1.71 for SGLang on the
         full data. Against kernels measured on one H200 (hy3 at TP8, prefill of 1,024 / 4,096 tokens:
         fused FP8 MoE 241 / 612 µs per layer from benchmarks/results/fused_moe_prefill.md, dense
         GEMMs at the measured cuBLAS fp8 1,410 of 1,979 TFLOP/s, attention FLOPs at the bf16 758 of
         989, collectives as the roofline) the same prefills take 1.87x / 2.23x their roofline: the
-        calibrated figure is 7-22 % lower there (MoE-heavy prefills at TP8 run the experts' narrow
+        calibrated figure is 9-23 % lower there (MoE-heavy prefills at TP8 run the experts' narrow
         192-column shards inefficiently), same order, where the TTFT coefficient is 5-6x higher."""
         th = self.theta["tpot"]
         t = th.get(engine, th["*"])

@@ -6,7 +6,8 @@ attention-DP, weight and KV precisions). Each step's time is linear in a coeffic
 physical terms (µs; ``roofline.decode_step`` / ``roofline.prefill`` on one rank):
 
     decode  = θ · [1 ms, 10 µs per layer, KV read (+ bounded state), weight GEMMs, MoE + router,
-                   collectives' bytes, 10 µs per collective]
+                   collectives' bytes, 10 µs per collective, 10 µs per MoE layer, the routed
+                   tokens' activation traffic]
     prefill = θ · [1 ms, 10 µs per layer, GEMMs + MoE + LM head at the new tokens, causal attention
                    FLOPs (query-key pairs) + KV write, collectives' bytes, 10 µs per collective]
 
@@ -43,7 +44,9 @@ from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.simulate import PrefillShape, SchedulerConfig, Workload, simulate
 from hpc_advise.advisor.simulate.config import default_chunked_prefill_size
 
-DECODE_TERMS = ("d_const", "d_layers", "d_kv", "d_weights", "d_moe", "d_comm", "d_collectives")
+DECODE_TERMS = (
+    "d_const", "d_layers", "d_kv", "d_weights", "d_moe", "d_comm", "d_collectives", "d_moe_layers", "d_moe_routed",
+)  # fmt: skip
 PREFILL_TERMS = ("p_const", "p_layers", "p_gemm", "p_attention", "p_comm", "p_collectives")
 TERMS = DECODE_TERMS + PREFILL_TERMS
 N_D = len(DECODE_TERMS)
@@ -80,6 +83,8 @@ class StepTerms:
                     d["moe"] + d["router"],
                     d["comm"],
                     10.0 * d["n_collectives"],
+                    10.0 * self.s.moe_layers,
+                    d["moe_routed"],
                 ]
             )
             self._decode[batch] = v
@@ -319,18 +324,20 @@ def design_rows(
 # ----- a candidate's step cost, levelled on the two-stage serving model ---------------------------
 
 # The physical terms only (no per-step constants): decode = KV read + weight GEMMs + MoE + collectives,
-# prefill = GEMMs + MoE + causal attention + KV write + collectives, each at θ = 1 (roofline µs).
-PHYSICS_DECODE = np.array([0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+# prefill = GEMMs + MoE + causal attention + KV write + collectives, each at θ = 1 (roofline µs); the
+# routed activations are outside the decode roofline's total (``roofline.decode_step``), so 0 here.
+PHYSICS_DECODE = np.array([0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
 PHYSICS_PREFILL = np.array([0.0, 0.0, 1.0, 1.0, 1.0, 0.0])
 MIN_DECODE_FACTOR = 0.05  # a decode step cannot be much faster than its roofline
 
 
 def decode_shape_of(serving_theta_tpot) -> np.ndarray:
     """The two-stage serving model's stage-1 decode coefficients (``serving_model.TPOT_TERMS``: const,
-    layers, collectives, KV, weights, MoE, comm) in ``DECODE_TERMS`` order: the same physical terms
-    in the same units (1 ms, 10 µs per layer, 10 µs per collective, roofline µs)."""
+    layers, collectives, KV, weights, MoE, comm, then after the two prefill terms MoE layers and
+    routed activations) in ``DECODE_TERMS`` order: the same physical terms in the same units (1 ms,
+    10 µs per layer, 10 µs per collective, 10 µs per MoE layer, roofline µs)."""
     t = np.asarray(serving_theta_tpot, dtype=float)
-    return np.array([t[0], t[1], t[3], t[4], t[5], t[6], t[2]])
+    return np.array([t[0], t[1], t[3], t[4], t[5], t[6], t[2], t[9], t[10]])
 
 
 class LevelledStepCost(RooflineStepCost):

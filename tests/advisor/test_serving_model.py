@@ -99,6 +99,23 @@ def test_moe_experts_touched_grows_with_tokens():
     assert lo < hi <= 24
 
 
+def test_routed_activations_by_hand_and_outside_the_step_total():
+    """Qwen3-235B (94 MoE layers, hidden 4096, top-8 of 128) on 4 x H100 at EP 4, 64 tokens: each rank
+    holds a quarter of the 64 x 8 (token, expert) pairs, each gathered in and scattered out as bf16
+    hidden vectors (4 bytes per hidden element) over the bandwidth; a dense model has none; the term
+    is the serving model's, not part of the decode roofline's total."""
+    model, gpu = get_model("qwen3-235b-a22b"), get_gpu("h100")
+    s, r = F.shapes_of(model), F.Rates.of(gpu)
+    step = F.decode_step(s, r, F.Deployment(4, moe_ep=4), ctx_sum=0.0, batch=64)
+    expect = 94 * (64 * 8 / 4) * 4 * 4096 / (gpu.mem_bw_tbps * 1e6)
+    assert step["moe_routed"] == pytest.approx(expect, rel=1e-12)
+    tp = F.decode_step(s, r, F.Deployment(4), ctx_sum=0.0, batch=64)  # experts split by TP: all pairs
+    assert tp["moe_routed"] == pytest.approx(4 * expect, rel=1e-12)
+    assert "moe_routed" not in F.TIME_KEYS
+    dense = F.decode_step(F.shapes_of(get_model("qwen3-32b")), r, F.Deployment(4), ctx_sum=0.0, batch=64)
+    assert dense["moe_routed"] == 0.0
+
+
 def test_csv_rows_parse_or_give_reasons(tmp_path):
     good = sd.point_from_csv_row(
         _row(attention_dp_size="4", batch_size="8", tp_size="2", moe_ep_size="8"), "f:2"

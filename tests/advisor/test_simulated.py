@@ -47,7 +47,7 @@ def test_level_solve_reproduces_its_targets_in_a_simulated_closed_loop(isl, osl,
     the solve's decode factor and latency scale, simulated step by step (no recorder), give both back;
     the decode factor is linear in the TPOT target (the prefills beside the decode stay as they are)."""
     d = _deployed()
-    shape = sm.decode_shape_of([0.08, 5.7, 1.7, 1.3, 1.2, 1.6, 7.4, 0.19, 1.55])
+    shape = sm.decode_shape_of([0.0, 3.2, 2.0, 1.2, 1.4, 1.2, 8.4, 0.15, 1.57, 3.5, 20.0])
     occ, split = 1.7, (200.0, 11.0, 1.2)
     _, tpot_row, _ = sm.design_rows(d, isl, osl, conc, stagger=True)
     pd, pp = tpot_row[: sm.N_D] @ shape / 1e3, tpot_row[sm.N_D :] @ sm.PHYSICS_PREFILL / 1e3

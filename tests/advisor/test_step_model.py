@@ -31,6 +31,8 @@ def test_decode_cost_is_the_roofline_terms_times_theta():
         + 5 * (step["moe"] + step["router"])
         + 6 * step["comm"]
         + 7 * 10.0 * step["n_collectives"]
+        + 8 * 10.0 * d.terms.s.moe_layers
+        + 9 * step["moe_routed"]
     ) * 1e-6
     assert cost.decode_s(16, 50_000) == pytest.approx(expect, rel=1e-9)
     run = cost.decode_run_s(16, 50_000, 3)
