@@ -83,7 +83,7 @@ from hpc_advise.advisor import capacity as cap
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.candidates import Candidate, Checked, check_all, kv_limit, memory_check
 from hpc_advise.advisor.capacity import Capacity, failed_condition
-from hpc_advise.advisor.kernel_models import AttentionModel, attention_terms
+from hpc_advise.advisor.kernel_models import AttentionModel, batch_attention_terms
 from hpc_advise.advisor.prefix_cache import PrefixReuse
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 from hpc_advise.advisor.serving_model import ServingModel, model_quants, prepare
@@ -442,14 +442,10 @@ class Ranker:
         attn_tp = c.tp // c.attn_dp
         kv_heads = F.kv_heads_per_rank(s, attn_tp)
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
-        floors, tails = [], []
         # the attention-kernel model was fitted on bytes over the measured copy bandwidth
         # (kernel_models), so its inputs use the same basis, not the serving model's datasheet rate
         bw = float(self.gpu.rate("copy_bw_tbps")) * 1e6
-        for row in ctx:
-            f, t = attention_terms(row, kv_heads, s.head_dim, elem, bw)
-            floors.append(f)
-            tails.append(t)
+        floors, tails = batch_attention_terms(ctx, kv_heads, s.head_dim, elem, bw)
         layered = self._layer_attn(c, ctx, kv_heads, elem, bw, n_layers, floors, tails)
         if layered is not None:
             return layered
@@ -612,12 +608,14 @@ class Ranker:
         else:  # closed loop: Little's law, calibrated mean TTFT and sampled TPOT (backend included)
             latency_s = (ttft_mean + w.osl_mean * float(tpot.mean())) / 1e3
             tok_s_per_gpu = conc * w.osl_mean / latency_s / c.tp
+        tpot_p50, tpot_p99 = np.percentile(tpot, (50, 99)).tolist()
+        ttft_p50, ttft_p99 = (math.inf, math.inf) if saturated else np.percentile(ttft, (50, 99)).tolist()
         r = Ranked(
             candidate=c,
-            tpot_p50=float(np.percentile(tpot, 50)),
-            tpot_p99=float(np.percentile(tpot, 99)),
-            ttft_p50=math.inf if saturated else float(np.percentile(ttft, 50)),
-            ttft_p99=math.inf if saturated else float(np.percentile(ttft, 99)),
+            tpot_p50=tpot_p50,
+            tpot_p99=tpot_p99,
+            ttft_p50=ttft_p50,
+            ttft_p99=ttft_p99,
             tok_s_per_gpu=float(tok_s_per_gpu),
             latency_ms=float(np.mean(ttft)) + w.osl_mean * float(tpot.mean()),
             concurrency=float(conc),
