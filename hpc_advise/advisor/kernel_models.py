@@ -330,7 +330,9 @@ class LayerAttention:
     """Per-layer step-time differences between decode attention backends, from layer-step cells."""
 
     cells: list = field(default_factory=list)  # measured.LayerCell
+    # built on first use from ``cells``, which do not change
     _pairs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _backends: frozenset | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> LayerAttention:
@@ -338,8 +340,10 @@ class LayerAttention:
 
         return cls(layer_cells(rows))
 
-    def backends(self) -> set[str]:
-        return {c.attention for c in self.cells}
+    def backends(self) -> frozenset[str]:
+        if self._backends is None:
+            self._backends = frozenset(c.attention for c in self.cells)
+        return self._backends
 
     def pairs(self, a: str, b: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
         """{subject: {batch: [(mean context tokens, (a - b) µs per layer)]}} over the cells of one
