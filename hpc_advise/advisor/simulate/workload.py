@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-
 SHARED_CHAIN_HASHES = 1 << 18  # prompt hashes up to which ``Workload.prompt_chains`` keeps chains (~20 MB)
 
 
