@@ -125,11 +125,17 @@ def planned_quants(model) -> tuple[str, str]:
     a model profile stands for: its ``quantization`` (a ``-FP8`` re-upload's id or a config.json's
     ``quantization_config`` set it, ``profiles.resolve``); schemes that quantize only the experts
     (MXFP4, INT4) keep the dense GEMMs in bf16."""
+    return _planned_quants(model.quantization)
+
+
+@functools.lru_cache(maxsize=64)
+def _planned_quants(quantization: str) -> tuple[str, str]:
+    """``planned_quants`` of a profile quantized as ``quantization`` (asked for every memory check)."""
     from hpc_advise.advisor.roofline import normalize_quant
     from hpc_advise.profiles.model import QUANT_SCHEMES
 
-    q = normalize_quant(model.quantization)
-    scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))[1]
+    q = normalize_quant(quantization)
+    scope = QUANT_SCHEMES.get(quantization, (2.0, "none"))[1]
     return ("bf16" if scope == "experts" else q), q
 
 
