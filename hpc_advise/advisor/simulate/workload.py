@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-SHARED_CHAIN_HASHES = 1 << 18  # prompt hashes up to which ``Workload.prompt_chains`` keeps chains (~20 MB)
+# prompt hashes up to which ``Workload.prompt_chains`` keeps chains (~22 MiB at 60 blocks a prompt)
+SHARED_CHAIN_HASHES = 1 << 18
 
 
 class WorkloadError(ValueError):
