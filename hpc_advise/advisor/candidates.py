@@ -125,11 +125,17 @@ def planned_quants(model) -> tuple[str, str]:
     a model profile stands for: its ``quantization`` (a ``-FP8`` re-upload's id or a config.json's
     ``quantization_config`` set it, ``profiles.resolve``); schemes that quantize only the experts
     (MXFP4, INT4) keep the dense GEMMs in bf16."""
+    return _planned_quants(model.quantization)
+
+
+@functools.lru_cache(maxsize=64)
+def _planned_quants(quantization: str) -> tuple[str, str]:
+    """``planned_quants`` of a profile quantized as ``quantization`` (asked for every memory check)."""
     from hpc_advise.advisor.roofline import normalize_quant
     from hpc_advise.profiles.model import QUANT_SCHEMES
 
-    q = normalize_quant(model.quantization)
-    scope = QUANT_SCHEMES.get(model.quantization, (2.0, "none"))[1]
+    q = normalize_quant(quantization)
+    scope = QUANT_SCHEMES.get(quantization, (2.0, "none"))[1]
     return ("bf16" if scope == "experts" else q), q
 
 
@@ -137,13 +143,31 @@ def _param_bytes(model, quant: str) -> float:
     """Bytes per weight of format ``quant`` (a ``roofline.WEIGHT_BYTES`` key) for ``model``: the
     checkpoint's own scheme (its scales, e.g. Kimi's INT4 groups of 32) where ``quant`` is the format
     it ships in, else the format's generic size."""
+    return _scheme_bytes(model.quantization, quant)
+
+
+@functools.lru_cache(maxsize=256)
+def _scheme_bytes(checkpoint: str, quant: str) -> float:
+    """``_param_bytes`` of a checkpoint quantized as ``checkpoint`` (a profile's ``quantization``)."""
     from hpc_advise.advisor.roofline import WEIGHT_BYTES, normalize_quant
     from hpc_advise.profiles.model import QUANT_SCHEMES
 
-    own = QUANT_SCHEMES.get(model.quantization)
-    if own is not None and own[1] != "none" and normalize_quant(model.quantization) == quant:
+    own = QUANT_SCHEMES.get(checkpoint)
+    if own is not None and own[1] != "none" and normalize_quant(checkpoint) == quant:
         return own[0]
     return WEIGHT_BYTES[quant]
+
+
+@functools.lru_cache(maxsize=64)
+def _param_split(model) -> tuple[float, float, float, float]:
+    """(routed experts, routers, bf16 embeddings + LM head + norms, the other weights) parameters of
+    ``model``: what ``rank_weight_bytes`` sizes, counted once per profile (the screen sizes thousands
+    of deployments of one model)."""
+    experts = float(model.expert_params()) if model.is_moe else 0.0
+    routers = float(model.num_moe_layers * model._router_params()) if model.is_moe else 0.0
+    emb, head = model._embedding_params()
+    bf16 = float(emb + head + model._norm_params())
+    return experts, routers, bf16, float(model.total_params()) - experts - routers - bf16
 
 
 def rank_weight_bytes(model, dep) -> float:
@@ -154,11 +178,7 @@ def rank_weight_bytes(model, dep) -> float:
     the KV limit and the simulator's pool, for a user's deployment and a measured row alike."""
     from hpc_advise.profiles.model import DTYPE_BYTES
 
-    experts = float(model.expert_params()) if model.is_moe else 0.0
-    routers = float(model.num_moe_layers * model._router_params()) if model.is_moe else 0.0
-    emb, head = model._embedding_params()
-    bf16 = float(emb + head + model._norm_params())
-    linear = float(model.total_params()) - experts - routers - bf16
+    experts, routers, bf16, linear = _param_split(model)
     return (
         experts * _param_bytes(model, dep.moe_quant) / dep.n_gpus
         + (

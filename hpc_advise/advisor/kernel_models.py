@@ -103,6 +103,16 @@ def attention_terms(
     return total / bw_bytes_per_us, float(np.max(lens)) * per_token_head / bw_bytes_per_us
 
 
+def batch_attention_terms(
+    ctx: np.ndarray, num_kv_heads: int, head_dim: int, kv_elem_bytes: float, bw_bytes_per_us: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``attention_terms`` of every row of ``ctx`` [batches, requests] at once: (floor_us, tail_us)
+    arrays, each element the number ``attention_terms`` gives for that row."""
+    per_token_head = 2.0 * head_dim * kv_elem_bytes
+    total = ctx.sum(axis=1) * per_token_head * num_kv_heads
+    return total / bw_bytes_per_us, ctx.max(axis=1) * per_token_head / bw_bytes_per_us
+
+
 @dataclass
 class AttentionModel:
     """Fitted (a, b, c) per provider, with the rows each fit used."""
@@ -320,6 +330,9 @@ class LayerAttention:
     """Per-layer step-time differences between decode attention backends, from layer-step cells."""
 
     cells: list = field(default_factory=list)  # measured.LayerCell
+    # built on first use from ``cells``, which do not change
+    _pairs: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _backends: frozenset | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> LayerAttention:
@@ -327,12 +340,20 @@ class LayerAttention:
 
         return cls(layer_cells(rows))
 
-    def backends(self) -> set[str]:
-        return {c.attention for c in self.cells}
+    def backends(self) -> frozenset[str]:
+        if self._backends is None:
+            self._backends = frozenset(c.attention for c in self.cells)
+        return self._backends
 
     def pairs(self, a: str, b: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
         """{subject: {batch: [(mean context tokens, (a - b) µs per layer)]}} over the cells of one
-        run that differ only in the backend (the MoE runners' differences averaged)."""
+        run that differ only in the backend (the MoE runners' differences averaged); computed once
+        per (a, b): the cells do not change, and the screen asks for every sampled batch size."""
+        if (a, b) not in self._pairs:
+            self._pairs[(a, b)] = self._pairs_uncached(a, b)
+        return self._pairs[(a, b)]
+
+    def _pairs_uncached(self, a: str, b: str) -> dict[str, dict[int, list[tuple[float, float]]]]:
         by: dict[tuple, dict[str, object]] = {}
         for c in self.cells:
             by.setdefault((c.subject, c.run, c.moe, c.handoff_off, c.mix, c.batch), {})[c.attention] = c

@@ -59,6 +59,7 @@ class PrefixReuse:
         self.block_size = block_size or 0
         self._workload: Workload | None = None
         self._splits: dict = {}
+        self._routed: dict = {}  # replicas -> ``split_replicas`` (shared by their attention-DP groups)
         self._hits: dict = {}
         self._base: float | None = None
         if window is None or not self.block_size or unlimited <= 0:
@@ -85,6 +86,7 @@ class PrefixReuse:
         self._distinct = len(set(flat))
         hit, sent = replay_hits(self._chains, math.inf)
         self._base = hit / sent if sent else 0.0
+        self._hits[(math.inf, 1, 1)] = self._base  # the same replay: one replica, one group, in order
 
     @property
     def replayed(self) -> bool:
@@ -93,9 +95,10 @@ class PrefixReuse:
     def _groups(self, replicas: int, groups: int) -> list[list[int]]:
         key = (replicas, groups)
         if key not in self._splits:
-            w = self._workload
+            if replicas not in self._routed:
+                self._routed[replicas] = split_replicas(self._workload, replicas, "auto")
             out = []
-            for idx in split_replicas(w, replicas, "auto"):
+            for idx in self._routed[replicas]:
                 if groups == 1:
                     out.append(idx.tolist())
                 else:

@@ -83,7 +83,7 @@ from hpc_advise.advisor import capacity as cap
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.candidates import Candidate, Checked, check_all, kv_limit, memory_check
 from hpc_advise.advisor.capacity import Capacity, failed_condition
-from hpc_advise.advisor.kernel_models import AttentionModel, attention_terms
+from hpc_advise.advisor.kernel_models import AttentionModel, batch_attention_terms
 from hpc_advise.advisor.prefix_cache import PrefixReuse
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 from hpc_advise.advisor.serving_model import ServingModel, model_quants, prepare
@@ -260,6 +260,8 @@ class Ranker:
         self.prefix = PrefixReuse(w.prefix_window, w.prefix_block_size, w.prefix_reuse)
         self.saturated: dict = {}  # KV-saturated candidates of the last ``concurrency`` call
         self._plans: dict = {}
+        self._draws: dict = {}  # ``_ttft_draws``
+        self._prefill_mean: dict = {}  # ``_prefill_ms(...).mean()`` per key of ``_prefill_cache``
         pick = np.random.default_rng(2).choice(w.pairs.shape[0], size=N_PROMPTS)
         self._prompts = w.pairs[pick, 0]
 
@@ -403,7 +405,7 @@ class Ranker:
                 # the TTFT without queueing: the calibrated TTFT holds the closed-loop queueing of
                 # its training runs, which fed back here grows C without bound; requests waiting
                 # for their prefill hold no KV and are not in the decode batch
-                ttft = (over + coef * float(self._prefill_ms(prep.dep, self.reuse(c)).mean())) * corr
+                ttft = (over + coef * self._mean_prefill_ms(prep.dep, self.reuse(c))) * corr
                 latency_s = (ttft + self.w.osl_mean * tpot) / 1e3
                 asked[c] = max(rate[c] * latency_s, 1.0)
                 new = min(math.sqrt(conc[c] * asked[c]), cap_c[c])
@@ -442,14 +444,10 @@ class Ranker:
         attn_tp = c.tp // c.attn_dp
         kv_heads = F.kv_heads_per_rank(s, attn_tp)
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
-        floors, tails = [], []
         # the attention-kernel model was fitted on bytes over the measured copy bandwidth
         # (kernel_models), so its inputs use the same basis, not the serving model's datasheet rate
         bw = float(self.gpu.rate("copy_bw_tbps")) * 1e6
-        for row in ctx:
-            f, t = attention_terms(row, kv_heads, s.head_dim, elem, bw)
-            floors.append(f)
-            tails.append(t)
+        floors, tails = batch_attention_terms(ctx, kv_heads, s.head_dim, elem, bw)
         layered = self._layer_attn(c, ctx, kv_heads, elem, bw, n_layers, floors, tails)
         if layered is not None:
             return layered
@@ -543,6 +541,13 @@ class Ranker:
             self._physics_cache[key] = (np.array(steps), mean_step)
         return (*self._physics_cache[key], self._prefill_ms(dep, reuse))
 
+    def _mean_prefill_ms(self, dep: F.Deployment, reuse: float) -> float:
+        """Mean of ``_prefill_ms``, kept with it (the fixed point asks every iteration)."""
+        key = (dep, reuse)
+        if key not in self._prefill_mean:
+            self._prefill_mean[key] = float(self._prefill_ms(dep, reuse).mean())
+        return self._prefill_mean[key]
+
     def _prefill_ms(self, dep: F.Deployment, reuse: float) -> np.ndarray:
         """Roofline prefill (ms) of the sampled prompts at prefix ``reuse``, cached per deployment
         and reuse."""
@@ -554,6 +559,17 @@ class Ranker:
             ]
             self._prefill_cache[key] = np.array(pf) / 1e3
         return self._prefill_cache[key]
+
+    def _ttft_draws(self, n_prompts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rank_one``'s TTFT sample draws, the same stream (seed 1) for every candidate, drawn once:
+        uniforms (queued or not), standard exponentials (the wait, times its mean) and prompt indices
+        (what ``Generator.exponential`` and ``Generator.choice`` would draw, in that order)."""
+        got = self._draws.get(n_prompts)
+        if got is None:
+            rng = np.random.default_rng(1)
+            got = (rng.random(N_TTFT), rng.standard_exponential(N_TTFT), rng.integers(0, n_prompts, N_TTFT))
+            self._draws[n_prompts] = got
+        return got
 
     def rank_one(
         self,
@@ -587,7 +603,6 @@ class Ranker:
         tpot = tpot_mean * steps / mean_step + (delta_us + moe_us) / 1e3
         tpot = np.maximum(tpot, 0.05 * tpot_mean)
         # TTFT: overhead + calibrated prefill of each sampled prompt, plus queueing
-        rng = np.random.default_rng(1)
         service_ms = occupancy * pf_ms  # GPU time the prefill occupies (module docstring, 3.)
         base_ms = (over + coef * pf_ms) * corr  # its latency without this trace's queue
         saturated = False
@@ -601,9 +616,9 @@ class Ranker:
                 ttft = base_ms
             else:
                 wait_mean = lam * es2 / (2 * (1 - rho))
-                draws = rng.random(N_TTFT)
-                waits = np.where(draws < rho, rng.exponential(wait_mean / max(rho, 1e-9), N_TTFT), 0.0)
-                ttft = rng.choice(base_ms, N_TTFT) + waits
+                draws, expo, pick = self._ttft_draws(len(base_ms))
+                waits = np.where(draws < rho, (wait_mean / max(rho, 1e-9)) * expo, 0.0)
+                ttft = base_ms[pick] + waits
         else:
             # closed loop: the calibrated TTFT already holds its queueing; spread it by prefill size
             ttft = base_ms * ttft_mean / max(float(base_ms.mean()), 1e-9)
@@ -612,12 +627,14 @@ class Ranker:
         else:  # closed loop: Little's law, calibrated mean TTFT and sampled TPOT (backend included)
             latency_s = (ttft_mean + w.osl_mean * float(tpot.mean())) / 1e3
             tok_s_per_gpu = conc * w.osl_mean / latency_s / c.tp
+        tpot_p50, tpot_p99 = np.percentile(tpot, (50, 99)).tolist()
+        ttft_p50, ttft_p99 = (math.inf, math.inf) if saturated else np.percentile(ttft, (50, 99)).tolist()
         r = Ranked(
             candidate=c,
-            tpot_p50=float(np.percentile(tpot, 50)),
-            tpot_p99=float(np.percentile(tpot, 99)),
-            ttft_p50=math.inf if saturated else float(np.percentile(ttft, 50)),
-            ttft_p99=math.inf if saturated else float(np.percentile(ttft, 99)),
+            tpot_p50=tpot_p50,
+            tpot_p99=tpot_p99,
+            ttft_p50=ttft_p50,
+            ttft_p99=ttft_p99,
             tok_s_per_gpu=float(tok_s_per_gpu),
             latency_ms=float(np.mean(ttft)) + w.osl_mean * float(tpot.mean()),
             concurrency=float(conc),

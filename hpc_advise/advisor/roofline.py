@@ -27,6 +27,7 @@ attention FLOPs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -151,7 +152,22 @@ def shapes_of(model) -> Shapes:
     embeddings, so MLA's low-rank projections and linear-attention mixers are counted without
     modelling them one by one (the GQA formula is the floor). KV bytes per token and layer are the
     profile's ``kv_bytes_per_token`` spread over all layers (bounded-state layers hold none).
+    Counted once per profile (every prepared point asks); a model object that cannot be hashed is
+    counted on each call.
     """
+    try:
+        hash(model)
+    except TypeError:
+        return _shapes(model)
+    return _shapes_of_profile(model)
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes_of_profile(model) -> Shapes:
+    return _shapes(model)
+
+
+def _shapes(model) -> Shapes:
     layers = int(model.num_layers)
     hidden = int(model.hidden_size)
     heads = int(model.num_heads)

@@ -126,6 +126,7 @@ class RooflineStepCost:
         self.tp = np.asarray(theta_prefill, dtype=np.float64) * 1e-6
         self._base: dict[int, float] = {}
         self._kv = float(self.td[2] * terms.kv_per_token)
+        self._passes: dict[PrefillShape, float] = {}  # ``prefill_s``: a replay repeats most passes
 
     def _decode_base(self, batch: int) -> float:
         v = self._base.get(batch)
@@ -142,7 +143,12 @@ class RooflineStepCost:
         return self._decode_base(batch_size) + self._kv * ctx
 
     def prefill_s(self, shape: PrefillShape) -> float:
-        return float(self.terms.prefill(shape) @ self.tp)
+        v = self._passes.get(shape)
+        if v is None:
+            v = float(self.terms.prefill(shape) @ self.tp)
+            if len(self._passes) < 65536:
+                self._passes[shape] = v
+        return v
 
 
 class _Recorder:
@@ -359,6 +365,7 @@ class LevelledStepCost(RooflineStepCost):
         self.decode_shape = shape
         self.decode_factor, self.prefill_factor = float(decode_factor), float(prefill_factor)
         self.extra_decode_s = float(extra_decode_s)
+        self._alone: dict[tuple, float] = {}  # ``roofline_prefill_ms`` per (new, cached) tokens
 
     def _decode_base(self, batch: int) -> float:
         v = self._base.get(batch)
@@ -374,12 +381,19 @@ class LevelledStepCost(RooflineStepCost):
         return v + self._kv * context_tokens
 
     def roofline_prefill_ms(self, new_tokens: np.ndarray, cached_tokens: np.ndarray) -> np.ndarray:
-        """Roofline ms of each request's prefill alone: ``new_tokens`` computed over ``cached_tokens``."""
+        """Roofline ms of each request's prefill alone: ``new_tokens`` computed over ``cached_tokens``
+        (kept per pair: the replays of one candidate at other loads ask for mostly the same ones)."""
+        memo = self._alone
         out = np.empty(len(new_tokens))
-        for i, (n, c) in enumerate(zip(np.asarray(new_tokens).tolist(), np.asarray(cached_tokens).tolist(), strict=True)):
-            n = max(int(n), 1)
-            pairs = n * (c + (n + 1) / 2.0)
-            out[i] = float(self.terms.prefill(PrefillShape(n, int(c), 1, pairs)) @ PHYSICS_PREFILL) / 1e3
+        for i, key in enumerate(zip(np.asarray(new_tokens).tolist(), np.asarray(cached_tokens).tolist(), strict=True)):
+            v = memo.get(key)
+            if v is None:
+                n, c = max(int(key[0]), 1), key[1]
+                pairs = n * (c + (n + 1) / 2.0)
+                v = float(self.terms.prefill(PrefillShape(n, int(c), 1, pairs)) @ PHYSICS_PREFILL) / 1e3
+                if len(memo) < 65536:
+                    memo[key] = v
+            out[i] = v
         return out
 
 

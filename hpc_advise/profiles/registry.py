@@ -98,12 +98,27 @@ def _names(key: str, aliases: tuple[str, ...], extra: tuple[str, ...] = ()) -> s
     return {normalize(n) for n in (key, *aliases, *extra) if n}
 
 
-def _lookup(name: str, table: dict, extra=lambda p: ()):
-    wanted = normalize(name)
+def _index(table: dict, extra=lambda p: ()) -> dict:
+    """Normalised name -> the first profile (in ``table`` order) that answers to it."""
+    out: dict = {}
     for prof in table.values():
-        if wanted in _names(prof.key, prof.aliases, extra(prof)):
-            return prof
-    return None
+        for n in _names(prof.key, prof.aliases, extra(prof)):
+            out.setdefault(n, prof)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_index() -> dict:
+    return _index(_gpus())
+
+
+@functools.lru_cache(maxsize=1)
+def _model_index() -> dict:
+    return _index(_models(), extra=lambda p: (p.hf_id, p.hf_id.split("/")[-1]))
+
+
+def _lookup(name: str, index: dict):
+    return index.get(normalize(name))
 
 
 def _not_found(kind: str, name: str, keys: list[str]) -> ProfileNotFound:
@@ -114,7 +129,7 @@ def _not_found(kind: str, name: str, keys: list[str]) -> ProfileNotFound:
 
 def get_gpu(name: str) -> GpuProfile:
     """The GPU profile for a key, alias or NVML device name."""
-    prof = _lookup(name, _gpus())
+    prof = _lookup(name, _gpu_index())
     if prof is None:
         raise _not_found("GPU", name, sorted(_gpus()))
     return prof
@@ -122,7 +137,7 @@ def get_gpu(name: str) -> GpuProfile:
 
 def find_gpu(nvml_name: str) -> GpuProfile | None:
     """The GPU profile for an NVML device name, or None when none is shipped."""
-    return _lookup(nvml_name, _gpus())
+    return _lookup(nvml_name, _gpu_index())
 
 
 def list_gpus() -> list[GpuProfile]:
@@ -136,7 +151,7 @@ def get_model(name: str) -> ModelProfile:
         path = path / "config.json"
     if path.is_file():
         return load_config_json(path)
-    prof = _lookup(name, _models(), extra=lambda p: (p.hf_id, p.hf_id.split("/")[-1]))
+    prof = _lookup(name, _model_index())
     if prof is None:
         raise _not_found("model", name, sorted(_models()))
     return prof

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -639,3 +640,45 @@ def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: 
     assert {r["candidate"]["tp"] for r in out["ranked"]} <= {1, 2, 4, 8, 16}
     wide = [r for r in out["ranked"] if r["candidate"]["tp"] == 16]
     assert wide  # TP16 is a candidate, its collectives over the NIC
+
+
+def _test_seed() -> int:
+    env = os.environ.get("HPC_ADVISE_TEST_SEED")
+    return int(env) if env else int.from_bytes(os.urandom(4), "little")
+
+
+def test_batch_attention_terms_equal_the_per_row_terms():
+    """The screen takes every sampled batch's terms from one call: each row's floor and tail must be
+    the very numbers ``attention_terms`` gives that row (fractional and sliced rows included)."""
+    from hpc_advise.advisor.kernel_models import batch_attention_terms
+
+    seed = _test_seed()
+    rng = np.random.default_rng(seed)
+    for width in (1, 7, 64, 129):
+        ctx = rng.lognormal(8.0, 2.0, (48, width + 5))[:, :width]  # a slice, as ``_batches`` cuts it
+        heads, dim, elem, bw = int(rng.integers(1, 9)), 128, float(rng.choice([1.0, 2.0])), 4.12e6
+        floors, tails = batch_attention_terms(ctx, heads, dim, elem, bw)
+        rows = [attention_terms(row, heads, dim, elem, bw) for row in ctx]
+        assert floors.tolist() == [f for f, _ in rows], f"seed {seed} (HPC_ADVISE_TEST_SEED={seed})"
+        assert tails.tolist() == [t for _, t in rows], f"seed {seed} (HPC_ADVISE_TEST_SEED={seed})"
+
+
+def test_ttft_draws_are_the_generator_calls_they_replace():
+    """``Ranker._ttft_draws`` stands for ``random``, ``exponential(scale)`` and ``choice(prompts)`` on
+    a fresh seed-1 generator: the waits and picked prompts must come out bit for bit."""
+    from hpc_advise.advisor.recommend import N_TTFT, Ranker
+
+    seed = _test_seed()
+    rng = np.random.default_rng(seed)
+    ranker = Ranker.__new__(Ranker)  # only the draw cache is used
+    ranker._draws = {}
+    for n_prompts in (1, 128, 1000):
+        base = rng.lognormal(5.0, 2.0, n_prompts)
+        scale, rho = float(rng.lognormal(3.0, 3.0)), float(rng.random())
+        ref = np.random.default_rng(1)
+        draws = ref.random(N_TTFT)
+        waits = np.where(draws < rho, ref.exponential(scale, N_TTFT), 0.0)
+        want = ref.choice(base, N_TTFT) + waits
+        u, expo, pick = ranker._ttft_draws(n_prompts)
+        got = base[pick] + np.where(u < rho, scale * expo, 0.0)
+        assert got.tobytes() == want.tobytes(), f"seed {seed} (HPC_ADVISE_TEST_SEED={seed})"

@@ -270,6 +270,28 @@ def test_decode_bursts_change_nothing(concurrency):
     assert fast.kv_used_mean == pytest.approx(slow.kv_used_mean) and fast.kv_used_peak == slow.kv_used_peak
 
 
+def test_replays_of_one_workload_match_fresh_copies():
+    # The prompt chains a replay builds are kept on the workload for its next replays (the capacity
+    # search replays one window at several loads): every field must come out as from a workload that
+    # was never replayed, bit for bit, whatever ran before on it. A pool small enough to evict.
+    w = agentic_workload(150, seed=4, block=512, rate=3.0, mean_out=3000)
+    w = w.select(np.flatnonzero(w.input_len < 20_000))
+    cfg = SchedulerConfig(max_total_tokens=60_000, chunked_prefill_size=4096)
+    cost = LinearStepCost(per_token_s=2e-5, decode_fixed_s=0.01, per_seq_s=1e-4, per_kv_token_s=1e-9)
+    assert w.prompt_chains() is not None
+    for load in (1.0, 2.5, 0.6, 1.0):
+        shared = simulate(w, cost, cfg, load=load)
+        fresh = simulate(w.select(np.arange(len(w))), cost, cfg, load=load)
+        assert shared.retractions == fresh.retractions > 0
+        for name, value in vars(fresh).items():
+            got = vars(shared)[name]
+            if isinstance(value, np.ndarray):
+                assert got.dtype == value.dtype and got.tobytes() == value.tobytes(), name
+            else:
+                assert got == value or (got != got and value != value), name
+    assert w.prompt_chains()
+
+
 def test_replicas_window():
     w = agentic_workload(400, seed=6)
     win = select_windows(w.arrival_s, w.input_len + w.output_len, window_s=20, n_samples=0, warmup_s=10)[0]

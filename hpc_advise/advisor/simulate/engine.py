@@ -152,11 +152,13 @@ class _Replica:
         unclipped = [False] * n
         last_tok = [_NAN] * n
         rejected = [False] * n
-        chains: dict[int, tuple[list, list]] = {}
+        shared_chains = w.prompt_chains()
+        chains: dict[int, tuple[list, list]] = {} if shared_chains is None else shared_chains
 
         def chain(r: int) -> tuple[list, list]:
             """(block hashes, cum) of request r's prompt, cum[i] = tokens of its first i blocks;
-            kept while the request is in flight."""
+            kept while the request is in flight, or for the next replays of the workload (never
+            modified: the tree copies what it keeps)."""
             c = chains.get(r)
             if c is None:
                 h = hashes[hoff[r] : hoff[r + 1]].tolist()
@@ -290,7 +292,8 @@ class _Replica:
             if nd:
                 cache.dec_lock(nd, now)
                 node[r] = 0
-            chains.pop(r, None)
+            if shared_chains is None:
+                chains.pop(r, None)
             send_next(now)
 
         def insert_prompt(r: int, now: float) -> None:
@@ -418,25 +421,33 @@ class _Replica:
                 ensure_free(0)
                 return
             decode_s = cost.decode_s
-            while D < stop_d and t < stop_t and room >= bs:
-                ratio = max(ratio - decay, min_ratio)
-                t_prev = t
-                t = t + decode_s(bs, seq_base + bs * D)
-                itl_gap.append(t - last_decode_t)
-                itl_w.append(bs)
-                last_decode_t = t
-                run_priv += bs
-                D += 1
+            gap, weight = itl_gap.append, itl_w.append
+            # the loop's state in locals (the closure's cells cost more per step), written back after
+            now, last, d, held, rt = t, last_decode_t, D, run_priv, ratio
+            kv_area, c_area, span, peak = kv_used_area, cache_area, area_t, kv_peak
+            while d < stop_d and now < stop_t and room >= bs:
+                rt -= decay
+                if min_ratio > rt:  # max(rt, min_ratio)
+                    rt = min_ratio
+                t_prev = now
+                now = now + decode_s(bs, seq_base + bs * d)
+                gap(now - last)
+                weight(bs)
+                last = now
+                held += bs
+                d += 1
                 room -= bs
-                n_decode_steps += 1
-                if t > meas_lo and t_prev < meas_hi:
-                    dt = min(t, meas_hi) - max(t_prev, meas_lo)
-                    used = locked + run_priv
-                    kv_used_area += used * dt
-                    cache_area += total * dt
-                    area_t += dt
-                    if used > kv_peak:
-                        kv_peak = used
+                if now > meas_lo and t_prev < meas_hi:
+                    dt = (now if now <= meas_hi else meas_hi) - (meas_lo if meas_lo > t_prev else t_prev)
+                    used = locked + held
+                    kv_area += used * dt
+                    c_area += total * dt
+                    span += dt
+                    if used > peak:
+                        peak = used
+            n_decode_steps += d - D
+            t, last_decode_t, D, run_priv, ratio = now, last, d, held, rt
+            kv_used_area, cache_area, area_t, kv_peak = kv_area, c_area, span, peak
             ensure_free(0)  # the steps took free slots first, then evictable ones: evict those now
 
         def retract() -> None:
@@ -599,10 +610,12 @@ class _Replica:
                 break
             t_start = t
             may_burst = False
-            if free_tokens() < min_free:
-                min_free = free_tokens()
+            free = pool - cache.total - run_priv - other_priv  # free_tokens(), inlined in the hot loop
+            if free < min_free:
+                min_free = free
 
-            batch = try_prefill()
+            # try_prefill's own first test, here: most iterations have nothing to admit
+            batch = try_prefill() if chunked >= 0 or (waiting and not batch_full) else None
             if batch is not None:
                 stuck = False
                 new_tok = 0

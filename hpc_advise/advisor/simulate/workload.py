@@ -19,6 +19,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+# prompt hashes up to which ``Workload.prompt_chains`` keeps chains (~22 MiB at 60 blocks a prompt)
+SHARED_CHAIN_HASHES = 1 << 18
+
 
 class WorkloadError(ValueError):
     """A workload the simulator cannot replay (one line, for the CLI)."""
@@ -59,6 +62,17 @@ class Workload:
     @property
     def has_hashes(self) -> bool:
         return bool(self.hashes.size)
+
+    def prompt_chains(self) -> dict | None:
+        """Where the simulator keeps each request's prompt chain (``engine``) across replays of this
+        workload, which the capacity search replays at several loads; None past
+        ``SHARED_CHAIN_HASHES`` hashes: a replay then builds its own and drops each when its request
+        finishes."""
+        if self.hashes.size > SHARED_CHAIN_HASHES:
+            return None
+        if "_chains" not in self.__dict__:
+            self._chains: dict = {}
+        return self._chains
 
     @classmethod
     def from_requests(cls, records, block_size: int | None = None) -> Workload:
