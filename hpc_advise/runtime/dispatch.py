@@ -164,8 +164,13 @@ def _moe_comparison(c: Conditions, ep: int) -> str:
         return "not compared with SGLang's triton at this shape (no measured rows)"
     ours = [b.span() for b in buckets if not b.default_faster]
     handed = [b.span() for b in buckets if b.default_faster]
-    text = f"measured against SGLang's triton ({buckets[0].source}): ours faster at {', '.join(ours) or 'no bucket'}"
-    return text + (f"; handed to SGLang's triton at {', '.join(handed)}" if handed else "")
+    text = f"measured against SGLang's triton ({buckets[0].source}): "
+    text += f"ours faster at {', '.join(ours)}" if ours else "ours faster in no measured bucket"
+    text += f"; handed to SGLang's triton at {', '.join(handed)}" if handed else ""
+    last = buckets[-1]
+    if last.hi is not None:  # beyond the last measured bucket nothing is handed off
+        text += f"; above T = {last.hi} ours runs (no pair measured there)"
+    return text
 
 
 def table(c: Conditions, ep: int = 1) -> list[Decision]:

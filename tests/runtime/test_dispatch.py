@@ -270,6 +270,7 @@ def test_moe_buckets_where_sglang_measured_faster_are_handed_off(monkeypatch):
         "hpc_advise", "hpc_advise", "triton", "triton", "triton", "hpc_advise"]  # fmt: skip
     moe = {d.op: d for d in dispatch.table(c)}["fused_moe"]
     assert moe.use_ours and "handed to SGLang's triton at T = 6-64" in moe.reason
+    assert moe.reason.endswith("; above T = 64 ours runs (no pair measured there)")  # 64 -> 65 above
     res = CliRunner().invoke(runtime, ["check", "--model", "hy3", "--gpu", "h200", "--tp", "8", "--json"])
     assert [d["reason"] for d in json.loads(res.output)["moe_handoff"]] == [handed[0].reason]
     text = CliRunner().invoke(runtime, ["check", "--model", "hy3", "--gpu", "h200", "--tp", "8"]).output
