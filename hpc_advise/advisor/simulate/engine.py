@@ -493,10 +493,9 @@ class _Replica:
 
         def try_prefill() -> list | None:
             """get_new_batch_prefill + PrefillAdder: the requests of the next prefill batch as
-            (r, tokens already in KV, extend), or None."""
+            (r, tokens already in KV, extend), or None. Called only with a chunk in flight or a waiting
+            queue not already found full (the event loop tests that before the call)."""
             nonlocal batch_full, chunked, other_priv
-            if (batch_full or not waiting) and chunked < 0:
-                return None
             running_bs = n_run + pending_finished
             if running_bs >= max_run and chunked < 0:
                 batch_full = True
@@ -614,7 +613,7 @@ class _Replica:
             if free < min_free:
                 min_free = free
 
-            # try_prefill's own first test, here: most iterations have nothing to admit
+            # nothing to admit in most iterations: test it before the call
             batch = try_prefill() if chunked >= 0 or (waiting and not batch_full) else None
             if batch is not None:
                 stuck = False
