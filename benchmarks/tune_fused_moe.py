@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpc_advise.kernels.fused_moe import config as C  # noqa: E402
 from hpc_advise.runtime.measure.cases.fused_moe import (  # noqa: E402
+    FUSED_SHARED,
     MODES,
     PREFILL_SETTLE_S,
     PREFILL_T_MIN,
@@ -229,7 +230,7 @@ def tune(shapes=None, ts=TUNE_TS, log=print, budget_s: float | None = None, on_e
                 if budget_s is not None and time.monotonic() - t0 > budget_s:
                     log(f"  tune: budget of {budget_s:.0f} s spent, skipping {shape} {mode} T={t}")
                     continue
-                sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1)
+                sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1, shared=shape in FUSED_SHARED)
                 first, timed = None, []  # (p50 µs, config, timed call)
                 for c in plan[shape, mode, t]:
 

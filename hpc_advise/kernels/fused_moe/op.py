@@ -117,18 +117,18 @@ def default_config(
             DN_WARPS=4,
             DN_STAGES=4,
         )
-    if n <= 2048:
+    if n <= 2048:  # every tuned pick here has 16-row blocks, ungrouped, unsplit (configs.json)
         return dict(
-            BLOCK_M=32 if n <= 1024 else 64,
-            GU_N=128,
+            BLOCK_M=16,
+            GU_N=128 if a2_group else 64,
             GU_K=128,
             SPLIT_K=1,
-            GU_GROUP_M=4,
+            GU_GROUP_M=1,
             GU_WARPS=4,
             GU_STAGES=4,
-            DN_N=128,
+            DN_N=64,
             DN_K=128,
-            DN_GROUP_M=4,
+            DN_GROUP_M=1,
             DN_WARPS=4,
             DN_STAGES=4,
         )

@@ -296,6 +296,21 @@ def test_default_config_spreads_decode_over_the_sms():
     assert cfg["BLOCK_M"] >= 64 and cfg["SPLIT_K"] == 1
 
 
+def test_default_config_between_decode_and_prefill_takes_the_tuned_picks_block_rows():
+    """256 < T·top_k <= 2048 (few tokens per expert): the untuned default has the block rows and grouping
+    of every tuned regular-path pick in that range, so an untuned shape does not pad each expert to 64 rows."""
+    picks = [
+        e
+        for e in json.loads(op.CONFIG_PATH.read_text())["entries"]
+        if 256 < e["T"] * e["top_k"] <= 2048 and e["config"].get("PATH") != "small"
+    ]
+    assert len(picks) >= 8
+    for e in picks:
+        cfg = op.default_config(e["T"], e["top_k"], e["E"], e["H"], e["I"], e["mode"].endswith("dynamic"))
+        for key in ("BLOCK_M", "GU_GROUP_M", "DN_GROUP_M"):
+            assert cfg[key] == e["config"][key], (key, e["E"], e["I"], e["T"])
+
+
 # ---------------------------------------------------------------------------------------------
 # real shapes on the GPU
 

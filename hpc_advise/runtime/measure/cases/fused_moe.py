@@ -2,7 +2,9 @@
 
 Shapes (E local, H, I, top-k): Hy3 (192, 4096, 1536, 8), Hy3 TP8 shard (192, 4096, 192, 8),
 Qwen3-235B (128, 4096, 1536, 8), Qwen3-30B-A3B (128, 2048, 768, 8), DeepSeek-V3 EP8 (32 local of 256,
-7168, 2048, 8). Routing: uniform random top-k (distinct experts per token). For T <= 128 the timed
+7168, 2048, 8), DeepSeek-V3 TP8 shard (257, 7168, 256, 9: SGLang fuses the shared expert into the routed
+MoE as expert 256, which every token takes as its ninth). Routing: uniform random top-k (distinct
+experts per token; the fused shared expert on top where the shape has one). For T <= 128 the timed
 graph cycles through 8 routings, so consecutive calls hit different experts and the activated weights
 come from HBM, not the 60 MB L2.
 
@@ -47,13 +49,17 @@ SHAPES = {  # name -> (E local, H, I, top_k, E global, expert offset)
     "hy3-tp8": (192, 4096, 192, 8, 192, 0),
     "qwen3-30b-a3b": (128, 2048, 768, 8, 128, 0),
     "deepseek-v3-ep8": (32, 7168, 2048, 8, 256, 64),
+    "deepseek-v3-tp8": (257, 7168, 256, 9, 257, 0),
 }
+FUSED_SHARED = frozenset({"deepseek-v3-tp8"})  # shapes whose last expert is the shared one, taken by every token
 MODES = {  # the modes each shape is measured in (its checkpoint's mode first)
     "hy3": ("tensor-static",),
     "hy3-tp8": ("tensor-static",),
     "qwen3-235b": ("block-dynamic",),
     "qwen3-30b-a3b": ("block-dynamic",),
     "deepseek-v3-ep8": ("block-dynamic",),
+    # the checkpoint's blocks, and a bf16 checkpoint served with SGLang's online `--quantization fp8`
+    "deepseek-v3-tp8": ("block-dynamic", "tensor-dynamic"),
 }
 T_FULL = (1, 4, 16, 64, 128, 1024, 4096, 16384)
 T_SMALL = (1, 16, 128, 4096)
@@ -108,13 +114,21 @@ def make_weights(e: int, h: int, i: int, mode: str, seed: int = 0) -> dict:
     return {"w13": w13, "w2": w2, "s13": s13, "s2": s2, "block": mode.startswith("block")}
 
 
-def make_routings(t: int, k: int, e_global: int, h: int, count: int, seed: int = 1) -> list[dict]:
+def make_routings(
+    t: int, k: int, e_global: int, h: int, count: int, seed: int = 1, shared: bool = False
+) -> list[dict]:
+    """``count`` routings of t tokens; with ``shared`` the last expert is every token's k-th (SGLang's fused
+    shared expert) and the other k - 1 are drawn from the rest."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(seed + t)
     sets = []
+    routed = k - 1 if shared else k
     for _ in range(count):
-        ids = torch.rand(t, e_global, device="cuda", generator=g).topk(k, dim=1).indices.to(torch.int32)
+        ids = torch.rand(t, e_global - int(shared), device="cuda", generator=g).topk(routed, dim=1).indices
+        if shared:
+            ids = torch.cat([ids, torch.full((t, 1), e_global - 1, device="cuda", dtype=ids.dtype)], dim=1)
+        ids = ids.to(torch.int32)
         w = torch.softmax(torch.randn(t, k, device="cuda", generator=g), dim=1)
         x = torch.randn(t, h, device="cuda", generator=g).to(torch.bfloat16)
         sets.append({"ids": ids, "w": w, "x": x})
@@ -367,7 +381,7 @@ def bench_case(
     from hpc_advise.kernels.fused_moe.reference import fused_moe_reference
 
     e, h, i, k, eg, off = SHAPES[shape]
-    sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1)
+    sets = make_routings(t, k, eg, h, 8 if t <= 128 else 1, shared=shape in FUSED_SHARED)
     flops = bytes_ = 0.0
     for s in sets:
         f, b = op.flops_and_bytes(s["ids"], e, h, i, off, wts["block"])
