@@ -38,9 +38,11 @@ sgl-kernel is not installed on the GPU machine (too large to carry): ``SGLANG_FO
 puts RMSNorm, SiLU*mul, top-k and rotary on SGLang's torch paths in every combination (a cost common to all
 of them), non-expert linears stay bf16 (``SGLANG_FP8_IGNORED_LAYERS``), experts are FP8 per-tensor (online
 ``--quantization fp8``, the Hy3 deployment's recipe; Qwen3 here too, whose checkpoints are block FP8) or, for the
-``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json;
-SGLang's DeepGEMM runner for them needs the ``deep_gemm`` package: SGLang's pin, sgl-deep-gemm 0.2.3.post2, does
-not load against the GPU machine's torch 2.11, an undefined c10 symbol, and sgl-kernel's copy cannot travel);
+``-block`` models, 128x128 blocks as DeepSeek-V3's checkpoint has them (``quantization_config`` in config.json),
+where SGLang's DeepGEMM MoE runner (``--moe-runner-backend deep_gemm``, standard dispatch, no DeepEP) is timed too
+when ``import deep_gemm`` works on the machine (``deep_gemm_skip_reason``; else the table says why not). SGLang's
+pin, sgl-deep-gemm 0.2.3.post2, does not load against the GPU machine's torch 2.11 (an undefined c10 symbol), so
+``gpu.sh``'s sglang stage builds DeepGEMM from carried source first (``.whl_deepgemm``, ``install_deepgemm``);
 the few sgl-kernel names those paths still import are given SGLang's own twins (``_sgl_kernel_twins``).
 
 Usage (GPU machine, SGLang carried as ``benchmarks/pack_sglang_carry.sh`` builds it)::
@@ -191,7 +193,7 @@ MODELS = {
     "dsv3-ep8": {"tp": 8, "ep": 8, "kv_cache_dtype": "auto", "gate_bytes": 2, "config": _DSV3},
     # DeepSeek-V3's own recipe: its checkpoint's 128x128-block FP8 experts (``quantization_config`` in config.json,
     # as the published checkpoint has it; random FP8 values and block scales), where the runners SGLang picks
-    # from for it are its Triton, DeepGEMM (not measurable here: see the module docstring) and ours
+    # from for it are its Triton, DeepGEMM (where ``deep_gemm`` imports: see the module docstring) and ours
     "dsv3-block": {
         "tp": 8,
         "ep": 1,
@@ -219,6 +221,10 @@ ATTENTION = ("triton", "hpc_advise")
 # ``hpc_advise.measured`` decides the hand-off from; its rows say ``moe_runner`` hpc_advise, ``moe_handoff`` off.
 RAW = "hpc_advise-raw"
 MOE_RUNNERS = ("triton", "hpc_advise", RAW)
+# SGLang's DeepGEMM MoE runner (standard dispatch -> deep_gemm's grouped FP8 GEMMs, contiguous in eager extend,
+# masked under CUDA graphs): block-FP8 models only, and only where ``import deep_gemm`` works; every other worker
+# runs with SGLang's DeepGEMM switched off (SGLANG_ENABLE_JIT_DEEPGEMM=0)
+DEEP_GEMM = "deep_gemm"
 ROUTERS = ("sglang", "hpc_advise")
 # (decode attention, MoE runner, router); the numerical reference runs eager: SGLang's torch_native decode
 # attention and ``reference``, our runner's layer with the pure-torch fp32 MoE (``_install_reference_moe``).
@@ -259,17 +265,64 @@ def _keys(cfg: dict) -> tuple[str, str]:
     return "num_experts", "num_shared_experts"
 
 
+_DEEP_GEMM_PROBE: list = []  # the probe's answer, once per process
+
+
+def _probe_deep_gemm(timeout_s: float = 120.0) -> str | None:
+    """None where ``import deep_gemm`` works in a fresh interpreter with this environment, else why not. A
+    subprocess: a broken ``_C.so`` raises OSError at import, and a package without one would build it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("deep_gemm")
+    except (ImportError, ValueError) as e:
+        return f"deep_gemm not importable ({type(e).__name__}: {e})"
+    if spec is None or not spec.origin:
+        return "no deep_gemm package (carry .whl_deepgemm: bash benchmarks/gpu.sh carry deepgemm)"
+    pkg = Path(spec.origin).parent
+    if not (pkg / "_C.so").is_file():
+        return f"deep_gemm at {pkg} has no _C.so (its import would build one; gpu.sh's install_deepgemm builds it)"
+    try:
+        r = subprocess.run([sys.executable, "-c", "import deep_gemm"], capture_output=True, text=True,
+                           timeout=timeout_s)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"import deep_gemm took over {timeout_s:.0f} s"
+    if r.returncode:
+        last = ((r.stderr or r.stdout).strip().splitlines() or ["no output"])[-1]
+        return f"import deep_gemm failed: {last[:240]}"
+    return None
+
+
+def deep_gemm_skip_reason() -> str | None:
+    """Why SGLang's DeepGEMM MoE runner is left out on this machine (None: it runs), probed once."""
+    if not _DEEP_GEMM_PROBE:
+        _DEEP_GEMM_PROBE.append(_probe_deep_gemm())
+    return _DEEP_GEMM_PROBE[0]
+
+
 def combos(model: str) -> list[tuple[str, str, str]]:
     """Every (attention, MoE runner, router) SGLang can run for this model here, SGLang's default first.
     MLA: our decode attention refuses it, so attention is SGLang's Triton MLA kernel in every combination.
     Router: ours serves 64..512 experts in fp32 (Hy3) or bf16 (Qwen3) ReplicatedLinear gates; DeepSeek's
-    bf16 MoEGate stays on SGLang's path under our hook, and an EP rank's 32 local experts are too few."""
+    bf16 MoEGate stays on SGLang's path under our hook, and an EP rank's 32 local experts are too few.
+    DeepGEMM: block-FP8 models, where ``import deep_gemm`` works (``deep_gemm_skip_reason``), last."""
     spec = MODELS[model]
     attns = ("triton",) if is_mla(model) else ATTENTION
     routers = ROUTERS if spec["ep"] == 1 and not is_mla(model) else ("sglang",)
     out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
+    if recipe(model) == BLOCK and deep_gemm_skip_reason() is None:
+        out += [(a, DEEP_GEMM, "sglang") for a in attns]
     out.sort(key=lambda c: c != DEFAULT)
     return out
+
+
+def deep_gemm_note(model: str) -> str | None:
+    """The table's one line on SGLang's DeepGEMM runner for a block-FP8 model (None for the others)."""
+    if recipe(model) != BLOCK:
+        return None
+    why = deep_gemm_skip_reason()
+    return "SGLang's DeepGEMM MoE runner: timed (moe=deep_gemm)." if why is None else (
+        f"SGLang's DeepGEMM MoE runner: skipped, {why}.")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
@@ -1047,7 +1100,18 @@ def _versions() -> dict:
             env[d] = md.version(d)
         except md.PackageNotFoundError:
             env[d] = "not installed"
+    env["deep_gemm"] = _deep_gemm_version()
     return env
+
+
+def _deep_gemm_version() -> str:
+    """deep_gemm's version where it imports (built from carried source: no dist-info), else why not."""
+    why = deep_gemm_skip_reason()
+    if why is not None:
+        return f"not used: {why}"
+    r = subprocess.run([sys.executable, "-c", "import deep_gemm; print(deep_gemm.__version__)"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    return (r.stdout.strip().splitlines() or ["?"])[-1]
 
 
 def driver(a) -> int:
@@ -1079,6 +1143,8 @@ def driver(a) -> int:
         wenv = dict(
             env,
             HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
+            SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
+            SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
         )
         logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
         procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))
@@ -1092,7 +1158,9 @@ def driver(a) -> int:
     rows = collect(a, work, cfg, _versions())
     path = out / f"layer_step_{a.model}.jsonl"
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    (out / f"layer_step_{a.model}.md").write_text(render_table(rows, a.model))
+    (out / f"layer_step_{a.model}.md").write_text(render_table(rows, a.model, deep_gemm_note(a.model)))
+    if deep_gemm_note(a.model):
+        print(deep_gemm_note(a.model))
     print(render_summary(rows, a.model))
     return 0
 
@@ -1292,11 +1360,19 @@ def _err(c: dict) -> str:
     return f"{_e(c.get('err_token_p50'))} | {'-' if frac is None else f'{frac:.0%}'}"
 
 
-def render_table(rows: list[dict], model: str) -> str:
+def render_table(rows: list[dict], model: str, note: str | None = None) -> str:
+    """The model's table; ``note`` (the driver's ``deep_gemm_note``) is printed once under the header. Re-rendered
+    from rows (``--table``), a block-FP8 model's note comes from the rows' ``versions['deep_gemm']``."""
     steps = [r for r in rows if r["kind"] == "layer_step"]
     pre = [r for r in rows if r["kind"] == "layer_prefill"]
     first = (steps or pre or [None])[0]
     lines = [f"# Layer step: {model} ({first['subject'] if first else model})", ""]
+    dg = (first or {}).get("versions", {}).get("deep_gemm") if first else None
+    if note is None and recipe(model) == BLOCK and dg:
+        note = (f"SGLang's DeepGEMM MoE runner: skipped, {dg.removeprefix('not used: ')}." if dg.startswith("not used")
+                else f"SGLang's DeepGEMM MoE runner: timed (moe=deep_gemm, deep_gemm {dg}).")  # fmt: skip
+    if note:
+        lines += [note, ""]
     if first:
         v, c = first["versions"], first["config"]
         lines += [

@@ -25,7 +25,8 @@ Device stages (on the device machine, from the repository root; results in $OUT/
   tune router_gemm [A]         tune_router_gemm.py [A] into a copy of configs.json ($RES/router_gemm_configs.json),
                                then bench_router_gemm.py --configs on that copy (table router_gemm)
   sglang [run CMD...]          real SGLang 0.5.23 from .whl_sglang: the runtime's SGLang tests (GPU, then CPU
-                               with CUDA hidden), or CMD with SGLang's model runner environment
+                               with CUDA hidden), or CMD with SGLang's model runner environment; with
+                               .whl_deepgemm, DeepGEMM is built and smoke-checked first (log deepgemm.log)
   ncu TARGET...                Nsight Compute sections of diagnostics/ncu_targets.py workloads
   run CMD...                   any command (a diagnostic, a sweep) in the same environment; what it writes to
                                $HPC_ADVISE_RESULTS comes back in $OUT/run.tgz
@@ -37,11 +38,14 @@ Carry stages (here, not on the device; write into the root of the checkout the d
   carry attn                   .whl_attn: FlashInfer 0.7.2.post1 without the CUDA sources of other kernels
   carry sglang                 .whl_sglang: SGLang 0.5.23 (repacked) and the packages its imports need
   carry tree                   .whl_tree: this worktree's HEAD (git archive); device stages then run that tree
+  carry deepgemm               .whl_deepgemm: DeepGEMM's source (sgl-project fork, CUTLASS/CuTe and fmt headers) as
+                               one tar.xz; the sglang stage builds its _C.so on the device (install_deepgemm)
 
 Environment: CARRY (the folder holding the carried .whl_* folders; default the repository root), LIMIT_S
 (seconds per step; default 540), TREE_DIR (the carried tree's folder here and there; default .whl_tree),
-WARM_S (FlashInfer's warm-up; 200), TEST_N (pytest workers; default 2); for
-carry stages PYTHON (default .venv/bin/python) and CARRY_ROOT (default: the main checkout of these worktrees).
+WARM_S (FlashInfer's warm-up; 200), TEST_N (pytest workers; default 2), DG_BUILD_S / DG_SMOKE_S (DeepGEMM's
+build and smoke check; 300 / 150); for carry stages PYTHON (default .venv/bin/python), CARRY_ROOT (default: the
+main checkout of these worktrees) and DG_SRC / CUTLASS_SRC / FMT_SRC / DG_COMMIT (carry deepgemm's git sources).
 EOF
 }
 
@@ -167,7 +171,46 @@ EOF
       git archive --format=tar.gz -o "$dest/tree.tar.gz" --add-file="$dest/TREE_COMMIT" HEAD \
         hpc_advise tests benchmarks pyproject.toml README.md ':!benchmarks/results' || exit 1
       echo "tree.tar.gz = $(git rev-parse --short=12 HEAD) of $ROOT" ;;
-    *) die "unknown carry stage '$what' (profile, moe, attn, sglang, tree)" ;;
+    deepgemm)
+      # SGLang 0.5.23 pins sgl-deep-gemm 0.2.3.post2, whose prebuilt _C.so needs a newer torch than the device's
+      # 2.11 and whose sources are published nowhere here (no sdist; the fork's snapshot ends before it). This
+      # carries the newest whole source tree there is: sgl-project/DeepGEMM's dev branch (its tvm-ffi binding,
+      # csrc/tvm_ffi_api.cpp, one host C++ file; the CUDA kernels are JIT-compiled at run time by nvcc from
+      # deep_gemm/include) with the CUTLASS and fmt commits its submodules name. Only what the build and the JIT
+      # read: deep_gemm/ (no tests), csrc/, CUTLASS's include/cute and include/cutlass (put where setup.py's
+      # prepare_includes puts them, deep_gemm/include/), fmt's include/.
+      local mirror=/work/.mirror src cl fm commit clc fmc stage
+      src=${DG_SRC:-$mirror/sgl-project+DeepGEMM/repo}
+      cl=${CUTLASS_SRC:-$mirror/NVIDIA+cutlass/repo}
+      fm=${FMT_SRC:-$mirror/fmtlib+fmt/repo}
+      commit=${DG_COMMIT:-2176dff556d6fb8f0184516dc224a3b31a094b98}  # dev, 2026-06-12
+      for r in "$src" "$cl" "$fm"; do
+        [ -d "$r" ] || die "no git source at $r (DG_SRC / CUTLASS_SRC / FMT_SRC; the fetch tool's mirrors)"
+      done
+      git -C "$src" rev-parse -q --verify "$commit^{commit}" > /dev/null \
+        || die "no DeepGEMM commit $commit in $src (DG_SRC: a clone of github.com/sgl-project/DeepGEMM)"
+      clc=$(git -C "$src" rev-parse "$commit:third-party/cutlass") || exit 1
+      fmc=$(git -C "$src" rev-parse "$commit:third-party/fmt") || exit 1
+      dest=$(carry_dest .whl_deepgemm) || exit 1
+      stage=$(mktemp -d)
+      mkdir -p "$stage/deepgemm/third-party/fmt" "$stage/deepgemm/third-party/cutlass"
+      git -C "$src" archive "$commit" deep_gemm csrc setup.py LICENSE README.md | tar x -C "$stage/deepgemm" || exit 1
+      git -C "$cl" archive "$clc" include/cute include/cutlass LICENSE.txt | tar x -C "$stage/deepgemm/deep_gemm" \
+        || die "CUTLASS $clc (the commit DeepGEMM $commit names) is not in $cl"
+      mv "$stage/deepgemm/deep_gemm/LICENSE.txt" "$stage/deepgemm/third-party/cutlass/LICENSE.txt"
+      git -C "$fm" archive "$fmc" include LICENSE | tar x -C "$stage/deepgemm/third-party/fmt" \
+        || die "fmt $fmc (the commit DeepGEMM $commit names) is not in $fm"
+      printf 'deepgemm %s (%s)\ncutlass %s (%s)\nfmt %s (%s)\n' \
+        "$commit" "$(git -C "$src" log -1 --format='%ci %s' "$commit")" \
+        "$clc" "$(git -C "$cl" describe --tags "$clc" 2>/dev/null)" \
+        "$fmc" "$(git -C "$fm" describe --tags "$fmc" 2>/dev/null)" > "$stage/deepgemm/SOURCE"
+      cp "$stage/deepgemm/SOURCE" "$dest/SOURCE"
+      tar cJf "$dest/deepgemm-src.tar.xz" -C "$stage" deepgemm || exit 1
+      echo "deepgemm-src.tar.xz: $(find "$stage/deepgemm" -type f | wc -l) files," \
+        "$(du -sm "$stage/deepgemm" | cut -f1) MB unpacked"
+      cat "$dest/SOURCE"
+      rm -rf "$stage" ;;
+    *) die "unknown carry stage '$what' (profile, moe, attn, sglang, tree, deepgemm)" ;;
   esac
   du -sh "$dest"
   git -C "$(carry_root)" rev-parse 2>/dev/null || return 0
@@ -177,7 +220,7 @@ EOF
 
 case ${1:-} in
   ""|-h|--help|help) usage; exit 0 ;;
-  carry) [ -n "${2:-}" ] || die "carry needs one of: profile, moe, attn, sglang, tree"; carry_stage "$2"; exit ;;
+  carry) [ -n "${2:-}" ] || die "carry needs one of: profile, moe, attn, sglang, tree, deepgemm"; carry_stage "$2"; exit ;;
   tests|bench|tune|sglang|ncu|run|env) ;;
   *) die "unknown stage '$1' (bash benchmarks/gpu.sh --help lists them)" ;;
 esac
@@ -234,6 +277,46 @@ setup_flashinfer() {  # FlashInfer from .whl_attn, with its JIT cache from an ea
   return 0
 }
 
+install_deepgemm() {  # DeepGEMM from .whl_deepgemm: build its _C.so against this torch, smoke-check, then use it
+  local tgz=$CARRY/.whl_deepgemm/deepgemm-src.tar.xz t0=$SECONDS d log=$RES/deepgemm.log rc
+  [ -f "$tgz" ] || return 0
+  d=$(mktemp -d /tmp/deepgemm.XXXX)
+  {
+    echo "source: $(tr '\n' ';' < "$CARRY/.whl_deepgemm/SOURCE" 2>/dev/null)"
+    echo "c++: $(c++ --version 2>&1 | head -1) | nvcc: $(nvcc --version 2>&1 | grep -o 'release [0-9.]*')"
+  } > "$log"
+  tar xJf "$tgz" -C "$d" >> "$log" 2>&1 || { say "deepgemm: cannot unpack $tgz"; rm -rf "$d"; return 1; }
+  # the build reads CUTLASS from third-party/cutlass/include, the JIT from deep_gemm/include: one copy, carried
+  # where the JIT looks (setup.py's prepare_includes), linked for the build
+  ln -s ../../deep_gemm/include "$d/deepgemm/third-party/cutlass/include"
+  # _C.so: deep_gemm/__init__.py builds it on first import when it is missing (tvm_ffi.cpp.build: one host C++
+  # file, csrc/tvm_ffi_api.cpp, with ninja, against this torch and CUDA; no device code in it). The GEMM kernels
+  # are JIT-compiled on first call by nvcc for sm_90a (DeepGEMM's device_runtime names the arch with its 'a'),
+  # cached in DG_JIT_CACHE_DIR.
+  export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/deepgemm_jit}
+  timeout "${DG_BUILD_S:-300}" env PYTHONPATH="$PYTHONPATH:$d/deepgemm" MAX_JOBS=16 TVM_FFI_CUDA_ARCH_LIST=9.0a \
+    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} python3 -c 'import deep_gemm; print("built", deep_gemm.__file__)' \
+    >> "$log" 2>&1
+  rc=$?
+  say "deepgemm: build rc $rc$([ $rc = 124 ] && echo " (cut at DG_BUILD_S=${DG_BUILD_S:-300})") in $((SECONDS - t0)) s"
+  if [ $rc = 0 ] && [ -f "$d/deepgemm/deep_gemm/_C.so" ]; then
+    timeout "${DG_SMOKE_S:-150}" env PYTHONPATH="$PYTHONPATH:$d/deepgemm" CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
+      python3 "$ROOT/benchmarks/diagnostics/deepgemm_smoke.py" >> "$log" 2>&1
+    rc=$?
+    [ $rc = 124 ] && echo "deepgemm smoke: FAIL cut at DG_SMOKE_S=${DG_SMOKE_S:-150}" >> "$log"
+  fi
+  grep -E "^deepgemm smoke:|^  (contiguous|masked):" "$log" || tail -15 "$log"
+  pack
+  if [ $rc = 0 ]; then
+    export PYTHONPATH=$PYTHONPATH:$d/deepgemm CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+    say "deepgemm: installed ($d/deepgemm on PYTHONPATH), wall $((SECONDS - t0)) s"
+    return 0
+  fi
+  rm -rf "$d"  # nothing half-built stays importable: SGLang's DeepSeek modules must import without it
+  say "deepgemm: NOT installed (rc $rc; $RES/deepgemm.log), wall $((SECONDS - t0)) s"
+  return 1
+}
+
 machine_facts() {
   {
     if [ -f "$ROOT/TREE_COMMIT" ]; then
@@ -279,6 +362,7 @@ if [ "$1" = sglang ]; then
   [ -d "$CARRY/.whl_sglang" ] || die "sglang needs .whl_sglang carried (bash benchmarks/gpu.sh carry sglang)"
   install_wheels .whl_sglang .whl_profile .whl_attn
   setup_flashinfer || true
+  install_deepgemm || true  # with .whl_deepgemm only; the stage runs on without it
 else
   [ -d "$CARRY/.whl_profile" ] || echo "warning: .whl_profile not carried: sqlite-utils & co. missing" >&2
   install_wheels .whl_profile .whl_attn .whl_moe

@@ -410,9 +410,10 @@ def test_raw_worker_switches_the_handoff_off(monkeypatch):
     assert dispatch.moe_buckets(object()) == []
 
 
-def test_block_recipe_models():
+def test_block_recipe_models(monkeypatch):
     """DeepSeek-V3's checkpoint recipe: block-FP8 experts named in config.json (no --quantization), rows under the
-    same subject as the per-tensor model, the same combinations."""
+    same subject as the per-tensor model, the same combinations where deep_gemm does not import."""
+    monkeypatch.setattr(bl, "deep_gemm_skip_reason", lambda: "no deep_gemm package")
     for model, subject in (("dsv3-block", "dsv3-tp8-rank"), ("dsv3-ep8-block", "dsv3-ep8-rank")):
         assert bl.subject_of(model) == subject and bl.recipe(model) == bl.BLOCK
         cfg = bl.shard_config(model, 2)
@@ -428,6 +429,60 @@ def test_block_recipe_models():
     assert "--quantization" in bl._server_argv(argparse.Namespace(model="hy3", seed=0, batches=[1]), "/m",
                                                "triton", "triton", 4096)  # fmt: skip
     assert bl.combos("dsv3-block") == bl.combos("dsv3")
+
+
+def test_deep_gemm_runner_only_for_block_models_where_it_imports(monkeypatch):
+    """SGLang's DeepGEMM MoE runner: one combination per attention for the block-FP8 models, last, SGLang's router,
+    only where ``import deep_gemm`` works; never for per-tensor models; the table says once why it was left out."""
+    monkeypatch.setattr(bl, "deep_gemm_skip_reason", lambda: None)
+    for model in ("dsv3-block", "dsv3-ep8-block"):
+        got = bl.combos(model)
+        assert got[0] == bl.DEFAULT and got[-1] == ("triton", bl.DEEP_GEMM, "sglang")
+        assert [c for c in got if c[1] == bl.DEEP_GEMM] == [
+            ("triton", bl.DEEP_GEMM, "sglang")
+        ]  # MLA: triton only
+        assert got[:-1] == [c for c in bl.combos(model.replace("-block", "")) if c[1] != bl.DEEP_GEMM]
+        assert "timed" in bl.deep_gemm_note(model)
+    for model in ("dsv3", "dsv3-ep8", "hy3", "qwen3-30b", "qwen3-235b"):
+        assert bl.DEEP_GEMM not in {c[1] for c in bl.combos(model)}  # per-tensor: DeepGEMM takes blocks only
+        assert bl.deep_gemm_note(model) is None
+    argv = bl._server_argv(argparse.Namespace(model="dsv3-block", seed=0, batches=[1]), "/m", "triton",
+                           bl.DEEP_GEMM, 4096)  # fmt: skip
+    assert argv[argv.index("--moe-runner-backend") + 1] == "deep_gemm" and "--quantization" not in argv
+    why = "import deep_gemm failed: OSError: undefined symbol"
+    monkeypatch.setattr(bl, "deep_gemm_skip_reason", lambda: why)
+    assert bl.DEEP_GEMM not in {c[1] for c in bl.combos("dsv3-block")}
+    note = bl.deep_gemm_note("dsv3-block")
+    assert note == f"SGLang's DeepGEMM MoE runner: skipped, {why}."
+    table = bl.render_table([], "dsv3-block", note)
+    assert table.count("DeepGEMM") == 1 and why in table
+
+
+def test_deep_gemm_probe(monkeypatch, tmp_path):
+    """The probe: no package, a package without _C.so (its import would build one), an import that fails in a fresh
+    interpreter; asked once per process."""
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert bl._probe_deep_gemm().startswith("no deep_gemm package")
+    pkg = tmp_path / "deep_gemm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "raise OSError('undefined symbol: _ZN3c104cuda19CUDAErrorLogCaptureC1Ev')\n"
+    )
+    spec = importlib.util.spec_from_file_location("deep_gemm", pkg / "__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert "has no _C.so" in bl._probe_deep_gemm()
+    (pkg / "_C.so").write_bytes(b"")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    why = bl._probe_deep_gemm()
+    assert why.startswith("import deep_gemm failed") and "CUDAErrorLogCapture" in why, why
+    (pkg / "__init__.py").write_text("")
+    assert bl._probe_deep_gemm() is None
+    calls = []
+    monkeypatch.setattr(bl, "_DEEP_GEMM_PROBE", [])
+    monkeypatch.setattr(bl, "_probe_deep_gemm", lambda: calls.append(1) or "x")
+    assert bl.deep_gemm_skip_reason() == bl.deep_gemm_skip_reason() == "x" and calls == [1]
 
 
 def test_rescaled_dummy_weights_fill_block_scales():
