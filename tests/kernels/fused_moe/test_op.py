@@ -339,6 +339,40 @@ def test_gpu_real_shapes(shape, mode, t):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["block-dynamic", "tensor-dynamic"])
+@pytest.mark.parametrize("t", [1, 3, 8, 32, 128, 200])
+def test_gpu_deepseek_v3_tp8_rank_with_the_fused_shared_expert(mode, t):
+    """DeepSeek-V3's TP8 rank as SGLang runs it: 257 experts of width 256, the shared one fused in last and
+    taken by every token as its ninth; every tuned T regime of both modes it is tuned in (configs.json)."""
+    seed = fresh_seed()
+    e, h, i, k = 257, 7168, 256, 9
+    routed = torch.rand(t, e - 1, device="cuda").topk(k - 1, dim=1).indices
+    ids = torch.cat([routed, torch.full((t, 1), e - 1, device="cuda")], dim=1).to(torch.int32)
+    p = make_problem(t, e, h, i, k, mode, device="cuda", ids=ids)
+    out, _, err = run_and_check(p, scaling=2.5, seed=seed)
+    ref_f = moe_float_reference(
+        p["x"], p["w13f"], p["w2f"], p["weights"], p["ids"], routed_scaling_factor=2.5
+    )
+    err_f = rel_err(out, ref_f)
+    print(f"deepseek-v3-tp8 {mode} T={t}: rel err vs quantized ref {err:.2e}, vs unquantized {err_f:.2e}")
+    assert err_f <= REL_TOL_FLOAT_REF
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["block-dynamic", "tensor-static"])
+def test_gpu_untuned_shape_between_decode_and_prefill(mode):
+    """A shape with no configs.json entry (Qwen3-235B's EP4 rank: 32 of 128 experts) at T = 40, T*top_k = 320:
+    ``default_config``'s middle branch, 16-row blocks."""
+    seed = fresh_seed()
+    e, h, i, k, ge, off, t = 32, 4096, 1536, 8, 128, 32, 40
+    assert not any(
+        x["E"] == e and x["H"] == h and x["I"] == i for x in json.loads(op.CONFIG_PATH.read_text())["entries"]
+    )
+    p = make_problem(t, e, h, i, k, mode, device="cuda", global_experts=ge, expert_offset=off)
+    run_and_check(p, scaling=2.5, seed=seed)
+
+
+@pytest.mark.gpu
 def test_gpu_one_expert_takes_every_token_and_graph_capture():
     seed = fresh_seed()
     t, k = 1000, 8
