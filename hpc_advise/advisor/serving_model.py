@@ -39,8 +39,12 @@ GPU family 13.2 / 37.6 -> 12.6 / 36.7 (``evaluate``; docs/advisor.md, "Honest er
 A closed loop over the KV pool waits for admission: where SGLang's pool holds fewer requests than
 the loop sends (``admission``, at the point's own weight precision, ``kv_limit``), the point is
 predicted at the requests held and its TTFT adds their steady-state wait (``admission_wait_ms``).
-The fit keeps such rows as they are (fitting them at the requests held measured no better in
-``evaluate``; docs/advisor.md, "Limits: KV-admission queueing").
+Since version 6 TensorRT-LLM's closed loops wait too, each admitted request holding its whole
+isl + osl (its default scheduler, GUARANTEED_NO_EVICT, admits a request only when the KV of its
+maximum length is free): held out by model TTFT median 33.0 -> 32.6 %, by GPU 34.5 / 81.7 ->
+34.3 / 81.4 %; vLLM's (admitted at the mean context as SGLang's) measured worse (docs/advisor.md,
+"Honest error"). The fit keeps such rows as they are (fitting them at the requests held measured
+no better in ``evaluate``; docs/advisor.md, "Limits: KV-admission queueing").
 
 TTFT is a latency: its calibration absorbs everything between a request's arrival and its first
 token in the measured runs (scheduling, waiting behind other prefills of the closed-loop benchmark,
@@ -79,8 +83,9 @@ import numpy as np
 from hpc_advise.advisor import roofline as F
 from hpc_advise.advisor.serving_data import RowError, ServingPoint
 
-MODEL_VERSION = 5  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit;
-# 4: TPOT's prefill terms at the predicted decoding fraction; 5: TPOT's MoE-layer and routed-token terms
+MODEL_VERSION = 6  # 3: TTFT on the TPOT fit's settings; recommend's prefill occupancy from the TPOT fit;
+# 4: TPOT's prefill terms at the predicted decoding fraction; 5: TPOT's MoE-layer and routed-token terms;
+# 6: TensorRT-LLM's closed loops wait for admission at their whole isl + osl per request
 SETTINGS: dict = {
     "version": MODEL_VERSION,
     "min_engine_rows": 150,
@@ -180,11 +185,12 @@ class Prepared:
     admitted: Prepared | None = None
 
 
-def kv_limit(model, gpu, p: ServingPoint) -> float:
+def kv_limit(model, gpu, p: ServingPoint, reserved: bool = False) -> float:
     """Most requests per replica of point ``p`` whose KV fits: ``candidates.kv_limit``, the memory
     check of a user's deployment, with the weights at the point's own precisions (a measured FP8 or
     NVFP4 row of a bf16 profile is sized as what it ran) and its fixed lengths (mean context
-    isl + osl / 2, the longest isl + osl)."""
+    isl + osl / 2, the longest isl + osl). ``reserved``: every request holds its whole isl + osl
+    (an engine that reserves a request's maximum length when it admits it)."""
     from hpc_advise.advisor.candidates import Candidate
     from hpc_advise.advisor.candidates import kv_limit as limit
 
@@ -195,7 +201,8 @@ def kv_limit(model, gpu, p: ServingPoint) -> float:
         moe_runner="auto" if model.is_moe else None,
         kv_dtype="fp8_e4m3" if p.kv_bytes < 2 else "auto",
     )
-    return limit(c, model, gpu, p.isl + p.osl / 2.0, p.isl + p.osl, (p.dense_quant, p.moe_quant))
+    ctx = p.isl + p.osl if reserved else p.isl + p.osl / 2.0
+    return limit(c, model, gpu, ctx, p.isl + p.osl, (p.dense_quant, p.moe_quant))
 
 
 def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
@@ -257,19 +264,30 @@ def prepare(p: ServingPoint, prefix_reuse: float = 0.0, gpu=None) -> Prepared:
     return Prepared(p, model.key, gpu.key, s, rates, dep, w, rf, feats, x_tpot, x_ttft, limit, admitted)
 
 
+# engines whose closed loops wait for KV admission (``admission``), and whether an admitted request
+# reserves its whole isl + osl (True) or holds its mean context (False)
+ADMITS = {"sglang": False, "trtllm": True}
+
+
 def admission(model, gpu, p: ServingPoint, limit: float) -> float:
     """Requests of ``p``'s closed loop the server holds at once: SGLang admits a request only when its
     KV fits the pool, so at most ``limit`` (``kv_limit``) of the ``p.concurrency`` clients' requests;
-    ``p.concurrency`` where all fit, or where the pool is not SGLang's (another engine's memory
-    split, which ``kv_limit`` does not describe) or the weights alone do not fit (``limit`` < 1).
+    ``p.concurrency`` where all fit, or where the engine's admission is not modelled (vLLM admits on
+    the prompt's blocks and preempts when decode runs out: a queue at SGLang's limit measured worse,
+    docs/advisor.md) or the weights alone do not fit (``limit`` < 1).
+    TensorRT-LLM's default scheduler (GUARANTEED_NO_EVICT) admits a request only when the KV of its
+    whole isl + osl is free and never evicts, so its requests are counted at isl + osl
+    (``kv_limit(reserved=True)``), in the pool the same memory check gives (its own split of the
+    memory, ``free_gpu_memory_fraction`` of what the weights leave, is not modelled apart).
     A point whose KV dtype is a guess (``kv_stated`` False: the CSV rows) is given the largest pool
     it could have run with, FP8's: the queue is then a lower bound (at bf16 the DeepSeek-R1 TP8 B200
     rows of 8192 / 1024 tokens at 256 requests would hold 129 and measured an 8.7 s TTFT, not the
     ~64 s a queue for the other 127 means; at FP8 they hold 258)."""
-    if p.engine != "sglang":
+    if p.engine not in ADMITS:
         return p.concurrency
-    if not p.kv_stated:
-        limit = kv_limit(model, gpu, replace(p, kv_bytes=1.0))
+    reserved = ADMITS[p.engine]
+    if reserved or not p.kv_stated:
+        limit = kv_limit(model, gpu, p if p.kv_stated else replace(p, kv_bytes=1.0), reserved)
     return limit if 1.0 <= limit < p.concurrency else p.concurrency
 
 

@@ -243,6 +243,29 @@ def test_requests_over_the_kv_pool_wait_for_admission(serving_model):  # noqa: F
     assert small.admitted is None and serving_model.predict([small])["admission_ms"][0] == 0.0
 
 
+def test_tensorrt_llm_admits_at_each_requests_whole_length(serving_model):  # noqa: F811
+    # the same 16 clients on TensorRT-LLM: its scheduler reserves each request's isl + osl = 2048
+    # tokens, so of the 657,276,600 B one request at 2048 and floor(489,504,440 / (2048 x 81,920))
+    # = 2 more fit (3 slots, where SGLang's mean context 1536 gives 4)
+    from dataclasses import replace
+
+    row = _row(model_path="meta-llama/Llama-3.1-70B", system="h100_sxm", gemm_quant_mode="bf16",
+               moe_quant_mode="bf16", precision="bf16")  # fmt: skip
+    p = replace(sd.point_from_csv_row(row, "f:1"), engine="trtllm")
+    assert 1 + math.floor((657_276_600 - 2048 * 81_920) / (2048 * 81_920)) == 3
+    model, gpu = get_model("llama-3.1-70b"), get_gpu("h100")
+    fp8 = replace(p, kv_bytes=1.0)
+    assert pm.kv_limit(model, gpu, fp8, reserved=True) == 3 and pm.kv_limit(model, gpu, fp8) == 4
+    pr = pm.prepare(p)
+    assert pr.admitted is not None and pr.admitted.point.concurrency == 3
+    held = serving_model._predict_held([pr.admitted])
+    got = serving_model.predict([pr])
+    wait = (16 / 3 - 1) * (held["ttft_ms"][0] + 1024 * held["tpot_ms"][0])
+    assert got["ttft_ms"][0] == pytest.approx(held["ttft_ms"][0] + wait, rel=1e-12)
+    # within the reserved pool: no wait
+    assert pm.prepare(replace(p, concurrency=3.0)).admitted is None
+
+
 def test_quantized_reuploads_resolve_to_base_architecture():
     assert pm.resolve_model("Qwen/Qwen3-235B-A22B-FP8").key == "qwen3-235b-a22b"
     assert pm.resolve_model("nvidia/DeepSeek-R1-NVFP4").key == "deepseek-v3"
