@@ -266,6 +266,7 @@ def _keys(cfg: dict) -> tuple[str, str]:
 
 
 _DEEP_GEMM_PROBE: list = []  # the probe's answer, once per process
+_DEEP_GEMM_VERSION: list = []  # deep_gemm.__version__ where the probe imported it
 
 
 def _probe_deep_gemm(timeout_s: float = 120.0) -> str | None:
@@ -282,14 +283,15 @@ def _probe_deep_gemm(timeout_s: float = 120.0) -> str | None:
     pkg = Path(spec.origin).parent
     if not (pkg / "_C.so").is_file():
         return f"deep_gemm at {pkg} has no _C.so (its import would build one; gpu.sh's install_deepgemm builds it)"
+    code = "import deep_gemm; print(getattr(deep_gemm, '__version__', '?'))"
     try:
-        r = subprocess.run([sys.executable, "-c", "import deep_gemm"], capture_output=True, text=True,
-                           timeout=timeout_s)  # fmt: skip
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"import deep_gemm took over {timeout_s:.0f} s"
     if r.returncode:
         last = ((r.stderr or r.stdout).strip().splitlines() or ["no output"])[-1]
         return f"import deep_gemm failed: {last[:240]}"
+    _DEEP_GEMM_VERSION[:] = (r.stdout.strip().splitlines() or ["?"])[-1:]
     return None
 
 
@@ -316,13 +318,18 @@ def combos(model: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def deep_gemm_note(model: str) -> str | None:
-    """The table's one line on SGLang's DeepGEMM runner for a block-FP8 model (None for the others)."""
+def deep_gemm_note(model: str, state: str | None = None) -> str | None:
+    """The table's one line on SGLang's DeepGEMM runner for a block-FP8 model (None for the others). ``state``: a
+    row's ``versions['deep_gemm']`` (a version, or "not used: why"); default this machine's probe."""
     if recipe(model) != BLOCK:
         return None
-    why = deep_gemm_skip_reason()
-    return "SGLang's DeepGEMM MoE runner: timed (moe=deep_gemm)." if why is None else (
-        f"SGLang's DeepGEMM MoE runner: skipped, {why}.")  # fmt: skip
+    if state is None:
+        why = deep_gemm_skip_reason()
+        return "SGLang's DeepGEMM MoE runner: timed (moe=deep_gemm)." if why is None else (
+            f"SGLang's DeepGEMM MoE runner: skipped, {why}.")  # fmt: skip
+    if state.startswith("not used: "):
+        return f"SGLang's DeepGEMM MoE runner: skipped, {state.removeprefix('not used: ')}."
+    return f"SGLang's DeepGEMM MoE runner: timed (moe=deep_gemm, deep_gemm {state})."
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
@@ -1107,11 +1114,7 @@ def _versions() -> dict:
 def _deep_gemm_version() -> str:
     """deep_gemm's version where it imports (built from carried source: no dist-info), else why not."""
     why = deep_gemm_skip_reason()
-    if why is not None:
-        return f"not used: {why}"
-    r = subprocess.run([sys.executable, "-c", "import deep_gemm; print(deep_gemm.__version__)"],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    return (r.stdout.strip().splitlines() or ["?"])[-1]
+    return f"not used: {why}" if why is not None else (_DEEP_GEMM_VERSION or ["?"])[0]
 
 
 def driver(a) -> int:
@@ -1367,10 +1370,9 @@ def render_table(rows: list[dict], model: str, note: str | None = None) -> str:
     pre = [r for r in rows if r["kind"] == "layer_prefill"]
     first = (steps or pre or [None])[0]
     lines = [f"# Layer step: {model} ({first['subject'] if first else model})", ""]
-    dg = (first or {}).get("versions", {}).get("deep_gemm") if first else None
-    if note is None and recipe(model) == BLOCK and dg:
-        note = (f"SGLang's DeepGEMM MoE runner: skipped, {dg.removeprefix('not used: ')}." if dg.startswith("not used")
-                else f"SGLang's DeepGEMM MoE runner: timed (moe=deep_gemm, deep_gemm {dg}).")  # fmt: skip
+    dg = (first or {}).get("versions", {}).get("deep_gemm")
+    if note is None and dg:
+        note = deep_gemm_note(model, dg)
     if note:
         lines += [note, ""]
     if first:

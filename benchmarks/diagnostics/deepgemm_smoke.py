@@ -13,8 +13,19 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# the fused MoE's reference quantizers: 1x128 activation groups and 128x128 weight blocks, scale = amax / 448
+from hpc_advise.kernels.fused_moe.reference import (  # noqa: E402
+    dequantize_group,
+    dequantize_weight,
+    quantize_group,
+    quantize_weight,
+)
 
 REL_TOL = 2e-2  # max |d - ref| / max |ref|: bf16 output of an fp8 GEMM with fp32 accumulation
 DIFF_TOL = 1e-3  # DeepGEMM's own tests' calc_diff bound
@@ -22,26 +33,12 @@ DIFF_TOL = 1e-3  # DeepGEMM's own tests' calc_diff bound
 
 def _groups_cast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(..., K) -> fp8 e4m3 and fp32 scales per 1x128 group (..., K / 128)."""
-    g = x.float().unflatten(-1, (-1, 128))
-    s = g.abs().amax(-1).clamp(min=1e-4) / 448.0
-    return (g / s.unsqueeze(-1)).to(torch.float8_e4m3fn).flatten(-2), s
-
-
-def _blocks_cast(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(G, N, K) -> fp8 e4m3 and fp32 scales per 128x128 block (G, N / 128, K / 128)."""
-    gr, n, k = w.shape
-    b = w.float().view(gr, n // 128, 128, k // 128, 128)
-    s = b.abs().amax((2, 4)).clamp(min=1e-4) / 448.0
-    q = (b / s[:, :, None, :, None]).to(torch.float8_e4m3fn).view(gr, n, k)
-    return q, s
+    q, s = quantize_group(x.reshape(-1, x.shape[-1]))
+    return q.view(x.shape), s.view(*x.shape[:-1], -1)
 
 
 def _dequant_groups(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return (q.float().unflatten(-1, (-1, 128)) * s.unsqueeze(-1)).flatten(-2)
-
-
-def _dequant_blocks(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return q.float() * s.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    return dequantize_group(q.reshape(-1, q.shape[-1]), s.reshape(-1, s.shape[-1])).view(q.shape)
 
 
 def _errors(d: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -68,11 +65,11 @@ def contiguous_case(deep_gemm, tma_align, groups=4, n=512, k=1024) -> tuple[floa
         x[start + r : start + p] = 0
         start += p
     xq, xs = _groups_cast(x)
-    wq, ws = _blocks_cast(w)
+    wq, ws = quantize_weight(w, "block")
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     deep_gemm.m_grouped_fp8_gemm_nt_contiguous((xq, tma_align(xs)), (wq, ws), d, m_indices)
     torch.cuda.synchronize()
-    xd, wd = _dequant_groups(xq, xs), _dequant_blocks(wq, ws)
+    xd, wd = _dequant_groups(xq, xs), dequantize_weight(wq, ws)
     ref = torch.zeros(m, n, device="cuda")
     for gi in range(groups):
         sel = m_indices == gi
@@ -86,11 +83,11 @@ def masked_case(deep_gemm, tma_align, groups=4, max_m=128, n=512, k=1024) -> tup
     masked = torch.tensor([3, 17, 0, 64][:groups], device="cuda", dtype=torch.int32)
     expected_m = max(1, int(masked.float().mean().ceil().item()))
     xq, xs = _groups_cast(x)
-    wq, ws = _blocks_cast(w)
+    wq, ws = quantize_weight(w, "block")
     d = torch.zeros(groups, max_m, n, device="cuda", dtype=torch.bfloat16)
     deep_gemm.fp8_m_grouped_gemm_nt_masked((xq, tma_align(xs)), (wq, ws), d, masked, expected_m)
     torch.cuda.synchronize()
-    ref = torch.einsum("gmk,gnk->gmn", _dequant_groups(xq, xs), _dequant_blocks(wq, ws))
+    ref = torch.einsum("gmk,gnk->gmn", _dequant_groups(xq, xs), dequantize_weight(wq, ws))
     sel = torch.arange(max_m, device="cuda")[None, :] < masked[:, None]
     return _errors(d[sel].float(), ref[sel])
 
