@@ -11,6 +11,9 @@ changes no table of the package: a new default goes into config.py by hand, with
       --variants '[{"ctas_per_sm": 3}, {"seg_cost": 0}, {"merge_in_pass": 32}]'
   python benchmarks/tune_decode_attention.py --kv fp8 --heads 64/8 --cases '64 x 4K,1 x 128K' \\
       --variants '[{"transposed": false, "num_warps": 1, "tile": 32, "warp_split": true, "ctas_per_sm": 7}]'
+  python benchmarks/tune_decode_attention.py --form mla --variants '[{"tile": 64, "stages": 2}]'
+      # the MLA form (runtime/measure/cases/decode_attention_mla.py): bf16 latent pool, 16 heads, page 64;
+      # "stages" sets the tile loop's depth (op.mla_num_stages otherwise)
 """
 
 from __future__ import annotations
@@ -120,8 +123,10 @@ def geomean_note(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kv", choices=("bf16", "fp8"), required=True)
-    ap.add_argument("--heads", choices=[f"{hq}/{hkv}" for hq, hkv in da.HEADS], required=True)
+    ap.add_argument("--form", choices=("gqa", "mla"), default="gqa")
+    ap.add_argument("--kv", choices=("bf16", "fp8"), help="KV dtype (gqa form)")
+    ap.add_argument("--heads", help="gqa: Hq/Hkv, one of " + ", ".join(f"{hq}/{hkv}" for hq, hkv in da.HEADS)
+                    + "; mla: the query heads (default 16)")  # fmt: skip
     ap.add_argument("--cases", help="comma-separated case names (default: all of the benchmark's)")
     ap.add_argument(
         "--variants", required=True, help="a JSON list of objects of Config fields: " + ", ".join(KEYS)
@@ -133,9 +138,15 @@ def main() -> None:
         ap.error(f"--variants: not JSON ({exc})")
     if not isinstance(variants, list) or not all(isinstance(v, dict) and v for v in variants):
         ap.error("--variants: a JSON list of non-empty objects")
-    unknown = sorted({k for v in variants for k in v} - set(KEYS))
+    known = set(KEYS) | ({"stages"} if args.form == "mla" else set())
+    unknown = sorted({k for v in variants for k in v} - known)
     if unknown:
-        ap.error(f"--variants: unknown Config fields {unknown}; known: {list(KEYS)}")
+        ap.error(f"--variants: unknown Config fields {unknown}; known: {sorted(known)}")
+    if args.form == "mla":
+        _tune_mla(ap, args, variants)
+        return
+    if args.kv is None or args.heads not in [f"{hq}/{hkv}" for hq, hkv in da.HEADS]:
+        ap.error("--kv and --heads (Hq/Hkv of the benchmark) are needed for the gqa form")
     names = [c.strip() for c in args.cases.split(",")] if args.cases else list(da.CASES)
     if set(names) - set(da.CASES):
         ap.error(f"--cases: unknown {sorted(set(names) - set(da.CASES))}; known: {list(da.CASES)}")
@@ -149,6 +160,28 @@ def main() -> None:
         title=f"Decode attention: launch-configuration sweep ({args.kv}, {args.heads}, page 64, D 128)",
         notes="CUDA-graph replay over rotated page tables (pool >> L2); p50 µs per call. 'rel err': relative "
         f"Frobenius error against the float64 reference (FAIL above {TOL}). " + geomean_note(rows),
+    )
+    print(md.read_text())
+
+
+def _tune_mla(ap, args, variants) -> None:
+    from hpc_advise.runtime.measure.cases import decode_attention_mla as mla
+
+    names = [c.strip() for c in args.cases.split(",")] if args.cases else list(mla.CASES)
+    if set(names) - set(mla.CASES):
+        ap.error(f"--cases: unknown {sorted(set(names) - set(mla.CASES))}; known: {list(mla.CASES)}")
+    heads = int(args.heads or 16)
+    copy = da.copy_ceiling_tbps()
+    rows, table = mla.sweep(names, variants, heads=heads, copy_tbps=copy)
+    md, _ = write_results(
+        rows,
+        table,
+        ["case", "config", "µs", "floor µs", "TB/s", "rel err", ""],
+        stem="decode_attention_mla_tune",
+        title=f"Decode attention, MLA form: launch-configuration sweep (bf16, {heads} heads, page 64, 512 + 64)",
+        notes=f"CUDA-graph replay over rotated page tables (pool >> L2); p50 µs per call. TB/s = latent bytes "
+        f"(576 x 2 per token) / p50; floor = those bytes / the copy ceiling measured here ({copy:.2f} TB/s). "
+        f"'rel err' against the float64 reference (FAIL above {mla.TOL}).",
     )
     print(md.read_text())
 

@@ -5,6 +5,7 @@
 KV dtype, KV-head count, head_dim and page size, as measured on an H200 (README.md, "Decisions"):
 
 - ``BASE`` per KV dtype, then on top of it
+- ``MLA_TABLE`` for the MLA form (``tuned_mla_config``), or
 - ``MANY_KV_HEADS_TABLE`` for plans with at least ``MANY_KV_HEADS`` KV heads at head_dim <= 128,
   ``MANY_KV_HEADS_WIDE_TABLE`` for those at head_dim 256, and ``FEW_KV_HEADS_TABLE`` for fewer KV heads at
   head_dim <= 128 with pages of at least that row's tile.
@@ -79,11 +80,14 @@ MANY_KV_HEADS_TABLE = {
 }
 MANY_KV_HEADS_WIDE_TABLE = {"fp8": {"warp_split": True, "num_warps": 2, "ctas_per_sm": 4}}
 FEW_KV_HEADS_TABLE = {"fp8": {"transposed": True, "num_warps": 4, "ctas_per_sm": 2, "tile": 64}}
+# The MLA form (kernel_mla.py: 512 latent + 64 rope columns per token, one pool row for all heads).
+MLA_TABLE = {"bf16": {"tile": 32}, "fp16": {"tile": 32}}
 TABLES = {
     "BASE": BASE,
     "MANY_KV_HEADS_TABLE": MANY_KV_HEADS_TABLE,
     "MANY_KV_HEADS_WIDE_TABLE": MANY_KV_HEADS_WIDE_TABLE,
     "FEW_KV_HEADS_TABLE": FEW_KV_HEADS_TABLE,
+    "MLA_TABLE": MLA_TABLE,
 }
 
 
@@ -128,3 +132,11 @@ def tuned_config(
     if cfg.transposed and page_size is not None and not transposed_fits(page_size, cfg.tile):
         cfg = replace(cfg, transposed=False)
     return cfg
+
+
+def tuned_mla_config(kv_dtype: object) -> Config:
+    """The tuned ``Config`` of the MLA form for this KV dtype (bf16 or fp16; None is bf16)."""
+    kv = kv_name(kv_dtype)
+    if kv not in MLA_TABLE:
+        raise ValueError(f"decode_attention: the MLA form reads bf16/fp16 KV, got {kv_dtype}")
+    return Config(**(BASE[kv] | MLA_TABLE[kv]))

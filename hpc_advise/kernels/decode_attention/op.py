@@ -15,6 +15,10 @@ Supported: q bf16 or fp16 ``[B, Hq, D]``; KV cache ``[num_pages, page_size, Hkv,
 float8_e4m3fn with per-tensor scales (python floats or 1-element fp32 tensors on the device); head_dim
 64/128/256; GQA group Hq/Hkv 1-16; page size 1/16/64; batch 1-1024; lengths 1-262144. Anything else raises
 ``ValueError``/``TypeError`` with the reason.
+
+The MLA form (``plan_mla`` / ``run_mla``, kernel_mla.py): DeepSeek-V2/V3's absorbed attention, q ``[B, H, 576]``
+against one latent row ``[512 latent, 64 rope]`` per token shared by all heads (SGLang's MLA pool), output the
+heads' weighted latent ``[B, H, 512]``; bf16/fp16 only; H 1-16 or a multiple of 16 up to 128.
 """
 
 from __future__ import annotations
@@ -26,10 +30,22 @@ from dataclasses import dataclass, field
 import torch
 
 from . import kernel as _k
+from . import kernel_mla as _km
 from . import kernel_transposed as _kt
-from .config import MANY_KV_HEADS, Config, tuned_config
+from .config import MANY_KV_HEADS, Config, tuned_config, tuned_mla_config
 
-__all__ = ["MANY_KV_HEADS", "Config", "DecodePlan", "decode_attention", "plan", "run", "tuned_config"]
+__all__ = [
+    "MANY_KV_HEADS",
+    "Config",
+    "DecodePlan",
+    "decode_attention",
+    "plan",
+    "plan_mla",
+    "run",
+    "run_mla",
+    "tuned_config",
+    "tuned_mla_config",
+]
 
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (1, 16, 64)
@@ -57,6 +73,12 @@ MERGE_MAXNREG = 64
 # whole_below: the planner keeps the whole-segment plan only if no program's cost exceeds the even share by
 # more than WHOLE_GATE %, else it runs the even split (decided on the GPU in the same launch).
 WHOLE_GATE = 8
+# The MLA form: DeepSeek-V2/V3's latent rank and rope width, the most query heads per plan, and the shared
+# memory the tile loop's stages may take per SM (mla_num_stages; an H200 SM has 228 KB, the rest is scratch).
+MLA_LORA = 512
+MLA_ROPE = 64
+MLA_MAX_HEADS = 128
+MLA_SMEM_BYTES = 200 * 1024
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
@@ -126,6 +148,7 @@ class DecodePlan:
     max_batch: int
     max_pages: int
     config: Config
+    rope_dim: int  # 0: the GQA form; > 0: the MLA form (head_dim is then the latent rank, plan_mla)
     num_programs: int  # G of the dynamic grid, or of the static grid at max_batch
     static_splits: int  # 0 for the dynamic schedule
     device: torch.device
@@ -270,10 +293,32 @@ def plan(
     many programs at ``max_batch`` (at most MAX_STATIC_SPLITS)."""
     if schedule not in SCHEDULES:
         _fail(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    group = _check_geometry(page_size, head_dim, num_q_heads, num_kv_heads)
+    _check_geometry(page_size, head_dim, num_q_heads, num_kv_heads)
     if config is None:
         config = tuned_config(kv_dtype, num_kv_heads, head_dim, page_size)
-    elif not isinstance(config, Config):
+    return _build_plan(
+        seq_lens,
+        page_table,
+        page_size=page_size,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rope_dim=0,
+        schedule=schedule,
+        max_batch=max_batch,
+        max_pages=max_pages,
+        config=config,
+        validate=validate,
+    )
+
+
+def _build_plan(
+    seq_lens, page_table, *, page_size, num_q_heads, num_kv_heads, head_dim, rope_dim, schedule, max_batch,
+    max_pages, config, validate,
+) -> DecodePlan:  # fmt: skip
+    """The plan of a checked geometry (both forms): buffers sized, then filled by ``update``."""
+    group = num_q_heads // num_kv_heads
+    if not isinstance(config, Config):
         raise TypeError(
             f"decode_attention: config must be a decode_attention Config, got {type(config).__name__}"
         )
@@ -305,6 +350,7 @@ def plan(
         max_batch=max_batch,
         max_pages=max_pages,
         config=config,
+        rope_dim=rope_dim,
         num_programs=g,
         static_splits=splits,
         device=device,
@@ -348,6 +394,8 @@ def _check_run_inputs(plan: DecodePlan, q, k_cache, v_cache, out):
     when None: (q, k_cache, v_cache, out)."""
     if not isinstance(plan, DecodePlan):
         raise TypeError("decode_attention: run() needs the DecodePlan returned by plan()")
+    if plan.rope_dim:
+        _fail("this plan is of the MLA form (plan_mla): call run_mla")
     q = _check_tensor("q", q, 3, (torch.bfloat16, torch.float16))
     kv_dtypes = (q.dtype, torch.float8_e4m3fn)
     k_cache = _check_tensor("k_cache", k_cache, 4, kv_dtypes)
@@ -495,6 +543,140 @@ def run(
         )
     _merge(plan, out, pdl)
     return out
+
+
+def plan_mla(
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    *,
+    page_size: int,
+    num_heads: int,
+    kv_lora_rank: int = MLA_LORA,
+    rope_dim: int = MLA_ROPE,
+    max_batch: int | None = None,
+    max_pages: int | None = None,
+    kv_dtype: torch.dtype | None = None,
+    config: Config | None = None,
+    validate: bool = True,
+) -> DecodePlan:
+    """The schedule of an MLA decode step (``run_mla``): as ``plan``, with the ``num_heads`` query heads cut
+    into blocks of min(num_heads, 16) that each form a segment per request (all of them read the one latent
+    row per token). ``config`` None: ``tuned_mla_config(kv_dtype)``."""
+    if page_size not in PAGE_SIZES:
+        _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
+    if (kv_lora_rank, rope_dim) != (MLA_LORA, MLA_ROPE):
+        _fail(
+            f"MLA latent {kv_lora_rank} + rope {rope_dim} not supported (supported: {MLA_LORA} + {MLA_ROPE})"
+        )
+    group = min(int(num_heads), MAX_GROUP)
+    if num_heads < 1 or num_heads % group or num_heads > MLA_MAX_HEADS:
+        _fail(
+            f"MLA num_heads {num_heads} must be 1-{MAX_GROUP} or a multiple of {MAX_GROUP} up to {MLA_MAX_HEADS}"
+        )
+    if kv_dtype is not None and kv_dtype not in (torch.bfloat16, torch.float16):
+        _fail(f"the MLA form reads bf16/fp16 KV, got {kv_dtype}")
+    if config is None:
+        config = tuned_mla_config(kv_dtype)
+    elif isinstance(config, Config) and config.merge_in_pass:
+        _fail("config: the MLA form merges in its own launch (merge_in_pass must be 0)")
+    return _build_plan(
+        seq_lens,
+        page_table,
+        page_size=page_size,
+        num_q_heads=num_heads,
+        num_kv_heads=num_heads // group,
+        head_dim=kv_lora_rank,
+        rope_dim=rope_dim,
+        schedule="dynamic",
+        max_batch=max_batch,
+        max_pages=max_pages,
+        config=config,
+        validate=validate,
+    )
+
+
+def _check_mla_inputs(plan: DecodePlan, q, kv_cache, out):
+    """run_mla()'s tensors checked against the plan: (q, kv_cache, out), ``out`` allocated when None."""
+    if not isinstance(plan, DecodePlan) or not plan.rope_dim:
+        raise TypeError("decode_attention: run_mla() needs the DecodePlan returned by plan_mla()")
+    q = _check_tensor("q", q, 3, (torch.bfloat16, torch.float16))
+    kv_cache = _check_tensor("kv_cache", kv_cache, 4, (q.dtype,))
+    for name, t in (("q", q), ("kv_cache", kv_cache)):
+        _same_device(name, t, plan.device)
+    width = plan.head_dim + plan.rope_dim
+    if tuple(q.shape) != (plan.batch, plan.num_q_heads, width):
+        _fail(f"q has shape {tuple(q.shape)}, the plan expects {(plan.batch, plan.num_q_heads, width)}")
+    if tuple(kv_cache.shape[1:]) != (plan.page_size, 1, width):
+        _fail(
+            f"kv_cache has shape {tuple(kv_cache.shape)}, expected [num_pages, {plan.page_size}, 1, {width}]"
+        )
+    want_out = (plan.batch, plan.num_q_heads, plan.head_dim)
+    if out is None:
+        return q, kv_cache, torch.empty(want_out, dtype=q.dtype, device=q.device)
+    _check_tensor("out", out, 3, (q.dtype,))
+    _same_device("out", out, plan.device)
+    if tuple(out.shape) != want_out:
+        _fail(f"out has shape {tuple(out.shape)}, expected {want_out}")
+    return q, kv_cache, out
+
+
+def run_mla(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """MLA decode: ``out[b, j] = softmax_i(sm_scale q[b, j] . kv_i) kv_i[:kv_lora_rank]`` over request b's
+    tokens i. q ``[B, H, kv_lora_rank + rope_dim]`` (latent part first), kv_cache ``[num_pages, page, 1,
+    kv_lora_rank + rope_dim]`` of q's dtype; returns ``out`` ``[B, H, kv_lora_rank]``. ``num_stages`` (None:
+    ``mla_num_stages``) is for tuning only."""
+    q, kv_cache, out = _check_mla_inputs(plan, q, kv_cache, out)
+    sm = float(sm_scale)
+    if not math.isfinite(sm) or sm <= 0:
+        _fail(f"sm_scale must be positive and finite, got {sm}")
+    pdl = not _interpreting() and plan.device.type == "cuda"
+    cfg = plan.config
+    _km.decode_mla_kernel[(plan.grid_size(),)](
+        q,
+        kv_cache,
+        out,
+        plan.page_table,
+        plan.seq_lens,
+        plan.prog_desc,
+        plan.ws_o,
+        plan.ws_lse,
+        sm * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        out.stride(0),
+        out.stride(1),
+        plan.page_table.stride(0),
+        plan.num_kv_heads,
+        GROUP=plan.group,
+        GROUP_PAD=max(16, _next_pow2(plan.group)),
+        LORA=plan.head_dim,
+        ROPE=plan.rope_dim,
+        PAGE=plan.page_size,
+        TILE=cfg.tile,
+        NUM_STAGES=mla_num_stages(cfg) if num_stages is None else int(num_stages),
+        PT_CHUNK=PT_CHUNK,
+        PDL=pdl,
+        num_warps=cfg.num_warps,
+    )
+    _merge(plan, out, pdl)
+    return out
+
+
+def mla_num_stages(cfg: Config) -> int:
+    """Pipeline depth of the MLA tile loop: as many stages of the tile's latent rows (tile x 1152 bytes) as
+    keep ``ctas_per_sm`` programs within an SM's shared memory, at most NUM_STAGES."""
+    per_stage = cfg.tile * (MLA_LORA + MLA_ROPE) * 2
+    return max(1, min(NUM_STAGES, MLA_SMEM_BYTES // (per_stage * cfg.ctas_per_sm)))
 
 
 def _halves(plan: DecodePlan) -> int:

@@ -51,3 +51,28 @@ def decode_attention_reference(
         probs = torch.softmax(logits, dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", probs, v)
     return out
+
+
+def mla_decode_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    page_size: int,
+    kv_lora_rank: int,
+    sm_scale: float,
+) -> torch.Tensor:
+    """The MLA form (``op.run_mla``): every head of request b attends to the request's latent rows
+    ``kv_i = [c_i, k_rope_i]`` with logits ``sm_scale q . kv_i`` and values ``c_i`` (the first ``kv_lora_rank``
+    columns), in float64 on q's device. q [B, H, R + rope]; kv_cache [num_pages, page_size, 1, R + rope].
+    Returns float64 [B, H, R]."""
+    B, H, _ = q.shape
+    table = page_table.long()
+    out = torch.empty(B, H, kv_lora_rank, dtype=torch.float64, device=q.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        tok = torch.arange(int(n), device=q.device)
+        kv = kv_cache[table[b, tok // page_size], tok % page_size, 0].to(torch.float64)  # [n, R + rope]
+        probs = torch.softmax(q[b].to(torch.float64) @ kv.T * float(sm_scale), dim=-1)  # [H, n]
+        out[b] = probs @ kv[:, :kv_lora_rank]
+    return out

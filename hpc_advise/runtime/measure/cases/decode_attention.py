@@ -50,13 +50,14 @@ PEER_TITLES = {
 }
 
 
-def case_lengths(name: str, seed: int = 0) -> list[int]:
-    """Lengths of a case; log-uniform draws come from a fixed seed so every provider sees the same."""
+def case_lengths(name: str, seed: int = 0, cases: dict | None = None) -> list[int]:
+    """Lengths of a case of ``cases`` (None: CASES); log-uniform draws come from a fixed seed so every provider
+    sees the same."""
     import random
 
     rng = random.Random(seed)
     lens: list[int] = []
-    for count, length in CASES[name]:
+    for count, length in (CASES if cases is None else cases)[name]:
         for _ in range(count):
             lens.append(int(math.exp(rng.uniform(math.log(1024), math.log(32768)))) if length < 0 else length)
     return lens
