@@ -11,9 +11,8 @@ changes no table of the package: a new default goes into config.py by hand, with
       --variants '[{"ctas_per_sm": 3}, {"seg_cost": 0}, {"merge_in_pass": 32}]'
   python benchmarks/tune_decode_attention.py --kv fp8 --heads 64/8 --cases '64 x 4K,1 x 128K' \\
       --variants '[{"transposed": false, "num_warps": 1, "tile": 32, "warp_split": true, "ctas_per_sm": 7}]'
-  python benchmarks/tune_decode_attention.py --form mla --variants '[{"tile": 64, "stages": 2}]'
-      # the MLA form (runtime/measure/cases/decode_attention_mla.py): bf16 latent pool, 16 heads, page 64;
-      # "stages" sets the tile loop's depth (op.mla_num_stages otherwise)
+  python benchmarks/tune_decode_attention.py --form mla --variants '[{"ctas_per_sm": 1}, {"merge_cols": 64}]'
+      # the MLA form (runtime/measure/cases/decode_attention_mla.py): bf16 latent pool, 16 heads, page 64
 """
 
 from __future__ import annotations
@@ -138,10 +137,9 @@ def main() -> None:
         ap.error(f"--variants: not JSON ({exc})")
     if not isinstance(variants, list) or not all(isinstance(v, dict) and v for v in variants):
         ap.error("--variants: a JSON list of non-empty objects")
-    known = set(KEYS) | ({"stages"} if args.form == "mla" else set())
-    unknown = sorted({k for v in variants for k in v} - known)
+    unknown = sorted({k for v in variants for k in v} - set(KEYS))
     if unknown:
-        ap.error(f"--variants: unknown Config fields {unknown}; known: {sorted(known)}")
+        ap.error(f"--variants: unknown Config fields {unknown}; known: {list(KEYS)}")
     if args.form == "mla":
         _tune_mla(ap, args, variants)
         return

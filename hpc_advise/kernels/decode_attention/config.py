@@ -24,6 +24,7 @@ MAX_CTAS_PER_SM = 8
 MAX_SEG_COST = 64
 MAX_WHOLE_BELOW = 200
 MAX_MERGE_IN_PASS = 64
+MERGE_COLS = (64, 128, 256, 512)
 MANY_KV_HEADS = 8
 
 
@@ -40,6 +41,7 @@ class Config:
     warp_split: bool = False  # a tile's tokens split over the warps, one softmax state per warp
     whole_below: int = 0  # planner: segments costing <= this % of a program's share are never split
     merge_in_pass: int = 0  # split segments over <= this many programs merge in the attention pass
+    merge_cols: int = 64  # columns of D per narrow merge program (at most D; 2 warps per 64 columns)
 
     def problem(self, page_size: int) -> str | None:
         """Why this config cannot run with pages of ``page_size`` tokens, or None."""
@@ -58,6 +60,8 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 return f"{name} must be an int in {lo}..{hi}, got {v!r}"
+        if self.merge_cols not in MERGE_COLS:
+            return f"merge_cols {self.merge_cols} must be one of {MERGE_COLS}"
         if self.transposed and not transposed_fits(page_size, self.tile):
             return f"transposed needs page_size >= tile or == tile / 2, got page_size {page_size}, tile {self.tile}"
         return None
@@ -81,7 +85,7 @@ MANY_KV_HEADS_TABLE = {
 MANY_KV_HEADS_WIDE_TABLE = {"fp8": {"warp_split": True, "num_warps": 2, "ctas_per_sm": 4}}
 FEW_KV_HEADS_TABLE = {"fp8": {"transposed": True, "num_warps": 4, "ctas_per_sm": 2, "tile": 64}}
 # The MLA form (kernel_mla.py: 512 latent + 64 rope columns per token, one pool row for all heads).
-MLA_TABLE = {"bf16": {"tile": 32}, "fp16": {"tile": 32}}
+MLA_TABLE = {"bf16": {"tile": 32, "merge_cols": 128}, "fp16": {"tile": 32, "merge_cols": 128}}
 TABLES = {
     "BASE": BASE,
     "MANY_KV_HEADS_TABLE": MANY_KV_HEADS_TABLE,

@@ -74,11 +74,11 @@ MERGE_MAXNREG = 64
 # more than WHOLE_GATE %, else it runs the even split (decided on the GPU in the same launch).
 WHOLE_GATE = 8
 # The MLA form: DeepSeek-V2/V3's latent rank and rope width, the most query heads per plan, and the shared
-# memory the tile loop's stages may take per SM (mla_num_stages; an H200 SM has 228 KB, the rest is scratch).
+# memory the tile loop's stages may take per SM (mla_num_stages; an H200 SM has 228 KB, 1 KB per program reserved).
 MLA_LORA = 512
 MLA_ROPE = 64
 MLA_MAX_HEADS = 128
-MLA_SMEM_BYTES = 200 * 1024
+MLA_SMEM_BYTES = 224 * 1024
 # Programs of the grid when there is no GPU (Triton interpreter on CPU).
 CPU_NUM_SMS = 4
 
@@ -627,12 +627,10 @@ def run_mla(
     *,
     sm_scale: float,
     out: torch.Tensor | None = None,
-    num_stages: int | None = None,
 ) -> torch.Tensor:
     """MLA decode: ``out[b, j] = softmax_i(sm_scale q[b, j] . kv_i) kv_i[:kv_lora_rank]`` over request b's
     tokens i. q ``[B, H, kv_lora_rank + rope_dim]`` (latent part first), kv_cache ``[num_pages, page, 1,
-    kv_lora_rank + rope_dim]`` of q's dtype; returns ``out`` ``[B, H, kv_lora_rank]``. ``num_stages`` (None:
-    ``mla_num_stages``) is for tuning only."""
+    kv_lora_rank + rope_dim]`` of q's dtype; returns ``out`` ``[B, H, kv_lora_rank]``."""
     q, kv_cache, out = _check_mla_inputs(plan, q, kv_cache, out)
     sm = float(sm_scale)
     if not math.isfinite(sm) or sm <= 0:
@@ -663,7 +661,7 @@ def run_mla(
         ROPE=plan.rope_dim,
         PAGE=plan.page_size,
         TILE=cfg.tile,
-        NUM_STAGES=mla_num_stages(cfg) if num_stages is None else int(num_stages),
+        NUM_STAGES=mla_num_stages(cfg),
         PT_CHUNK=PT_CHUNK,
         PDL=pdl,
         num_warps=cfg.num_warps,
@@ -705,15 +703,20 @@ def _warp_split(plan: DecodePlan) -> int:
 
 def merge_grid(plan: DecodePlan) -> tuple[int, int, int]:
     """The merge launch's grid (kernel.merge_duty): G narrow programs + D_CHUNK // WIDE_MERGE_COLS wide ones per
-    wide_list entry, times the group's query rows, times D in chunks of D_CHUNK = min(64, D)."""
-    d_chunk = min(64, plan.head_dim)
+    wide_list entry, times the group's query rows, times D in chunks of D_CHUNK (``_merge_cols``)."""
+    d_chunk = _merge_cols(plan)
     wide = plan.wide_list.shape[0]
     return plan.grid_size() + wide * (d_chunk // WIDE_MERGE_COLS), plan.group, plan.head_dim // d_chunk
 
 
+def _merge_cols(plan: DecodePlan) -> int:
+    """Columns of D per narrow merge program: the config's ``merge_cols``, at most D."""
+    return min(plan.config.merge_cols, plan.head_dim)
+
+
 def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
     """The log-sum-exp merge: one launch of narrow and wide programs (see ``MERGE_BLOCK``)."""
-    d_chunk = min(64, plan.head_dim)
+    d_chunk = _merge_cols(plan)
     g = plan.grid_size()
     wide = plan.wide_list.shape[0]
     launch = {"launch_pdl": True} if pdl else {}  # only where used: the interpreter knows no such option
@@ -740,7 +743,7 @@ def _merge(plan: DecodePlan, out: torch.Tensor, pdl: bool) -> None:
         WIDE_COLS=WIDE_MERGE_COLS,
         WIDE_BLOCK_P=WIDE_MERGE_BLOCK,
         PDL=pdl,
-        num_warps=2,
+        num_warps=max(2, d_chunk // 32),  # the same columns per thread for every merge_cols
         **launch,
     )
 

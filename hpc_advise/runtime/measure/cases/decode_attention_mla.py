@@ -61,14 +61,14 @@ class MlaWorkload:
         return self.kv_bytes / (copy_tbps * 1e12) * 1e6
 
 
-def ours(w: MlaWorkload, config=None, num_stages: int | None = None):
+def ours(w: MlaWorkload, config=None):
     """(calls, plans, outs): one plan and call per rotation."""
     from hpc_advise.kernels.decode_attention import op
 
     plans = [op.plan_mla(w.seq_lens, t, page_size=PAGE, num_heads=w.heads, config=config) for t in w.tables]
     outs = [w.q.new_empty(len(w.lens), w.heads, LORA) for _ in plans]
     calls = [
-        lambda p=p, o=o: op.run_mla(p, w.q, w.kv, sm_scale=SM_SCALE, out=o, num_stages=num_stages)
+        lambda p=p, o=o: op.run_mla(p, w.q, w.kv, sm_scale=SM_SCALE, out=o)
         for p, o in zip(plans, outs, strict=True)
     ]
     return calls, plans, outs
@@ -84,8 +84,8 @@ def error(w: MlaWorkload, out) -> float:
 
 
 def sweep(case_names: list[str], variants: list[dict], heads: int = 16, copy_tbps: float | None = None):
-    """Per case: the tuned config, each variant (Config fields, plus ``stages`` for the tile loop's depth), the
-    tuned config again. Returns (rows, table lines)."""
+    """Per case: the tuned config, each variant (Config fields replaced), the tuned config again. Returns
+    (rows, table lines)."""
     from hpc_advise.kernels.decode_attention import op
 
     tuned = op.tuned_mla_config(None)
@@ -94,10 +94,8 @@ def sweep(case_names: list[str], variants: list[dict], heads: int = 16, copy_tbp
         w = MlaWorkload(case_lengths_of(name), heads)
         runs = [("tuned", {})] + [(str(v), v) for v in variants] + [("tuned again", {})]
         for label, keys in runs:
-            keys = dict(keys)
-            stages = keys.pop("stages", None)
             cfg = replace(tuned, **keys)
-            calls, _, outs = ours(w, cfg, stages)
+            calls, _, outs = ours(w, cfg)
             t = time_cuda(rotating(calls, lambda c: c()), graph=True, inner=len(calls) * 2, reps=20)
             err = error(w, outs[0])
             tbps = w.kv_bytes / (t.p50 * 1e-6) / 1e12
@@ -107,7 +105,7 @@ def sweep(case_names: list[str], variants: list[dict], heads: int = 16, copy_tbp
                     kind="kernel_tune",
                     subject="decode_attention_mla",
                     provider="hpc_advise",
-                    config={**cfg.to_dict(), "stages": stages or op.mla_num_stages(cfg)},
+                    config={**cfg.to_dict(), "stages": op.mla_num_stages(cfg)},
                     metric="latency",
                     unit="us",
                     timing=t,
