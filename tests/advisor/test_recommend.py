@@ -594,8 +594,9 @@ def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F
 
 
 def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_home, tmp_path):  # noqa: F811
-    """DeepSeek-V3 (MLA): the attention-kernel models are GQA-only, so fa3/triton must not rank as if
-    measured: they fold into flashinfer's row as named unmeasured alternatives. No reason line repeats
+    """DeepSeek-V3 (MLA): the attention-kernel models are GQA-only, so fa3/triton and our MLA decode must not
+    rank as if measured (no layer-step row measures them on MLA): they fold into flashinfer's row as named
+    unmeasured alternatives, ours among them (a candidate, not excluded). No reason line repeats
     a comparison, and the attention-DP line claims avoided replication only where TP would replicate."""
     args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "deepseek-v3", "--gpu", "h200"]
     args += ["--gpus", "8", "--db", str(tmp_path / "kb.db"), "--json", "--top", "5"]
@@ -609,6 +610,7 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
                 and r["candidate"]["kv_dtype"] == "fp8_e4m3"]  # fmt: skip
     folded = [f for r in out["ranked"] for f in r["flags"] if f.startswith("unmeasured alternatives")]
     assert any("attn=fa3" in f for f in folded), folded
+    assert any("attn=hpc_advise" in f for f in folded), folded
     for r in out["ranked"][:5]:
         vs = [x.split(":")[0] for x in r["reasons"] if x.startswith("vs ")]
         assert len(vs) == len(set(vs)), r["reasons"]
