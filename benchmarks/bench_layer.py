@@ -9,8 +9,9 @@ rank), ``--load-format dummy`` random weights, ``num_hidden_layers`` = ``--layer
 first layers left out) and a 1024-token vocabulary, so the step is the decoder layers plus a small head.
 No all-reduce runs (one GPU, tp_size 1): the step is one rank's compute, not a TP step. An EP rank is
 emulated by its local experts (``shard_config``). Every (decode attention, MoE runner, router) SGLang can
-run here (``combos``) is one worker; our decode attention refuses MLA, so DeepSeek-V3 compares MoE runners
-under SGLang's Triton MLA attention.
+run here (``combos``) is one worker; for the MLA models (DeepSeek-V3) a chosen set that fits one call
+(``MLA_COMBOS``): SGLang's default, our MLA decode attention beside it at SGLang's Triton MoE, what ``launch``
+starts (our attention and MoE runner), and our MoE runner without its hand-off beside SGLang's Triton MoE.
 
 The KV cache of a decode batch is written the way a radix-cache hit leaves it: each request's page-aligned
 prefix is allocated from SGLang's own KV allocator and filled with seeded random values, the request's
@@ -230,6 +231,17 @@ ROUTERS = ("sglang", "hpc_advise")
 # attention and ``reference``, our runner's layer with the pure-torch fp32 MoE (``_install_reference_moe``).
 DEFAULT = ("triton", "triton", "sglang")
 REFERENCE = ("torch_native", "reference", "sglang")
+# The MLA models' workers, in GPU-lock order after SGLang's default: every GQA-style combination would be 7
+# workers (SGLang's router only), over one call's budget for DeepSeek-V3's step (a worker after the first takes
+# 25-40 s, the first and the reference more: benchmarks/README.md). These four answer the tables' questions:
+# our MLA decode attention against SGLang's Triton MLA kernel at the same MoE runner, what ``launch`` starts,
+# and the MoE hand-off pair (our runner without its hand-off beside SGLang's Triton at SGLang's attention).
+MLA_COMBOS = (
+    DEFAULT,
+    ("hpc_advise", "triton", "sglang"),
+    ("hpc_advise", "hpc_advise", "sglang"),
+    ("triton", RAW, "sglang"),
+)
 PREFILL = (1024, 4096, 16384)
 IGNORED_LINEARS = (
     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head,"
@@ -303,15 +315,18 @@ def deep_gemm_skip_reason() -> str | None:
 
 
 def combos(model: str) -> list[tuple[str, str, str]]:
-    """Every (attention, MoE runner, router) SGLang can run for this model here, SGLang's default first.
-    MLA: our decode attention refuses it, so attention is SGLang's Triton MLA kernel in every combination.
+    """Every (attention, MoE runner, router) SGLang can run for this model here, SGLang's default first;
+    for MLA models ``MLA_COMBOS`` (our decode attention runs its MLA form there).
     Router: ours serves 64..512 experts in fp32 (Hy3) or bf16 (Qwen3) ReplicatedLinear gates; DeepSeek's
     bf16 MoEGate stays on SGLang's path under our hook, and an EP rank's 32 local experts are too few.
-    DeepGEMM: block-FP8 models, where ``import deep_gemm`` works (``deep_gemm_skip_reason``), last."""
+    DeepGEMM: block-FP8 models, where ``import deep_gemm`` works (``deep_gemm_skip_reason``), last (MLA models:
+    at SGLang's Triton attention only)."""
     spec = MODELS[model]
-    attns = ("triton",) if is_mla(model) else ATTENTION
-    routers = ROUTERS if spec["ep"] == 1 and not is_mla(model) else ("sglang",)
-    out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
+    if is_mla(model):
+        attns, out = ("triton",), list(MLA_COMBOS)
+    else:
+        attns, routers = ATTENTION, ROUTERS if spec["ep"] == 1 else ("sglang",)
+        out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
     if recipe(model) == BLOCK and deep_gemm_skip_reason() is None:
         out += [(a, DEEP_GEMM, "sglang") for a in attns]
     out.sort(key=lambda c: c != DEFAULT)
