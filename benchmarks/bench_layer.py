@@ -1132,6 +1132,25 @@ def _deep_gemm_version() -> str:
     return f"not used: {why}" if why is not None else (_DEEP_GEMM_VERSION or ["?"])[0]
 
 
+def worker_env(moe: str, router: str) -> dict:
+    """The environment of a worker process: SGLang's torch paths for the sgl-kernel ops, bf16 non-expert
+    linears, no NVLink multicast, our router GEMM only for ``router`` hpc_advise and SGLang's DeepGEMM only for
+    its own runner (set before SGLang is imported: it reads them then)."""
+    return dict(
+        os.environ,
+        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
+        SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1",
+        SGLANG_FP8_IGNORED_LAYERS=IGNORED_LINEARS,
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+        PYTHONUNBUFFERED="1",
+        HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
+        SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
+        SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
+    )
+
+
 def driver(a) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1141,16 +1160,6 @@ def driver(a) -> int:
     (work / "model").mkdir(exist_ok=True)
     cfg = shard_config(a.model, a.layers)
     (work / "model" / "config.json").write_text(json.dumps(cfg, indent=1))
-    env = dict(os.environ)
-    env.update(
-        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
-        SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1",
-        SGLANG_FP8_IGNORED_LAYERS=IGNORED_LINEARS,
-        NCCL_NVLS_ENABLE="0",
-        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-        NVSHMEM_DISABLE_NVLS="1",
-        PYTHONUNBUFFERED="1",
-    )
     todo = [c for c in combos(a.model) if ":".join(c) not in a.skip] + [REFERENCE]
     procs = []
     for i, (attn, moe, router) in enumerate(todo):
@@ -1158,14 +1167,8 @@ def driver(a) -> int:
                "--layers", str(a.layers), "--seed", str(a.seed), "--work", str(work), "--reps", str(a.reps),
                "--batches", *map(str, a.batches), "--mixes", *a.mixes, "--prefill", *map(str, a.prefill)]  # fmt: skip
         cmd += ["--ticket", str(a.ticket + i)] + (["--lock", a.lock] if a.lock else [])
-        wenv = dict(
-            env,
-            HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
-            SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
-            SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
-        )
         logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
-        procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(cmd, env=worker_env(moe, router), stdout=logf, stderr=subprocess.STDOUT))
         time.sleep(0.5)  # lock order = start order: the default combination builds first
     deadline = min(time.time() + a.budget_s, a.deadline or float("inf"))
     for p in procs:
