@@ -621,6 +621,32 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
     assert dp and not any("avoiding replicated" in x for x in dp), dp  # hy3: 8 KV heads, TP8 splits them
 
 
+
+def test_our_mla_decode_stays_unmeasured_beside_sglangs_triton_rows(advisor_home):  # noqa: F811
+    """Layer-step rows of our MLA decode beside SGLang's Triton MLA (bench_layer's DeepSeek-V3 workers) measure
+    it against Triton, not against the MLA baseline (fa3 / flashinfer cannot run on the GPU machine, and no
+    kernel fit covers MLA): the candidate keeps the unmeasured flag, so a tie never ranks it first."""
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.candidates import Candidate
+    from hpc_advise.advisor.kernel_models import LayerAttention, load_attention_model
+    from hpc_advise.advisor.recommend import UNMEASURED_ATTENTION, Ranker, TraceLoad
+    from hpc_advise.advisor.traces import summarize
+    from tests.measured_rows import layer_row
+
+    serving, _ = pm.load_or_fit()
+    attn = load_attention_model()
+    rows = [layer_row(a, "triton", "agentic", bs, p50, subject="dsv3-tp8-rank", command="bench_layer dsv3")
+            for a, p50 in (("triton", 900.0), ("hpc_advise", 700.0)) for bs in (8, 64)]  # fmt: skip
+    attn.layer = LayerAttention.from_rows(rows)
+    assert "hpc_advise" in attn.layer.backends()
+    w = TraceLoad.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    ranker = Ranker("deepseek-v3", pm.resolve_model("deepseek-v3"), pm.resolve_gpu("h200"), w, serving, attn)
+    c = Candidate(8, attention_backend="hpc_advise", moe_runner="auto")
+    ranker._batch_cache[8] = np.full((4, 8), 2000.0)
+    delta, flags = ranker._attn_times(c, 8)
+    assert not delta.any() and any(f.startswith(UNMEASURED_ATTENTION) and "on MLA" in f for f in flags), flags
+
+
 def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: F811
     """On 2 x 8 H200s the printed launch is what SGLang runs across nodes: a replica wider than a node
     carries --nnodes 2 --node-rank 0 --dist-init-addr; smaller ones run one server per node (never
