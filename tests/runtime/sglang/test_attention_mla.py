@@ -129,9 +129,10 @@ def test_mla_decode_step_matches_torch_native_and_stores_the_new_row(page_size, 
             assert_close_seeded(got, want, atol=ATOL, rtol=RTOL, seed=seed)
 
 
-def test_mla_cuda_graph_metadata_path_matches_eager():
+def test_mla_graph_metadata_and_chunked_eager_paths_match_eager():
     """The graph path (one plan_mla sized for the largest captured batch, refilled in the graph) on a
-    batch padded as SGLang's decode graph runner pads it: the real rows equal the eager step's."""
+    batch padded as SGLang's decode graph runner pads it, and an eager batch above one plan's batch limit
+    (run in chunks of plans; 2 here so the test stays small): the real rows equal the one-plan eager step's."""
     sg = _sglang()
     from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
 
@@ -152,8 +153,14 @@ def test_mla_cuda_graph_metadata_path_matches_eager():
         graph.init_forward_metadata_out_graph(padded, in_capture=True)
         graph.init_forward_metadata_in_graph(padded)
         got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
+        chunked = HpcAdviseAttnBackend(runner)
+        chunked.max_plan_batch = 2
+        chunked.init_forward_metadata(fb)
+        assert [(a, b) for a, b, _ in chunked.forward_metadata] == [(0, 2), (2, 3)]
+        parts = chunked.forward_decode(q[:3], None, None, layer, fb, save_kv_cache=False).float()
     assert got.shape == (4, HEADS * LORA) and torch.isfinite(got).all(), seed
     assert_close_seeded(got[:3], want, atol=ATOL, rtol=RTOL, seed=seed)
+    assert_close_seeded(parts, want, atol=ATOL, rtol=RTOL, seed=seed)
 
 
 @pytest.mark.gpu
