@@ -61,17 +61,22 @@ def _runner(
     device="cpu",
 ):
     kv_pool = sg.mp.MHATokenToKVPool(
+        head_num=kv_heads, head_dim=head_dim, **pool_args(pages, page_size, kv_dtype, device)
+    )
+    cfg = model_config(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context)
+    return runner_of(sg, kv_pool, cfg, reqs=reqs, prefill=prefill)
+
+
+def pool_args(pages, page_size, kv_dtype, device) -> dict:
+    """The arguments every SGLang KV pool takes: ``pages`` pages of ``page_size`` tokens, two layers."""
+    return dict(
         size=pages * page_size,
         page_size=page_size,
         dtype=kv_dtype,
-        head_num=kv_heads,
-        head_dim=head_dim,
         layer_num=2,
         device=device,
         enable_memory_saver=False,
     )
-    cfg = model_config(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context)
-    return runner_of(sg, kv_pool, cfg, reqs=reqs, prefill=prefill)
 
 
 def model_config(*, q_heads, kv_heads, head_dim, context, **extra):
@@ -365,21 +370,29 @@ def test_cuda_graph_metadata_path_matches_eager():
     init_forward_metadata_in_graph) on a padded batch, as SGLang's decode graph runner pads it: the
     padding row has req_pool_index 0 and the backend's seq_len fill value; real rows must equal eager."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
-
     seed, gen = fresh_seed()
     seq_lens = [40, 100, 7]
     with sg.get_parallel().override(attn_tp_size=1):
         runner, layer, idx, out_loc, q, want = _eager_decode(sg, seq_lens, gen, pages=8, pad=1)
-        graph = HpcAdviseAttnBackend(runner)
-        graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-        padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=1)
-        graph.init_forward_metadata_out_graph(padded, in_capture=True)
-        graph.init_forward_metadata_in_graph(padded)
-        got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
+        got = graph_path_decode(sg, runner, layer, idx, seq_lens, out_loc, q, pad=1)
         assert got.shape == (4, 8 * HEAD_DIM) and torch.isfinite(got).all(), seed
         # the padding row changes how work is split over the grid, so merge order may differ: same tolerance
         assert_close_seeded(got[:3], want, atol=ATOL, rtol=RTOL, seed=seed)
+
+
+
+def graph_path_decode(sg, runner, layer, idx, seq_lens, out_loc, q, *, pad):
+    """``layer``'s decode on the CUDA-graph metadata path, outside a capture: a backend with one plan sized
+    for the largest captured batch, the batch padded by ``pad`` rows as SGLang's decode graph runner pads
+    it, the page table and plan refilled by init_forward_metadata_in_graph; float32 output of all rows."""
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    graph = HpcAdviseAttnBackend(runner)
+    graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+    padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=pad)
+    graph.init_forward_metadata_out_graph(padded, in_capture=True)
+    graph.init_forward_metadata_in_graph(padded)
+    return graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
 
 
 @pytest.mark.gpu

@@ -21,10 +21,11 @@ import torch
 from tests.runtime.sglang.helpers import assert_close_seeded, fresh_seed
 from tests.runtime.sglang.test_attention import (
     _batch,
-    _graph_batch,
     _sglang,
+    graph_path_decode,
     graph_replays_match_eager,
     model_config,
+    pool_args,
     runner_of,
 )
 
@@ -45,14 +46,7 @@ def _mla_runner(
     sg, *, pages, page_size, reqs, context, kv_dtype=torch.bfloat16, heads=HEADS, pool_cls=None, device="cpu"
 ):
     pool = (pool_cls or sg.mp.MLATokenToKVPool)(
-        size=pages * page_size,
-        page_size=page_size,
-        dtype=kv_dtype,
-        kv_lora_rank=LORA,
-        qk_rope_head_dim=ROPE,
-        layer_num=2,
-        device=device,
-        enable_memory_saver=False,
+        kv_lora_rank=LORA, qk_rope_head_dim=ROPE, **pool_args(pages, page_size, kv_dtype, device)
     )
     # head_dim: qk_nope 128 + rope 64, as SGLang's ModelConfig has it for DeepSeek-V3
     cfg = model_config(
@@ -147,12 +141,7 @@ def test_mla_graph_metadata_and_chunked_eager_paths_match_eager():
         fb = _batch(sg, idx, seq_lens, out_loc)
         eager.init_forward_metadata(fb)
         want = eager.forward_decode(q[:3], None, None, layer, fb, save_kv_cache=False).float()
-        graph = HpcAdviseAttnBackend(runner)
-        graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-        padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=1)
-        graph.init_forward_metadata_out_graph(padded, in_capture=True)
-        graph.init_forward_metadata_in_graph(padded)
-        got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
+        got = graph_path_decode(sg, runner, layer, idx, seq_lens, out_loc, q, pad=1)
         chunked = HpcAdviseAttnBackend(runner)
         chunked.max_plan_batch = 2
         chunked.init_forward_metadata(fb)
