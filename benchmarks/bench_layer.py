@@ -9,8 +9,9 @@ rank), ``--load-format dummy`` random weights, ``num_hidden_layers`` = ``--layer
 first layers left out) and a 1024-token vocabulary, so the step is the decoder layers plus a small head.
 No all-reduce runs (one GPU, tp_size 1): the step is one rank's compute, not a TP step. An EP rank is
 emulated by its local experts (``shard_config``). Every (decode attention, MoE runner, router) SGLang can
-run here (``combos``) is one worker; our decode attention refuses MLA, so DeepSeek-V3 compares MoE runners
-under SGLang's Triton MLA attention.
+run here (``combos``) is one worker; for the MLA models (DeepSeek-V3) a chosen set that fits one call
+(``MLA_COMBOS``): SGLang's default, our MLA decode attention beside it at SGLang's Triton MoE, what ``launch``
+starts (our attention and MoE runner), and our MoE runner without its hand-off beside SGLang's Triton MoE.
 
 The KV cache of a decode batch is written the way a radix-cache hit leaves it: each request's page-aligned
 prefix is allocated from SGLang's own KV allocator and filled with seeded random values, the request's
@@ -230,6 +231,17 @@ ROUTERS = ("sglang", "hpc_advise")
 # attention and ``reference``, our runner's layer with the pure-torch fp32 MoE (``_install_reference_moe``).
 DEFAULT = ("triton", "triton", "sglang")
 REFERENCE = ("torch_native", "reference", "sglang")
+# The MLA models' workers, in GPU-lock order after SGLang's default: every GQA-style combination would be 7
+# workers (SGLang's router only), over one call's budget for DeepSeek-V3's step (a worker after the first takes
+# 25-40 s, the first and the reference more: benchmarks/README.md). These four answer the tables' questions:
+# our MLA decode attention against SGLang's Triton MLA kernel at the same MoE runner, what ``launch`` starts,
+# and the MoE hand-off pair (our runner without its hand-off beside SGLang's Triton at SGLang's attention).
+MLA_COMBOS = (
+    DEFAULT,
+    ("hpc_advise", "triton", "sglang"),
+    ("hpc_advise", "hpc_advise", "sglang"),
+    ("triton", RAW, "sglang"),
+)
 PREFILL = (1024, 4096, 16384)
 IGNORED_LINEARS = (
     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head,"
@@ -303,15 +315,18 @@ def deep_gemm_skip_reason() -> str | None:
 
 
 def combos(model: str) -> list[tuple[str, str, str]]:
-    """Every (attention, MoE runner, router) SGLang can run for this model here, SGLang's default first.
-    MLA: our decode attention refuses it, so attention is SGLang's Triton MLA kernel in every combination.
+    """Every (attention, MoE runner, router) SGLang can run for this model here, SGLang's default first;
+    for MLA models ``MLA_COMBOS`` (our decode attention runs its MLA form there).
     Router: ours serves 64..512 experts in fp32 (Hy3) or bf16 (Qwen3) ReplicatedLinear gates; DeepSeek's
     bf16 MoEGate stays on SGLang's path under our hook, and an EP rank's 32 local experts are too few.
-    DeepGEMM: block-FP8 models, where ``import deep_gemm`` works (``deep_gemm_skip_reason``), last."""
+    DeepGEMM: block-FP8 models, where ``import deep_gemm`` works (``deep_gemm_skip_reason``), last (MLA models:
+    at SGLang's Triton attention only)."""
     spec = MODELS[model]
-    attns = ("triton",) if is_mla(model) else ATTENTION
-    routers = ROUTERS if spec["ep"] == 1 and not is_mla(model) else ("sglang",)
-    out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
+    if is_mla(model):
+        attns, out = ("triton",), list(MLA_COMBOS)
+    else:
+        attns, routers = ATTENTION, ROUTERS if spec["ep"] == 1 else ("sglang",)
+        out = [(a, m, r) for a in attns for m in MOE_RUNNERS for r in routers if m != RAW or r == "sglang"]
     if recipe(model) == BLOCK and deep_gemm_skip_reason() is None:
         out += [(a, DEEP_GEMM, "sglang") for a in attns]
     out.sort(key=lambda c: c != DEFAULT)
@@ -1117,6 +1132,25 @@ def _deep_gemm_version() -> str:
     return f"not used: {why}" if why is not None else (_DEEP_GEMM_VERSION or ["?"])[0]
 
 
+def worker_env(moe: str, router: str) -> dict:
+    """The environment of a worker process: SGLang's torch paths for the sgl-kernel ops, bf16 non-expert
+    linears, no NVLink multicast, our router GEMM only for ``router`` hpc_advise and SGLang's DeepGEMM only for
+    its own runner (set before SGLang is imported: it reads them then)."""
+    return dict(
+        os.environ,
+        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
+        SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1",
+        SGLANG_FP8_IGNORED_LAYERS=IGNORED_LINEARS,
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+        PYTHONUNBUFFERED="1",
+        HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
+        SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
+        SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
+    )
+
+
 def driver(a) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1126,16 +1160,6 @@ def driver(a) -> int:
     (work / "model").mkdir(exist_ok=True)
     cfg = shard_config(a.model, a.layers)
     (work / "model" / "config.json").write_text(json.dumps(cfg, indent=1))
-    env = dict(os.environ)
-    env.update(
-        SGLANG_FORCE_FUSED_OP_BACKEND="torch",
-        SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1",
-        SGLANG_FP8_IGNORED_LAYERS=IGNORED_LINEARS,
-        NCCL_NVLS_ENABLE="0",
-        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-        NVSHMEM_DISABLE_NVLS="1",
-        PYTHONUNBUFFERED="1",
-    )
     todo = [c for c in combos(a.model) if ":".join(c) not in a.skip] + [REFERENCE]
     procs = []
     for i, (attn, moe, router) in enumerate(todo):
@@ -1143,14 +1167,8 @@ def driver(a) -> int:
                "--layers", str(a.layers), "--seed", str(a.seed), "--work", str(work), "--reps", str(a.reps),
                "--batches", *map(str, a.batches), "--mixes", *a.mixes, "--prefill", *map(str, a.prefill)]  # fmt: skip
         cmd += ["--ticket", str(a.ticket + i)] + (["--lock", a.lock] if a.lock else [])
-        wenv = dict(
-            env,
-            HPC_ADVISE_ROUTER_GEMM="1" if router == "hpc_advise" else "0",
-            SGLANG_ENABLE_JIT_DEEPGEMM="1" if moe == DEEP_GEMM else "0",
-            SGLANG_JIT_DEEPGEMM_PRECOMPILE="0",
-        )
         logf = open(out / f"worker_{a.model}__{_tag(attn, moe, router)}.log", "w")
-        procs.append(subprocess.Popen(cmd, env=wenv, stdout=logf, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(cmd, env=worker_env(moe, router), stdout=logf, stderr=subprocess.STDOUT))
         time.sleep(0.5)  # lock order = start order: the default combination builds first
     deadline = min(time.time() + a.budget_s, a.deadline or float("inf"))
     for p in procs:

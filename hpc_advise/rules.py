@@ -41,6 +41,14 @@ DECODE_KV_DTYPES = ("bf16", "fp8_e4m3")
 # with >= 8 KV heads). It also accepts pages of 1 and 16, but SGLang's default page size 1 makes the page
 # table as wide as the context; we ask for 64 explicitly and fail when it is anything else.
 REQUIRED_PAGE_SIZE = 64
+# The MLA form of the decode kernel (decode_attention/op.py plan_mla): DeepSeek-V2/V3's latent rank and rope
+# width only, 1-16 query heads per rank or a multiple of 16 up to 128, bf16 latent rows (no fp8 MLA form),
+# pages of 1, 16 or 64 tokens (one 1152-byte row per token: the page table is the only page-size cost).
+DECODE_MLA_LORA = 512
+DECODE_MLA_ROPE = 64
+DECODE_MLA_MAX_HEADS = 128
+DECODE_MLA_KV_DTYPES = ("bf16",)
+DECODE_MLA_PAGE_SIZES = (1, 16, 64)
 # Prefill backend printed beside our decode backend: SGLang's own default on SM90, the only GPU ours runs on.
 PREFILL_FOR_OURS = "fa3"
 MOE_QUANTIZATIONS = ("fp8-per-tensor", "fp8-block128")
@@ -157,6 +165,9 @@ class Conditions:
     interpreter: bool = False  # Triton interpreter on CPU (tests)
     top_k: int = 0  # experts per token (MoE models; fused shared experts included)
     quant_method: str = "fp8"  # SGLang's quantization method (quant_method_of); only "fp8" hooks ours
+    kv_lora_rank: int = 0  # MLA: latent rank of the KV row (0 for GQA)
+    rope_dim: int = 0  # MLA: rope columns after the latent ones (0 for GQA)
+    sparse_attention: bool = False  # MLA with a DSA indexer (DeepSeek-V3.2, GLM-5): top-k sparse decode
 
     @property
     def group(self) -> float:
@@ -216,6 +227,9 @@ def conditions(
         router_family=router_family(model.key, architecture),
         router_opt_in=router_env_enabled() if router_opt_in is None else router_opt_in,
         quant_method=quant_method_of(model),
+        kv_lora_rank=(model.kv_lora_rank or 0) if model.attention == "mla" else 0,
+        rope_dim=(model.qk_rope_head_dim or 0) if model.attention == "mla" else 0,
+        sparse_attention=model.attention == "mla" and bool(model.index_n_heads),
     )
 
 
@@ -253,12 +267,23 @@ def _sm(c: Conditions) -> str:
     return sm_name(c.sm)
 
 
+def _mla(c: Conditions) -> bool:
+    return c.attention == "mla"
+
+
+def _mla_heads_ok(q_heads: int) -> bool:
+    """Query heads per rank the MLA form plans: 1-16, or a multiple of 16 up to 128 (blocks of 16)."""
+    return 1 <= q_heads <= DECODE_MAX_GROUP or (
+        q_heads % DECODE_MAX_GROUP == 0 and q_heads <= DECODE_MLA_MAX_HEADS
+    )
+
+
 RULES: list[Rule] = [
     # --- decode_attention -------------------------------------------------------------------------
     Rule(
         "decode_attention",
-        lambda c: c.attention == "mla",
-        lambda c: "MLA attention: our decode kernel is MHA/GQA only",
+        lambda c: _mla(c) and c.sparse_attention,
+        lambda c: "DSA sparse MLA (indexer top-k): our MLA decode attends to every token of the request",
     ),
     Rule(
         "decode_attention",
@@ -281,26 +306,60 @@ RULES: list[Rule] = [
         _not_sm90,
         lambda c: f"GPU is {_sm(c)}: the kernel is tuned and validated on SM90 (Hopper) only",
     ),
+    # MLA (the kernel's MLA form, plan_mla / run_mla)
     Rule(
         "decode_attention",
-        lambda c: c.head_dim not in DECODE_HEAD_DIMS,
+        lambda c: _mla(c) and (c.kv_lora_rank, c.rope_dim) != (DECODE_MLA_LORA, DECODE_MLA_ROPE),
+        lambda c: (
+            f"MLA latent {c.kv_lora_rank} + rope {c.rope_dim}: our MLA decode takes "
+            f"{DECODE_MLA_LORA} + {DECODE_MLA_ROPE} only (DeepSeek-V2/V3's)"
+        ),
+    ),
+    Rule(
+        "decode_attention",
+        lambda c: _mla(c) and not _mla_heads_ok(c.q_heads),
+        lambda c: (
+            f"MLA with {c.q_heads} query heads per rank: our MLA decode takes 1-{DECODE_MAX_GROUP} or a "
+            f"multiple of {DECODE_MAX_GROUP} up to {DECODE_MLA_MAX_HEADS}"
+        ),
+    ),
+    Rule(
+        "decode_attention",
+        lambda c: _mla(c) and c.kv_dtype not in DECODE_MLA_KV_DTYPES,
+        lambda c: (
+            f"{c.kv_dtype} KV on MLA: our MLA decode reads bf16 latent rows only (it has no fp8 form); "
+            "SGLang's MLA backend reads the fp8 pool"
+        ),
+    ),
+    Rule(
+        "decode_attention",
+        lambda c: _mla(c) and c.page_size not in DECODE_MLA_PAGE_SIZES,
+        lambda c: f"page size {c.page_size}: our MLA decode takes --page-size 1, 16 or 64",
+    ),
+    # MHA / GQA
+    Rule(
+        "decode_attention",
+        lambda c: not _mla(c) and c.head_dim not in DECODE_HEAD_DIMS,
         lambda c: f"head_dim {c.head_dim} not in {DECODE_HEAD_DIMS}",
     ),
     Rule(
         "decode_attention",
-        lambda c: c.q_heads % c.kv_heads != 0 or not 1 <= c.q_heads // c.kv_heads <= DECODE_MAX_GROUP,
+        lambda c: (
+            not _mla(c)
+            and (c.q_heads % c.kv_heads != 0 or not 1 <= c.q_heads // c.kv_heads <= DECODE_MAX_GROUP)
+        ),
         lambda c: (
             f"GQA group {c.q_heads}/{c.kv_heads} per rank: needs an integer group 1..{DECODE_MAX_GROUP}"
         ),
     ),
     Rule(
         "decode_attention",
-        lambda c: c.kv_dtype not in DECODE_KV_DTYPES,
+        lambda c: not _mla(c) and c.kv_dtype not in DECODE_KV_DTYPES,
         lambda c: f"KV cache dtype {c.kv_dtype} not in {DECODE_KV_DTYPES}",
     ),
     Rule(
         "decode_attention",
-        lambda c: c.page_size != REQUIRED_PAGE_SIZE,
+        lambda c: not _mla(c) and c.page_size != REQUIRED_PAGE_SIZE,
         lambda c: f"page size {c.page_size}: the backend needs --page-size {REQUIRED_PAGE_SIZE}",
     ),
     # --- fused_moe --------------------------------------------------------------------------------
@@ -389,6 +448,7 @@ class Setup:
     kv_dtype: str = "auto"  # 'auto' | 'bf16' | 'fp8_e4m3'
     page_size: int = 1
     speculative: str | None = None  # SGLang's --speculative-algorithm
+    dcp: int = 1  # decode context parallelism (--dcp-size)
     moe_a2a: str = "none"
     disable_shared_experts_fusion: bool = False
     use_ray: bool = False
@@ -600,7 +660,8 @@ LAUNCH_RULES: list[LaunchRule] = [
     ),
     LaunchRule(
         "ours-decode-shape",
-        "hpc_advise decode: SM90, GQA/MHA (no MLA), head_dim 64/128/256, group 1-16, bf16/fp8 KV, page 64",
+        "hpc_advise decode: SM90; GQA/MHA head_dim 64/128/256, group 1-16, bf16/fp8 KV, page 64; or MLA "
+        "latent 512 + rope 64, 1-16 heads or a multiple of 16 up to 128, bf16 KV, page 1/16/64, no DSA",
         "refuse",
         lambda f: _decode_ours(f) and _decode_op_reason(f) is not None,
         lambda f: f"--decode-attention-backend {NAME}: {_decode_op_reason(f)}; use fa3 (SM90) or flashinfer",
@@ -614,6 +675,18 @@ LAUNCH_RULES: list[LaunchRule] = [
         lambda f: (
             f"--decode-attention-backend {NAME} has no speculative (draft/verify) path: drop "
             f"--speculative-algorithm {f.setup.speculative} or use fa3"
+        ),
+        ours=True,
+        setup_only=True,
+    ),
+    LaunchRule(
+        "ours-dcp",
+        "hpc_advise decode with decode context parallelism (--dcp-size > 1)",
+        "refuse",
+        lambda f: _decode_ours(f) and f.setup.dcp > 1,
+        lambda f: (
+            f"--decode-attention-backend {NAME} attends over the whole KV of each request on one rank; "
+            f"--dcp-size {f.setup.dcp} shards it over ranks: drop --dcp-size or use SGLang's MLA backend"
         ),
         ours=True,
         setup_only=True,

@@ -9,7 +9,7 @@ The same table answers ``hpc-advise runtime check`` and guards the SGLang plugin
 (``sglang/attention.py``/``sglang/moe.py`` raise or fall back with these reasons), so the printed table and
 what runs cannot drift apart.
 
-Ops: ``decode_attention`` (paged GQA decode, the ``hpc_advise`` attention backend), ``fused_moe``
+Ops: ``decode_attention`` (paged GQA or MLA decode, the ``hpc_advise`` attention backend), ``fused_moe``
 (FP8 MoE experts, the ``hpc_advise`` MoE runner), ``router_gemm`` (FP32-accurate router logits, opt-in
 with ``HPC_ADVISE_ROUTER_GEMM=1``).
 
@@ -40,6 +40,8 @@ OPS = ("decode_attention", "fused_moe", "router_gemm")
 # What runs instead, per op (SGLang's names).
 def fallback_name(op: str, c: Conditions) -> str:
     if op == "decode_attention":
+        if c.attention == "mla" and c.sparse_attention:
+            return "dsa (SGLang's sparse MLA backend)"
         if c.attention == "mla":
             return "SGLang's MLA default (fa3/flashmla on SM90, flashinfer otherwise)"
         return "fa3" if c.sm == SM90 else ("flashinfer" if c.sm is not None else "torch_native")
@@ -53,9 +55,15 @@ OURS = {
     "fused_moe": "hpc_advise (fused_moe: FP8 fused MoE)",
     "router_gemm": "hpc_advise (router_gemm: two-bf16 fp32-accurate)",
 }
+OURS_MLA = "hpc_advise (decode_attention, MLA form: one latent + rope row per token for all heads)"
 
 
 def _ours_reason(op: str, c: Conditions) -> str:
+    if op == "decode_attention" and c.attention == "mla":
+        return (
+            f"MLA {c.q_heads} heads per rank, latent {c.kv_lora_rank} + rope {c.rope_dim}, {c.kv_dtype} KV, "
+            f"page {c.page_size}; prefill/extend stay on SGLang's prefill backend"
+        )
     if op == "decode_attention":
         return (
             f"GQA {c.q_heads}/{c.kv_heads}, head_dim {c.head_dim}, {c.kv_dtype} KV, page {c.page_size}; "
@@ -128,7 +136,8 @@ def decide(op: str, c: Conditions) -> Decision:
     if rule is not None:
         provider = "-" if rule.outcome == "n/a" else fallback_name(op, c)
         return Decision(op, False, provider, rule.reason(c), rule.outcome)
-    return Decision(op, True, OURS[op], _ours_reason(op, c), "ours")
+    ours = OURS_MLA if op == "decode_attention" and c.attention == "mla" else OURS[op]
+    return Decision(op, True, ours, _ours_reason(op, c), "ours")
 
 
 HANDOFF_PROVIDER = "triton (SGLang's fused_experts)"

@@ -36,7 +36,10 @@ def test_support_reasons():
     hy3, ds = get_model("hy3"), get_model("deepseek-v3")
     assert "SM90" in support_reason(Candidate(8, attention_backend="fa3"), hy3, b200)
     assert "MLA" in support_reason(Candidate(8, attention_backend="hpc_ops", moe_runner="auto"), ds, h200)
-    assert "MLA" in support_reason(Candidate(8, attention_backend="hpc_advise", moe_runner="auto"), ds, h200)
+    # ours runs MLA in its MLA form with bf16 KV, not with fp8 KV
+    assert support_reason(Candidate(8, attention_backend="hpc_advise", moe_runner="auto"), ds, h200) is None
+    fp8 = Candidate(8, attention_backend="hpc_advise", moe_runner="auto", kv_dtype="fp8_e4m3")
+    assert "fp8_e4m3 KV on MLA" in support_reason(fp8, ds, h200)
     # deep_gemm needs block-128 FP8: hy3 is per-tensor FP8, DeepSeek-V3 is block-128
     assert "deep_gemm" in support_reason(Candidate(8, moe_runner="deep_gemm"), hy3, h200)
     assert (

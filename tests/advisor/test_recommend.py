@@ -594,8 +594,9 @@ def test_prefill_saturation_never_meets_and_ranks_last(advisor_home):  # noqa: F
 
 
 def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_home, tmp_path):  # noqa: F811
-    """DeepSeek-V3 (MLA): the attention-kernel models are GQA-only, so fa3/triton must not rank as if
-    measured: they fold into flashinfer's row as named unmeasured alternatives. No reason line repeats
+    """DeepSeek-V3 (MLA): the attention-kernel models are GQA-only, so fa3/triton and our MLA decode must not
+    rank as if measured (no layer-step row measures them on MLA): they fold into flashinfer's row as named
+    unmeasured alternatives, ours among them (a candidate, not excluded). No reason line repeats
     a comparison, and the attention-DP line claims avoided replication only where TP would replicate."""
     args = ["--trace", str(TRACES / "chat_uniform.csv"), "--model", "deepseek-v3", "--gpu", "h200"]
     args += ["--gpus", "8", "--db", str(tmp_path / "kb.db"), "--json", "--top", "5"]
@@ -609,6 +610,7 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
                 and r["candidate"]["kv_dtype"] == "fp8_e4m3"]  # fmt: skip
     folded = [f for r in out["ranked"] for f in r["flags"] if f.startswith("unmeasured alternatives")]
     assert any("attn=fa3" in f for f in folded), folded
+    assert any("attn=hpc_advise" in f for f in folded), folded
     for r in out["ranked"][:5]:
         vs = [x.split(":")[0] for x in r["reasons"] if x.startswith("vs ")]
         assert len(vs) == len(set(vs)), r["reasons"]
@@ -617,6 +619,32 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
     hy3 = _recommend("chat_uniform.csv", tmp_path / "kb2.db", "--slo-tpot-ms", "35", "--top", "5")
     dp = [x for r in hy3["ranked"][:5] for x in r["reasons"] if "attention data-parallel 8" in x]
     assert dp and not any("avoiding replicated" in x for x in dp), dp  # hy3: 8 KV heads, TP8 splits them
+
+
+
+def test_our_mla_decode_stays_unmeasured_beside_sglangs_triton_rows(advisor_home):  # noqa: F811
+    """Layer-step rows of our MLA decode beside SGLang's Triton MLA (bench_layer's DeepSeek-V3 workers) measure
+    it against Triton, not against the MLA baseline (fa3 / flashinfer cannot run on the GPU machine, and no
+    kernel fit covers MLA): the candidate keeps the unmeasured flag, so a tie never ranks it first."""
+    from hpc_advise.advisor import serving_model as pm
+    from hpc_advise.advisor.candidates import Candidate
+    from hpc_advise.advisor.kernel_models import LayerAttention, load_attention_model
+    from hpc_advise.advisor.recommend import UNMEASURED_ATTENTION, Ranker, TraceLoad
+    from hpc_advise.advisor.traces import summarize
+    from tests.measured_rows import layer_row
+
+    serving, _ = pm.load_or_fit()
+    attn = load_attention_model()
+    rows = [layer_row(a, "triton", "agentic", bs, p50, subject="dsv3-tp8-rank", command="bench_layer dsv3")
+            for a, p50 in (("triton", 900.0), ("hpc_advise", 700.0)) for bs in (8, 64)]  # fmt: skip
+    attn.layer = LayerAttention.from_rows(rows)
+    assert "hpc_advise" in attn.layer.backends()
+    w = TraceLoad.from_summary(summarize(str(TRACES / "chat_uniform.csv")))
+    ranker = Ranker("deepseek-v3", pm.resolve_model("deepseek-v3"), pm.resolve_gpu("h200"), w, serving, attn)
+    c = Candidate(8, attention_backend="hpc_advise", moe_runner="auto")
+    ranker._batch_cache[8] = np.full((4, 8), 2000.0)
+    delta, flags = ranker._attn_times(c, 8)
+    assert not delta.any() and any(f.startswith(UNMEASURED_ATTENTION) and "on MLA" in f for f in flags), flags
 
 
 def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: F811

@@ -40,8 +40,16 @@ def test_deepseek_on_h200_defaults_and_penalties():
         Candidate(8, 1, 1, 1, "flashinfer", "auto", "fp8_e4m3"), get_model("deepseek-v3"), get_gpu("h200")
     )
     assert "copies each layer's KV" in why
-    assert "MLA" in support_reason(
+    # our decode attention's MLA form: bf16 KV only
+    assert "hpc_advise" in {c.attention_backend for c in ok if c.kv_dtype == "auto"}
+    assert support_reason(
         Candidate(8, 1, 1, 1, "hpc_advise", "auto", "auto"), get_model("deepseek-v3"), get_gpu("h200")
+    ) is None
+    assert "fp8_e4m3 KV on MLA" in support_reason(
+        Candidate(8, 1, 1, 1, "hpc_advise", "auto", "fp8_e4m3"), get_model("deepseek-v3"), get_gpu("h200")
+    )
+    assert "DSA sparse MLA" in support_reason(
+        Candidate(8, 1, 1, 1, "hpc_advise", "auto", "auto"), get_model("glm-5"), get_gpu("h200")
     )
 
 

@@ -121,9 +121,11 @@ def test_combinations_per_model():
         ("triton", bl.RAW, "sglang"),
         ("hpc_advise", bl.RAW, "sglang"),
     }
-    # MLA: our decode attention refuses it; DeepSeek's bf16 gate and an EP rank's 32 experts keep SGLang's router
-    assert bl.combos("dsv3") == [("triton", "triton", "sglang"), ("triton", "hpc_advise", "sglang"),
-                                 ("triton", bl.RAW, "sglang")]  # fmt: skip
+    # MLA: the chosen four (one call's budget), SGLang's router (DeepSeek's bf16 gate, an EP rank's 32 experts):
+    # SGLang's default, our MLA attention beside it, what launch starts, the MoE hand-off pair
+    for model in ("dsv3", "dsv3-ep8", "dsv3-block"):
+        assert bl.combos(model) == [("triton", "triton", "sglang"), ("hpc_advise", "triton", "sglang"),
+                                    ("hpc_advise", "hpc_advise", "sglang"), ("triton", bl.RAW, "sglang")]  # fmt: skip
     assert bl._short(bl.combo_name("hpc_advise", bl.RAW)) == "A:ours M:ours-raw R:sglang"
     ep = bl.combos("qwen3-235b-ep4")
     assert len(ep) == 6 and {c[2] for c in ep} == {"sglang"}
@@ -236,7 +238,7 @@ def test_collect_ep_subject(tmp_path):
 
 def test_bad_combination_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        bl.main(["--model", "dsv3", "--skip", "hpc_advise:triton:sglang"])
+        bl.main(["--model", "dsv3", "--skip", "hpc_advise:triton:hpc_advise"])
     assert e.value.code != 0
     assert "unknown combination" in capsys.readouterr().err
 
@@ -255,14 +257,14 @@ def test_several_models_share_one_lock_and_split_skips(monkeypatch, capsys):
 
     monkeypatch.setattr(bl.subprocess, "Popen", Proc)
     monkeypatch.setattr(bl.time, "sleep", lambda s: None)
-    argv = ["--model", "hy3", "dsv3", "--skip", "hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang",
+    argv = ["--model", "hy3", "dsv3", "--skip", "hy3:triton:triton:hpc_advise", "triton:hpc_advise-raw:sglang",
             "--budget-s", "9", "--out", "/tmp/x"]  # fmt: skip
     assert bl.main(argv) == 0
     hy3, dsv3 = started
     assert hy3[:2] == ["--model", "hy3"] and dsv3[:2] == ["--model", "dsv3"]
     assert hy3[hy3.index("--lock") + 1] == dsv3[dsv3.index("--lock") + 1]
-    assert hy3[hy3.index("--skip") + 1 :] == ["hy3:triton:triton:hpc_advise", "triton:hpc_advise:sglang"]
-    assert dsv3[dsv3.index("--skip") + 1 :] == ["triton:hpc_advise:sglang"]
+    assert hy3[hy3.index("--skip") + 1 :] == ["hy3:triton:triton:hpc_advise", "triton:hpc_advise-raw:sglang"]
+    assert dsv3[dsv3.index("--skip") + 1 :] == ["triton:hpc_advise-raw:sglang"]
     assert "--budget-s" in dsv3 and "9" in dsv3
 
 
@@ -495,3 +497,18 @@ def test_rescaled_dummy_weights_fill_block_scales():
         bl._rescale_dummy_weights(m)
     assert torch.allclose(m.w13_weight_scale_inv, torch.full((2, 2, 3), math.sqrt(3 / 384)))
     assert m.w13_weight.float().abs().max() > 0.5
+
+
+def test_mla_workers_pass_the_plugins_launch_rules():
+    """Each MLA worker's set-up (our decode attention's MLA form among them) passes the refusals our
+    plugin's resolution checks enforce, at the rank shape the worker builds (bf16 KV, page 64, SM90)."""
+    from hpc_advise import rules
+    from hpc_advise.profiles.hf_config import from_hf_config
+
+    for model in ("dsv3", "dsv3-ep8", "dsv3-block"):
+        profile = from_hf_config(bl.shard_config(model, 4), key="deepseek", hf_id=model)
+        assert profile.attention == "mla"
+        for attn, moe, _ in bl.combos(model):
+            setup = rules.Setup("triton", attn, "hpc_advise" if moe == bl.RAW else moe, page_size=bl.PAGE)
+            refused = rules.launch_refusal(setup, profile, (9, 0), kinds=("refuse",), ours_only=True)
+            assert refused is None, (model, attn, moe, refused)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,12 @@ EXPECTED = {
         "router_gemm": ("fallback", "sm80"),
     },
     ("deepseek-v3", "h200"): {
-        "decode_attention": ("fallback", "MLA"),
+        "decode_attention": ("ours", "MLA 128 heads per rank, latent 512 + rope 64, bf16 KV, page 64"),
         "fused_moe": ("ours", "fp8-block128"),
         "router_gemm": ("fallback", "bf16 MoEGate"),
     },
     ("deepseek-v3", "a100"): {
-        "decode_attention": ("fallback", "MLA"),
+        "decode_attention": ("fallback", "sm80"),
         "fused_moe": ("fallback", "no FP8 tensor cores"),
         "router_gemm": ("fallback", "bf16 MoEGate"),
     },
@@ -94,9 +95,11 @@ def test_router_opt_in_and_tp():
 
 
 def test_first_rule_wins_and_no_gpu():
-    # MLA on no GPU: the MLA reason comes first (more basic than "no CUDA GPU")
+    # DSA on no GPU: the sparse-MLA reason comes first (more basic than "no CUDA GPU")
+    dsa = _table("glm-5", None, router_opt_in=False)["decode_attention"]
+    assert dsa.reason.startswith("DSA sparse MLA") and dsa.provider.startswith("dsa")
     none = _table("deepseek-v3", None, router_opt_in=False)
-    assert "MLA" in none["decode_attention"].reason
+    assert none["decode_attention"].reason == "no CUDA GPU"
     assert none["fused_moe"].reason == "no CUDA GPU"
     dense = _table("qwen3-32b", "h200", router_opt_in=False)
     assert dense["fused_moe"].outcome == "n/a" and dense["router_gemm"].outcome == "n/a"
@@ -129,9 +132,9 @@ def test_cli_check_json_and_text_fake_nvml(monkeypatch):
     assert data["environment"]["gpu"].startswith("missing")
     assert data["environment"]["driver"] == "missing"
     assert "torch" in data["environment"] and "flashinfer" in data["environment"]
-    text = CliRunner().invoke(runtime, ["check", "--model", "deepseek-v3", "--gpu", "a100"])
+    text = CliRunner().invoke(runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--kv-dtype", "fp8_e4m3"])
     assert text.exit_code == 0, text.output
-    assert "MLA attention" in text.output and "Environment:" in text.output
+    assert "fp8_e4m3 KV on MLA" in text.output and "Environment:" in text.output
     bad = CliRunner().invoke(runtime, ["check", "--model", "no-such-model", "--gpu", "h200"])
     assert bad.exit_code != 0 and "no-such-model" in bad.output
 
@@ -282,3 +285,32 @@ def test_moe_buckets_where_sglang_measured_faster_are_handed_off(monkeypatch):
     assert "ours faster at T = 1-5, T = 6-64" in {d.op: d for d in dispatch.table(c)}["fused_moe"].reason
     monkeypatch.setattr(measured, "shipped_points", lambda: ())
     assert dispatch.moe_handoffs(c) == [] and dispatch.moe_handoff(shape, 32).runner == "hpc_advise"
+
+
+def test_mla_decode_attention_goes_to_our_mla_form_where_it_fits():
+    """MLA on SM90: our kernel's MLA form with bf16 KV at pages 1/16/64 and 1-16 or 16k (<= 128) heads per
+    rank; fp8 KV, other latent / rope widths, other head counts and page sizes go to SGLang's MLA backend
+    with the reason; GQA rules (head_dim, group, page 64 only) do not apply to MLA."""
+    ds, h200 = get_model("deepseek-v3"), get_gpu("h200")
+    for tp, heads in ((1, 128), (8, 16), (16, 8)):
+        for page in rules.DECODE_MLA_PAGE_SIZES:
+            d = dispatch.decide("decode_attention", rules.conditions(ds, h200, tp=tp, page_size=page))
+            assert d.use_ours and d.provider == dispatch.OURS_MLA, (tp, page, d)
+            assert f"MLA {heads} heads per rank" in d.reason and f"page {page}" in d.reason
+    fp8 = dispatch.decide("decode_attention", rules.conditions(ds, h200, tp=8, kv_dtype="fp8_e4m3"))
+    assert not fp8.use_ours and fp8.provider.startswith("SGLang's MLA default")
+    assert fp8.reason.startswith("fp8_e4m3 KV on MLA: our MLA decode reads bf16 latent rows only")
+    c = rules.conditions(ds, h200, tp=8)
+    cases = {
+        "MLA latent 256 + rope 64": replace(c, kv_lora_rank=256),
+        "MLA latent 512 + rope 32": replace(c, rope_dim=32),
+        "MLA with 24 query heads per rank": replace(c, q_heads=24),
+        "MLA with 144 query heads per rank": replace(c, q_heads=144),
+        "page size 32: our MLA decode takes": replace(c, page_size=32),
+        "DSA sparse MLA": replace(c, sparse_attention=True),
+    }
+    for fragment, cond in cases.items():
+        d = dispatch.decide("decode_attention", cond)
+        assert not d.use_ours and fragment in d.reason, (fragment, d)
+    kimi = dispatch.decide("decode_attention", rules.conditions(get_model("kimi-k2.5"), h200, tp=8))
+    assert kimi.use_ours and "MLA 8 heads per rank" in kimi.reason

@@ -13,6 +13,18 @@ What it does per step:
 - per layer: SGLang's ``set_kv_buffer`` stores the new token's K/V (with the layer's fp8 scales), then
   ``decode_attention.run`` reads the pool pages.
 
+MLA (DeepSeek-V2/V3: ``model_runner.use_mla_backend``, SGLang's plain ``MLATokenToKVPool``, bf16 KV): the
+pool holds one row ``[kv_lora_rank latent | rope]`` per token for all heads (``[slots, 1, 576]``, read as
+``[pages, page_size, 1, 576]``). SGLang's ``DeepseekV2AttentionMLA`` picks its forward method by the
+backend's name (``dispatch_attn_forward_method``, ``models/deepseek_common/attention_backend_handler.py``);
+a name it does not know, ours, gets the ``triton`` handler, so decode takes the absorbed ``MLA`` method,
+and since ``hpc_advise`` is not in ``FORWARD_ABSORB_CORE_ATTENTION_BACKENDS`` the model concatenates as it
+does for triton: q ``[T, H, latent + rope]`` (absorbed q_nope, then q_pe), k ``[T, 1, latent + rope]``,
+v = the latent part, no ``q_rope``/``k_rope`` kwargs. Per layer we then do what SGLang's triton backend
+does with an MLA pool: ``set_kv_buffer`` stores k's row at ``out_cache_loc``, then ``run_mla`` attends
+over the pool rows (V = the row's first ``kv_lora_rank`` columns), output ``[T, H * kv_lora_rank]``. The
+metadata step (page table, ``plan_mla`` / ``DecodePlan.update``) is the GQA one.
+
 CUDA graphs: ``init_cuda_graph_state`` allocates one plan sized for the largest captured batch;
 ``init_forward_metadata_in_graph`` (recorded in the graph) refills the page table and re-plans from the
 live ``seq_lens`` with no host sync; eager steps use their own plans, so replays and eager steps never
@@ -28,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, MLATokenToKVPool
 
 from hpc_advise import rules
 from hpc_advise.kernels.decode_attention import op as decode_op
@@ -78,16 +90,27 @@ def _dcp_size() -> int:
         return 1
 
 
+def _is_dsa(cfg) -> bool:
+    """Whether SGLang serves this model with DSA (sparse MLA with an indexer, DeepSeek-V3.2 / GLM-5)."""
+    hf = getattr(cfg, "hf_config", None)
+    if hf is None:
+        return False
+    from sglang.srt.configs.model_config import is_deepseek_dsa
+
+    return bool(is_deepseek_dsa(hf))
+
+
 def runtime_conditions(model_runner) -> rules.Conditions:
     """The dispatch conditions of a live SGLang model runner."""
     cfg = model_runner.model_config
     q_heads, kv_heads = heads_per_rank(model_runner)
     sm, interp = _device_sm(model_runner.device)
+    mla = bool(getattr(model_runner, "use_mla_backend", False))
     return rules.Conditions(
         model=str(getattr(cfg, "model_path", "model")),
         gpu=None,
         sm=sm,
-        attention="mla" if getattr(model_runner, "use_mla_backend", False) else "gqa",
+        attention="mla" if mla else "gqa",
         head_dim=int(cfg.head_dim),
         q_heads=q_heads,
         kv_heads=kv_heads,
@@ -105,6 +128,9 @@ def runtime_conditions(model_runner) -> rules.Conditions:
         router_family=None,
         router_opt_in=False,
         interpreter=interp,
+        kv_lora_rank=int(getattr(cfg, "kv_lora_rank", 0) or 0) if mla else 0,
+        rope_dim=int(getattr(cfg, "qk_rope_head_dim", 0) or 0) if mla else 0,
+        sparse_attention=mla and _is_dsa(cfg),
     )
 
 
@@ -125,7 +151,14 @@ class HpcAdviseAttnBackend(AttentionBackend):
         if spec is not None and spec.is_speculative():
             _fail("speculative decoding (target verify) is not supported")
         pool = model_runner.token_to_kv_pool
-        if type(pool) is not MHATokenToKVPool:  # subclasses change the layout (page-major, fp4, mxfp8, ...)
+        self.mla = bool(getattr(model_runner, "use_mla_backend", False))
+        # subclasses change the layout: page-major, fp4, mxfp8, ... (MHA); DSA, fp4 latent rows (MLA)
+        if self.mla and type(pool) is not MLATokenToKVPool:
+            _fail(
+                f"KV pool {type(pool).__name__} is not SGLang's plain MLATokenToKVPool (DSA, fp4 and "
+                "unified MLA pools are not supported)"
+            )
+        if not self.mla and type(pool) is not MHATokenToKVPool:
             _fail(
                 f"KV pool {type(pool).__name__} is not SGLang's plain MHATokenToKVPool (SWA, hybrid, "
                 "page-major and quantized pools are not supported)"
@@ -140,7 +173,9 @@ class HpcAdviseAttnBackend(AttentionBackend):
         if not decision.use_ours:
             _fail(decision.reason)
         self.q_heads, self.kv_heads = heads_per_rank(model_runner)
-        if pool.head_num != self.kv_heads or pool.head_dim != model_runner.model_config.head_dim:
+        if self.mla:
+            self._check_mla_pool(pool, model_runner.model_config)
+        elif pool.head_num != self.kv_heads or pool.head_dim != model_runner.model_config.head_dim:
             _fail(
                 f"KV pool holds {pool.head_num} heads x {pool.head_dim}, the model expects "
                 f"{self.kv_heads} x {model_runner.model_config.head_dim} per rank"
@@ -152,7 +187,8 @@ class HpcAdviseAttnBackend(AttentionBackend):
             )
         self.device = model_runner.device
         self.page_size = int(model_runner.page_size)
-        self.head_dim = int(pool.head_dim)
+        # GQA: the head dim of K and V; MLA: the width of the latent + rope row (q's and the pool's)
+        self.head_dim = self.kv_lora_rank + self.rope_dim if self.mla else int(pool.head_dim)
         self.token_to_kv_pool = pool
         # the pool aliases SGLang's own backends carry, read by its wrappers (TboAttnBackend) and the
         # forward-context accessors (get_req_to_token_pool)
@@ -173,6 +209,20 @@ class HpcAdviseAttnBackend(AttentionBackend):
         self._checked_layers: set[int] = set()
         self.forward_metadata = None
 
+    def _check_mla_pool(self, pool, cfg) -> None:
+        """The MLA pool's row as the model's config and the kernel's MLA form have it; sets the MLA
+        geometry (one latent row per token: a single KV head)."""
+        self.kv_lora_rank, self.rope_dim = int(pool.kv_lora_rank), int(pool.qk_rope_head_dim)
+        want = (int(getattr(cfg, "kv_lora_rank", 0) or 0), int(getattr(cfg, "qk_rope_head_dim", 0) or 0))
+        if (self.kv_lora_rank, self.rope_dim) != want:
+            _fail(
+                f"MLA pool rows hold latent {self.kv_lora_rank} + rope {self.rope_dim}, the model's config "
+                f"{want[0]} + {want[1]}"
+            )
+        if int(pool.kv_cache_dim) != self.kv_lora_rank + self.rope_dim:
+            _fail(f"MLA pool rows are {pool.kv_cache_dim} wide, not latent + rope (a packed fp8 layout)")
+        self.kv_heads = 1
+
     # --- metadata -------------------------------------------------------------------------------
     def _fill_page_table(self, dst: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
         """dst[b, j] = page id of request b's j-th page (garbage past its length; never read)."""
@@ -188,18 +238,18 @@ class HpcAdviseAttnBackend(AttentionBackend):
             )
         ones = torch.ones(1, dtype=torch.int32, device=self.device)
         table = torch.zeros(1, self.max_pages, dtype=torch.int32, device=self.device)
-        return decode_op.plan(
-            ones,
-            table,
+        common = dict(
             page_size=self.page_size,
-            num_q_heads=self.q_heads,
-            num_kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
             max_batch=max_batch,
             max_pages=self.max_pages,
             kv_dtype=getattr(self.token_to_kv_pool, "dtype", None),
             validate=False,
         )
+        if self.mla:
+            mla = dict(num_heads=self.q_heads, kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim)
+            return decode_op.plan_mla(ones, table, **mla, **common)
+        gqa = dict(num_q_heads=self.q_heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim)
+        return decode_op.plan(ones, table, **gqa, **common)
 
     def _replan(
         self, plan: decode_op.DecodePlan, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, bs: int
@@ -263,7 +313,9 @@ class HpcAdviseAttnBackend(AttentionBackend):
             _fail(f"layer {layer.layer_id} has a sliding window ({layer.sliding_window_size})")
         if layer.logit_cap and layer.logit_cap > 0:
             _fail(f"layer {layer.layer_id} has a logit cap ({layer.logit_cap})")
-        if not layer.qk_head_dim == layer.v_head_dim == self.head_dim:
+        if self.mla:
+            self._check_mla_layer(layer)
+        elif not layer.qk_head_dim == layer.v_head_dim == self.head_dim:
             _fail(
                 f"layer {layer.layer_id}: qk/v head dims {layer.qk_head_dim}/{layer.v_head_dim}, "
                 f"pool {self.head_dim}"
@@ -274,6 +326,20 @@ class HpcAdviseAttnBackend(AttentionBackend):
                 f"planned for {self.q_heads}/{self.kv_heads}"
             )
         self._checked_layers.add(layer.layer_id)
+
+    def _check_mla_layer(self, layer: RadixAttention) -> None:
+        if (layer.qk_head_dim, layer.v_head_dim) != (self.head_dim, self.kv_lora_rank):
+            _fail(
+                f"layer {layer.layer_id}: MLA qk/v head dims {layer.qk_head_dim}/{layer.v_head_dim}, "
+                f"the pool's row {self.head_dim} (latent {self.kv_lora_rank})"
+            )
+        # SGLang's triton MLA path stores k / k_scale and descales in its kernel; ours has no scale, so
+        # only unit scales (bf16 KV without checkpoint KV scales) are exact
+        for name in ("k_scale_float", "v_scale_float"):
+            value = getattr(layer, name, None)
+            if value is not None and float(value) != 1.0:
+                kind = name.split("_")[0]
+                _fail(f"layer {layer.layer_id} has KV scale {kind} = {value}: MLA runs unscaled")
 
     def _scale(self, s) -> torch.Tensor | float:
         if s is None:
@@ -294,6 +360,8 @@ class HpcAdviseAttnBackend(AttentionBackend):
     ):
         if kwargs.get("sinks") is not None:
             _fail(f"layer {layer.layer_id} passes attention sinks")
+        if self.mla:
+            return self._forward_decode_mla(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
         self._check_layer(layer)
         if save_kv_cache and k is not None:
             self.token_to_kv_pool.set_kv_buffer(
@@ -314,6 +382,35 @@ class HpcAdviseAttnBackend(AttentionBackend):
             for start, end, plan in segments:
                 decode_op.run(plan, q3[start:end], k_cache, v_cache, out=out[start:end], **kw)
         return out.view(-1, self.q_heads * self.head_dim)
+
+    # What the model passes on the paths of other MLA backends (FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:
+    # the rope part split off, fused rope, sparse indices); none of it reaches a triton-like backend.
+    _MLA_FOREIGN_KWARGS = ("q_rope", "k_rope", "cos_sin_cache", "topk_indices", "attn_sink")
+
+    def _forward_decode_mla(self, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
+        """SGLang's triton MLA decode, on our kernel: store k's latent + rope row, attend over the pool."""
+        passed = [name for name in self._MLA_FOREIGN_KWARGS if kwargs.get(name) is not None]
+        if passed:
+            _fail(
+                f"layer {layer.layer_id} passes {', '.join(passed)}: the MLA path takes the concatenated "
+                "q / k that SGLang's DeepseekV2 model passes to triton-like backends"
+            )
+        self._check_layer(layer)
+        if save_kv_cache and k is not None:
+            # v is the latent part of k's row: the pool stores the one row
+            self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc.for_batch(forward_batch), k, v)
+        kv_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id).view(
+            -1, self.page_size, 1, self.head_dim
+        )
+        q3 = q.reshape(-1, self.q_heads, self.head_dim)
+        segments = self.forward_metadata
+        if len(segments) == 1:
+            out = decode_op.run_mla(segments[0][2], q3, kv_cache, sm_scale=layer.scaling)
+        else:
+            out = q3.new_empty(q3.shape[0], self.q_heads, self.kv_lora_rank)
+            for start, end, plan in segments:
+                decode_op.run_mla(plan, q3[start:end], kv_cache, sm_scale=layer.scaling, out=out[start:end])
+        return out.view(-1, self.q_heads * self.kv_lora_rank)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         _fail(

@@ -99,6 +99,7 @@ def facts_of(server_args):
         kv_dtype=_kv_dtype(v.kv_cache_dtype),
         page_size=int(v.page_size or 1),
         speculative=v.speculative_algorithm or None,
+        dcp=int(getattr(v, "dcp_size", 1) or 1),
         moe_a2a=str(getattr(a2a, "value", a2a) or "none"),
         disable_shared_experts_fusion=bool(v.disable_shared_experts_fusion),
         use_ray=bool(getattr(v, "use_ray", False)),

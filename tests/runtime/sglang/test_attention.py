@@ -61,33 +61,50 @@ def _runner(
     device="cpu",
 ):
     kv_pool = sg.mp.MHATokenToKVPool(
+        head_num=kv_heads, head_dim=head_dim, **pool_args(pages, page_size, kv_dtype, device)
+    )
+    cfg = model_config(q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, context=context)
+    return runner_of(sg, kv_pool, cfg, reqs=reqs, prefill=prefill)
+
+
+def pool_args(pages, page_size, kv_dtype, device) -> dict:
+    """The arguments every SGLang KV pool takes: ``pages`` pages of ``page_size`` tokens, two layers."""
+    return dict(
         size=pages * page_size,
         page_size=page_size,
         dtype=kv_dtype,
-        head_num=kv_heads,
-        head_dim=head_dim,
         layer_num=2,
         device=device,
         enable_memory_saver=False,
     )
-    req_pool = sg.mp.ReqToTokenPool(
-        size=reqs, max_context_len=context, device=device, enable_memory_saver=False
-    )
-    cfg = types.SimpleNamespace(
+
+
+def model_config(*, q_heads, kv_heads, head_dim, context, **extra):
+    """The four fields of SGLang's ``ModelConfig`` the backends read (plus ``extra``, e.g. MLA's widths)."""
+    return types.SimpleNamespace(
         num_attention_heads=q_heads,
         head_dim=head_dim,
         context_len=context,
         model_path="test",
         get_num_kv_heads=lambda tp: max(1, kv_heads // tp),
+        **extra,
+    )
+
+
+def runner_of(sg, kv_pool, model_config, *, reqs, mla=False, prefill=None):
+    """The runner namespace the backends' constructors read, around a real KV pool and a real
+    ``ReqToTokenPool`` of ``reqs`` requests on the pool's device (context: ``model_config.context_len``)."""
+    req_pool = sg.mp.ReqToTokenPool(
+        size=reqs, max_context_len=model_config.context_len, device=kv_pool.device, enable_memory_saver=False
     )
     return types.SimpleNamespace(
-        device=device,
-        page_size=page_size,
-        kv_cache_dtype=kv_dtype,
+        device=kv_pool.device,
+        page_size=kv_pool.page_size,
+        kv_cache_dtype=kv_pool.dtype,
         token_to_kv_pool=kv_pool,
         req_to_token_pool=req_pool,
-        model_config=cfg,
-        use_mla_backend=False,
+        model_config=model_config,
+        use_mla_backend=mla,
         spec_algorithm=sg.Spec.NONE,
         prefill_attention_backend_str=prefill,
     )
@@ -353,21 +370,29 @@ def test_cuda_graph_metadata_path_matches_eager():
     init_forward_metadata_in_graph) on a padded batch, as SGLang's decode graph runner pads it: the
     padding row has req_pool_index 0 and the backend's seq_len fill value; real rows must equal eager."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
-
     seed, gen = fresh_seed()
     seq_lens = [40, 100, 7]
     with sg.get_parallel().override(attn_tp_size=1):
         runner, layer, idx, out_loc, q, want = _eager_decode(sg, seq_lens, gen, pages=8, pad=1)
-        graph = HpcAdviseAttnBackend(runner)
-        graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-        padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=1)
-        graph.init_forward_metadata_out_graph(padded, in_capture=True)
-        graph.init_forward_metadata_in_graph(padded)
-        got = graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
+        got = graph_path_decode(sg, runner, layer, idx, seq_lens, out_loc, q, pad=1)
         assert got.shape == (4, 8 * HEAD_DIM) and torch.isfinite(got).all(), seed
         # the padding row changes how work is split over the grid, so merge order may differ: same tolerance
         assert_close_seeded(got[:3], want, atol=ATOL, rtol=RTOL, seed=seed)
+
+
+
+def graph_path_decode(sg, runner, layer, idx, seq_lens, out_loc, q, *, pad):
+    """``layer``'s decode on the CUDA-graph metadata path, outside a capture: a backend with one plan sized
+    for the largest captured batch, the batch padded by ``pad`` rows as SGLang's decode graph runner pads
+    it, the page table and plan refilled by init_forward_metadata_in_graph; float32 output of all rows."""
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    graph = HpcAdviseAttnBackend(runner)
+    graph.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+    padded = _graph_batch(sg, graph, idx, seq_lens, out_loc, pad=pad)
+    graph.init_forward_metadata_out_graph(padded, in_capture=True)
+    graph.init_forward_metadata_in_graph(padded)
+    return graph.forward_decode(q, None, None, layer, padded, save_kv_cache=False).float()
 
 
 @pytest.mark.gpu
@@ -465,10 +490,8 @@ def test_cuda_graph_capture_and_replay_on_gpu():
     other requests (as SGLang's decode graph runner does), and compare with eager steps. On a GPU machine
     with sgl-kernel missing: SGLang's module-level imports of it are met by tests/runtime/sglang/sgl_kernel_stand_in.py (import-only; nothing here calls it)."""
     sg = _sglang()
-    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
-
     seed, gen = fresh_seed()
-    hd, bs = 128, 4
+    hd = 128
     with sg.get_parallel().override(attn_tp_size=1):
         runner = _runner(
             sg,
@@ -484,35 +507,44 @@ def test_cuda_graph_capture_and_replay_on_gpu():
         layer = sg.RadixAttention(16, hd, hd**-0.5, 2, layer_id=0)
         lens_a = [3000, 5, 700, 64]
         idx_a, loc_a = _fill(sg, runner, [layer], lens_a, gen, direct=True)
-        # the second step: the same requests in reverse order, with lengths within their filled KV
-        idx_b = idx_a.flip(0)
-        lens_b = [min(a, b) for a, b in zip(reversed(lens_a), [1, 4000, 129, 2048], strict=True)]
-        static = _batch(sg, idx_a.clone(), lens_a, loc_a)
-        q = torch.randn(bs, 16 * hd, device="cuda", dtype=torch.bfloat16)
-        graph_be = HpcAdviseAttnBackend(runner)
-        graph_be.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-        graph_be.init_forward_metadata_out_graph(static, in_capture=True)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # warm-up outside capture (Triton compiles here)
-            graph_be.init_forward_metadata_in_graph(static)
-            graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            graph_be.init_forward_metadata_in_graph(static)
-            out = graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
-        eager_be = HpcAdviseAttnBackend(runner)
-        for lens, idx in ((lens_a, idx_a), (lens_b, idx_b)):
-            static.seq_lens.copy_(torch.tensor(lens, device="cuda"))
-            static.req_pool_indices.copy_(idx)
-            q.copy_(torch.randn(bs, 16 * hd, device="cuda", dtype=torch.bfloat16))
-            graph_be.init_forward_metadata_out_graph(static)
-            g.replay()
-            fb = _batch(sg, idx, lens, loc_a)
-            eager_be.init_forward_metadata(fb)
-            want = eager_be.forward_decode(q, None, None, layer, fb, save_kv_cache=False)
-            assert_close_seeded(out.float(), want.float(), atol=ATOL, rtol=RTOL, seed=seed)
+        graph_replays_match_eager(sg, runner, layer, idx_a, lens_a, loc_a, 16 * hd, seed)
+
+
+def graph_replays_match_eager(sg, runner, layer, idx_a, lens_a, loc_a, q_width, seed):
+    """Capture metadata-in-graph + ``layer``'s decode of a batch of four in a CUDA graph, replay it for the
+    filled requests ``idx_a`` at lengths ``lens_a`` and again in reverse order at other lengths (within their
+    filled KV), as SGLang's decode graph runner does, and compare each replay with an eager step."""
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    bs = len(lens_a)
+    idx_b = idx_a.flip(0)
+    lens_b = [min(a, b) for a, b in zip(reversed(lens_a), [1, 4000, 129, 2048], strict=True)]
+    static = _batch(sg, idx_a.clone(), lens_a, loc_a)
+    q = torch.randn(bs, q_width, device="cuda", dtype=torch.bfloat16)
+    graph_be = HpcAdviseAttnBackend(runner)
+    graph_be.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
+    graph_be.init_forward_metadata_out_graph(static, in_capture=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside capture (Triton compiles here)
+        graph_be.init_forward_metadata_in_graph(static)
+        graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graph_be.init_forward_metadata_in_graph(static)
+        out = graph_be.forward_decode(q, None, None, layer, static, save_kv_cache=False)
+    eager_be = HpcAdviseAttnBackend(runner)
+    for lens, idx in ((lens_a, idx_a), (lens_b, idx_b)):
+        static.seq_lens.copy_(torch.tensor(lens, device="cuda"))
+        static.req_pool_indices.copy_(idx)
+        q.copy_(torch.randn(bs, q_width, device="cuda", dtype=torch.bfloat16))
+        graph_be.init_forward_metadata_out_graph(static)
+        g.replay()
+        fb = _batch(sg, idx, lens, loc_a)
+        eager_be.init_forward_metadata(fb)
+        want = eager_be.forward_decode(q, None, None, layer, fb, save_kv_cache=False)
+        assert_close_seeded(out.float(), want.float(), atol=ATOL, rtol=RTOL, seed=seed)
 
 
 def test_context_limit_checked_at_start():

@@ -184,8 +184,21 @@ def _refused(sglang, key, args, sm=(9, 0)):
 OURS = ["--decode-attention-backend", "hpc_advise", "--page-size", "64"]
 
 
-def test_resolution_refuses_mla_with_our_decode(sglang):
-    assert "MLA" in _refused(sglang, "deepseek-v3", ["--tp-size", "8", *OURS])
+def test_resolution_keeps_our_mla_decode_and_refuses_its_unsupported_forms(sglang):
+    """DeepSeek-V3 with bf16 KV resolves with our decode backend (its MLA form) beside SGLang's triton
+    prefill; fp8 KV, DSA (GLM-5) and decode context parallelism are refused at resolution, with why."""
+    from sglang.srt.arg_groups.model_override_base import attention_backends_of, resolved_view
+
+    prepare, root = sglang
+    args = ["--model-path", RH.model_dir(root, "deepseek-v3"), "--tp-size", "8", *OURS,
+            "--prefill-attention-backend", "triton"]  # fmt: skip
+    with RH.gpu((9, 0), 141):
+        sa = RH.resolve(prepare, args, fast=True)
+    assert attention_backends_of(resolved_view(sa)) == ("triton", "hpc_advise")
+    fp8 = _refused(sglang, "deepseek-v3", ["--tp-size", "8", *OURS, "--kv-cache-dtype", "fp8_e4m3"])
+    assert "fp8_e4m3 KV on MLA" in fp8
+    assert "DSA sparse MLA" in _refused(sglang, "glm-5", ["--tp-size", "8", *OURS])
+    assert "--dcp-size 2" in _refused(sglang, "deepseek-v3", ["--tp-size", "8", *OURS, "--dcp-size", "2"])
 
 
 def test_resolution_refuses_missing_page_size(sglang):
