@@ -444,6 +444,35 @@ def _tile_pages(pt_row, t, t_end, seq_len, TILE: tl.constexpr, PAGE: tl.constexp
 
 
 @triton.jit
+def _chunk_pages(pt_row, c0, t1, seq_len, TILE: tl.constexpr, PAGE: tl.constexpr, PT_CHUNK: tl.constexpr):
+    """The page ids of tiles c0 .. c1 - 1, c1 = min(c0 + PT_CHUNK, t1), in one vector load before the tile loop
+    (so no load feeds the K/V addresses inside it): one per tile (PAGE >= TILE) or two (TILE == 2 * PAGE:
+    tokens [0, PAGE) and [PAGE, TILE)). Returns (page ids, c1)."""
+    c1 = tl.minimum(c0 + PT_CHUNK, t1)
+    if PAGE >= TILE:
+        offs = tl.arange(0, PT_CHUNK)
+        pgs = tl.load(pt_row + ((c0 + offs) * TILE) // PAGE, mask=(c0 + offs) < c1, other=0)
+    else:
+        col = 2 * c0 + tl.arange(0, 2 * PT_CHUNK)  # page column of each half tile
+        pgs = tl.load(pt_row + col, mask=(col < 2 * c1) & (col * PAGE < seq_len), other=0)
+    return pgs, c1
+
+
+@triton.jit
+def _chunk_tile_page(pgs, t, c0, TILE: tl.constexpr, PAGE: tl.constexpr, PT_CHUNK: tl.constexpr):
+    """Tile t's page id out of its chunk's ``_chunk_pages``: a scalar (PAGE >= TILE) or, for two half-tile
+    pages, one per token row [TILE]."""
+    if PAGE >= TILE:
+        pg = tl.sum(tl.where(tl.arange(0, PT_CHUNK) == t - c0, pgs, 0), axis=0)
+    else:
+        offs = tl.arange(0, 2 * PT_CHUNK)
+        pg_lo = tl.sum(tl.where(offs == 2 * (t - c0), pgs, 0), axis=0)
+        pg_hi = tl.sum(tl.where(offs == 2 * (t - c0) + 1, pgs, 0), axis=0)
+        pg = tl.where(tl.arange(0, TILE) < PAGE, pg_lo, pg_hi)
+    return pg
+
+
+@triton.jit
 def _tile_rows(pages, t, stride_p, stride_s, TILE: tl.constexpr, PAGE: tl.constexpr):
     """int64 element offsets [TILE] of the tile's token rows (head offset excluded)."""
     tok = t * TILE + tl.arange(0, TILE)
@@ -895,19 +924,17 @@ def decode_kernel(
             # load as below; warp w takes tokens [w * TW, (w + 1) * TW) of every tile with its own online
             # softmax state, merged once at the segment's end
             TW: tl.constexpr = TILE // WARP_SPLIT
-            offs_c = tl.arange(0, PT_CHUNK)
             offs_w = tl.arange(0, WARP_SPLIT)[:, None] * TW + tl.arange(0, TW)[None, :]  # [W, TW]
             q3 = tl.broadcast_to(q[None, :, :], [WARP_SPLIT, GROUP_PAD, HEAD_DIM])
             m3 = tl.full([WARP_SPLIT, GROUP_PAD], float("-inf"), dtype=tl.float32)
             l3 = tl.zeros([WARP_SPLIT, GROUP_PAD], dtype=tl.float32)
             acc3 = tl.zeros([WARP_SPLIT, GROUP_PAD, HEAD_DIM], dtype=tl.float32)
             for c0 in range(t0, t1, PT_CHUNK):
-                c1 = tl.minimum(c0 + PT_CHUNK, t1)
-                pgs = tl.load(pt_row + ((c0 + offs_c) * TILE) // PAGE, mask=(c0 + offs_c) < c1, other=0)
+                pgs, c1 = _chunk_pages(pt_row, c0, t1, seq_len, TILE, PAGE, PT_CHUNK)
                 for t in tl.range(c0, c1, num_stages=NUM_STAGES):
                     tok = t * TILE + offs_w
                     valid = tok < seq_len
-                    pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0).to(tl.int64)
+                    pg = _chunk_tile_page(pgs, t, c0, TILE, PAGE, PT_CHUNK).to(tl.int64)
                     slot = (tok % PAGE).to(tl.int64)
                     rows_k = pg * stride_kp + slot * stride_ks
                     rows_v = pg * stride_vp + slot * stride_vs
@@ -929,26 +956,11 @@ def decode_kernel(
             # from one vector load before it), so the pipeliner gives K/V their full distance: two
             # buffers at 3 stages instead of one (the page-id load in the loop costs a stage).
             # PAGE >= TILE: one page id per tile; TILE == 2 * PAGE: two (tokens [0, PAGE) and [PAGE, TILE)).
-            if PAGE >= TILE:
-                offs_c = tl.arange(0, PT_CHUNK)
-            else:
-                offs_c = tl.arange(0, 2 * PT_CHUNK)
             for c0 in range(t0, t1, PT_CHUNK):
-                c1 = tl.minimum(c0 + PT_CHUNK, t1)
-                if PAGE >= TILE:
-                    col = ((c0 + offs_c) * TILE) // PAGE
-                    pgs = tl.load(pt_row + col, mask=(c0 + offs_c) < c1, other=0)
-                else:
-                    col = 2 * c0 + offs_c  # page column of each half tile
-                    pgs = tl.load(pt_row + col, mask=(col < 2 * c1) & (col * PAGE < seq_len), other=0)
+                pgs, c1 = _chunk_pages(pt_row, c0, t1, seq_len, TILE, PAGE, PT_CHUNK)
                 for t in tl.range(c0, c1, num_stages=NUM_STAGES):
                     valid = (t * TILE + offs_n) < seq_len
-                    if PAGE >= TILE:
-                        pg = tl.sum(tl.where(offs_c == t - c0, pgs, 0), axis=0)
-                    else:
-                        pg_lo = tl.sum(tl.where(offs_c == 2 * (t - c0), pgs, 0), axis=0)
-                        pg_hi = tl.sum(tl.where(offs_c == 2 * (t - c0) + 1, pgs, 0), axis=0)
-                        pg = tl.where(offs_n < PAGE, pg_lo, pg_hi)
+                    pg = _chunk_tile_page(pgs, t, c0, TILE, PAGE, PT_CHUNK)
                     rows_k = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
                     rows_v = _tile_rows(pg, t, stride_vp, stride_vs, TILE, PAGE)
                     k = tl.load(k_head + rows_k[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)

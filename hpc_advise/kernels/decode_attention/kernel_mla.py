@@ -17,7 +17,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .kernel import _finish, _load_q, _next_segment, _range_desc, _tile_pages, _tile_rows
+from .kernel import (
+    _chunk_pages,
+    _chunk_tile_page,
+    _finish,
+    _load_q,
+    _next_segment,
+    _range_desc,
+    _tile_pages,
+    _tile_rows,
+)
 
 
 @triton.jit
@@ -98,26 +107,11 @@ def decode_mla_kernel(
         pt_row = page_table_ptr + b64 * stride_ptb
 
         if PAGE >= TILE or TILE == 2 * PAGE:
-            # page ids of a chunk of tiles from one vector load before the tile loop (as kernel.decode_kernel)
-            if PAGE >= TILE:
-                offs_p = tl.arange(0, PT_CHUNK)
-            else:
-                offs_p = tl.arange(0, 2 * PT_CHUNK)
             for c0 in range(t0, t1, PT_CHUNK):
-                c1 = tl.minimum(c0 + PT_CHUNK, t1)
-                if PAGE >= TILE:
-                    pgs = tl.load(pt_row + ((c0 + offs_p) * TILE) // PAGE, mask=(c0 + offs_p) < c1, other=0)
-                else:
-                    col = 2 * c0 + offs_p
-                    pgs = tl.load(pt_row + col, mask=(col < 2 * c1) & (col * PAGE < seq_len), other=0)
+                pgs, c1 = _chunk_pages(pt_row, c0, t1, seq_len, TILE, PAGE, PT_CHUNK)
                 for t in tl.range(c0, c1, num_stages=NUM_STAGES):
                     valid = (t * TILE + offs_n) < seq_len
-                    if PAGE >= TILE:
-                        pg = tl.sum(tl.where(offs_p == t - c0, pgs, 0), axis=0)
-                    else:
-                        pg_lo = tl.sum(tl.where(offs_p == 2 * (t - c0), pgs, 0), axis=0)
-                        pg_hi = tl.sum(tl.where(offs_p == 2 * (t - c0) + 1, pgs, 0), axis=0)
-                        pg = tl.where(offs_n < PAGE, pg_lo, pg_hi)
+                    pg = _chunk_tile_page(pgs, t, c0, TILE, PAGE, PT_CHUNK)
                     tok = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
                     c = tl.load(kv_ptr + tok[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
                     kr = tl.load(kv_ptr + tok[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)

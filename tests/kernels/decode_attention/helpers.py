@@ -38,26 +38,37 @@ def make_case(
 ):
     """Random q (fp16 for fp16 KV, else bf16), a NaN-poisoned KV pool with each request's pages scattered at
     random, the page table (unused columns hold -1: a read there would fault) and int32 lengths."""
-    seed = torch.seed() % (2**31) if seed is None else seed
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    need = [math.ceil(n / page) for n in lens]
-    num_pages = sum(need) + extra_pages
+    gen = generator(seed)
+    num_pages, table, filled = scatter_pages(lens, page, gen, extra_pages=extra_pages, extra_cols=extra_cols)
     k = torch.full((num_pages, page, hkv, d), float("nan"))
     v = torch.full_like(k, float("nan"))
+    for pg, fill in filled:  # slots past the length stay NaN
+        k[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
+        v[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(FP16 if kv_dtype == FP16 else BF16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return tuple(t.to(device) for t in (q, k.to(kv_dtype), v.to(kv_dtype), table, seq_lens))
+
+
+def generator(seed=None) -> torch.Generator:
+    """A CPU generator seeded with ``seed`` (None: a fresh random seed)."""
+    return torch.Generator(device="cpu").manual_seed(torch.seed() % (2**31) if seed is None else seed)
+
+
+def scatter_pages(lens, page, gen, *, extra_pages, extra_cols):
+    """Each request's pages at random places of a pool with ``extra_pages`` unused ones: (pool pages, page table
+    [B, max pages + extra_cols] int32 with -1 in unused columns, [(page, slots filled)] in request order)."""
+    need = [math.ceil(n / page) for n in lens]
+    num_pages = sum(need) + extra_pages
     perm = torch.randperm(num_pages, generator=gen)
     table = torch.full((len(lens), max(need) + extra_cols), -1, dtype=torch.int32)
-    used = 0
+    filled, used = [], 0
     for i, n in enumerate(lens):
         pages = perm[used : used + need[i]]
         used += need[i]
         table[i, : need[i]] = pages.int()
-        for j, pg in enumerate(pages.tolist()):
-            fill = min(page, n - j * page)  # slots past the length stay NaN
-            k[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
-            v[pg, :fill] = torch.randn(fill, hkv, d, generator=gen)
-    q = torch.randn(len(lens), hq, d, generator=gen).to(FP16 if kv_dtype == FP16 else BF16)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    return tuple(t.to(device) for t in (q, k.to(kv_dtype), v.to(kv_dtype), table, seq_lens))
+        filled += [(pg, min(page, n - j * page)) for j, pg in enumerate(pages.tolist())]
+    return num_pages, table, filled
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

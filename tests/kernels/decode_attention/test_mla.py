@@ -19,7 +19,16 @@ pytest.importorskip("triton")
 
 from hpc_advise.kernels.decode_attention import op  # noqa: E402
 from hpc_advise.kernels.decode_attention.reference import mla_decode_reference  # noqa: E402
-from tests.kernels.decode_attention.helpers import BF16, DEVICE, FP16, TOL, fix_grid, rel_err  # noqa: E402
+from tests.kernels.decode_attention.helpers import (  # noqa: E402
+    BF16,
+    DEVICE,
+    FP16,
+    TOL,
+    fix_grid,
+    generator,
+    rel_err,
+    scatter_pages,
+)
 
 LORA, ROPE = op.MLA_LORA, op.MLA_ROPE
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek-V3's softmax scale: qk_nope 128 + rope 64 (before YaRN's factor)
@@ -28,21 +37,11 @@ SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek-V3's softmax scale: qk_nope 128 + ro
 def make_mla_case(lens, *, heads, page, dtype=BF16, extra_pages=2, device=DEVICE, seed=None):
     """Random q and a NaN-poisoned latent pool [pages, page, 1, 576] with each request's pages scattered,
     the page table (unused columns -1) and int32 lengths."""
-    seed = torch.seed() % (2**31) if seed is None else seed
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    need = [math.ceil(n / page) for n in lens]
-    num_pages = sum(need) + extra_pages
+    gen = generator(seed)
+    num_pages, table, filled = scatter_pages(lens, page, gen, extra_pages=extra_pages, extra_cols=1)
     kv = torch.full((num_pages, page, 1, LORA + ROPE), float("nan"))
-    perm = torch.randperm(num_pages, generator=gen)
-    table = torch.full((len(lens), max(need) + 1), -1, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(lens):
-        pages = perm[used : used + need[i]]
-        used += need[i]
-        table[i, : need[i]] = pages.int()
-        for j, pg in enumerate(pages.tolist()):
-            fill = min(page, n - j * page)
-            kv[pg, :fill] = torch.randn(fill, 1, LORA + ROPE, generator=gen)
+    for pg, fill in filled:
+        kv[pg, :fill] = torch.randn(fill, 1, LORA + ROPE, generator=gen)
     q = torch.randn(len(lens), heads, LORA + ROPE, generator=gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     return tuple(t.to(device) for t in (q.to(dtype), kv.to(dtype), table, seq_lens))
