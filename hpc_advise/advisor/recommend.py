@@ -92,6 +92,11 @@ REFERENCE_ATTENTION = "flashinfer"
 # how the flags of a backend / runner nobody measured begin (ranked after a measured tie, folded into it)
 UNMEASURED_ATTENTION = "no kernel measurement for attention backend"
 UNMEASURED_MOE = "no kernel comparison for MoE runner"
+# MLA decode attention: our backend and SGLang's triton were measured against each other in layer steps, neither
+# against the reference; the note goes into the attention reason, a candidate folded into another's row hands it
+# on to that row (_drop_twins)
+MLA_PAIR = ("hpc_advise", "triton")
+MLA_PAIR_NOTE = "MLA decode attention measured in layer steps"
 N_BATCHES = 48
 N_TTFT = 2000
 N_PROMPTS = 128  # sampled prompts whose prefill times the TTFT percentiles draw from
@@ -161,6 +166,7 @@ class Ranked:
     reasons: list = field(default_factory=list)
     ctx_cv: float = 0.0
     attn_delta_ms: float = 0.0  # per decode step vs the reference attention backend (p50 batch)
+    mla_pair: str | None = None  # MLA: what layer steps measured between MLA_PAIR (``_mla_pair_note``)
     rho: float | None = None  # prefill utilisation per attention group (None: no arrival times)
     latency_ms: float = 0.0  # mean request latency: mean TTFT + osl * mean TPOT
     capacity: Capacity | None = None  # how much more load it takes (``capacity`` module)
@@ -433,14 +439,10 @@ class Ranker:
         s = self.shapes
         n_layers = int(getattr(self.model, "num_full_attention_layers", s.layers))
         if s.mla:  # the attention-kernel models were fitted on GQA paged decode only
-            flag = (
-                []
-                if c.attention_backend == REFERENCE_ATTENTION
-                else [
-                    f"{UNMEASURED_ATTENTION} {c.attention_backend} on MLA: assumed equal to {REFERENCE_ATTENTION}"
-                ]
-            )
-            return np.zeros(len(ctx)), flag
+            if c.attention_backend == REFERENCE_ATTENTION:
+                return np.zeros(len(ctx)), []
+            flags = [f"{UNMEASURED_ATTENTION} {c.attention_backend} on MLA: assumed equal to {REFERENCE_ATTENTION}"]
+            return np.zeros(len(ctx)), flags + self._mla_pair_note(c, ctx, n_layers)
         attn_tp = c.tp // c.attn_dp
         kv_heads = F.kv_heads_per_rank(s, attn_tp)
         elem = 1.0 if c.kv_dtype.startswith("fp8") else 2.0
@@ -462,6 +464,33 @@ class Ranker:
             )
             return np.zeros(len(ctx)), flag
         return delta, []
+
+    def _mla_pair_note(self, c: Candidate, ctx: np.ndarray, n_layers: int) -> list[str]:
+        """What the layer steps measured between our MLA decode attention and SGLang's triton at this batch (a
+        note only: neither was measured against the reference, so the prediction stays the reference's)."""
+        layer = self.attn.layer
+        if c.attention_backend not in MLA_PAIR or layer is None or not set(MLA_PAIR) <= layer.backends():
+            return []
+        if c.kv_dtype.startswith("fp8"):
+            return []  # our MLA form reads bf16 latent rows only
+        s = self.shapes
+        attn_tp = c.tp // c.attn_dp
+        # the layer-step cells carry the model's heads per rank (``rules.conditions``), whatever MLA stores
+        got = layer.delta_us(*MLA_PAIR, q_heads=max(1, s.heads // attn_tp), kv_heads=max(1, s.kv_heads // attn_tp),
+                             head_dim=s.head_dim, kv_dtype="bf16", mla=True, batch=ctx.shape[1],
+                             context=ctx.mean(axis=1), kv_bytes_per_token=s.kv_bytes_per_token_layer_bf16)  # fmt: skip
+        if got is None:
+            return []
+        per_layer, notes = got
+        ms = float(np.median(n_layers * per_layer)) / 1e3
+        if abs(ms) < 0.01:
+            return []
+        faster, slower = MLA_PAIR if ms < 0 else MLA_PAIR[::-1]
+        text = (
+            f"{MLA_PAIR_NOTE}: attn={faster} {abs(ms):.1f} ms per decode step faster than attn={slower} at these "
+            "contexts"
+        )
+        return [text + (" (" + "; ".join(notes) + ")" if notes else "")]
 
     def _kernel_delta(self, backend: str, floors, tails, n_layers: int) -> np.ndarray | None:
         """Per-step µs of ``backend`` minus the reference from the fitted kernel timings (None: unfitted)."""
@@ -648,6 +677,9 @@ class Ranker:
         ctx_cv = float(np.median(ctx.std(axis=1) / np.maximum(ctx.mean(axis=1), 1)))
         r.ctx_cv = ctx_cv
         r.attn_delta_ms = float(np.median(delta_us)) / 1e3
+        pair = [f for f in r.flags if f.startswith(MLA_PAIR_NOTE)]
+        r.flags = [f for f in r.flags if not f.startswith(MLA_PAIR_NOTE)]
+        r.mla_pair = pair[0] if pair else None
         if saturated:
             r.flags.append("prefill saturated: arrivals exceed prefill capacity (rho >= 1)")
         served = self.saturated.get(c)
@@ -828,11 +860,13 @@ def reasons_for(r: Ranked, ranker: Ranker, ranked: list[Ranked]) -> list[str]:
         )
     elif c.attention_backend == REFERENCE_ATTENTION:
         basis = (
-            "the serving data's baseline (no MLA kernel measured)"
+            "the serving data's baseline (no MLA kernel measured against it)"
             if ranker.shapes.mla
             else "the measured baseline"
         )
-        out.append(f"{spread}: attention on {REFERENCE_ATTENTION}, {basis}")
+        out.append(f"{spread}: attention on {REFERENCE_ATTENTION}, {basis}" + (f"; {r.mla_pair}" if r.mla_pair else ""))
+    elif r.mla_pair:
+        out.append(f"{spread}: {r.mla_pair} (neither measured against {REFERENCE_ATTENTION}: predicted as it)")
     if c.kv_dtype.startswith("fp8"):
         out.append(
             "FP8 KV cache halves KV bytes (decode attention reads and memory); check accuracy on your evals"
@@ -915,6 +949,7 @@ def _drop_twins(ranked: list[Ranked]) -> list[Ranked]:
         )
         if twin is not None:
             what = f"moe={c.moe_runner}" if unmeasured_moe else f"attn={c.attention_backend}"
+            twin.mla_pair = twin.mla_pair or r.mla_pair
             note = "unmeasured alternatives predicted the same: "
             have = [f for f in twin.flags if f.startswith(note)]
             if not have:

@@ -625,11 +625,12 @@ def test_mla_backends_fold_into_the_baseline_and_reasons_do_not_repeat(advisor_h
 def test_our_mla_decode_stays_unmeasured_beside_sglangs_triton_rows(advisor_home):  # noqa: F811
     """Layer-step rows of our MLA decode beside SGLang's Triton MLA (bench_layer's DeepSeek-V3 workers) measure
     it against Triton, not against the MLA baseline (fa3 / flashinfer cannot run on the GPU machine, and no
-    kernel fit covers MLA): the candidate keeps the unmeasured flag, so a tie never ranks it first."""
+    kernel fit covers MLA): the candidate keeps the unmeasured flag, so a tie never ranks it first, and the
+    measured difference against Triton is said (a note, not a prediction)."""
     from hpc_advise.advisor import serving_model as pm
     from hpc_advise.advisor.candidates import Candidate
     from hpc_advise.advisor.kernel_models import LayerAttention, load_attention_model
-    from hpc_advise.advisor.recommend import UNMEASURED_ATTENTION, Ranker, TraceLoad
+    from hpc_advise.advisor.recommend import MLA_PAIR_NOTE, UNMEASURED_ATTENTION, Ranker, TraceLoad
     from hpc_advise.advisor.traces import summarize
     from tests.measured_rows import layer_row
 
@@ -645,6 +646,14 @@ def test_our_mla_decode_stays_unmeasured_beside_sglangs_triton_rows(advisor_home
     ranker._batch_cache[8] = np.full((4, 8), 2000.0)
     delta, flags = ranker._attn_times(c, 8)
     assert not delta.any() and any(f.startswith(UNMEASURED_ATTENTION) and "on MLA" in f for f in flags), flags
+    # what the rows did measure is said, in ms per step over the model's attention layers: 200 us per 4 layers
+    (note,) = [f for f in flags if f.startswith(MLA_PAIR_NOTE)]
+    layers = int(getattr(ranker.model, "num_full_attention_layers", ranker.shapes.layers))
+    want = f"attn=hpc_advise {layers * 200 / 4 / 1e3:.1f} ms per decode step faster than attn=triton"
+    assert want in note, (want, note)
+    # ... and nothing where our MLA form cannot run (fp8 KV)
+    _, fp8 = ranker._attn_times(Candidate(8, attention_backend="triton", moe_runner="auto", kv_dtype="fp8_e4m3"), 8)
+    assert not [f for f in fp8 if f.startswith(MLA_PAIR_NOTE)], fp8
 
 
 def test_sixteen_gpus_print_a_per_node_launch(advisor_home, tmp_path):  # noqa: F811
