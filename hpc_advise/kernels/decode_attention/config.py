@@ -5,10 +5,11 @@
 KV dtype, KV-head count, head_dim and page size, as measured on an H200 (README.md, "Decisions"):
 
 - ``BASE`` per KV dtype, then on top of it
-- ``MLA_TABLE`` for the MLA form (``tuned_mla_config``), or
 - ``MANY_KV_HEADS_TABLE`` for plans with at least ``MANY_KV_HEADS`` KV heads at head_dim <= 128,
   ``MANY_KV_HEADS_WIDE_TABLE`` for those at head_dim 256, and ``FEW_KV_HEADS_TABLE`` for fewer KV heads at
   head_dim <= 128 with pages of at least that row's tile.
+
+The MLA form (``op.plan_mla``) takes ``BASE`` and ``MLA_TABLE`` (``tuned_mla_config``).
 
 The KV-head count stands in for the work per step (the planner sees no lengths without a host sync). A KV dtype
 of None (the caller does not know the pool's dtype) gets the bf16 rows.
