@@ -50,6 +50,23 @@ def make_case(
     return tuple(t.to(device) for t in (q, k.to(kv_dtype), v.to(kv_dtype), table, seq_lens))
 
 
+# DeepSeek-V3's softmax scale (qk_nope 128 + rope 64, before YaRN's factor): the MLA form's tests use it
+MLA_SM_SCALE = 1.0 / math.sqrt(192)
+
+
+def make_mla_case(lens, *, heads, page, dtype=BF16, extra_pages=2, device=DEVICE, seed=None):
+    """Random q and a NaN-poisoned latent pool [pages, page, 1, 576] with each request's pages scattered,
+    the page table (unused columns -1) and int32 lengths."""
+    gen = generator(seed)
+    num_pages, table, filled = scatter_pages(lens, page, gen, extra_pages=extra_pages, extra_cols=1)
+    kv = torch.full((num_pages, page, 1, op.MLA_LORA + op.MLA_ROPE), float("nan"))
+    for pg, fill in filled:
+        kv[pg, :fill] = torch.randn(fill, 1, op.MLA_LORA + op.MLA_ROPE, generator=gen)
+    q = torch.randn(len(lens), heads, op.MLA_LORA + op.MLA_ROPE, generator=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return tuple(t.to(device) for t in (q.to(dtype), kv.to(dtype), table, seq_lens))
+
+
 def generator(seed=None) -> torch.Generator:
     """A CPU generator seeded with ``seed`` (None: a fresh random seed)."""
     return torch.Generator(device="cpu").manual_seed(torch.seed() % (2**31) if seed is None else seed)

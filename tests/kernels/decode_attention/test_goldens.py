@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from hpc_advise.kernels.decode_attention import op  # noqa: E402
-from tests.kernels.decode_attention.helpers import BF16, FP8, FP16, make_case  # noqa: E402
+from tests.kernels.decode_attention.helpers import BF16, FP8, FP16, MLA_SM_SCALE, make_case, make_mla_case  # noqa: E402
 from tests.kernels.goldens import Goldens  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="goldens are CPU-interpreter outputs")
@@ -45,7 +45,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_tuned_branch_matches_its_golden(case):
     name, kv_dtype, hq, hkv, d, page, schedule, tensor_scales = case
-    q, k, v, table, seq_lens = make_case(LENS, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, seed=11, device="cpu")
+    q, k, v, table, seq_lens = make_case(
+        LENS, hq=hq, hkv=hkv, d=d, page=page, kv_dtype=kv_dtype, seed=11, device="cpu"
+    )
     p = op.plan(
         seq_lens,
         table,
@@ -61,5 +63,21 @@ def test_tuned_branch_matches_its_golden(case):
         scales = tuple(torch.tensor([s]) for s in scales)
     out = torch.full_like(q, float("nan"))
     op.run(p, q, k, v, k_scale=scales[0], v_scale=scales[1], out=out)
+    assert not torch.isnan(out).any()
+    GOLDENS.check(name, out)
+
+
+# The MLA form (op.plan_mla, its tuned row): one row per tile-loop path, recorded when the form was added so that
+# later changes to the shared planner, merge or page-id helpers show in it bit for bit.
+MLA_CASES = [("mla-h16-p64", 16, 64), ("mla-h32-p16", 32, 16), ("mla-h8-p1", 8, 1)]
+
+
+@pytest.mark.parametrize("case", MLA_CASES, ids=[c[0] for c in MLA_CASES])
+def test_mla_form_matches_its_golden(case):
+    name, heads, page = case
+    q, kv, table, seq_lens = make_mla_case([5, 64, 333, 90], heads=heads, page=page, seed=11, device="cpu")
+    p = op.plan_mla(seq_lens, table, page_size=page, num_heads=heads, kv_dtype=kv.dtype)
+    out = torch.full((q.shape[0], heads, op.MLA_LORA), float("nan"), dtype=q.dtype)
+    op.run_mla(p, q, kv, sm_scale=MLA_SM_SCALE, out=out)
     assert not torch.isnan(out).any()
     GOLDENS.check(name, out)

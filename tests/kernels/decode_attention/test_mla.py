@@ -10,8 +10,6 @@ at page 16, per-token pages at page 1), with a grid small enough that long rows 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -25,26 +23,12 @@ from tests.kernels.decode_attention.helpers import (  # noqa: E402
     FP16,
     TOL,
     fix_grid,
-    generator,
+    make_mla_case,
     rel_err,
-    scatter_pages,
 )
+from tests.kernels.decode_attention.helpers import MLA_SM_SCALE as SM_SCALE  # noqa: E402
 
-LORA, ROPE = op.MLA_LORA, op.MLA_ROPE
-SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek-V3's softmax scale: qk_nope 128 + rope 64 (before YaRN's factor)
-
-
-def make_mla_case(lens, *, heads, page, dtype=BF16, extra_pages=2, device=DEVICE, seed=None):
-    """Random q and a NaN-poisoned latent pool [pages, page, 1, 576] with each request's pages scattered,
-    the page table (unused columns -1) and int32 lengths."""
-    gen = generator(seed)
-    num_pages, table, filled = scatter_pages(lens, page, gen, extra_pages=extra_pages, extra_cols=1)
-    kv = torch.full((num_pages, page, 1, LORA + ROPE), float("nan"))
-    for pg, fill in filled:
-        kv[pg, :fill] = torch.randn(fill, 1, LORA + ROPE, generator=gen)
-    q = torch.randn(len(lens), heads, LORA + ROPE, generator=gen)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    return tuple(t.to(device) for t in (q.to(dtype), kv.to(dtype), table, seq_lens))
+LORA = op.MLA_LORA
 
 
 def check_mla(lens, *, heads, page, dtype=BF16, case=None, **plan_kw):
@@ -70,7 +54,7 @@ FORMS = [
 def test_mla_forms_match_the_reference_with_split_rows(monkeypatch, heads, page, dtype, lens):
     fix_grid(monkeypatch, 2)  # 4 programs: the long rows are split over several and merged
     p, _ = check_mla(lens, heads=heads, page=page, dtype=dtype)
-    assert p.config.tile == 32 and p.group == min(heads, 16) and p.rope_dim == ROPE
+    assert p.config.tile == 32 and p.group == min(heads, 16) and p.rope_dim == op.MLA_ROPE
     assert int((p.merge_first >= 0).sum()) > 0, "no row was split: the merge went untested"
 
 
