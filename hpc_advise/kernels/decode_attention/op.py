@@ -256,10 +256,14 @@ class DecodePlan:
         return self
 
 
-def _check_geometry(page_size: int, head_dim: int, num_q_heads: int, num_kv_heads: int) -> int:
-    """The GQA group of a supported (page size, head_dim, heads) geometry; ValueError otherwise."""
+def _check_page_size(page_size: int) -> None:
     if page_size not in PAGE_SIZES:
         _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
+
+
+def _check_geometry(page_size: int, head_dim: int, num_q_heads: int, num_kv_heads: int) -> int:
+    """The GQA group of a supported (page size, head_dim, heads) geometry; ValueError otherwise."""
+    _check_page_size(page_size)
     if head_dim not in HEAD_DIMS:
         _fail(f"head_dim {head_dim} not supported (supported: {HEAD_DIMS})")
     if num_kv_heads < 1 or num_q_heads < 1 or num_q_heads % num_kv_heads:
@@ -389,6 +393,24 @@ def _scale_arg(name: str, s: object, device: torch.device) -> float | torch.Tens
     return v
 
 
+def _out_arg(plan: DecodePlan, out, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``out`` checked (dtype, device, shape), or allocated when None."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=plan.device)
+    _check_tensor("out", out, 3, (dtype,))
+    _same_device("out", out, plan.device)
+    if tuple(out.shape) != shape:
+        _fail(f"out has shape {tuple(out.shape)}, expected {shape}")
+    return out
+
+
+def _sm_scale_arg(sm_scale: float) -> float:
+    sm = float(sm_scale)
+    if not math.isfinite(sm) or sm <= 0:
+        _fail(f"sm_scale must be positive and finite, got {sm}")
+    return sm
+
+
 def _check_run_inputs(plan: DecodePlan, q, k_cache, v_cache, out):
     """run()'s tensors checked against the plan (dtypes, devices, shapes; clear errors), ``out`` allocated
     when None: (q, k_cache, v_cache, out)."""
@@ -413,13 +435,7 @@ def _check_run_inputs(plan: DecodePlan, q, k_cache, v_cache, out):
             _fail(f"{name} has shape {tuple(t.shape)}, expected [num_pages, {', '.join(map(str, want_kv))}]")
     if k_cache.shape[0] != v_cache.shape[0]:
         _fail(f"k_cache has {k_cache.shape[0]} pages, v_cache {v_cache.shape[0]}")
-    if out is None:
-        return q, k_cache, v_cache, torch.empty_like(q)
-    _check_tensor("out", out, 3, (q.dtype,))
-    _same_device("out", out, plan.device)
-    if out.shape != q.shape:
-        _fail(f"out has shape {tuple(out.shape)}, expected {tuple(q.shape)}")
-    return q, k_cache, v_cache, out
+    return q, k_cache, v_cache, _out_arg(plan, out, tuple(q.shape), q.dtype)
 
 
 def run(
@@ -435,10 +451,7 @@ def run(
 ) -> torch.Tensor:
     """Attention of every query against its request's paged KV; returns ``out`` ``[B, Hq, D]``."""
     q, k_cache, v_cache, out = _check_run_inputs(plan, q, k_cache, v_cache, out)
-    D = q.shape[2]
-    sm = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-    if not math.isfinite(sm) or sm <= 0:
-        _fail(f"sm_scale must be positive and finite, got {sm}")
+    sm = _sm_scale_arg(1.0 / math.sqrt(q.shape[2]) if sm_scale is None else sm_scale)
     ks = _scale_arg("k_scale", k_scale, plan.device)
     vs = _scale_arg("v_scale", v_scale, plan.device)
     from_ptr = isinstance(ks, torch.Tensor) or isinstance(vs, torch.Tensor)
@@ -470,7 +483,7 @@ def run(
     common = dict(
         GROUP=group,
         GROUP_PAD=max(16, _next_pow2(group)),
-        HEAD_DIM=D,
+        HEAD_DIM=q.shape[2],
         PAGE=plan.page_size,
         TILE=cfg.tile,
         NUM_STAGES=NUM_STAGES,
@@ -562,8 +575,7 @@ def plan_mla(
     """The schedule of an MLA decode step (``run_mla``): as ``plan``, with the ``num_heads`` query heads cut
     into blocks of min(num_heads, 16) that each form a segment per request (all of them read the one latent
     row per token). ``config`` None: ``tuned_mla_config(kv_dtype)``."""
-    if page_size not in PAGE_SIZES:
-        _fail(f"page_size {page_size} not supported (supported: {PAGE_SIZES})")
+    _check_page_size(page_size)
     if (kv_lora_rank, rope_dim) != (MLA_LORA, MLA_ROPE):
         _fail(
             f"MLA latent {kv_lora_rank} + rope {rope_dim} not supported (supported: {MLA_LORA} + {MLA_ROPE})"
@@ -610,14 +622,7 @@ def _check_mla_inputs(plan: DecodePlan, q, kv_cache, out):
         _fail(
             f"kv_cache has shape {tuple(kv_cache.shape)}, expected [num_pages, {plan.page_size}, 1, {width}]"
         )
-    want_out = (plan.batch, plan.num_q_heads, plan.head_dim)
-    if out is None:
-        return q, kv_cache, torch.empty(want_out, dtype=q.dtype, device=q.device)
-    _check_tensor("out", out, 3, (q.dtype,))
-    _same_device("out", out, plan.device)
-    if tuple(out.shape) != want_out:
-        _fail(f"out has shape {tuple(out.shape)}, expected {want_out}")
-    return q, kv_cache, out
+    return q, kv_cache, _out_arg(plan, out, (plan.batch, plan.num_q_heads, plan.head_dim), q.dtype)
 
 
 def run_mla(
@@ -632,9 +637,7 @@ def run_mla(
     tokens i. q ``[B, H, kv_lora_rank + rope_dim]`` (latent part first), kv_cache ``[num_pages, page, 1,
     kv_lora_rank + rope_dim]`` of q's dtype; returns ``out`` ``[B, H, kv_lora_rank]``."""
     q, kv_cache, out = _check_mla_inputs(plan, q, kv_cache, out)
-    sm = float(sm_scale)
-    if not math.isfinite(sm) or sm <= 0:
-        _fail(f"sm_scale must be positive and finite, got {sm}")
+    sm = _sm_scale_arg(sm_scale)
     pdl = not _interpreting() and plan.device.type == "cuda"
     cfg = plan.config
     _km.decode_mla_kernel[(plan.grid_size(),)](

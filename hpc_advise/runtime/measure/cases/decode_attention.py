@@ -92,19 +92,8 @@ class Workload:
         shape = (pool_pages, PAGE, hkv, HEAD_DIM)
         self.k = torch.randn(shape, device="cuda", generator=gen).to(kv_dtype)
         self.v = torch.randn(shape, device="cuda", generator=gen).to(kv_dtype)
-        perm = torch.randperm(pool_pages, device="cuda", generator=gen).int()
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        self.tables, self.indices = [], []
-        cols = torch.arange(self.max_pages, device="cuda")
-        used = cols[None, :] < torch.tensor(need, device="cuda")[:, None]
-        offset = 0
-        for _ in range(self.rotations):
-            flat = perm[offset : offset + sum(need)]
-            offset += sum(need)
-            table = torch.zeros(len(lens), self.max_pages, dtype=torch.int32, device="cuda")
-            table[used] = flat
-            self.tables.append(table)
-            self.indices.append(flat)
+        self.tables, self.indices = rotated_page_tables(need, pool_pages, self.rotations, gen)
         self.indptr = torch.zeros(len(lens) + 1, dtype=torch.int32, device="cuda")
         self.indptr[1:] = torch.cumsum(torch.tensor(need, device="cuda"), 0)
         self.last_page_len = (self.seq_lens - 1) % PAGE + 1
@@ -112,6 +101,23 @@ class Workload:
 
     def floor_us(self, copy_tbps: float) -> float:
         return self.kv_bytes / (copy_tbps * 1e12) * 1e6
+
+
+def rotated_page_tables(need: list[int], pool_pages: int, rotations: int, gen):
+    """``rotations`` page tables [B, max(need)] int32 over disjoint random pages of a pool of ``pool_pages``
+    (request b holds need[b] pages; unused columns 0), and each table's pages in order (FlashInfer's indices)."""
+    import torch
+
+    perm = torch.randperm(pool_pages, device="cuda", generator=gen).int()
+    used = torch.arange(max(need), device="cuda")[None, :] < torch.tensor(need, device="cuda")[:, None]
+    tables, indices = [], []
+    for r in range(rotations):
+        flat = perm[r * sum(need) : (r + 1) * sum(need)]
+        table = torch.zeros(len(need), max(need), dtype=torch.int32, device="cuda")
+        table[used] = flat
+        tables.append(table)
+        indices.append(flat)
+    return tables, indices
 
 
 def _time(calls: list[Callable[[], object]]) -> tuple[Timing, str]:

@@ -11,13 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from hpc_advise.runtime.measure.cases.decode_attention import ROTATE_BYTES, case_lengths
+from hpc_advise.runtime.measure.cases.decode_attention import (
+    MAX_ROTATIONS,
+    ROTATE_BYTES,
+    case_lengths,
+    rotated_page_tables,
+)
 from hpc_advise.runtime.measure.harness import rotating, run_row, time_cuda
 
 PAGE = 64
 LORA, ROPE = 512, 64
 ROW_BYTES = (LORA + ROPE) * 2
-MAX_ROTATIONS = 8
 TOL = 5e-3  # tests/kernels/decode_attention/helpers.py: bf16 KV
 SM_SCALE = 1.0 / math.sqrt(192)
 # name -> (count, length) runs; length -1: log-uniform over 1K-32K (case_lengths, fixed seed)
@@ -46,15 +50,8 @@ class MlaWorkload:
         need = [math.ceil(n / PAGE) for n in lens]
         pool_pages = sum(need) * self.rotations + 16
         self.kv = torch.randn(pool_pages, PAGE, 1, LORA + ROPE, device="cuda", generator=gen).bfloat16()
-        perm = torch.randperm(pool_pages, device="cuda", generator=gen).int()
-        cols = torch.arange(max(need), device="cuda")
-        used = cols[None, :] < torch.tensor(need, device="cuda")[:, None]
         self.seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        self.tables = []
-        for r in range(self.rotations):
-            table = torch.zeros(len(lens), max(need), dtype=torch.int32, device="cuda")
-            table[used] = perm[r * sum(need) : (r + 1) * sum(need)]
-            self.tables.append(table)
+        self.tables, _ = rotated_page_tables(need, pool_pages, self.rotations, gen)
         self.q = torch.randn(len(lens), heads, LORA + ROPE, device="cuda", generator=gen).bfloat16()
 
     def floor_us(self, copy_tbps: float) -> float:
