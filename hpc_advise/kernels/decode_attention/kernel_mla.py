@@ -45,6 +45,14 @@ def _attend_mla(qc, qr, c, kr, valid, m_i, l_i, acc, qk_scale):
     return m_new, l_i, acc
 
 
+@triton.jit
+def _attend_rows(kv_ptr, tok, valid, offs_c, offs_r, qc, qr, m_i, l_i, acc, qk_scale):
+    """A tile's latent rows (element offsets ``tok`` [TILE], ``valid`` [TILE]) loaded and attended."""
+    c = tl.load(kv_ptr + tok[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
+    kr = tl.load(kv_ptr + tok[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
+    return _attend_mla(qc, qr, c, kr, valid, m_i, l_i, acc, qk_scale)
+
+
 @triton.jit(do_not_specialize=["num_head_blocks"])
 def decode_mla_kernel(
     q_ptr,  # [B, H, LORA + ROPE]
@@ -113,17 +121,17 @@ def decode_mla_kernel(
                     valid = (t * TILE + offs_n) < seq_len
                     pg = _chunk_tile_page(pgs, t, c0, TILE, PAGE, PT_CHUNK)
                     tok = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
-                    c = tl.load(kv_ptr + tok[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
-                    kr = tl.load(kv_ptr + tok[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
-                    m_i, l_i, acc = _attend_mla(qc, qr, c, kr, valid, m_i, l_i, acc, qk_scale)
+                    m_i, l_i, acc = _attend_rows(
+                        kv_ptr, tok, valid, offs_c, offs_r, qc, qr, m_i, l_i, acc, qk_scale
+                    )
         else:
             for t in tl.range(t0, t1, num_stages=NUM_STAGES):
                 valid = (t * TILE + offs_n) < seq_len
                 pg = _tile_pages(pt_row, t, t1, seq_len, TILE, PAGE)
                 tok = _tile_rows(pg, t, stride_kp, stride_ks, TILE, PAGE)
-                c = tl.load(kv_ptr + tok[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
-                kr = tl.load(kv_ptr + tok[:, None] + offs_r[None, :], mask=valid[:, None], other=0.0)
-                m_i, l_i, acc = _attend_mla(qc, qr, c, kr, valid, m_i, l_i, acc, qk_scale)
+                m_i, l_i, acc = _attend_rows(
+                    kv_ptr, tok, valid, offs_c, offs_r, qc, qr, m_i, l_i, acc, qk_scale
+                )
 
         _finish(
             out_ptr,
