@@ -314,3 +314,14 @@ def test_mla_decode_attention_goes_to_our_mla_form_where_it_fits():
         assert not d.use_ours and fragment in d.reason, (fragment, d)
     kimi = dispatch.decide("decode_attention", rules.conditions(get_model("kimi-k2.5"), h200, tp=8))
     assert kimi.use_ours and "MLA 8 heads per rank" in kimi.reason
+
+
+def test_decode_rules_state_the_kernels_own_limits():
+    """The rules (no torch) restate the decode kernel's supported geometry; they must say what op.py checks."""
+    pytest.importorskip("torch")
+    from hpc_advise.kernels.decode_attention import op
+
+    assert rules.DECODE_HEAD_DIMS == op.HEAD_DIMS and rules.DECODE_MAX_GROUP == op.MAX_GROUP
+    assert rules.REQUIRED_PAGE_SIZE in op.PAGE_SIZES
+    assert (rules.DECODE_MLA_LORA, rules.DECODE_MLA_ROPE) == (op.MLA_LORA, op.MLA_ROPE)
+    assert rules.DECODE_MLA_MAX_HEADS == op.MLA_MAX_HEADS and rules.DECODE_MLA_PAGE_SIZES == op.PAGE_SIZES
