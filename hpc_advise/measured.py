@@ -433,3 +433,81 @@ def moe_handoff(shape: MoeShape, tokens: int, points: list[MoePoint] | tuple | N
     """SGLang's default runner where it measured faster than ours in the bucket of ``tokens`` at exactly
     this shape; ours where ours measured faster or nothing was measured there."""
     return handoff_in(moe_buckets(list(shipped_points() if points is None else points), shape), tokens)
+
+
+@dataclass(frozen=True)
+class RouterComparison:
+    """Decode steps with our router GEMM against the same steps at SGLang's gate, one gate shape: the
+    layer-step pairs that differ only in the router (same run, subject, attention, MoE runner, mix, batch)."""
+
+    experts: int
+    hidden: int
+    gate_dtype: str
+    ratios: tuple[float, ...]  # SGLang's gate step / our router's step, per pair (> 1: ours faster)
+    subjects: tuple[str, ...]
+
+    def figure(self) -> str:
+        r = sorted(self.ratios)
+        return (
+            f"decode steps with it {statistics.median(r):.2f}x those at SGLang's gate (median of {len(r)} "
+            f"layer-step pairs, {r[0]:.2f}-{r[-1]:.2f}; {', '.join(self.subjects)})"
+        )
+
+
+def router_comparisons(rows: list[dict]) -> list[RouterComparison]:
+    """One comparison per gate shape (experts, hidden, gate dtype) of the layer-step rows run with our
+    router GEMM (``config.router`` hpc_advise) and their twins at SGLang's gate."""
+    steps: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        cfg = r.get("config") or {}
+        if r.get("kind") != "layer_step" or r.get("unit") != "us" or not r.get("p50"):
+            continue
+        provider = str(r.get("provider") or "").replace(",router=hpc_advise", "")
+        key = (_run_of(r), str(r.get("subject")), provider, cfg.get("mix"), cfg.get("batch"))
+        steps.setdefault(key, {})[str(cfg.get("router", "sglang"))] = float(r["p50"])
+    by_shape: dict[tuple, tuple[list[float], set[str]]] = {}
+    for (_, subject, _, _, _), got in steps.items():
+        if "hpc_advise" not in got or "sglang" not in got:
+            continue
+        rank = _rank_of(subject, {})
+        if rank is None:
+            continue
+        model = rank[0]
+        shape = (model.num_experts, model.hidden_size, model.router_dtype)
+        ratios, subjects = by_shape.setdefault(shape, ([], set()))
+        ratios.append(got["sglang"] / got["hpc_advise"])
+        subjects.add(subject)
+    return [
+        RouterComparison(e, h, d, tuple(ratios), tuple(sorted(subjects)))
+        for (e, h, d), (ratios, subjects) in sorted(by_shape.items())
+    ]
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_router_comparisons() -> tuple[RouterComparison, ...]:
+    """``router_comparisons`` of the shipped rows, read once per process."""
+    return tuple(router_comparisons(read_rows()))
+
+
+def router_comparison(experts: int, hidden: int, gate_dtype: str) -> RouterComparison | None:
+    """The shipped comparison at this gate shape, or None where no layer step measured one."""
+    for cmp in shipped_router_comparisons():
+        if (cmp.experts, cmp.hidden, cmp.gate_dtype) == (experts, hidden, gate_dtype):
+            return cmp
+    return None
+
+
+def router_for_launch(c) -> RouterComparison | None:
+    """The comparison by which a launch of our backends turns our router GEMM on
+    (``HPC_ADVISE_ROUTER_GEMM=1``) for the gates of conditions ``c``, or None to leave SGLang's gate: only
+    an fp32 gate (SGLang's own fp32 GEMM, which ours computes within 1e-5, so the model's numerics stay
+    SGLang's; a bf16 gate's logits SGLang rounds to bf16 and ours would not) that the kernel's rules take,
+    where the layer steps at its shape measured the decode step faster with it (median over the pairs)."""
+    from dataclasses import replace
+
+    from hpc_advise import rules
+
+    if c.router_dtype != "fp32" or rules.first_rule("router_gemm", replace(c, router_opt_in=True)):
+        return None
+    cmp = router_comparison(c.num_experts, c.hidden_size, c.router_dtype)
+    return cmp if cmp is not None and statistics.median(cmp.ratios) > 1.0 else None

@@ -10,7 +10,9 @@ installed plugin unless ``SGLANG_PLUGINS`` lists some, so ``SGLANG_PLUGINS`` is 
 to us alone (:func:`plugins_env`). HPC-Ops' MoE gets ``--disable-shared-experts-fusion``; a profile that
 plans FP8 over a bf16 checkpoint (Hy3) gets SGLang's online ``--quantization fp8``; a config.json stands
 for its folder. Extra arguments that contradict the plan are refused unless ``--force``; ``--use-ray``
-with our backends is refused (Ray workers never load plugins).
+with our backends is refused (Ray workers never load plugins). With our backends, an fp32 MoE gate (Hy3's)
+gets our router GEMM (``HPC_ADVISE_ROUTER_GEMM=1``, :func:`router_env`) where the shipped layer steps
+measured the decode step faster with it.
 
 Beyond one node (``node_gpus``, the GPU profile's ``gpus_per_node``) the deployment becomes several
 SGLang servers (``node_plan``), since SGLang 0.5.23 refuses data-parallel replicas across nodes
@@ -32,12 +34,12 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import click
 
-from hpc_advise import rules
+from hpc_advise import measured, rules
 from hpc_advise.advisor.candidates import Candidate, setup_of
 
 PLUGIN_NAME = rules.NAME
@@ -287,7 +289,25 @@ def build_command(
     forced = force or FORCE_FLAG in extra
     argv += check_extra(planned[3:], tuple(extra), force=forced)
     env = plugins_env(environ) if ours else {}
+    if ours and model is not None and model.is_moe:
+        router = router_env(c, model)
+        if router is not None:
+            env[rules.ROUTER_ENV] = "1"
+            notes.append(router)
     return LaunchCommand(argv, env, planned, forced, notes)
+
+
+def router_env(c: Candidate, model) -> str | None:
+    """Why the command turns our router GEMM on (``measured.router_for_launch``), or None. Our backends are
+    in the command, so the support rules placed it on SM90."""
+    cond = rules.conditions(
+        model, None, tp=c.tp, ep=c.ep, attn_dp=c.attn_dp, kv_dtype=c.kv_dtype, page_size=c.page_size,
+        router_opt_in=False,
+    )  # fmt: skip
+    cmp = measured.router_for_launch(replace(cond, sm=rules.SM90))
+    if cmp is None:
+        return None
+    return f"{rules.ROUTER_ENV}=1: our router GEMM for the fp32 gate (SGLang's fp32 product within 1e-5); {cmp.figure()}"
 
 
 _NOT_IMPORTABLE = 3

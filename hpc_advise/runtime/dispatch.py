@@ -11,7 +11,8 @@ what runs cannot drift apart.
 
 Ops: ``decode_attention`` (paged GQA or MLA decode, the ``hpc_advise`` attention backend), ``fused_moe``
 (FP8 MoE experts, the ``hpc_advise`` MoE runner), ``router_gemm`` (FP32-accurate router logits, opt-in
-with ``HPC_ADVISE_ROUTER_GEMM=1``).
+with ``HPC_ADVISE_ROUTER_GEMM=1``, which ``hpc-advise launch`` sets for fp32 gates where layer steps measured
+it faster: ``measured.router_for_launch``).
 
 Never slower than SGLang's default: where SGLang's own Triton MoE measured faster than ours at a rank's
 MoE shape for a bucket of token counts (``hpc_advise.measured``: layer-step or kernel rows shipped as
@@ -74,7 +75,16 @@ def _ours_reason(op: str, c: Conditions) -> str:
             f"{c.quantization} experts, {c.num_experts} experts, width {c.moe_inter} per rank; "
             + _moe_tuning(c)
         )
-    return f"{c.router_dtype} gate weight -> fp32 logits, {c.num_experts} experts x hidden {c.hidden_size}"
+    return (
+        f"{c.router_dtype} gate weight -> fp32 logits, {c.num_experts} experts x hidden {c.hidden_size}; "
+        + _router_comparison(c)
+    )
+
+
+def _router_comparison(c: Conditions) -> str:
+    """What the shipped layer steps measured with our router GEMM at this gate shape, in a few words."""
+    cmp = measured.router_comparison(c.num_experts, c.hidden_size, c.router_dtype)
+    return cmp.figure() if cmp is not None else "no layer step measured it at this gate shape"
 
 
 # The fused MoE's launch-config table (hpc_advise/kernels/fused_moe/configs.json, written by
@@ -159,8 +169,13 @@ def moe_handoffs(c: Conditions, ep: int = 1) -> list[Decision]:
     if not decide("fused_moe", c).use_ours:
         return []
     return [
-        Decision("fused_moe", False, HANDOFF_PROVIDER, f"{b.span()}: SGLang's triton measured faster; {b.figure()}",
-                 "handoff")  # fmt: skip
+        Decision(
+            "fused_moe",
+            False,
+            HANDOFF_PROVIDER,
+            f"{b.span()}: SGLang's triton measured faster; {b.figure()}",
+            "handoff",
+        )  # fmt: skip
         for b in moe_buckets(measured.moe_shape_of(c, ep))
         if b.default_faster
     ]
@@ -190,5 +205,8 @@ def table(c: Conditions, ep: int = 1) -> list[Decision]:
         d = decide(op, c)
         if op == "fused_moe" and d.use_ours:
             d = Decision(d.op, True, d.provider, f"{d.reason}; {_moe_comparison(c, ep)}", d.outcome)
+        elif op == "router_gemm" and not c.router_opt_in and (cmp := measured.router_for_launch(c)):
+            reason = f"{d.reason} (hpc-advise launch sets it for this fp32 gate: {cmp.figure()})"
+            d = Decision(d.op, False, d.provider, reason, d.outcome)
         out.append(d)
     return out

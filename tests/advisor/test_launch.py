@@ -36,6 +36,23 @@ def test_command_for_our_backends_sets_plugin_and_page_size():
     assert cmd.env == {}  # SGLang loads every installed plugin when SGLANG_PLUGINS is unset
 
 
+def test_router_gemm_on_for_measured_fp32_gates_only():
+    """With our backends, Hy3's fp32 gate gets our router GEMM (its layer steps measured it faster, the note
+    says by how much); Qwen3's bf16 gate and a command without our backends do not."""
+    from hpc_advise.profiles import get_model
+
+    ours = Candidate(8, 1, 8, 1, "hpc_advise", "hpc_advise", "fp8_e4m3")
+    hy3 = L.build_command(ours, "tencent/Hy3-preview", model=get_model("hy3"), environ={})
+    assert hy3.env == {"HPC_ADVISE_ROUTER_GEMM": "1"} and hy3.shell().startswith("HPC_ADVISE_ROUTER_GEMM=1 ")
+    assert any("layer-step pairs" in n and "hy3-tp8-rank" in n for n in hy3.notes)
+    qwen = L.build_command(Candidate(4, 1, 4, 1, "hpc_advise", "auto", "fp8_e4m3"), "Qwen/Qwen3-235B-A22B",
+                           model=get_model("qwen3-235b-a22b"), environ={})  # fmt: skip
+    assert "HPC_ADVISE_ROUTER_GEMM" not in qwen.env
+    sglang_only = L.build_command(Candidate(8, 1, 8, 1, "flashinfer", "auto", "auto"), "tencent/Hy3-preview",
+                                  model=get_model("hy3"), environ={})  # fmt: skip
+    assert sglang_only.env == {}
+
+
 def test_command_for_replicas_attention_dp_and_multinode():
     c = Candidate(4, 2, 1, 4, "flashinfer", "auto", "auto")
     cmd = L.build_command(c, "m", nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hpc_advise import rules
+from hpc_advise import measured, rules
 from hpc_advise.profiles import get_gpu, get_model
 from hpc_advise.runtime import dispatch
 from hpc_advise.runtime.cli import runtime
@@ -26,7 +26,7 @@ EXPECTED = {
     ("hy3", "h200"): {
         "decode_attention": ("ours", "GQA 64/8"),
         "fused_moe": ("ours", "fp8-per-tensor"),
-        "router_gemm": ("fallback", "HPC_ADVISE_ROUTER_GEMM=1"),
+        "router_gemm": ("fallback", "launch sets it for this fp32 gate: decode steps with it"),
     },
     ("hy3", "a100"): {
         "decode_attention": ("fallback", "sm80"),
@@ -36,7 +36,7 @@ EXPECTED = {
     ("qwen3-235b-a22b", "h200"): {
         "decode_attention": ("ours", "GQA 64/4"),
         "fused_moe": ("fallback", "experts are bf16"),
-        "router_gemm": ("fallback", "opt-in"),
+        "router_gemm": ("fallback", "opt-in: set HPC_ADVISE_ROUTER_GEMM=1"),
     },
     ("qwen3-235b-a22b", "a100"): {
         "decode_attention": ("fallback", "sm80"),
@@ -46,7 +46,7 @@ EXPECTED = {
     ("qwen3-30b-a3b", "h200"): {
         "decode_attention": ("ours", "GQA 32/4"),
         "fused_moe": ("fallback", "experts are bf16"),
-        "router_gemm": ("fallback", "opt-in"),
+        "router_gemm": ("fallback", "opt-in: set HPC_ADVISE_ROUTER_GEMM=1"),
     },
     ("qwen3-30b-a3b", "a100"): {
         "decode_attention": ("fallback", "sm80"),
@@ -120,6 +120,50 @@ def test_router_env_parsing():
     assert not rules.router_env_enabled({})
 
 
+def _router_row(subject, provider, router, p50, mix="agentic", batch=8):
+    cfg = {"router": router, "mix": mix, "batch": batch}
+    return {"kind": "layer_step", "unit": "us", "p50": p50, "subject": subject, "provider": provider,
+            "config": cfg, "command": "bench_layer", "created_at": "2026-01-01T00:00:00"}  # fmt: skip
+
+
+def test_router_comparisons_pair_rows_by_router_only():
+    """A row with our router pairs with its twin at SGLang's gate (same run, subject, combination, mix,
+    batch); rows without a twin and subjects naming no profile are left out."""
+    rows = [
+        _router_row("hy3-tp8-rank", "attn=triton,moe=triton", "sglang", 110.0),
+        _router_row("hy3-tp8-rank", "attn=triton,moe=triton,router=hpc_advise", "hpc_advise", 100.0),
+        _router_row("hy3-tp8-rank", "attn=triton,moe=triton", "sglang", 90.0, batch=32),
+        _router_row(
+            "hy3-tp8-rank", "attn=triton,moe=triton,router=hpc_advise", "hpc_advise", 100.0, batch=32
+        ),
+        _router_row("hy3-tp8-rank", "attn=hpc_advise,moe=triton", "sglang", 50.0),  # no twin
+        _router_row("nosuch-tp8-rank", "attn=triton,moe=triton", "sglang", 1.0),
+        _router_row("nosuch-tp8-rank", "attn=triton,moe=triton,router=hpc_advise", "hpc_advise", 1.0),
+    ]
+    (cmp,) = measured.router_comparisons(rows)
+    assert (cmp.experts, cmp.hidden, cmp.gate_dtype) == (192, 4096, "fp32")
+    assert sorted(cmp.ratios) == [0.9, 1.1] and cmp.subjects == ("hy3-tp8-rank",)
+    assert "1.00x" in cmp.figure() and "median of 2" in cmp.figure() and "0.90-1.10" in cmp.figure()
+
+
+def test_router_for_launch_only_fp32_gates_measured_faster(monkeypatch):
+    """launch turns the router on for an fp32 gate whose layer steps measured it faster; never for a bf16
+    gate (a change of numerics), a gate nobody measured, one measured slower, or off SM90."""
+    hy3 = rules.conditions(get_model("hy3"), get_gpu("h200"), tp=8, router_opt_in=False)
+    shipped = measured.router_for_launch(hy3)
+    assert shipped is not None and shipped.gate_dtype == "fp32"  # the shipped Hy3 layer steps
+    qwen = rules.conditions(get_model("qwen3-235b-a22b"), get_gpu("h200"), tp=4, router_opt_in=False)
+    assert measured.router_comparison(qwen.num_experts, qwen.hidden_size, "bf16") is not None
+    assert measured.router_for_launch(qwen) is None
+    assert measured.router_for_launch(replace(hy3, sm=(8, 0))) is None
+    slower = measured.RouterComparison(192, 4096, "fp32", (0.97, 0.99, 1.01), ("hy3-tp8-rank",))
+    monkeypatch.setattr(measured, "shipped_router_comparisons", lambda: (slower,))
+    assert measured.router_for_launch(hy3) is None
+    monkeypatch.setattr(measured, "shipped_router_comparisons", lambda: ())
+    assert measured.router_for_launch(hy3) is None
+    assert "opt-in" in dispatch.table(hy3)[2].reason and "launch sets it" not in dispatch.table(hy3)[2].reason
+
+
 def test_cli_check_json_and_text_fake_nvml(monkeypatch):
     """NVML is a hardware boundary: the report is faked to a machine without a GPU."""
     from hpc_advise.runtime import env_report
@@ -132,7 +176,9 @@ def test_cli_check_json_and_text_fake_nvml(monkeypatch):
     assert data["environment"]["gpu"].startswith("missing")
     assert data["environment"]["driver"] == "missing"
     assert "torch" in data["environment"] and "flashinfer" in data["environment"]
-    text = CliRunner().invoke(runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--kv-dtype", "fp8_e4m3"])
+    text = CliRunner().invoke(
+        runtime, ["check", "--model", "deepseek-v3", "--gpu", "h200", "--kv-dtype", "fp8_e4m3"]
+    )
     assert text.exit_code == 0, text.output
     assert "fp8_e4m3 KV on MLA" in text.output and "Environment:" in text.output
     bad = CliRunner().invoke(runtime, ["check", "--model", "no-such-model", "--gpu", "h200"])
@@ -265,9 +311,14 @@ def test_moe_buckets_where_sglang_measured_faster_are_handed_off(monkeypatch):
     c = rules.conditions(get_model("hy3"), get_gpu("h200"), tp=8)
     monkeypatch.setattr(measured, "shipped_points", lambda: _hy3_points(True))
     handed = dispatch.moe_handoffs(c)
-    assert [(d.op, d.outcome, d.provider) for d in handed] == [("fused_moe", "handoff", dispatch.HANDOFF_PROVIDER)]
+    assert [(d.op, d.outcome, d.provider) for d in handed] == [
+        ("fused_moe", "handoff", dispatch.HANDOFF_PROVIDER)
+    ]
     assert handed[0].reason.startswith("T = 6-64: SGLang's triton measured faster")
-    assert "at T = 32: ours 0.96x SGLang's triton MoE runner, the median of 1 measured pair(s)" in handed[0].reason
+    assert (
+        "at T = 32: ours 0.96x SGLang's triton MoE runner, the median of 1 measured pair(s)"
+        in handed[0].reason
+    )
     shape = measured.moe_shape_of(c)
     assert [dispatch.moe_handoff(shape, t).runner for t in (1, 5, 6, 32, 64, 65)] == [
         "hpc_advise", "hpc_advise", "triton", "triton", "triton", "hpc_advise"]  # fmt: skip
