@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -163,9 +164,19 @@ def _server_line(log: Path) -> str:
         return "no log"
     text = log.read_text(errors="replace")
     last = text.rsplit("=== retry eager ===", 1)[-1]  # the attempt that served
-    if "fired up and ready" not in last and "Uvicorn running" not in last and "Capture cuda graph end" not in last:
+    # SGLang 0.5.23 logs "Capture target decode CUDA graph end. bs=[1, 2, ...]"; older ones "Capture cuda graph end"
+    cap = re.search(r"capture (?:[\w-]+ )*cuda graph end\.?(?: bs=(\[[\d, ]*\]))?", last, re.IGNORECASE)
+    if "fired up and ready" not in last and "Uvicorn running" not in last and not cap:
         return "did not start (see its log)"
-    return "CUDA graphs" if "capture cuda graph end" in last.lower() else "eager (--disable-cuda-graph)"
+    if not cap:
+        return "eager (--disable-cuda-graph)"
+    # the scheduler's periodic decode lines say whether that step replayed a graph (batches past the largest
+    # captured size run eager)
+    steps = re.findall(r"Decode batch.*?cuda graph: (True|False)", last)
+    return (
+        f"CUDA graphs (decode bs {cap.group(1) or '?'} captured; {steps.count('True')} of {len(steps)} "
+        "logged decode batches replayed a graph)"
+    )
 
 
 def render_table(d: Path) -> str:

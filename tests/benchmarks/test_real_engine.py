@@ -75,6 +75,22 @@ def test_table_from_a_run(tmp_path):
     assert "| median_tpot_ms | 1.25 | 1.50 | -0.25 [-0.30, -0.20] | a_lower |" in text
     assert "completed 9/10" in text and "http_500" in text and "token agreement 50.0 %" in text
     assert "server triton: CUDA graphs" in text and "server hpc_advise: no log" in text
+    # SGLang 0.5.23's lines (its first device run): the capture names the phase, decode lines say graph or not
+    (tmp_path / "server_hpc_advise.log").write_text(
+        "[t] Capture target decode CUDA graph end. bs=[1, 2, 4], elapsed=32.39 s, mem usage=0.07 GB\n"
+        "[t] Uvicorn running on http://127.0.0.1:30001\n"
+        "[t] Decode batch, #running-req: 3, #token: 192, token usage: 0.00, cuda graph: True, gen throughput\n"
+        "[t] Decode batch, #running-req: 64, #token: 6336, token usage: 0.05, cuda graph: False, gen throughput\n"
+    )
+    (tmp_path / "server_triton.log").write_text(
+        "x\n=== retry eager ===\n[t] The server is fired up and ready to roll!\n"
+    )
+    text = re_.render_table(tmp_path)
+    assert (
+        "server hpc_advise: CUDA graphs (decode bs [1, 2, 4] captured; 1 of 2 logged decode batches replayed"
+        in text
+    )
+    assert "server triton: eager (--disable-cuda-graph)" in text
 
 
 def test_sitecustomize_sends_the_moe_method_to_forward_cuda(tmp_path, monkeypatch):
