@@ -4,8 +4,9 @@
 # attention (baseline, :30000) and ours (candidate, :30001), both page 64 + FP8 KV, Triton prefill and
 # Triton MoE; recommend -> bench A/B with output consistency -> validate, then a table.
 # Run on the device machine through gpu.sh's SGLang environment (docs/gpu.md):
-#   TREE_DIR=.whl_tree_bench bash benchmarks/gpu.sh sglang run bash benchmarks/diagnostics/real_engine.sh
-# carry: .whl_profile .whl_sglang .whl_tree_bench. Results: $HPC_ADVISE_RESULTS (gpu.sh's archive).
+#   LIMIT_S=400 START_S=150 bash benchmarks/gpu.sh sglang run bash benchmarks/diagnostics/real_engine.sh
+# carry: .whl_profile .whl_sglang .whl_bench_extra (a carried tree as well: TREE_DIR=..., + that folder).
+# Results: $HPC_ADVISE_RESULTS (gpu.sh's archive). Knobs: WARMUP, SOLO_RUN, OVERHEAD (0 = skip), GRAPH_BS.
 set -o pipefail
 RES=${HPC_ADVISE_RESULTS:?run through gpu.sh (sglang run)}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -146,6 +147,20 @@ get http://127.0.0.1:30001/get_server_info > "$RES/server_info_hpc_advise.json"
 get http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
 CAND=http://127.0.0.1:30001
 [[ " ${UP[*]} " == *" hpc_advise "* ]] || CAND=http://127.0.0.1:30000
+
+# cold servers JIT-compile Triton kernels (prefill attention, the MoE at each batch bucket) on their first
+# requests: in the first run that got this far, the solo run below was the candidate's first traffic (TTFT p50
+# 2.4 s, against 14 ms in the A/B after it) and the baseline's first and third A/B requests were among its three
+# slowest TTFTs. So one unstored pass of the trace at twice its rate through both servers first (same requests at the
+# same moments), no consistency prompts
+if [ "${WARMUP:-1}" = 1 ]; then
+  WARM=(python3 -m hpc_advise bench --url "$CAND" --trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200
+    --rate-scale 2 --no-store --consistency-prompts 0)
+  [ ${#UP[@]} -eq 2 ] && WARM+=(--baseline-url http://127.0.0.1:30000)
+  echo "${WARM[*]}" > "$RES/warmup.cmd"
+  timeout 100 "${WARM[@]}" > "$RES/warmup.txt" 2>&1
+  say "warm-up (rate x2, not stored) rc $?"
+fi
 
 # a second run of the candidate's deployment (twice the trace's rate) first, so validate's leave-one-out
 # has another run to fit the correction on; the A/B's candidate run is then the newest
