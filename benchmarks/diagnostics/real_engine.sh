@@ -148,11 +148,11 @@ get http://127.0.0.1:30000/get_server_info > "$RES/server_info_triton.json"
 CAND=http://127.0.0.1:30001
 [[ " ${UP[*]} " == *" hpc_advise "* ]] || CAND=http://127.0.0.1:30000
 
-# cold servers JIT-compile Triton kernels (prefill attention, the MoE at each batch bucket) on their first
-# requests: in the first run that got this far, the solo run below was the candidate's first traffic (TTFT p50
-# 2.4 s, against 14 ms in the A/B after it) and the baseline's first and third A/B requests were among its three
-# slowest TTFTs. So one unstored pass of the trace at twice its rate through both servers first (same requests at the
-# same moments), no consistency prompts
+# cold servers JIT-compile Triton kernels on their first requests: in the first run that got this far, the solo
+# run below was the candidate's first load (TTFT p50 2.4 s, against 14 ms in the A/B after it; SGLang logged our
+# decode plan_kernel compiling three times, 1.7-2.2 s each, on eager decode batches past the largest graph) and
+# the baseline's first and third A/B requests were among its three slowest TTFTs. So one unstored pass of the
+# trace at twice its rate through both servers first (same requests at the same moments), no consistency prompts
 if [ "${WARMUP:-1}" = 1 ]; then
   WARM=(python3 -m hpc_advise bench --url "$CAND" --trace "$W/tiny.jsonl" --tokenizer "$MODEL" --gpu h200
     --rate-scale 2 --no-store --consistency-prompts 0)
