@@ -466,13 +466,11 @@ def router_comparisons(rows: list[dict]) -> list[RouterComparison]:
         key = (_run_of(r), str(r.get("subject")), provider, cfg.get("mix"), cfg.get("batch"))
         steps.setdefault(key, {})[str(cfg.get("router", "sglang"))] = float(r["p50"])
     by_shape: dict[tuple, tuple[list[float], set[str]]] = {}
+    ranks = {subject: _rank_of(subject, {}) for _, subject, _, _, _ in steps}  # one profile lookup per subject
     for (_, subject, _, _, _), got in steps.items():
-        if "hpc_advise" not in got or "sglang" not in got:
+        if "hpc_advise" not in got or "sglang" not in got or ranks[subject] is None:
             continue
-        rank = _rank_of(subject, {})
-        if rank is None:
-            continue
-        model = rank[0]
+        model = ranks[subject][0]
         shape = (model.num_experts, model.hidden_size, model.router_dtype)
         ratios, subjects = by_shape.setdefault(shape, ([], set()))
         ratios.append(got["sglang"] / got["hpc_advise"])

@@ -169,13 +169,8 @@ def moe_handoffs(c: Conditions, ep: int = 1) -> list[Decision]:
     if not decide("fused_moe", c).use_ours:
         return []
     return [
-        Decision(
-            "fused_moe",
-            False,
-            HANDOFF_PROVIDER,
-            f"{b.span()}: SGLang's triton measured faster; {b.figure()}",
-            "handoff",
-        )  # fmt: skip
+        Decision("fused_moe", False, HANDOFF_PROVIDER, f"{b.span()}: SGLang's triton measured faster; {b.figure()}",
+                 "handoff")  # fmt: skip
         for b in moe_buckets(measured.moe_shape_of(c, ep))
         if b.default_faster
     ]
