@@ -23,7 +23,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
-@triton.jit
+# B and G vary per step: specialising on them (== 1, multiple of 16) would compile the planner again
+# for batches of a new kind while a server runs
+@triton.jit(do_not_specialize=["B", "G"])
 def plan_kernel(
     seq_lens_in_ptr,  # [B] int32, caller's tensor
     seq_lens_ptr,  # [max_batch] int32, plan's copy (what the attention pass reads)

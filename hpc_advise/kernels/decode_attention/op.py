@@ -37,6 +37,7 @@ from .config import MANY_KV_HEADS, Config, tuned_config, tuned_mla_config
 __all__ = [
     "MANY_KV_HEADS",
     "Config",
+    "batch_bucket",
     "DecodePlan",
     "decode_attention",
     "plan",
@@ -216,7 +217,7 @@ class DecodePlan:
         self.batch = batch
         self.page_table[:batch, : page_table.shape[1]].copy_(page_table)
         g = self.grid_size()
-        block_b = max(16, _next_pow2(self.max_batch))
+        block_b = batch_bucket(self.max_batch)
         # all G + 1 boundaries in one step of the planner's loops where G < 1024: each step is a chain of
         # dependent loads (binary searches), so fewer steps make a shorter plan
         block_g = min(1024, max(16, _next_pow2(g + 1)))
@@ -254,6 +255,12 @@ class DecodePlan:
             num_warps=4,
         )
         return self
+
+
+def batch_bucket(max_batch: int) -> int:
+    """The planner's batch width (its BLOCK_B) for a plan of ``max_batch`` requests: plans in one bucket
+    share one compiled planner, so callers that size plans by bucket compile it once per bucket."""
+    return max(16, _next_pow2(max_batch))
 
 
 def _check_page_size(page_size: int) -> None:

@@ -208,6 +208,24 @@ class HpcAdviseAttnBackend(AttentionBackend):
         self._graph_seq_lens: torch.Tensor | None = None
         self._checked_layers: set[int] = set()
         self.forward_metadata = None
+        if torch.device(self.device).type == "cuda":
+            self._compile_planners()
+
+    def _compile_planners(self) -> None:
+        """Compile the planner for every eager plan size this server can reach (its running-request
+        limit), before serving: compiled on the first batch of each size instead, it stalls the engine
+        ~2 s each time. Throw-away one-page plans: the planner does not depend on the page table's width."""
+        reachable = min(self.max_plan_batch, int(self.req_to_token.shape[0]))
+        size = self._eager_plan_size(1)
+        while True:
+            self._new_plan(size, max_pages=1)
+            if size >= self._eager_plan_size(reachable):
+                break
+            size = self._eager_plan_size(size + 1)
+
+    def _eager_plan_size(self, batch: int) -> int:
+        """Eager plans are sized by the planner's batch bucket: one plan and one compile per bucket."""
+        return min(self.max_plan_batch, decode_op.batch_bucket(batch))
 
     def _check_mla_pool(self, pool, cfg) -> None:
         """The MLA pool's row as the model's config and the kernel's MLA form have it; sets the MLA
@@ -230,18 +248,19 @@ class HpcAdviseAttnBackend(AttentionBackend):
         slots = self.req_to_token[rows, self._page_cols[None, :]]
         torch.floor_divide(slots, self.page_size, out=dst)
 
-    def _new_plan(self, max_batch: int) -> decode_op.DecodePlan:
+    def _new_plan(self, max_batch: int, max_pages: int | None = None) -> decode_op.DecodePlan:
         if max_batch > decode_op.MAX_BATCH:
             _fail(
                 f"batch {max_batch} exceeds the kernel's {decode_op.MAX_BATCH}; lower --cuda-graph-max-bs / "
                 "--max-running-requests"
             )
         ones = torch.ones(1, dtype=torch.int32, device=self.device)
-        table = torch.zeros(1, self.max_pages, dtype=torch.int32, device=self.device)
+        max_pages = max_pages or self.max_pages
+        table = torch.zeros(1, max_pages, dtype=torch.int32, device=self.device)
         common = dict(
             page_size=self.page_size,
             max_batch=max_batch,
-            max_pages=self.max_pages,
+            max_pages=max_pages,
             kv_dtype=getattr(self.token_to_kv_pool, "dtype", None),
             validate=False,
         )
@@ -271,7 +290,7 @@ class HpcAdviseAttnBackend(AttentionBackend):
         for i, start in enumerate(range(0, bs, self.max_plan_batch)):
             end = min(bs, start + self.max_plan_batch)
             if i == len(self._eager_plans) or self._eager_plans[i].max_batch < end - start:
-                plan = self._new_plan(min(self.max_plan_batch, max(end - start, 16)))
+                plan = self._new_plan(self._eager_plan_size(end - start))
                 self._eager_plans[i : i + 1] = [plan]
             plan = self._replan(
                 self._eager_plans[i],

@@ -585,6 +585,79 @@ def test_eager_batch_larger_than_one_plan_runs_in_chunks():
         assert_close_seeded(got, want, atol=ATOL, rtol=RTOL, seed=seed)
 
 
+def test_eager_plans_are_sized_by_the_planners_batch_bucket():
+    """Eager plans grow by the planner's power-of-two batch bucket (one compiled planner each), and the
+    start-up compile walks every bucket up to the server's running-request limit, each once."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    seed, gen = fresh_seed()
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(sg, q_heads=8, kv_heads=2, kv_dtype=torch.bfloat16, pages=40, reqs=37, context=128)
+        layer = sg.RadixAttention(8, HEAD_DIM, HEAD_DIM**-0.5, 2, layer_id=0)
+        backend = HpcAdviseAttnBackend(runner)
+        sizes = []
+        for n in (5, 16, 17, 33):
+            lens = [int(x) for x in torch.randint(1, 65, (n,), generator=gen)]
+            idx, out_loc = _fill(sg, runner, [layer], lens, gen)
+            backend.init_forward_metadata(_batch(sg, idx, lens, out_loc))
+            sizes.append(backend.forward_metadata[0][2].max_batch)
+        assert sizes == [16, 16, 32, 64], seed
+        made = []
+        backend._new_plan = lambda size, max_pages=None: made.append((size, max_pages))
+        backend._compile_planners()  # 38 rows of req_to_token: batches up to 38 reach the 64 bucket
+        assert made == [(16, 1), (32, 1), (64, 1)]
+        backend.max_plan_batch = 24
+        made.clear()
+        backend._compile_planners()
+        assert made == [(16, 1), (24, 1)]
+
+
+def planner_compiles() -> int:
+    """Compiled variants of the decode planner in this process (Triton's per-device kernel cache)."""
+    from hpc_advise.kernels.decode_attention import kernel
+
+    caches = kernel.plan_kernel.device_caches
+    return sum(len(entry[0]) for entry in caches.values())
+
+
+@pytest.mark.gpu
+def test_no_planner_compile_while_serving_on_gpu():
+    """After the backend is built, eager decode steps of every batch size up to the running-request limit
+    (1, multiples of 16, odd sizes, each bucket's edges) compile nothing more: a compile there stalls a
+    serving engine ~2 s. Also checks the results at a few of those sizes against one plan per batch."""
+    sg = _sglang()
+    from hpc_advise.runtime.sglang.attention import HpcAdviseAttnBackend
+
+    seed, gen = fresh_seed()
+    with sg.get_parallel().override(attn_tp_size=1):
+        runner = _runner(
+            sg, q_heads=8, kv_heads=1, kv_dtype=torch.bfloat16, pages=700, reqs=300, context=2048,
+            head_dim=128, device="cuda",
+        )
+        layer = sg.RadixAttention(8, 128, 128**-0.5, 1, layer_id=0)
+        lens = [int(x) for x in torch.randint(1, 129, (300,), generator=gen)]
+        idx, out_loc = _fill(sg, runner, [layer], lens, gen, direct=True)
+        backend = HpcAdviseAttnBackend(runner)
+        q = torch.randn(300, 8 * 128, generator=gen).to(torch.bfloat16).cuda()
+        ref = sg.TorchNative(runner)
+        first = _batch(sg, idx[:3], lens[:3], out_loc[:3])
+        backend.init_forward_metadata(first)
+        backend.forward_decode(q[:3], None, None, layer, first, save_kv_cache=False)
+        before = planner_compiles()
+        assert before >= 1
+        for n in (1, 2, 15, 16, 17, 21, 32, 50, 63, 64, 65, 100, 128, 129, 200, 255, 256, 257, 300):
+            fb = _batch(sg, idx[:n], lens[:n], out_loc[:n])
+            backend.init_forward_metadata(fb)
+            got = backend.forward_decode(q[:n], None, None, layer, fb, save_kv_cache=False).float()
+            if n in (17, 129, 300):
+                ref.init_forward_metadata(fb)
+                want = ref.forward_decode(q[:n], None, None, layer, fb, save_kv_cache=False).float()
+                assert_close_seeded(got, want, atol=ATOL, rtol=RTOL, seed=seed)
+        torch.cuda.synchronize()
+        assert planner_compiles() == before, f"the planner compiled while serving (seed {seed})"
+
+
 def test_other_kv_pool_classes_are_refused():
     """Subclasses of MHATokenToKVPool (page-major, fp4, mxfp8, no-op) lay the pool out differently."""
     sg = _sglang()
